@@ -1,0 +1,10 @@
+//! Local Kubernetes cluster harness and end-to-end scenario helpers for storage-migrator.
+//!
+//! - [`state`]: the state directory and the cluster's identity (ports, names, ranges).
+//! - `controlplane`: etcd + kube-apiserver + controller-manager + scheduler (`up`/`down`).
+//! - [`agent`]: the node agent (kubelet) for the cluster's three nodes.
+//! - [`provisioner`]: the `local.e2e/ext4` volume provisioner.
+
+pub mod agent;
+pub mod provisioner;
+pub mod state;

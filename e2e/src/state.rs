@@ -1,0 +1,180 @@
+//! The state directory of one local cluster: its layout, and the identity (ports, names, address
+//! ranges) chosen at `up` so that two clusters on one machine never collide.
+//!
+//! Layout of `DIR`:
+//! - `cluster.json`      this [`ClusterState`]
+//! - `kubeconfig`        admin kubeconfig (what `up` tells the user to export)
+//! - `pki/`              CA, serving and client certificates, service-account keys
+//! - `kubeconfigs/`      one kubeconfig per component (controller-manager, scheduler, agent)
+//! - `etcd/`             the control plane's etcd data directory
+//! - `logs/`             one log file per process (`etcd.log`, `kube-apiserver.log`, ..., `agent.log`)
+//! - `pids/`             one pid file per background process started by `up`
+//! - `volumes/`          sparse ext4 images backing PersistentVolumes (`<pv>.img`)
+//! - `nodes/<node>/`     per node: `volumes/<pv>` loop mount points, `pods/<uid>/` pod scratch
+//!   (emptyDirs, configMap/secret files, hosts file, container logs, overlay upper dirs)
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Names of the three nodes every local cluster registers.
+pub const NODE_NAMES: [&str; 3] = ["node-a", "node-b", "node-c"];
+/// Zone label of each node (same index as [`NODE_NAMES`]).
+pub const NODE_ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
+/// Provisioner name of the local volume provisioner.
+pub const PROVISIONER: &str = "local.e2e/ext4";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid cluster state: {source}")]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+}
+
+/// Everything `up` chose for one cluster; written to `DIR/cluster.json`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ClusterState {
+    /// Short unique id (6 lowercase hex chars); prefixes every host-level name (bridge, netns,
+    /// veth) so two clusters never collide and `down` can find what is its own.
+    pub id: String,
+    /// Absolute state directory.
+    pub dir: PathBuf,
+    /// Directory holding kube-apiserver, kube-controller-manager, kube-scheduler.
+    pub bin_dir: PathBuf,
+    pub etcd_client_port: u16,
+    pub etcd_peer_port: u16,
+    pub apiserver_port: u16,
+    pub controller_manager_port: u16,
+    pub scheduler_port: u16,
+    /// One kubelet (node agent) HTTPS port per node, same index as [`NODE_NAMES`].
+    pub kubelet_ports: Vec<u16>,
+    /// Third octet N of the pod network 198.18.N.0/24 (RFC 2544 benchmarking range: our own
+    /// test hosts, never a private or public network). The bridge has 198.18.N.1.
+    pub pod_net: u8,
+    /// Third octet N of the service range 198.19.N.0/24 (no traffic is ever sent there).
+    pub service_net: u8,
+}
+
+impl ClusterState {
+    pub fn load(dir: &Path) -> Result<Self, StateError> {
+        let path = dir.join("cluster.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| StateError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        serde_json::from_str(&text).map_err(|source| StateError::Parse { path, source })
+    }
+
+    pub fn save(&self) -> Result<(), StateError> {
+        let path = self.dir.join("cluster.json");
+        let text = serde_json::to_string_pretty(self).map_err(|source| StateError::Parse {
+            path: path.clone(),
+            source,
+        })?;
+        std::fs::write(&path, text).map_err(|source| StateError::Write { path, source })
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+    pub fn component_kubeconfig(&self, component: &str) -> PathBuf {
+        self.dir.join("kubeconfigs").join(format!("{component}.kubeconfig"))
+    }
+    pub fn pki_dir(&self) -> PathBuf {
+        self.dir.join("pki")
+    }
+    pub fn logs_dir(&self) -> PathBuf {
+        self.dir.join("logs")
+    }
+    pub fn pids_dir(&self) -> PathBuf {
+        self.dir.join("pids")
+    }
+    pub fn volumes_dir(&self) -> PathBuf {
+        self.dir.join("volumes")
+    }
+    pub fn node_dir(&self, node: &str) -> PathBuf {
+        self.dir.join("nodes").join(node)
+    }
+    pub fn apiserver_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// Linux bridge joining every pod of this cluster (at most 15 chars).
+    pub fn bridge_name(&self) -> String {
+        format!("smbr{}", self.id)
+    }
+    /// Prefix of every network namespace this cluster creates.
+    pub fn netns_prefix(&self) -> String {
+        format!("sm{}-", self.id)
+    }
+    /// Prefix of every host-side veth this cluster creates (at most 15 chars with a suffix).
+    pub fn veth_prefix(&self) -> String {
+        format!("smv{}", self.id)
+    }
+    pub fn bridge_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.pod_net, 1)
+    }
+    pub fn pod_cidr(&self) -> String {
+        format!("198.18.{}.0/24", self.pod_net)
+    }
+    pub fn service_cidr(&self) -> String {
+        format!("198.19.{}.0/24", self.service_net)
+    }
+    /// The ClusterIP of the `kubernetes` Service (first address of the service range).
+    pub fn kubernetes_service_ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, self.service_net, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(dir: &Path) -> ClusterState {
+        ClusterState {
+            id: "a1b2c3".into(),
+            dir: dir.to_path_buf(),
+            bin_dir: PathBuf::from("/cache/bin"),
+            etcd_client_port: 1,
+            etcd_peer_port: 2,
+            apiserver_port: 3,
+            controller_manager_port: 4,
+            scheduler_port: 5,
+            kubelet_ports: vec![6, 7, 8],
+            pod_net: 9,
+            service_net: 10,
+        }
+    }
+
+    #[test]
+    fn host_names_fit_linux_interface_limit() {
+        let s = sample(Path::new("/x"));
+        assert!(s.bridge_name().len() <= 15);
+        assert!(format!("{}{}", s.veth_prefix(), "ffff").len() <= 15);
+        assert_eq!(s.pod_cidr(), "198.18.9.0/24");
+        assert_eq!(s.kubernetes_service_ip(), Ipv4Addr::new(198, 19, 10, 1));
+    }
+
+    #[test]
+    fn round_trips_through_disk() {
+        let dir = std::env::temp_dir().join(format!("sm-state-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let s = sample(&dir);
+        s.save().unwrap();
+        assert_eq!(ClusterState::load(&dir).unwrap(), s);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
