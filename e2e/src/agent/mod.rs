@@ -4,6 +4,8 @@ use std::path::Path;
 
 use crate::state::ClusterState;
 
+pub mod runtime;
+
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("node agent not implemented yet")]
