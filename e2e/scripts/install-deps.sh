@@ -14,7 +14,7 @@ BIN_DIR="$CACHE_ROOT/kubernetes-1.20.2-${CACHE_REV}/bin"
 log() { echo "install-deps: $*" >&2; }
 
 APT_PKGS=(etcd-server etcd-client rsync golang-go golang-github-modern-go-reflect2-dev
-  protobuf-compiler openssl iproute2 e2fsprogs util-linux mount kmod make dpkg-dev
+  protobuf-compiler libprotobuf-dev openssl iproute2 e2fsprogs util-linux mount kmod make dpkg-dev
   build-essential rsync acl attr ca-certificates)
 
 need_apt=()

@@ -1,0 +1,106 @@
+//! Helpers for `status.conditions` in the `metav1.Condition` shape.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+/// Condition types the operator sets.
+pub const READY: &str = "Ready";
+pub const ACCEPTED: &str = "Accepted";
+pub const PROGRESSING: &str = "Progressing";
+pub const HEALTH_GATE: &str = "HealthGate";
+pub const FAILED: &str = "Failed";
+
+/// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
+/// not change. Returns true when anything changed.
+pub fn set(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: &Time,
+) -> bool {
+    let status_str = if status { "True" } else { "False" };
+    if let Some(existing) = conditions.iter_mut().find(|c| c.type_ == type_) {
+        let changed_status = existing.status != status_str;
+        let changed = changed_status
+            || existing.reason != reason
+            || existing.message != message
+            || existing.observed_generation != observed_generation;
+        if changed_status {
+            existing.last_transition_time = now.clone();
+        }
+        existing.status = status_str.to_string();
+        existing.reason = reason.to_string();
+        existing.message = message.to_string();
+        existing.observed_generation = observed_generation;
+        return changed;
+    }
+    conditions.push(Condition {
+        type_: type_.to_string(),
+        status: status_str.to_string(),
+        reason: reason.to_string(),
+        message: message.to_string(),
+        observed_generation,
+        last_transition_time: now.clone(),
+    });
+    true
+}
+
+pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(s).unwrap())
+    }
+
+    #[test]
+    fn transition_time_moves_only_when_status_changes() {
+        let mut c = Vec::new();
+        assert!(set(
+            &mut c,
+            READY,
+            false,
+            "Migrating",
+            "1/3",
+            Some(1),
+            &t(10)
+        ));
+        assert!(set(
+            &mut c,
+            READY,
+            false,
+            "Migrating",
+            "2/3",
+            Some(1),
+            &t(20)
+        ));
+        assert_eq!(c[0].last_transition_time, t(10));
+        assert!(!set(
+            &mut c,
+            READY,
+            false,
+            "Migrating",
+            "2/3",
+            Some(1),
+            &t(25)
+        ));
+        assert!(set(
+            &mut c,
+            READY,
+            true,
+            "Successful",
+            "3/3",
+            Some(1),
+            &t(30)
+        ));
+        assert_eq!(c[0].last_transition_time, t(30));
+        assert_eq!(c.len(), 1);
+        assert_eq!(get(&c, READY).map(|c| c.status.as_str()), Some("True"));
+    }
+}

@@ -1,0 +1,420 @@
+//! The `StorageMigrationRequest` API (`storagemigrator.io/v1alpha1`). Depends on nothing of ours.
+//!
+//! The CRD YAML in `crds/` is generated from these types (`storage-migrator crd`); CI fails when
+//! it is stale.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+pub mod conditions;
+
+/// API group of every object this operator defines.
+pub const GROUP: &str = "storagemigrator.io";
+/// Field manager used for every write the operator makes.
+pub const FIELD_MANAGER: &str = "storage-migrator";
+/// Default image of the copy/verify/measure Jobs (rsync and a POSIX shell).
+pub const DEFAULT_MOVER_IMAGE: &str = "ghcr.io/storage-migrator/storage-migrator-mover:0.1.0";
+
+/// Move the volumes of one StatefulSet's members, one member at a time, to another StorageClass
+/// or to a smaller size, keeping the claims' names and the workload's quorum.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "storagemigrator.io",
+    version = "v1alpha1",
+    kind = "StorageMigrationRequest",
+    plural = "storagemigrationrequests",
+    shortname = "smr",
+    namespaced,
+    status = "StorageMigrationRequestStatus",
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type"}"#,
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.target.name"}"#,
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Members","type":"string","jsonPath":".status.progress","description":"members done/total"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageMigrationRequestSpec {
+    /// What to do with the volumes: `StorageClassChange` or `Shrink`.
+    #[serde(rename = "type")]
+    pub type_: MigrationType,
+    /// The workload whose volumes move.
+    pub target: TargetRef,
+    /// Name of the volumeClaimTemplate to migrate; required when the StatefulSet has more than one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_claim_template: Option<String>,
+    /// Parameters of a `StorageClassChange`; required for that type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_change: Option<StorageClassChangeSpec>,
+    /// Parameters of a `Shrink`; required for that type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shrink: Option<ShrinkSpec>,
+    /// Bound on the whole request, e.g. `30m` or `1h30m`. When it expires the request rolls back
+    /// and ends `Failed`.
+    pub timeout: String,
+    /// What happens to the old volumes after success: `Retain` keeps them, `Delete` deletes them.
+    /// Absent: each old volume gets back the reclaim policy it had before, once the whole request
+    /// succeeded (so volumes of a `Delete` class are then reclaimed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_pv_reclaim_policy: Option<OldPvReclaimPolicy>,
+    /// `IfReady` (default) refuses to start unless every member is healthy; `Always` starts anyway
+    /// (the per-member health gates still hold).
+    #[serde(default)]
+    pub apply: ApplyPolicy,
+    /// How the data is copied.
+    #[serde(default)]
+    pub copy: CopySpec,
+    /// Which health and leadership logic gates and orders the members.
+    #[serde(default)]
+    pub database: DatabaseSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum MigrationType {
+    StorageClassChange,
+    Shrink,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TargetRef {
+    /// Only `StatefulSet` is supported.
+    pub kind: TargetKind,
+    pub name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TargetKind {
+    StatefulSet,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageClassChangeSpec {
+    /// The StorageClass every member's claim moves to.
+    pub storage_class_name: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShrinkSpec {
+    /// The new, smaller size of every member's claim (a quantity, e.g. `256Mi`).
+    pub size: Quantity,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum OldPvReclaimPolicy {
+    Retain,
+    Delete,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ApplyPolicy {
+    #[default]
+    IfReady,
+    Always,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CopySpec {
+    /// First rsync pass while the member still serves (old claim mounted read-only by a pod on
+    /// the member's node), so the member is down only for the final delta. Falls back to an
+    /// offline copy when the access mode forbids a second mount (ReadWriteOncePod).
+    #[serde(default = "default_true")]
+    pub pre_copy: bool,
+    /// After the final pass, check that source and target trees match in content and metadata
+    /// before any swap.
+    #[serde(default = "default_true")]
+    pub verify: bool,
+    /// Image of the copy Jobs; must provide `rsync` and `sh`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mover_image: Option<String>,
+    /// Resources of the copy Jobs' container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Default for CopySpec {
+    fn default() -> Self {
+        Self {
+            pre_copy: true,
+            verify: true,
+            mover_image: None,
+            resources: None,
+        }
+    }
+}
+
+impl CopySpec {
+    pub fn mover_image(&self) -> &str {
+        self.mover_image.as_deref().unwrap_or(DEFAULT_MOVER_IMAGE)
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DatabaseSpec {
+    /// `Generic` (pod readiness; optional leader label) or `Etcd` (Raft-aware).
+    #[serde(default)]
+    pub engine: DatabaseEngine,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generic: Option<GenericSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DatabaseEngine {
+    #[default]
+    Generic,
+    Etcd,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GenericSpec {
+    /// A pod label `key=value` that marks the leader; that member is migrated last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_label: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdSpec {
+    /// Client port of every member (default 2379).
+    #[serde(default = "default_etcd_port")]
+    pub client_port: u16,
+    /// Secret with `ca.crt`, `tls.crt` and `tls.key` for TLS client connections.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_secret_name: Option<String>,
+    /// Secret with `username` and `password` when etcd auth is enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_secret_name: Option<String>,
+}
+
+impl Default for EtcdSpec {
+    fn default() -> Self {
+        Self {
+            client_port: default_etcd_port(),
+            tls_secret_name: None,
+            auth_secret_name: None,
+        }
+    }
+}
+
+fn default_etcd_port() -> u16 {
+    2379
+}
+
+/// Phase of a request. `Successful`, `Failed` and `Denied` are final.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    #[default]
+    Pending,
+    Progressing,
+    Successful,
+    Failed,
+    Denied,
+}
+
+impl Phase {
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Successful | Phase::Failed | Phase::Denied)
+    }
+}
+
+/// Where the whole request stands. Recorded before the step's destructive action is taken, so a
+/// restarted operator resumes from it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Stage {
+    /// Checking the request against the cluster; nothing touched yet.
+    #[default]
+    Preflight,
+    /// StatefulSet stashed; claims protected; orphan-deleting the StatefulSet.
+    OrphaningStatefulSet,
+    /// Migrating members one at a time.
+    Migrating,
+    /// Recreating the StatefulSet from the stash with the new template.
+    RecreatingStatefulSet,
+    /// Applying the old-PV policy, labelling old PVs, removing temporary objects.
+    Finalizing,
+    /// Failure or timeout: undoing the member in flight, recreating the StatefulSet to fit.
+    RollingBack,
+    Done,
+}
+
+/// Where one member stands: the step in progress. Entering a step is recorded in the status
+/// before the step's action is taken, and every action is idempotent, so a restarted operator
+/// carries on with the recorded step.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum MemberStep {
+    /// Not started.
+    #[default]
+    Pending,
+    /// Creating the temporary claim on the target class/size (with a mounter pod on the member's
+    /// node when the class is WaitForFirstConsumer) until it is bound.
+    CreatingClaim,
+    /// First rsync pass while the member serves.
+    PreCopying,
+    /// Waiting for the health gate before the member stops (etcd: leadership handed over).
+    GatingStop,
+    /// Pod manifest stashed; deleting the pod until it is gone.
+    StoppingPod,
+    /// Final rsync pass (and verification) while the member is down.
+    Copying,
+    /// Verified copy; setting both volumes to Retain (original policies recorded first). From
+    /// here on the swap is finished even on failure.
+    RetainingVolumes,
+    /// Deleting the original claim until it is gone.
+    DeletingOldClaim,
+    /// Deleting the temporary claim until it is gone.
+    DeletingTempClaim,
+    /// Pointing the new volume's claimRef at the original claim name.
+    ReleasingNewVolume,
+    /// Recreating the claim under its original name, bound to the new volume.
+    RecreatingClaim,
+    /// Recreating the pod from the stash; waiting for Ready and the health gate.
+    RecreatingPod,
+    /// Migrated.
+    Done,
+    /// Rolled back before its swap: pod recreated on the untouched old claim.
+    RolledBack,
+}
+
+impl MemberStep {
+    /// True once the swap has begun: such a member is carried forward, never back.
+    pub fn swap_begun(self) -> bool {
+        self >= MemberStep::RetainingVolumes && self != MemberStep::RolledBack
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageMigrationRequestStatus {
+    #[serde(default)]
+    pub phase: Phase,
+    #[serde(default)]
+    pub stage: Stage,
+    /// `metadata.generation` of the spec that was accepted; later spec changes are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Human-readable summary; on failure it says where each member's data is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Members done / total, e.g. `2/3` (printer column).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<Plan>,
+    /// Per-member progress, in the order members were (or will be) migrated.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<MemberStatus>,
+    /// Why the request failed or is rolling back (set once; drives the rollback).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// Whether the StatefulSet's retention policy/ownerReferences were neutralised, and what the
+    /// original retention policy was (JSON), to restore it on the recreated set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_retention_policy: Option<String>,
+    /// Where the stashed StatefulSet and pod manifests are kept (see `stash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stash_config_map: Option<String>,
+    /// etcd: `hash_kv` of every member at a common revision after the last member (engine Etcd).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_hash: Option<String>,
+}
+
+/// The migration plan, fixed at preflight. Member order may adapt to leadership changes; the
+/// order actually used is the order of `status.members`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Plan {
+    pub stateful_set: String,
+    pub volume_claim_template: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_storage_class: Option<String>,
+    pub target_storage_class: String,
+    pub target_size: Quantity,
+    pub members: Vec<PlannedMember>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedMember {
+    pub ordinal: i32,
+    pub pod: String,
+    pub node: String,
+    /// The member's claim (keeps its name throughout).
+    pub claim: String,
+    pub old_volume: String,
+    /// The temporary claim the new volume is provisioned for.
+    pub temp_claim: String,
+    pub old_size: Quantity,
+    pub new_size: Quantity,
+    /// Bytes in use on the old volume, measured at preflight (Shrink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<i64>,
+    /// `leader` or `follower` when the engine knows (at planning time).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberStatus {
+    pub pod: String,
+    #[serde(default)]
+    pub step: MemberStep,
+    /// The new volume, once provisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_volume: Option<String>,
+    /// Reclaim policies the volumes had before the swap set them to Retain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_volume_original_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_volume_original_policy: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_copied: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_copied: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_deleted_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished: Option<Time>,
+    /// Seconds from the pod's deletion until it was Ready again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downtime_seconds: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Labels put on every object the operator creates, and on old PVs after success.
+pub fn owned_labels(request_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "storage-migrator".to_string(),
+        ),
+        (format!("{GROUP}/request"), request_name.to_string()),
+    ])
+}
