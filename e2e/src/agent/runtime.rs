@@ -1,8 +1,28 @@
 //! The node agent's host runtime: pod sandboxes (network namespace, veth on the cluster bridge,
 //! pod IP) and containers (a host program in its own mount and UTS namespace, inside the pod's
 //! network namespace, with bind-mounted volumes). Knows nothing about the Kubernetes API.
-//! (Stub: interface only; bodies are being written.)
+//!
+//! How a container is built (see `init.rs`): `spawn_container` writes `<sandbox.dir>/<name>.json`
+//! and starts `<init program> container-init <json>` (the init program is `$LOCALCLUSTER_BIN` if
+//! set, else the current executable). That fresh, single-threaded process enters the pod's network
+//! namespace, unshares mount + UTS + IPC namespaces, makes `/` rprivate and builds a private root:
+//! a tmpfs mounted on `<sandbox.dir>/<name>.root` (only inside the container's mount namespace)
+//! holds the upper and work dirs of an overlayfs whose lower dir is the host's `/`, so the host
+//! filesystem is the image and writes outside volumes (`mkdir /data`, `/var/run/etcd`) never
+//! touch the host. Fresh `/proc`, `/sys` (read-only), `/run`, `/tmp`, `/dev/shm` and a bind of
+//! the host's `/dev` are mounted in it, then `pivot_root`, then the volumes are bind-mounted (from
+//! file descriptors opened before the pivot), then the old root is detached, so the container's
+//! mount namespace pins no host mount but its own volumes. Then hostname, uid/gid, chdir, signal
+//! dispositions reset, and `execve` with exactly the given environment.
+//!
+//! Process lifetime: every child (container or exec) is forked from one dedicated, never-exiting
+//! thread of the agent process and gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the agent
+//! process (the kernel's "parent died" signal is bound to the forking *thread*: forking from a
+//! tokio blocking thread would kill containers when that thread idles out). Each child calls
+//! `setsid()`, so its pid is also its process group: [`signal_container`] signals the group.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -11,10 +31,71 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::ClusterState;
 
+mod host;
+mod init;
+mod net;
+mod spawn;
+
+/// Environment variable naming the program that implements `container-init` (default: the
+/// current executable, i.e. `localcluster`). Tests set it to their own binary.
+pub const INIT_PROGRAM_ENV: &str = "LOCALCLUSTER_BIN";
+
+/// The subcommand of the init program that runs [`container_init`].
+pub const INIT_SUBCOMMAND: &str = "container-init";
+
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
-    #[error("runtime not implemented yet")]
-    NotImplemented,
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Sys {
+        what: String,
+        source: nix::errno::Errno,
+    },
+    #[error("`{command}` failed ({status}): {stderr}")]
+    Command {
+        command: String,
+        status: String,
+        stderr: String,
+    },
+    #[error("cannot run {program}: {source}")]
+    Spawn {
+        program: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid container init spec: {source}")]
+    Spec {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("invalid {what} {value:?}: {reason}")]
+    Invalid {
+        what: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+    #[error("no free veth name with prefix {0} after several attempts")]
+    NoFreeVethName(String),
+    #[error("spawning a container needs a tokio runtime context")]
+    NoTokioRuntime,
+    #[error("the runtime's process-spawning thread is gone")]
+    SpawnerGone,
+    #[error("a helper thread ({0}) panicked")]
+    ThreadPanicked(&'static str),
+    #[error("command did not finish within {0:?} and was killed")]
+    ExecTimeout(Duration),
+    #[error("container-init must run in a single-threaded process, found {0} threads")]
+    NotSingleThreaded(usize),
+    #[error("the agent process (pid {0}) that started this container is gone")]
+    ParentGone(u32),
+    #[error("executable {program:?} not found in PATH {path:?}")]
+    ProgramNotFound { program: String, path: String },
+    #[error("cleanup left {0} problem(s); see the log")]
+    Cleanup(usize),
 }
 
 /// One bind mount into a container: `source` (a host path) appears at `target`.
@@ -29,6 +110,7 @@ pub struct MountSpec {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ContainerSpec {
     /// Program (absolute host path) and its arguments, already resolved and `$(VAR)`-expanded.
+    /// A program without `/` is looked up in the `PATH` of `env` (or a default PATH).
     pub argv: Vec<String>,
     /// The complete environment of the process.
     pub env: Vec<(String, String)>,
@@ -58,6 +140,7 @@ pub struct Sandbox {
 /// Result of a command run inside a container's namespaces (exec probes).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecOutput {
+    /// The exit status, or `128 + signal` when the command was killed by a signal.
     pub exit_code: i32,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
@@ -66,50 +149,142 @@ pub struct ExecOutput {
 /// Creates the cluster bridge if missing (address `state.bridge_ip()`/24), a network namespace
 /// named `state.netns_prefix() + key`, a veth pair (host end on the bridge, pod end `eth0` with `ip`,
 /// default route via the bridge, `lo` up) and the scratch dir `dir`.
+///
+/// `ip` must be a host address of the cluster's pod network (198.18.N.2 to .254). Safe to call
+/// concurrently (threads or processes): host changes are serialized by a flock on
+/// `<state.dir>/runtime.lock`. A stale namespace of the same name is replaced.
 pub fn create_sandbox(
-    _state: &ClusterState,
-    _key: &str,
-    _ip: Ipv4Addr,
-    _dir: &Path,
+    state: &ClusterState,
+    key: &str,
+    ip: Ipv4Addr,
+    dir: &Path,
 ) -> Result<Sandbox, RuntimeError> {
-    Err(RuntimeError::NotImplemented)
+    net::create_sandbox(state, key, ip, dir)
 }
 
-/// Deletes the sandbox's veth and network namespace. Idempotent.
-pub fn destroy_sandbox(_sandbox: &Sandbox) -> Result<(), RuntimeError> {
-    Err(RuntimeError::NotImplemented)
+/// Deletes the sandbox's veth and network namespace. Idempotent. Leaves `dir` (logs) in place.
+/// Processes still inside the namespace keep it alive until they exit; kill them first.
+pub fn destroy_sandbox(sandbox: &Sandbox) -> Result<(), RuntimeError> {
+    net::destroy_sandbox(sandbox)
 }
 
-/// Starts a container process (`<current_exe> container-init <dir>/<name>.json`). The child dies
-/// with the agent (PR_SET_PDEATHSIG) and its pid is recorded for `cleanup_host`.
+/// Starts a container process (`<init program> container-init <dir>/<name>.json`). The child dies
+/// with the agent (PR_SET_PDEATHSIG) and its pid is recorded for `cleanup_host` in
+/// `<dir>/<name>.pid`. stdout and stderr are appended to `spec.log_path`; stdin is /dev/null.
+/// The returned child is not killed on drop. Must be called within a tokio runtime.
+/// Errors of the init phase itself (bad mount, program not found) are reported by the init
+/// program on stderr, i.e. in the log, and as its exit status.
 pub fn spawn_container(
-    _sandbox: &Sandbox,
-    _name: &str,
-    _spec: &ContainerSpec,
+    sandbox: &Sandbox,
+    name: &str,
+    spec: &ContainerSpec,
 ) -> Result<tokio::process::Child, RuntimeError> {
-    Err(RuntimeError::NotImplemented)
+    spawn::spawn_container(sandbox, name, spec)
 }
 
 /// Runs `argv` inside a container's namespaces and mounts (as `spec` describes them), bounded by
 /// `timeout`; output is captured, not logged.
+///
+/// If a container of `sandbox` started with this very `spec` is running, the command joins its
+/// network, UTS, IPC and mount namespaces (as `kubectl exec` does: it sees the container's files).
+/// Otherwise it gets fresh namespaces built from `spec`, like a new container would.
+/// On timeout the command's process group is killed with SIGKILL and
+/// [`RuntimeError::ExecTimeout`] is returned. After the command exits, whatever it left running
+/// in its process group is killed too. Output is capped at 1 MiB per stream (the rest is read and
+/// discarded).
 pub async fn exec_in_container(
-    _sandbox: &Sandbox,
-    _spec: &ContainerSpec,
-    _argv: &[String],
-    _timeout: Duration,
+    sandbox: &Sandbox,
+    spec: &ContainerSpec,
+    argv: &[String],
+    timeout: Duration,
 ) -> Result<ExecOutput, RuntimeError> {
-    Err(RuntimeError::NotImplemented)
+    spawn::exec_in_container(sandbox, spec, argv, timeout).await
 }
 
 /// Removes every host resource of this cluster the runtime may have left: container processes,
 /// mounts under the state dir's `nodes/`, network namespaces with the cluster prefix, veths,
 /// the bridge. Idempotent.
-pub fn cleanup_host(_state: &ClusterState) -> Result<(), RuntimeError> {
-    Err(RuntimeError::NotImplemented)
+///
+/// Processes: those recorded in `*.pid` files under `nodes/` whose command line still shows
+/// `container-init <json>` or the recorded argv, with their process groups, and every process
+/// inside one of the cluster's network namespaces: SIGKILL. Mounts under
+/// `nodes/<node>/volumes/` are left to the volume provisioner. Problems are logged and the other
+/// steps still run; the result then is [`RuntimeError::Cleanup`].
+pub fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
+    host::cleanup_host(state)
 }
 
 /// `container-init`: enter the sandbox's network namespace, new mount + UTS namespaces, private
 /// propagation, bind mounts, hostname, uid/gid, chdir, then exec. Returns only on error.
-pub fn container_init(_spec_path: &Path) -> RuntimeError {
-    RuntimeError::NotImplemented
+/// Must be called in a fresh single-threaded process (before any tokio runtime is built).
+pub fn container_init(spec_path: &Path) -> RuntimeError {
+    init::container_init(spec_path)
+}
+
+/// Sends `signal` to a container started by [`spawn_container`] and to every process of its
+/// process group (its children, unless they made their own). `ESRCH` (already gone) is not an
+/// error.
+pub fn signal_container(pid: u32, signal: nix::sys::signal::Signal) -> Result<(), RuntimeError> {
+    spawn::signal_group(pid, signal)
+}
+
+/// Where `spawn_container` records the pid of container `name` of `sandbox`.
+pub fn pid_file(sandbox: &Sandbox, name: &str) -> PathBuf {
+    sandbox.dir.join(format!("{name}.pid"))
+}
+
+/// A random number (for unique host names), from the std hasher's per-process random keys.
+fn random_u64(salt: &str) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    RandomState::new().hash_one((salt, nanos, std::process::id()))
+}
+
+/// Names that become file names or interface names: ASCII letters, digits, `.`, `_`, `-`, not
+/// starting with `.` or `-`.
+fn validate_name(what: &'static str, value: &str, max_len: usize) -> Result<(), RuntimeError> {
+    let invalid = |reason| RuntimeError::Invalid {
+        what,
+        value: value.to_owned(),
+        reason,
+    };
+    if value.is_empty() {
+        return Err(invalid("empty"));
+    }
+    if value.len() > max_len {
+        return Err(invalid("too long"));
+    }
+    if value.starts_with('.') || value.starts_with('-') {
+        return Err(invalid("must not start with '.' or '-'"));
+    }
+    if !value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(invalid(
+            "only ASCII letters, digits, '.', '_' and '-' are allowed",
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(validate_name("key", "0b5e-1c2d.etcd_0", 64).is_ok());
+        for bad in ["", ".x", "-x", "a/b", "a b", "é", "x\0"] {
+            assert!(validate_name("key", bad, 64).is_err(), "{bad:?}");
+        }
+        assert!(validate_name("key", "abcdef", 5).is_err());
+    }
+
+    #[test]
+    fn random_numbers_differ() {
+        assert_ne!(random_u64("a"), random_u64("a"));
+    }
 }

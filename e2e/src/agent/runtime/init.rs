@@ -1,0 +1,535 @@
+//! `container-init`: runs in a fresh single-threaded process started by the agent, turns it into
+//! the container (namespaces, private root, mounts, credentials) and execs the program.
+
+use std::convert::Infallible;
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
+use nix::unistd::{AccessFlags, Gid, Uid};
+use serde::{Deserialize, Serialize};
+
+use super::net::netns_path;
+use super::{ContainerSpec, RuntimeError, Sandbox};
+
+/// What `spawn_container` / `exec_in_container` write for `container-init`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub(super) struct InitSpec {
+    pub sandbox: Sandbox,
+    pub spec: ContainerSpec,
+    /// pid of the agent process; the init exits if it is no longer its parent.
+    pub parent_pid: u32,
+    /// `Some(pid)`: an exec into the running container `pid` (join its namespaces);
+    /// `None`: build a new container.
+    pub join_pid: Option<u32>,
+    /// Existing (empty) host directory on which the container's private tmpfs (overlay upper and
+    /// work dirs, merged root) is mounted, inside the container's mount namespace only.
+    pub root_dir: PathBuf,
+}
+
+/// PATH used to find a program without `/` when the spec's env has none (the kubelet default).
+pub(super) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// Size limits of the container's private tmpfs mounts (memory is used only as written).
+const ROOT_TMPFS: &str = "mode=0755,size=1g";
+const TMP_TMPFS: &str = "mode=1777,size=1g";
+const RUN_TMPFS: &str = "mode=0755,size=256m";
+const SHM_TMPFS: &str = "mode=1777,size=64m";
+/// Mount point of the old root between `pivot_root` and its detach.
+const OLD_ROOT: &str = "/.sm-oldroot";
+
+pub(super) fn container_init(spec_path: &Path) -> RuntimeError {
+    match run(spec_path) {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+fn sys(what: impl Into<String>) -> impl FnOnce(nix::errno::Errno) -> RuntimeError {
+    let what = what.into();
+    move |source| RuntimeError::Sys { what, source }
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let path = path.to_path_buf();
+    move |source| RuntimeError::Io { what, path, source }
+}
+
+fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
+    let threads = thread_count();
+    if threads > 1 {
+        return Err(RuntimeError::NotSingleThreaded(threads));
+    }
+    let text = std::fs::read_to_string(spec_path).map_err(io("cannot read", spec_path))?;
+    let init: InitSpec = serde_json::from_str(&text).map_err(|source| RuntimeError::Spec {
+        path: spec_path.to_path_buf(),
+        source,
+    })?;
+    ensure_parent(init.parent_pid)?;
+    let spec = &init.spec;
+    let Some(program) = spec.argv.first() else {
+        return Err(RuntimeError::Invalid {
+            what: "argv",
+            value: String::new(),
+            reason: "empty",
+        });
+    };
+    for m in &spec.mounts {
+        check_container_path("mount target", &m.target)?;
+        if !m.source.is_absolute() {
+            return Err(RuntimeError::Invalid {
+                what: "mount source",
+                value: m.source.display().to_string(),
+                reason: "must be absolute",
+            });
+        }
+    }
+    if let Some(wd) = &spec.working_dir {
+        check_container_path("working dir", wd)?;
+    }
+    // Everything that can fail on bad input is checked before the process is changed.
+    let argv = cstrings(spec.argv.iter().map(String::as_str))?;
+    let envp = cstrings(
+        spec.env
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .iter()
+            .map(String::as_str),
+    )?;
+    for (k, _) in &spec.env {
+        if k.is_empty() || k.contains('=') {
+            return Err(RuntimeError::Invalid {
+                what: "environment variable name",
+                value: k.clone(),
+                reason: "empty or contains '='",
+            });
+        }
+    }
+
+    match init.join_pid {
+        Some(pid) => join_container(pid)?,
+        None => new_container(&init)?,
+    }
+
+    if let Some(wd) = &spec.working_dir {
+        // As the runtime does for a missing workingDir: create it (as root).
+        std::fs::create_dir_all(wd).map_err(io("cannot create working dir", wd))?;
+    }
+    if spec.run_as_user.is_some() || spec.run_as_group.is_some() {
+        let gid = Gid::from_raw(spec.run_as_group.unwrap_or(0));
+        let uid = Uid::from_raw(spec.run_as_user.unwrap_or(0));
+        nix::unistd::setgroups(&[gid]).map_err(sys("setgroups"))?;
+        nix::unistd::setgid(gid).map_err(sys(format!("setgid({gid})")))?;
+        nix::unistd::setuid(uid).map_err(sys(format!("setuid({uid})")))?;
+    }
+    // A credential change clears the parent-death signal: set it again, then re-check that the
+    // agent did not die in between.
+    ensure_parent(init.parent_pid)?;
+    let wd = spec.working_dir.as_deref().unwrap_or(Path::new("/"));
+    nix::unistd::chdir(wd).map_err(sys(format!("chdir({})", wd.display())))?;
+
+    let path_var = spec
+        .env
+        .iter()
+        .rev()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .unwrap_or(DEFAULT_PATH);
+    let resolved = resolve_program(program, path_var, is_executable)?;
+    let resolved =
+        CString::new(resolved.as_os_str().as_bytes()).map_err(|_| RuntimeError::Invalid {
+            what: "program",
+            value: program.clone(),
+            reason: "contains NUL",
+        })?;
+    reset_signals()?;
+    let err =
+        nix::unistd::execve(&resolved, &argv, &envp).map_err(sys(format!("execve({program})")));
+    match err {
+        Ok(never) => match never {},
+        Err(e) => Err(e),
+    }
+}
+
+/// Number of threads of this process (from /proc/self/status), 0 if unknown.
+fn thread_count() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Sets PR_SET_PDEATHSIG(SIGKILL) and checks that the agent is still the parent.
+fn ensure_parent(parent_pid: u32) -> Result<(), RuntimeError> {
+    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(sys("prctl(PR_SET_PDEATHSIG)"))?;
+    if nix::unistd::getppid().as_raw() as u32 != parent_pid {
+        return Err(RuntimeError::ParentGone(parent_pid));
+    }
+    Ok(())
+}
+
+fn cstrings<'a>(items: impl Iterator<Item = &'a str>) -> Result<Vec<CString>, RuntimeError> {
+    items
+        .map(|s| {
+            CString::new(s).map_err(|_| RuntimeError::Invalid {
+                what: "argument or environment entry",
+                value: s.to_owned(),
+                reason: "contains NUL",
+            })
+        })
+        .collect()
+}
+
+/// Paths inside the container must be absolute and free of `..`.
+pub(super) fn check_container_path(what: &'static str, p: &Path) -> Result<(), RuntimeError> {
+    if !p.is_absolute() {
+        return Err(RuntimeError::Invalid {
+            what,
+            value: p.display().to_string(),
+            reason: "must be absolute",
+        });
+    }
+    if p.components().any(|c| c == Component::ParentDir) {
+        return Err(RuntimeError::Invalid {
+            what,
+            value: p.display().to_string(),
+            reason: "must not contain '..'",
+        });
+    }
+    Ok(())
+}
+
+fn is_executable(p: &Path) -> bool {
+    p.is_file() && nix::unistd::access(p, AccessFlags::X_OK).is_ok()
+}
+
+/// `program` as is if it contains `/`, else the first executable `<dir>/program` of `path_var`.
+pub(super) fn resolve_program(
+    program: &str,
+    path_var: &str,
+    executable: impl Fn(&Path) -> bool,
+) -> Result<PathBuf, RuntimeError> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
+    }
+    if !program.is_empty() {
+        for dir in path_var.split(':') {
+            let dir = if dir.is_empty() { "." } else { dir };
+            let candidate = Path::new(dir).join(program);
+            if executable(&candidate) {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(RuntimeError::ProgramNotFound {
+        program: program.to_owned(),
+        path: path_var.to_owned(),
+    })
+}
+
+/// Default dispositions for every signal (a Rust parent ignores SIGPIPE; ignored signals would
+/// stay ignored across exec) and an empty signal mask.
+fn reset_signals() -> Result<(), RuntimeError> {
+    for sig in Signal::iterator() {
+        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+            continue;
+        }
+        // SAFETY: single-threaded process about to exec; SIG_DFL installs no Rust handler.
+        unsafe { nix::sys::signal::signal(sig, SigHandler::SigDfl) }
+            .map_err(sys(format!("signal({sig}, SIG_DFL)")))?;
+    }
+    nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+        .map_err(sys("sigprocmask"))
+}
+
+/// Exec: join the network, UTS, IPC and mount namespaces of the running container `pid`. Joining
+/// the mount namespace also moves root and cwd to that namespace's root: the container's root.
+fn join_container(pid: u32) -> Result<(), RuntimeError> {
+    let kinds = [
+        ("net", CloneFlags::CLONE_NEWNET),
+        ("uts", CloneFlags::CLONE_NEWUTS),
+        ("ipc", CloneFlags::CLONE_NEWIPC),
+        ("mnt", CloneFlags::CLONE_NEWNS),
+    ];
+    let mut fds = Vec::with_capacity(kinds.len());
+    for (kind, flag) in kinds {
+        let path = PathBuf::from(format!("/proc/{pid}/ns/{kind}"));
+        fds.push((
+            File::open(&path).map_err(io("cannot open", &path))?,
+            flag,
+            path,
+        ));
+    }
+    for (fd, flag, path) in fds {
+        nix::sched::setns(&fd, flag).map_err(sys(format!("setns({})", path.display())))?;
+    }
+    nix::unistd::chdir("/").map_err(sys("chdir(/)"))
+}
+
+fn mount(
+    source: Option<&Path>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> Result<(), RuntimeError> {
+    nix::mount::mount(source, target, fstype, flags, data).map_err(sys(format!(
+        "mount {} on {} ({})",
+        source.map(|s| s.display().to_string()).unwrap_or_default(),
+        target.display(),
+        fstype.unwrap_or("bind/remount"),
+    )))
+}
+
+fn mkdir_p(p: &Path) -> Result<(), RuntimeError> {
+    std::fs::create_dir_all(p).map_err(io("cannot create", p))
+}
+
+/// New container: the sandbox's network namespace, new mount/UTS/IPC namespaces, a private root
+/// (overlay of the host's `/`), the spec's bind mounts, the hostname.
+fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
+    let spec = &init.spec;
+    let ns = netns_path(&init.sandbox.netns);
+    let ns_fd = File::open(&ns).map_err(io("cannot open network namespace", &ns))?;
+    nix::sched::setns(&ns_fd, CloneFlags::CLONE_NEWNET)
+        .map_err(sys(format!("setns({})", ns.display())))?;
+    drop(ns_fd);
+    nix::sched::unshare(
+        CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_NEWUTS | CloneFlags::CLONE_NEWIPC,
+    )
+    .map_err(sys("unshare(mount, UTS, IPC)"))?;
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+    )?;
+
+    // Sources are opened while the host's tree is visible; they are mounted after the pivot
+    // from /proc/self/fd, so targets resolve inside the new root (its absolute symlinks such as
+    // /var/run -> /run included) and never on the host.
+    let mut sources: Vec<(OwnedFd, bool)> = Vec::with_capacity(spec.mounts.len());
+    for m in &spec.mounts {
+        let file = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
+            .open(&m.source)
+            .map_err(io("cannot open mount source", &m.source))?;
+        let is_dir = file
+            .metadata()
+            .map_err(io("cannot stat mount source", &m.source))?
+            .is_dir();
+        sources.push((file.into(), is_dir));
+    }
+
+    let root = &init.root_dir;
+    mount(
+        Some(Path::new("tmpfs")),
+        root,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(ROOT_TMPFS),
+    )?;
+    nix::unistd::chdir(root.as_path()).map_err(sys(format!("chdir({})", root.display())))?;
+    for d in ["upper", "work", "merged"] {
+        mkdir_p(Path::new(d))?;
+    }
+    // Relative upper/work paths (resolved against the cwd) keep odd characters of the state
+    // dir out of the option string. The upper layer is on a tmpfs: overlayfs refuses an upper
+    // dir inside its lower dir's filesystem.
+    mount(
+        Some(Path::new("overlay")),
+        Path::new("merged"),
+        Some("overlay"),
+        MsFlags::empty(),
+        Some("lowerdir=/,upperdir=upper,workdir=work"),
+    )?;
+    let merged = root.join("merged");
+    let at = |p: &str| merged.join(p);
+    let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    for d in ["proc", "sys", "dev", "run", "tmp"] {
+        mkdir_p(&at(d))?;
+    }
+    mount(
+        Some(Path::new("proc")),
+        &at("proc"),
+        Some("proc"),
+        nosuid_nodev | MsFlags::MS_NOEXEC,
+        None,
+    )?;
+    // A fresh sysfs shows the pod's network devices.
+    mount(
+        Some(Path::new("sysfs")),
+        &at("sys"),
+        Some("sysfs"),
+        nosuid_nodev | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
+        None,
+    )?;
+    mount(
+        Some(Path::new("/dev")),
+        &at("dev"),
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+    )?;
+    mkdir_p(&at("dev/shm"))?;
+    mount(
+        Some(Path::new("shm")),
+        &at("dev/shm"),
+        Some("tmpfs"),
+        nosuid_nodev | MsFlags::MS_NOEXEC,
+        Some(SHM_TMPFS),
+    )?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &at("run"),
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some(RUN_TMPFS),
+    )?;
+    mount(
+        Some(Path::new("tmpfs")),
+        &at("tmp"),
+        Some("tmpfs"),
+        nosuid_nodev,
+        Some(TMP_TMPFS),
+    )?;
+
+    nix::unistd::chdir(merged.as_path()).map_err(sys(format!("chdir({})", merged.display())))?;
+    let old = Path::new(OLD_ROOT);
+    let old_rel = Path::new(OLD_ROOT.trim_start_matches('/'));
+    mkdir_p(old_rel)?;
+    nix::unistd::pivot_root(".", old_rel).map_err(sys("pivot_root"))?;
+    nix::unistd::chdir("/").map_err(sys("chdir(/)"))?;
+
+    for (m, (fd, is_dir)) in spec.mounts.iter().zip(&sources) {
+        prepare_target(&m.target, *is_dir)?;
+        let src = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+        mount(Some(&src), &m.target, None, MsFlags::MS_BIND, None).map_err(|e| match e {
+            RuntimeError::Sys { source, .. } => RuntimeError::Sys {
+                what: format!("bind {} on {}", m.source.display(), m.target.display()),
+                source,
+            },
+            e => e,
+        })?;
+        if m.read_only {
+            mount(
+                None,
+                &m.target,
+                None,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+                None,
+            )?;
+        }
+    }
+    drop(sources);
+    nix::mount::umount2(old, MntFlags::MNT_DETACH).map_err(sys("detach the old root"))?;
+    std::fs::remove_dir(old).map_err(io("cannot remove", old))?;
+
+    if !spec.hostname.is_empty() {
+        nix::unistd::sethostname(&spec.hostname)
+            .map_err(sys(format!("sethostname({})", spec.hostname)))?;
+    }
+    Ok(())
+}
+
+/// Makes the bind target exist (in the container's root): a directory for a directory source,
+/// an empty file (and its parent directories) otherwise.
+fn prepare_target(target: &Path, source_is_dir: bool) -> Result<(), RuntimeError> {
+    if source_is_dir {
+        return mkdir_p(target);
+    }
+    if let Some(parent) = target.parent() {
+        mkdir_p(parent)?;
+    }
+    if std::fs::symlink_metadata(target).is_err() {
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(target)
+            .map_err(io("cannot create mount target", target))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_resolve_through_path() {
+        let exe = |p: &Path| p == Path::new("/opt/b/etcd") || p == Path::new("/opt/c/etcd");
+        assert_eq!(
+            resolve_program("etcd", "/opt/a:/opt/b:/opt/c", exe).unwrap(),
+            PathBuf::from("/opt/b/etcd")
+        );
+        assert_eq!(
+            resolve_program("/usr/bin/x", "", |_| false).unwrap(),
+            PathBuf::from("/usr/bin/x")
+        );
+        assert!(matches!(
+            resolve_program("etcd", "/opt/a", exe),
+            Err(RuntimeError::ProgramNotFound { .. })
+        ));
+        assert!(resolve_program("", "/opt/b", exe).is_err());
+        assert!(resolve_program("sh", DEFAULT_PATH, is_executable).is_ok());
+    }
+
+    #[test]
+    fn container_paths_are_absolute_without_dotdot() {
+        assert!(check_container_path("t", Path::new("/var/run/etcd")).is_ok());
+        assert!(check_container_path("t", Path::new("data")).is_err());
+        assert!(check_container_path("t", Path::new("/data/../etc")).is_err());
+    }
+
+    #[test]
+    fn this_test_process_is_not_single_threaded() {
+        // Guards the check container_init relies on (the test harness runs threads).
+        let _t = std::thread::spawn(|| std::thread::sleep(std::time::Duration::from_millis(200)));
+        assert!(thread_count() > 1);
+    }
+
+    #[test]
+    fn init_spec_round_trips() {
+        let spec = InitSpec {
+            sandbox: Sandbox {
+                netns: "smabc123-pod".into(),
+                ip: std::net::Ipv4Addr::new(198, 18, 7, 2),
+                host_veth: "smvabc1230001".into(),
+                dir: PathBuf::from("/s/nodes/node-a/pods/u"),
+            },
+            spec: ContainerSpec {
+                argv: vec!["/usr/bin/etcd".into(), "--name".into(), "etcd-0".into()],
+                env: vec![("A".into(), "1".into())],
+                working_dir: None,
+                mounts: vec![super::super::MountSpec {
+                    source: PathBuf::from("/s/v"),
+                    target: PathBuf::from("/var/run/etcd"),
+                    read_only: false,
+                }],
+                hostname: "etcd-0".into(),
+                log_path: PathBuf::from("/s/l.log"),
+                run_as_user: Some(1000),
+                run_as_group: None,
+            },
+            parent_pid: 1,
+            join_pid: None,
+            root_dir: PathBuf::from("/s/nodes/node-a/pods/u/etcd.root"),
+        };
+        let text = serde_json::to_string(&spec).unwrap();
+        assert_eq!(serde_json::from_str::<InitSpec>(&text).unwrap(), spec);
+    }
+}
