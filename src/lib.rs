@@ -4,3 +4,4 @@
 //! - [`api`]: the `StorageMigrationRequest` types (no dependency on the rest).
 
 pub mod api;
+pub mod engine;
