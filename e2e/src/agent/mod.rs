@@ -10,6 +10,8 @@ pub mod runtime;
 pub enum AgentError {
     #[error("node agent not implemented yet")]
     NotImplemented,
+    #[error(transparent)]
+    Runtime(#[from] runtime::RuntimeError),
 }
 
 /// Runs the node agent (and the volume provisioner) until SIGTERM/SIGINT, then stops every
@@ -26,6 +28,6 @@ pub fn cleanup_host(_state: &ClusterState) -> Result<(), AgentError> {
 
 /// Entry point of the hidden `container-init SPEC` subcommand: enters the pod's namespaces,
 /// sets up the container's mounts and execs its program. Only returns on error.
-pub fn container_init(_spec: &Path) -> AgentError {
-    AgentError::NotImplemented
+pub fn container_init(spec: &Path) -> AgentError {
+    AgentError::Runtime(runtime::container_init(spec))
 }
