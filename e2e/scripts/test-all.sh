@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Runs every test of the project on this machine, installing what it needs first:
+#   formatting, clippy, the CRD staleness check, unit tests, then the end-to-end scenarios on a
+#   fresh local cluster (brought up in a temporary state dir and brought down at the end).
+# Usage: e2e/scripts/test-all.sh            (from anywhere)
+# Env:   KEEP_CLUSTER=1  leave the local cluster running after the tests (prints its KUBECONFIG)
+#        E2E_ARGS="..."  extra arguments for the e2e test binaries (e.g. a test name filter)
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
+
+step "install dependencies (apt packages, Kubernetes 1.20.2 server binaries, cached)"
+bash e2e/scripts/install-deps.sh >/dev/null
+
+step "rustfmt"
+cargo fmt --all -- --check
+
+step "clippy"
+cargo clippy --workspace --all-targets --all-features -- -D warnings
+
+step "CRD is generated from the Rust types"
+bash .ci/check-crd.sh
+
+step "build"
+cargo build --workspace --all-features --bins
+
+step "unit tests"
+cargo test --workspace --all-features --lib --bins
+
+STATE_DIR="$(mktemp -d /tmp/storage-migrator-e2e.XXXXXX)"
+LC="$ROOT/target/debug/localcluster"
+cleanup() {
+  rc=$?
+  if [ "${KEEP_CLUSTER:-0}" = 1 ]; then
+    echo "cluster left running: export KUBECONFIG=$STATE_DIR/kubeconfig; stop it with: $LC down --state-dir $STATE_DIR"
+  else
+    step "local cluster down"
+    "$LC" down --state-dir "$STATE_DIR" || rc=1
+    [ $rc -ne 0 ] && echo "logs kept in $STATE_DIR/logs" || rm -rf "$STATE_DIR"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+
+step "local cluster up"
+eval "$("$LC" up --state-dir "$STATE_DIR")"
+export KUBECONFIG
+export STORAGE_MIGRATOR_BIN="$ROOT/target/debug/storage-migrator"
+export E2E_LOCALCLUSTER=1
+
+step "end-to-end tests"
+# shellcheck disable=SC2086
+cargo test -p e2e --all-features --test '*' -- --test-threads=2 ${E2E_ARGS:-}
