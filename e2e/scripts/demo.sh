@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The main job, on this machine: bring up the local three-node cluster, a three-member etcd
+# StatefulSet on StorageClass `standard`, the operator, then migrate every member to StorageClass
+# `fast` with a StorageMigrationRequest while showing its progress.
+#
+# Usage: e2e/scripts/demo.sh [STATE_DIR]     (default: ./.localcluster; reused if already up)
+# Stop everything afterwards with:
+#   target/debug/localcluster down --state-dir STATE_DIR
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+STATE_DIR="$(realpath -m "${1:-$ROOT/.localcluster}")"
+NS=demo
+say() { printf '\n==> %s\n' "$*"; }
+
+say "installing dependencies (first run builds the Kubernetes control plane: several minutes)"
+bash e2e/scripts/install-deps.sh >/dev/null
+cargo build -q --workspace --bins
+
+if [ -f "$STATE_DIR/cluster.json" ] && KUBECONFIG="$STATE_DIR/kubeconfig" kubectl get --raw /readyz >/dev/null 2>&1; then
+  say "local cluster already up in $STATE_DIR"
+  export KUBECONFIG="$STATE_DIR/kubeconfig"
+else
+  say "bringing up the local cluster in $STATE_DIR"
+  eval "$(target/debug/localcluster up --state-dir "$STATE_DIR")"
+  export KUBECONFIG
+fi
+kubectl get nodes -L topology.kubernetes.io/zone
+kubectl get storageclass
+
+say "etcd StatefulSet (3 members on class standard) in namespace $NS"
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl -n "$NS" apply -f e2e/fixtures/etcd.yaml
+kubectl -n "$NS" rollout status statefulset/etcd --timeout=180s
+kubectl -n "$NS" get pods -o wide
+kubectl -n "$NS" get pvc
+
+say "starting the operator (log: $STATE_DIR/logs/storage-migrator.log)"
+kubectl apply -f crds/storagemigrationrequests.yaml >/dev/null
+if [ -f "$STATE_DIR/pids/storage-migrator.pid" ] && kill -0 "$(cat "$STATE_DIR/pids/storage-migrator.pid")" 2>/dev/null; then
+  echo "already running"
+else
+  setsid target/debug/storage-migrator run >>"$STATE_DIR/logs/storage-migrator.log" 2>&1 </dev/null &
+  echo $! > "$STATE_DIR/pids/storage-migrator.pid"
+fi
+
+say "migrating etcd to StorageClass fast"
+kubectl -n "$NS" delete storagemigrationrequest etcd-to-fast --ignore-not-found >/dev/null
+kubectl -n "$NS" apply -f - <<'YAML'
+apiVersion: storagemigrator.io/v1alpha1
+kind: StorageMigrationRequest
+metadata:
+  name: etcd-to-fast
+spec:
+  type: StorageClassChange
+  target: {kind: StatefulSet, name: etcd}
+  storageClassChange: {storageClassName: fast}
+  timeout: 20m
+YAML
+last=""
+for _ in $(seq 1 1200); do
+  line="$(kubectl -n "$NS" get smr etcd-to-fast --no-headers 2>/dev/null || true)"
+  members="$(kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{range .status.members[*]}{.pod}={.step} {end}' 2>/dev/null || true)"
+  now="$line | $members"
+  if [ "$now" != "$last" ]; then echo "$(date +%H:%M:%S) $now"; last="$now"; fi
+  phase="$(kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.phase}' 2>/dev/null || true)"
+  case "$phase" in Successful|Failed|Denied) break ;; esac
+  sleep 1
+done
+kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.message}{"\n"}'
+kubectl -n "$NS" get pvc
+kubectl -n "$NS" get pods -o wide
+echo
+echo "export KUBECONFIG=$KUBECONFIG"
+echo "stop everything with: target/debug/localcluster down --state-dir $STATE_DIR"
+[ "$phase" = Successful ]
