@@ -1,10 +1,13 @@
 //! Local Kubernetes cluster harness and end-to-end scenario helpers for storage-migrator.
 //!
 //! - [`state`]: the state directory and the cluster's identity (ports, names, ranges).
-//! - `controlplane`: etcd + kube-apiserver + controller-manager + scheduler (`up`/`down`).
+//! - [`controlplane`]: etcd + kube-apiserver + controller-manager + scheduler (`up`/`down`).
 //! - [`agent`]: the node agent (kubelet) for the cluster's three nodes.
 //! - [`provisioner`]: the `local.e2e/ext4` volume provisioner.
+//! - [`pki`]: the cluster's certificates and keys.
 
 pub mod agent;
+pub mod controlplane;
+pub mod pki;
 pub mod provisioner;
 pub mod state;

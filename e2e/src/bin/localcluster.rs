@@ -1,1 +1,164 @@
-fn main() {}
+//! `localcluster`: a real local Kubernetes cluster (etcd, kube-apiserver,
+//! kube-controller-manager, kube-scheduler and the node agent) for storage-migrator's e2e tests.
+//!
+//! - `localcluster up --state-dir DIR`: start it in the background; prints
+//!   `export KUBECONFIG=DIR/kubeconfig` on stdout once it is usable (progress goes to stderr).
+//! - `localcluster down --state-dir DIR`: stop it and check nothing is left.
+
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use e2e::controlplane::{self, UpOptions};
+use e2e::state::ClusterState;
+
+#[derive(Parser)]
+#[command(
+    name = "localcluster",
+    about = "Local Kubernetes cluster for storage-migrator's e2e tests"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Start a cluster in the background and print `export KUBECONFIG=...` once it is usable.
+    Up {
+        /// State directory of the cluster (created if missing).
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Start only the control plane: no node agent, no wait for nodes and StorageClasses.
+        #[arg(long, hide = true)]
+        no_agent: bool,
+    },
+    /// Stop everything `up` started and check that nothing is left.
+    Down {
+        /// State directory of the cluster.
+        #[arg(long)]
+        state_dir: PathBuf,
+    },
+    /// Run the node agent in the foreground (started by `up`).
+    #[command(hide = true)]
+    Agent {
+        #[arg(long)]
+        state_dir: PathBuf,
+    },
+    /// Enter a pod's namespaces and exec a container (started by the agent).
+    #[command(hide = true)]
+    ContainerInit { spec: PathBuf },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // container-init calls setns/unshare, which need a single-threaded process: dispatch it
+    // before any runtime, thread or logger exists.
+    if let Cmd::ContainerInit { spec } = &cli.command {
+        let err = e2e::agent::container_init(spec);
+        eprintln!("localcluster container-init {}: {err}", spec.display());
+        std::process::exit(127);
+    }
+    init_tracing();
+    let result = match cli.command {
+        Cmd::Up {
+            state_dir,
+            no_agent,
+        } => cmd_up(&state_dir, no_agent),
+        Cmd::Down { state_dir } => cmd_down(&state_dir),
+        Cmd::Agent { state_dir } => cmd_agent(&state_dir),
+        Cmd::ContainerInit { .. } => unreachable!("dispatched above"),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("localcluster: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    // kube's client logs every failed request at ERROR; `up` polls endpoints that are expected
+    // to fail until they are ready, and reports real failures itself. RUST_LOG overrides this.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube_client=off"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")
+}
+
+fn cmd_up(state_dir: &Path, no_agent: bool) -> anyhow::Result<ExitCode> {
+    let t = Instant::now();
+    tracing::info!("installing dependencies ({})", controlplane::INSTALL_DEPS);
+    let bin_dir = controlplane::install_deps()?;
+    let deps = t.elapsed();
+    let agent_exe = if no_agent {
+        None
+    } else {
+        Some(std::env::current_exe().context("cannot locate the localcluster executable")?)
+    };
+    let opts = UpOptions {
+        dir: state_dir.to_path_buf(),
+        bin_dir,
+        agent_exe,
+    };
+    let report = runtime()?.block_on(controlplane::up(&opts))?;
+    let mut timings = vec![("deps", deps)];
+    timings.extend(report.timings);
+    if let Some(total) = timings.iter_mut().find(|(n, _)| *n == "total") {
+        total.1 += deps;
+    }
+    eprintln!(
+        "localcluster up: cluster {} ready; timings:",
+        report.state.id
+    );
+    for (phase, d) in &timings {
+        eprintln!("  {phase:<16} {:>6.1}s", d.as_secs_f64());
+    }
+    println!("export KUBECONFIG={}", report.state.kubeconfig().display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn cmd_down(state_dir: &Path) -> anyhow::Result<ExitCode> {
+    let report = controlplane::down(state_dir)?;
+    if report.leftovers.is_empty() {
+        eprintln!(
+            "localcluster down: {} stopped, nothing left ({:.1}s)",
+            state_dir.display(),
+            report.elapsed.as_secs_f64()
+        );
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "localcluster down: still present after {:.1}s:",
+            report.elapsed.as_secs_f64()
+        );
+        for l in &report.leftovers {
+            eprintln!("  {l}");
+        }
+        Ok(ExitCode::FAILURE)
+    }
+}
+
+fn cmd_agent(state_dir: &Path) -> anyhow::Result<ExitCode> {
+    let state = ClusterState::load(state_dir)?;
+    let rt = runtime()?;
+    let result = rt.block_on(e2e::agent::run(state));
+    // Do not wait forever for blocking tasks the agent may have left.
+    rt.shutdown_timeout(Duration::from_secs(5));
+    result.context("node agent failed")?;
+    Ok(ExitCode::SUCCESS)
+}
