@@ -5,9 +5,11 @@
 //! - [`agent`]: the node agent (kubelet) for the cluster's three nodes.
 //! - [`provisioner`]: the `local.e2e/ext4` volume provisioner.
 //! - [`pki`]: the cluster's certificates and keys.
+//! - [`testing`]: helpers for e2e scenarios against any cluster (namespaces, waits, mover pods, etcd).
 
 pub mod agent;
 pub mod controlplane;
 pub mod pki;
 pub mod provisioner;
 pub mod state;
+pub mod testing;
