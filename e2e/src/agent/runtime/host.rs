@@ -42,9 +42,28 @@ pub(super) fn cmdline_is_container(cmdline: &[Vec<u8>], json: &Path, argv: &[Str
     is_init || is_program
 }
 
-/// Whether process `pid` is alive (not a zombie) and still the container recorded by `json`.
-pub(super) fn process_is_container(pid: u32, json: &Path, argv: &[String]) -> bool {
-    pid > 1 && is_alive(pid) && cmdline(pid).is_some_and(|c| cmdline_is_container(&c, json, argv))
+/// Whether process `pid` is in network namespace `/run/netns/<netns>`.
+fn in_netns(pid: u32, netns: &str) -> bool {
+    let Ok(ns) = std::fs::metadata(netns_path(netns)) else {
+        return false;
+    };
+    std::fs::metadata(format!("/proc/{pid}/ns/net"))
+        .is_ok_and(|m| (m.dev(), m.ino()) == (ns.dev(), ns.ino()))
+}
+
+/// Whether process `pid` is alive (not a zombie) and still the container recorded by `json`
+/// (`argv`, sandbox `netns`): its command line shows the init for `json` or `argv`, or (the
+/// program may have exec'd another, as `sh -c '...; exec x'` does) it runs inside `netns`.
+pub(super) fn process_is_container(
+    pid: u32,
+    json: &Path,
+    argv: &[String],
+    netns: Option<&str>,
+) -> bool {
+    pid > 1
+        && is_alive(pid)
+        && (cmdline(pid).is_some_and(|c| cmdline_is_container(&c, json, argv))
+            || netns.is_some_and(|ns| in_netns(pid, ns)))
 }
 
 /// Alive and not a zombie.
@@ -205,12 +224,15 @@ fn kill_containers(state: &ClusterState) -> usize {
             continue;
         };
         let json = pid_path.with_extension("json");
-        let argv = std::fs::read_to_string(&json)
+        let init = std::fs::read_to_string(&json)
             .ok()
-            .and_then(|t| serde_json::from_str::<super::init::InitSpec>(&t).ok())
-            .map(|i| i.spec.argv)
+            .and_then(|t| serde_json::from_str::<super::init::InitSpec>(&t).ok());
+        let argv = init
+            .as_ref()
+            .map(|i| i.spec.argv.clone())
             .unwrap_or_default();
-        if process_is_container(pid, &json, &argv) {
+        let netns = init.as_ref().map(|i| i.sandbox.netns.as_str());
+        if process_is_container(pid, &json, &argv, netns) {
             info!(pid, pid_file = %pid_path.display(), "killing container (and its process group)");
             kill(pid, true);
             victims.insert(pid);

@@ -249,7 +249,7 @@ fn running_container(sandbox: &Sandbox, spec: &ContainerSpec) -> Option<u32> {
         else {
             continue;
         };
-        if process_is_container(pid, &path, &spec.argv) {
+        if process_is_container(pid, &path, &spec.argv, Some(&init.sandbox.netns)) {
             return Some(pid);
         }
     }

@@ -1,0 +1,907 @@
+//! Root-only integration tests of the node agent's host runtime (`e2e::agent::runtime`): real
+//! network namespaces, veths, a bridge, containers with private roots, exec, host cleanup.
+//!
+//! This test binary has no libtest harness (`harness = false` in Cargo.toml): its `main` is also
+//! the container init program (`<this binary> container-init <json>`, via `LOCALCLUSTER_BIN`)
+//! and provides tiny helper programs for the containers (`serve`, `connect`, `agent-spawn`), so
+//! the tests depend on nothing but the runtime itself. One test also runs a container through the
+//! real `localcluster container-init` dispatch.
+//!
+//! Every test makes a throw-away cluster identity (random id, free pod network, temp state dir)
+//! whose guard runs `cleanup_host` and removes the dir even when the test panics. Skipped (with a
+//! message) when not run as root. Arguments: substrings selecting tests; `--list` lists them.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use e2e::agent::runtime::{
+    self, ContainerSpec, ExecOutput, INIT_PROGRAM_ENV, MountSpec, RuntimeError, Sandbox,
+};
+use e2e::state::ClusterState;
+use nix::sys::signal::Signal;
+
+const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    match args.get(1).map(String::as_str) {
+        Some(runtime::INIT_SUBCOMMAND) => {
+            let spec = args.get(2).map(PathBuf::from).unwrap_or_default();
+            let err = runtime::container_init(&spec);
+            eprintln!("container-init {}: {err}", spec.display());
+            ExitCode::from(127)
+        }
+        Some("serve") => serve(&args[2..]),
+        Some("connect") => connect(&args[2..]),
+        Some("agent-spawn") => agent_spawn(&args[2..]),
+        _ => run_tests(&args[1..]),
+    }
+}
+
+// ---------------------------------------------------------------- helper programs
+
+/// `serve PORT REPLY`: answers every TCP connection with `REPLY <hostname>\n`.
+fn serve(args: &[String]) -> ExitCode {
+    let port: u16 = args[0].parse().unwrap();
+    let listener = TcpListener::bind(("0.0.0.0", port)).unwrap();
+    let host = nix::unistd::gethostname().unwrap();
+    println!("listening on {port}");
+    for conn in listener.incoming() {
+        let Ok(mut conn) = conn else { continue };
+        let _ = writeln!(conn, "{} {}", args[1], host.to_string_lossy());
+    }
+    ExitCode::SUCCESS
+}
+
+/// `connect IP PORT`: prints what the server at IP:PORT sends.
+fn connect(args: &[String]) -> ExitCode {
+    let addr = SocketAddr::new(args[0].parse().unwrap(), args[1].parse().unwrap());
+    match TcpStream::connect_timeout(&addr, Duration::from_secs(3)) {
+        Ok(mut s) => {
+            let mut text = String::new();
+            s.read_to_string(&mut text).unwrap();
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("connect {addr}: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `agent-spawn SANDBOX_JSON SPEC_JSON wait|exit`: plays the agent in a process of its own:
+/// spawns the container from a tokio blocking thread and prints its pid; with `wait`, waits for
+/// it and prints its exit code; with `exit`, exits at once (the container must die with it).
+fn agent_spawn(args: &[String]) -> ExitCode {
+    let sandbox: Sandbox =
+        serde_json::from_str(&std::fs::read_to_string(&args[0]).unwrap()).unwrap();
+    let spec: ContainerSpec =
+        serde_json::from_str(&std::fs::read_to_string(&args[1]).unwrap()).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut child = tokio::task::spawn_blocking(move || {
+            runtime::spawn_container(&sandbox, "agent-spawned", &spec)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        println!("pid {}", child.id().unwrap());
+        if args[2] == "wait" {
+            let status = child.wait().await.unwrap();
+            println!("exit {}", status.code().unwrap_or(-1));
+        }
+    });
+    ExitCode::SUCCESS
+}
+
+// ---------------------------------------------------------------- harness
+
+type TestFn = fn();
+
+const TESTS: &[(&str, TestFn)] = &[
+    (
+        "network_host_to_pod_and_pod_to_pod",
+        network_host_to_pod_and_pod_to_pod,
+    ),
+    (
+        "filesystem_mounts_identity_and_isolation",
+        filesystem_mounts_identity_and_isolation,
+    ),
+    ("exact_environment", exact_environment),
+    (
+        "exec_joins_the_running_container",
+        exec_joins_the_running_container,
+    ),
+    (
+        "containers_die_with_the_agent_process",
+        containers_die_with_the_agent_process,
+    ),
+    (
+        "localcluster_binary_runs_containers",
+        localcluster_binary_runs_containers,
+    ),
+    (
+        "cleanup_host_removes_everything_but_volumes",
+        cleanup_host_removes_everything_but_volumes,
+    ),
+];
+
+fn run_tests(args: &[String]) -> ExitCode {
+    let filters: Vec<&String> = args.iter().filter(|a| !a.starts_with('-')).collect();
+    if args.iter().any(|a| a == "--list") {
+        for (name, _) in TESTS {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    if !nix::unistd::geteuid().is_root() {
+        println!("runtime tests skipped: they need root (namespaces, mounts, links)");
+        return ExitCode::SUCCESS;
+    }
+    // SAFETY: no other thread exists yet (first thing the harness does).
+    unsafe { std::env::set_var(INIT_PROGRAM_ENV, std::env::current_exe().unwrap()) };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+
+    let selected: Vec<&(&str, TestFn)> = TESTS
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} runtime tests", selected.len());
+    let mut failed = Vec::new();
+    for (name, test) in &selected {
+        let t = Instant::now();
+        let ok = std::panic::catch_unwind(test).is_ok();
+        println!(
+            "test {name} ... {} ({:.1}s)",
+            if ok { "ok" } else { "FAILED" },
+            t.elapsed().as_secs_f64()
+        );
+        if !ok {
+            failed.push(*name);
+        }
+    }
+    println!(
+        "\ntest result: {}. {} passed; {} failed",
+        if failed.is_empty() { "ok" } else { "FAILED" },
+        selected.len() - failed.len(),
+        failed.len()
+    );
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        println!("failures: {failed:?}");
+        ExitCode::FAILURE
+    }
+}
+
+/// A throw-away cluster identity; dropping it cleans the host and removes the state dir.
+struct TestCluster {
+    state: ClusterState,
+}
+
+fn random_hex(len: usize) -> String {
+    use std::hash::BuildHasher;
+    let n = std::collections::hash_map::RandomState::new().hash_one(Instant::now());
+    format!("{n:016x}")[..len].to_string()
+}
+
+impl TestCluster {
+    fn new() -> Self {
+        let id = random_hex(6);
+        let dir = std::env::temp_dir().join(format!("sm-runtime-test-{id}"));
+        std::fs::create_dir_all(dir.join("nodes")).unwrap();
+        let routes = cmd("ip", &["-4", "route", "show", "table", "all"]);
+        let addrs = cmd("ip", &["-4", "-o", "addr", "show"]);
+        let pod_net = (0..100)
+            .map(|i| {
+                100 + ((u8::from_str_radix(&random_hex(2), 16).unwrap() as usize + i) % 150) as u8
+            })
+            .find(|n| {
+                let net = format!("198.18.{n}.");
+                !routes.contains(&net) && !addrs.contains(&net)
+            })
+            .expect("a free pod network");
+        let state = ClusterState {
+            id,
+            dir,
+            bin_dir: PathBuf::from("/nonexistent"),
+            etcd_client_port: 0,
+            etcd_peer_port: 0,
+            apiserver_port: 0,
+            controller_manager_port: 0,
+            scheduler_port: 0,
+            kubelet_ports: vec![0, 0, 0],
+            pod_net,
+            service_net: pod_net,
+        };
+        state.save().unwrap();
+        TestCluster { state }
+    }
+
+    fn ip(&self, host: u8) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, self.state.pod_net, host)
+    }
+
+    fn pod_dir(&self, node: &str, pod: &str) -> PathBuf {
+        self.state.node_dir(node).join("pods").join(pod)
+    }
+
+    fn sandbox(&self, key: &str, host: u8) -> Sandbox {
+        runtime::create_sandbox(
+            &self.state,
+            key,
+            self.ip(host),
+            &self.pod_dir("node-a", key),
+        )
+        .unwrap()
+    }
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        if let Err(e) = runtime::cleanup_host(&self.state) {
+            eprintln!("cleanup_host: {e}");
+        }
+        // Also whatever a test mounted under volumes/ (cleanup_host leaves those alone), so that
+        // removing the dir never descends into a mounted filesystem.
+        let dir = std::fs::canonicalize(&self.state.dir).unwrap_or(self.state.dir.clone());
+        for mp in mounts_under(&dir).iter().rev() {
+            let _ = nix::mount::umount2(mp, nix::mount::MntFlags::MNT_DETACH);
+        }
+        if mounts_under(&dir).is_empty() {
+            let _ = std::fs::remove_dir_all(&self.state.dir);
+        } else {
+            eprintln!("leaving {} in place: still has mounts", dir.display());
+        }
+    }
+}
+
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|p| p.starts_with(dir))
+        .collect()
+}
+
+fn cmd(program: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn link_exists(name: &str) -> bool {
+    Path::new("/sys/class/net").join(name).exists()
+}
+
+fn netns_exists(name: &str) -> bool {
+    Path::new("/run/netns").join(name).exists()
+}
+
+fn pid_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| {
+            let state = s
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .split_whitespace()
+                .next()
+                .unwrap_or("");
+            state != "Z" && state != "X"
+        })
+        .unwrap_or(false)
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !f() {
+        assert!(t.elapsed() < timeout, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn self_exe() -> String {
+    std::env::current_exe()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn spec(sandbox: &Sandbox, name: &str, argv: &[&str]) -> ContainerSpec {
+    ContainerSpec {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        env: vec![("PATH".into(), PATH.into())],
+        working_dir: None,
+        mounts: vec![],
+        hostname: name.to_string(),
+        log_path: sandbox.dir.join(format!("{name}.log")),
+        run_as_user: None,
+        run_as_group: None,
+    }
+}
+
+/// Runs a container to completion (bounded) and returns its exit code and log.
+async fn run_to_end(sandbox: &Sandbox, name: &str, spec: &ContainerSpec) -> (i32, String) {
+    let mut child = runtime::spawn_container(sandbox, name, spec).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("container finishes")
+        .unwrap();
+    let log = std::fs::read_to_string(&spec.log_path).unwrap_or_default();
+    (status.code().unwrap_or(-1), log)
+}
+
+fn text(out: &ExecOutput) -> String {
+    format!(
+        "exit {} stdout {:?} stderr {:?}",
+        out.exit_code,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+// ---------------------------------------------------------------- tests
+
+fn network_host_to_pod_and_pod_to_pod() {
+    let c = TestCluster::new();
+    let st = &c.state;
+    // Two sandboxes created concurrently on a cluster without a bridge yet.
+    let (a, b) = std::thread::scope(|s| {
+        let ta = s.spawn(|| c.sandbox("pod-a", 2));
+        let tb = s.spawn(|| c.sandbox("pod-b", 3));
+        (ta.join().unwrap(), tb.join().unwrap())
+    });
+    assert_eq!(a.netns, format!("{}pod-a", st.netns_prefix()));
+    assert!(netns_exists(&a.netns) && netns_exists(&b.netns));
+    for sb in [&a, &b] {
+        assert!(sb.host_veth.starts_with(&st.veth_prefix()) && sb.host_veth.len() <= 15);
+        assert!(link_exists(&sb.host_veth));
+        let master = std::fs::read_link(format!("/sys/class/net/{}/master", sb.host_veth)).unwrap();
+        assert!(master.ends_with(st.bridge_name()), "{master:?}");
+        let inside = cmd(
+            "ip",
+            &["-n", &sb.netns, "-4", "-o", "addr", "show", "dev", "eth0"],
+        );
+        assert!(inside.contains(&format!("inet {}/24", sb.ip)), "{inside}");
+        let route = cmd("ip", &["-n", &sb.netns, "route", "show", "default"]);
+        assert!(
+            route.contains(&format!("via {}", st.bridge_ip())),
+            "{route}"
+        );
+    }
+    assert_ne!(a.host_veth, b.host_veth);
+    let br = cmd(
+        "ip",
+        &["-4", "-o", "addr", "show", "dev", &st.bridge_name()],
+    );
+    assert!(br.contains(&format!("inet {}/24", st.bridge_ip())), "{br}");
+    assert!(a.dir.is_dir());
+    // iproute2's `ip netns add` would leave /run/netns as a mount point; we do not.
+    assert!(!mounts_under(Path::new("/run")).contains(&PathBuf::from("/run/netns")));
+
+    rt().block_on(async {
+        let server = spec(
+            &a,
+            "server",
+            &[&self_exe(), "serve", "2379", "hello-from-a"],
+        );
+        let mut child = runtime::spawn_container(&a, "server", &server).unwrap();
+        let pid = child.id().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(runtime::pid_file(&a, "server"))
+                .unwrap()
+                .trim(),
+            pid.to_string()
+        );
+        // host -> pod
+        let addr = SocketAddr::new(a.ip.into(), 2379);
+        let t = Instant::now();
+        let reply = loop {
+            match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+                Ok(mut s) => {
+                    let mut r = String::new();
+                    s.read_to_string(&mut r).unwrap();
+                    break r;
+                }
+                Err(e) => {
+                    assert!(t.elapsed() < Duration::from_secs(10), "host -> {addr}: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
+        assert_eq!(reply, "hello-from-a server\n");
+        println!("host -> pod: first reply after {:?}", t.elapsed());
+        // pod -> pod (an exec in pod-b, which has no running container: fresh namespaces)
+        let probe = spec(&b, "client", &["/bin/true"]);
+        let out = runtime::exec_in_container(
+            &b,
+            &probe,
+            &[
+                self_exe(),
+                "connect".into(),
+                a.ip.to_string(),
+                "2379".into(),
+            ],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!(out.exit_code, 0, "{}", text(&out));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "hello-from-a server\n"
+        );
+        // pod-b reaching itself on its own loopback / address fails: nothing listens there.
+        let out = runtime::exec_in_container(
+            &b,
+            &probe,
+            &[
+                self_exe(),
+                "connect".into(),
+                b.ip.to_string(),
+                "2379".into(),
+            ],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        assert_ne!(out.exit_code, 0, "{}", text(&out));
+
+        runtime::signal_container(pid, Signal::SIGTERM).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(5), child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGTERM));
+    });
+
+    for sb in [&a, &b] {
+        runtime::destroy_sandbox(sb).unwrap();
+        assert!(!netns_exists(&sb.netns));
+        wait_until("veth removal", Duration::from_secs(5), || {
+            !link_exists(&sb.host_veth)
+        });
+        runtime::destroy_sandbox(sb).unwrap();
+    }
+    // A stale namespace of the same name is replaced.
+    let again = c.sandbox("pod-a", 2);
+    assert!(netns_exists(&again.netns));
+    let replaced = c.sandbox("pod-a", 2);
+    assert!(netns_exists(&replaced.netns));
+    runtime::destroy_sandbox(&again).unwrap();
+    runtime::destroy_sandbox(&replaced).unwrap();
+    // Bad input is refused before anything is made.
+    assert!(matches!(
+        runtime::create_sandbox(
+            st,
+            "x",
+            Ipv4Addr::new(10, 0, 0, 2),
+            &c.pod_dir("node-a", "x")
+        ),
+        Err(RuntimeError::Invalid { .. })
+    ));
+    assert!(runtime::create_sandbox(st, "../x", c.ip(9), &c.pod_dir("node-a", "x")).is_err());
+}
+
+fn filesystem_mounts_identity_and_isolation() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("fs", 4);
+    let vol = sb.dir.join("vol");
+    let ro = sb.dir.join("ro");
+    std::fs::create_dir_all(&vol).unwrap();
+    std::fs::create_dir_all(&ro).unwrap();
+    std::fs::write(vol.join("seed"), "seed-data\n").unwrap();
+    std::fs::write(ro.join("config"), "cfg\n").unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&vol, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let hosts = sb.dir.join("hosts");
+    std::fs::write(
+        &hosts,
+        format!("{} fs-0.fs.ns.svc.cluster.local fs-0\n", sb.ip),
+    )
+    .unwrap();
+    let marker = format!("sm-runtime-test-{}", c.state.id);
+    assert!(!Path::new("/var/run").join(&marker).exists());
+    assert!(!Path::new("/").join(&marker).exists());
+    let host_hostname = nix::unistd::gethostname().unwrap();
+    let data_existed = Path::new("/data").exists();
+
+    let mounts = vec![
+        MountSpec {
+            source: vol.clone(),
+            target: PathBuf::from("/data"),
+            read_only: false,
+        },
+        MountSpec {
+            source: ro.clone(),
+            target: PathBuf::from("/etc/sm-config"),
+            read_only: true,
+        },
+        MountSpec {
+            source: hosts.clone(),
+            target: PathBuf::from("/etc/hosts"),
+            read_only: true,
+        },
+    ];
+    rt().block_on(async {
+        // As root: the root filesystem is private (mkdir under /var/run and / stays inside).
+        let script = format!(
+            "set -e; mkdir -p /var/run/{marker}/etcd /{marker}; echo mk=ok; \
+             echo host=$(hostname); cat /data/seed; \
+             if ls /.sm-oldroot >/dev/null 2>&1; then echo oldroot=visible; else echo oldroot=gone; fi; \
+             if grep -q ' /etc/hosts ' /proc/self/mountinfo; then echo hostsmount=yes; fi; \
+             grep -c . /proc/self/mountinfo | sed 's/^/mounts=/'; \
+             cat /proc/self/mountinfo; \
+             cat /etc/hosts; ls /sys/class/net | tr '\\n' ' '; echo"
+        );
+        let mut root_spec = spec(&sb, "rootctr", &["/bin/sh", "-c", &script]);
+        root_spec.mounts = mounts.clone();
+        root_spec.hostname = "fs-0".into();
+        let (code, log) = run_to_end(&sb, "rootctr", &root_spec).await;
+        println!("{log}");
+        assert_eq!(code, 0, "{log}");
+        assert!(log.contains("mk=ok\n"), "{log}");
+        assert!(log.contains("host=fs-0\n"), "{log}");
+        assert!(log.contains("seed-data\n"), "{log}");
+        assert!(log.contains("oldroot=gone\n"), "{log}");
+        assert!(log.contains("hostsmount=yes\n"), "{log}");
+        assert!(log.contains("fs-0.fs.ns.svc.cluster.local"), "{log}");
+        assert!(log.contains("eth0") && log.contains("lo"), "{log}");
+        // The container sees no host mount of the state dir other than its own binds.
+        let state_dir = std::fs::canonicalize(&c.state.dir).unwrap();
+        assert!(!log.contains(&format!(" {} ", state_dir.display())), "{log}");
+        assert!(!Path::new("/var/run").join(&marker).exists(), "mkdir leaked to the host /run");
+        assert!(!Path::new("/").join(&marker).exists(), "mkdir leaked to the host /");
+        assert_eq!(nix::unistd::gethostname().unwrap(), host_hostname);
+
+        // As nobody: identity, working dir, read-only and read-write binds.
+        let script = "echo uid=$(id -u) gid=$(id -g) groups=$(id -G); echo pwd=$(pwd); \
+                      cat /etc/sm-config/config; \
+                      if touch /etc/sm-config/x 2>/dev/null; then echo ro=writable; else echo ro=readonly; fi; \
+                      echo written > /data/out && echo data=rw";
+        let mut user_spec = spec(&sb, "userctr", &["sh", "-c", script]);
+        user_spec.mounts = mounts.clone();
+        user_spec.working_dir = Some(PathBuf::from("/data/wd"));
+        user_spec.run_as_user = Some(65534);
+        user_spec.run_as_group = Some(65534);
+        let (code, log) = run_to_end(&sb, "userctr", &user_spec).await;
+        println!("{log}");
+        assert_eq!(code, 0, "{log}");
+        assert!(log.contains("uid=65534 gid=65534 groups=65534\n"), "{log}");
+        assert!(log.contains("pwd=/data/wd\n"), "{log}");
+        assert!(log.contains("cfg\nro=readonly\n"), "{log}");
+        assert!(log.contains("data=rw\n"), "{log}");
+        assert_eq!(std::fs::read_to_string(vol.join("out")).unwrap(), "written\n");
+        assert!(vol.join("wd").is_dir());
+        assert!(!ro.join("x").exists());
+
+        // Failures of the init phase land in the log and the exit status.
+        let bad = spec(&sb, "badctr", &["no-such-program-sm"]);
+        let (code, log) = run_to_end(&sb, "badctr", &bad).await;
+        assert_eq!(code, 127, "{log}");
+        assert!(log.contains("no-such-program-sm"), "{log}");
+        let mut bad_mount = spec(&sb, "badmount", &["/bin/true"]);
+        bad_mount.mounts = vec![MountSpec {
+            source: sb.dir.join("missing"),
+            target: PathBuf::from("/x"),
+            read_only: false,
+        }];
+        let (code, log) = run_to_end(&sb, "badmount", &bad_mount).await;
+        assert_eq!(code, 127, "{log}");
+        assert!(log.contains("cannot open mount source"), "{log}");
+    });
+    if !data_existed {
+        assert!(
+            !Path::new("/data").exists(),
+            "mkdir of /data leaked to the host"
+        );
+    }
+    runtime::destroy_sandbox(&sb).unwrap();
+}
+
+fn exact_environment() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("env", 5);
+    rt().block_on(async {
+        let mut s = spec(&sb, "envctr", &["/usr/bin/env"]);
+        s.env = vec![
+            ("A".into(), "1".into()),
+            ("B".into(), "two words $(NOT_EXPANDED)".into()),
+            ("PATH".into(), "/nowhere".into()),
+        ];
+        let (code, log) = run_to_end(&sb, "envctr", &s).await;
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(log, "A=1\nB=two words $(NOT_EXPANDED)\nPATH=/nowhere\n");
+        // argv[0] without '/' is looked up in the container's PATH.
+        let mut s = spec(&sb, "pathctr", &["env"]);
+        s.env = vec![("PATH".into(), "/nowhere:/usr/bin".into())];
+        let (code, log) = run_to_end(&sb, "pathctr", &s).await;
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(log, "PATH=/nowhere:/usr/bin\n");
+        // SIGPIPE is back to its default (a Rust parent ignores it): `yes | head` ends at once.
+        let s = spec(
+            &sb,
+            "pipectr",
+            &["/bin/sh", "-c", "yes | head -n 2; echo done"],
+        );
+        let (code, log) = run_to_end(&sb, "pipectr", &s).await;
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(log, "y\ny\ndone\n");
+    });
+}
+
+fn exec_joins_the_running_container() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("exec", 6);
+    rt().block_on(async {
+        let main = spec(
+            &sb,
+            "main",
+            &["/bin/sh", "-c", "echo marker-$$ > /tmp/m; exec sleep 300"],
+        );
+        let mut child = runtime::spawn_container(&sb, "main", &main).unwrap();
+        let pid = child.id().unwrap();
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // Let the shell exec `sleep`: the container's command line then differs from its argv.
+        wait_until("the shell to exec sleep", Duration::from_secs(5), || {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
+        });
+        // The container's private /tmp is visible to the exec: it joined the mount namespace.
+        let t = Instant::now();
+        let out = loop {
+            let out = runtime::exec_in_container(
+                &sb,
+                &main,
+                &argv(&["cat", "/tmp/m"]),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+            if out.exit_code == 0 || t.elapsed() > Duration::from_secs(10) {
+                break out;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("marker-{pid}\n"),
+            "{}",
+            text(&out)
+        );
+        let t = Instant::now();
+        let out =
+            runtime::exec_in_container(&sb, &main, &argv(&["hostname"]), Duration::from_secs(5))
+                .await
+                .unwrap();
+        println!("exec round trip: {:?}", t.elapsed());
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "main\n");
+        let out = runtime::exec_in_container(
+            &sb,
+            &main,
+            &argv(&["/bin/sh", "-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            out,
+            ExecOutput {
+                exit_code: 3,
+                stdout: b"out\n".to_vec(),
+                stderr: b"err\n".to_vec()
+            }
+        );
+        // Timeout: killed, reported as ExecTimeout, promptly.
+        let t = Instant::now();
+        let r = runtime::exec_in_container(
+            &sb,
+            &main,
+            &argv(&["sleep", "30"]),
+            Duration::from_millis(300),
+        )
+        .await;
+        assert!(matches!(r, Err(RuntimeError::ExecTimeout(_))), "{r:?}");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        // Leftover background processes do not hold the exec open.
+        let t = Instant::now();
+        let out = runtime::exec_in_container(
+            &sb,
+            &main,
+            &argv(&["/bin/sh", "-c", "sleep 100 & echo bg"]),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "bg\n");
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+        // Exec scratch files are removed.
+        let leftovers: Vec<_> = std::fs::read_dir(&sb.dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".exec-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        // The container itself is untouched by all that.
+        assert!(pid_alive(pid));
+        runtime::signal_container(pid, Signal::SIGKILL).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        // Without a running container the exec gets fresh namespaces: no /tmp/m there.
+        let out = runtime::exec_in_container(
+            &sb,
+            &main,
+            &argv(&["/bin/sh", "-c", "cat /tmp/m || echo fresh; hostname"]),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "fresh\nmain\n",
+            "{}",
+            text(&out)
+        );
+    });
+    runtime::destroy_sandbox(&sb).unwrap();
+}
+
+fn agent_process(
+    sb: &Sandbox,
+    spec: &ContainerSpec,
+    init: &str,
+    mode: &str,
+) -> std::process::Child {
+    let sb_json = sb.dir.join("agent-sandbox.json");
+    let spec_json = sb.dir.join("agent-spec.json");
+    std::fs::write(&sb_json, serde_json::to_string(sb).unwrap()).unwrap();
+    std::fs::write(&spec_json, serde_json::to_string(spec).unwrap()).unwrap();
+    std::process::Command::new(self_exe())
+        .arg("agent-spawn")
+        .arg(&sb_json)
+        .arg(&spec_json)
+        .arg(mode)
+        .env(INIT_PROGRAM_ENV, init)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+fn read_pid(out: &str) -> u32 {
+    out.lines()
+        .find_map(|l| l.strip_prefix("pid "))
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no pid in {out:?}"))
+}
+
+fn containers_die_with_the_agent_process() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("orphan", 7);
+    let s = spec(&sb, "agent-spawned", &["/bin/sleep", "300"]);
+    // The agent spawns from a tokio blocking thread, prints the pid, and exits.
+    let agent = agent_process(&sb, &s, &self_exe(), "exit");
+    let out = agent.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let pid = read_pid(&String::from_utf8_lossy(&out.stdout));
+    let t = Instant::now();
+    wait_until(
+        "the container to die with its agent",
+        Duration::from_secs(5),
+        || !pid_alive(pid),
+    );
+    println!("container gone {:?} after the agent exited", t.elapsed());
+}
+
+fn localcluster_binary_runs_containers() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("lc", 8);
+    let s = spec(
+        &sb,
+        "agent-spawned",
+        &["/bin/sh", "-c", "echo via-localcluster $(hostname)"],
+    );
+    let agent = agent_process(&sb, &s, env!("CARGO_BIN_EXE_localcluster"), "wait");
+    let out = agent.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let log = std::fs::read_to_string(&s.log_path).unwrap_or_default();
+    assert!(out.status.success(), "{stdout}");
+    assert!(stdout.contains("exit 0"), "{stdout} / log: {log}");
+    assert_eq!(log, "via-localcluster agent-spawned\n");
+}
+
+fn cleanup_host_removes_everything_but_volumes() {
+    let c = TestCluster::new();
+    let st = c.state.clone();
+    let a = c.sandbox("clean-a", 10);
+    let b = c.sandbox("clean-b", 11);
+    // A host mount in a pod dir (as an emptyDir on tmpfs would be), and a "volume" mount.
+    let pod_mount = a.dir.join("tmpvol");
+    let vol_mount = st.node_dir("node-a").join("volumes").join("pv-1");
+    for (p, name) in [(&pod_mount, "sm-test-pod"), (&vol_mount, "sm-test-vol")] {
+        std::fs::create_dir_all(p).unwrap();
+        nix::mount::mount(
+            Some(name),
+            p,
+            Some("tmpfs"),
+            nix::mount::MsFlags::empty(),
+            Some("size=1m"),
+        )
+        .unwrap();
+    }
+    let pids = rt().block_on(async {
+        let one = spec(&a, "one", &["/bin/sleep", "300"]);
+        let two = spec(&b, "two", &["/bin/sh", "-c", "sleep 301 & exec sleep 302"]);
+        let c1 = runtime::spawn_container(&a, "one", &one).unwrap();
+        let c2 = runtime::spawn_container(&b, "two", &two).unwrap();
+        let pids = vec![c1.id().unwrap(), c2.id().unwrap()];
+        // The background `sleep 301` is found through the namespace, not a pid file.
+        let ns_ino = std::fs::metadata(format!("/run/netns/{}", b.netns)).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        let mut in_b = Vec::new();
+        wait_until("two processes in pod b", Duration::from_secs(5), || {
+            in_b = std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()))
+                .filter(|p| {
+                    std::fs::metadata(format!("/proc/{p}/ns/net"))
+                        .is_ok_and(|m| (m.dev(), m.ino()) == (ns_ino.dev(), ns_ino.ino()))
+                })
+                .collect();
+            in_b.len() >= 2
+        });
+        // Child handles are dropped without killing (kill_on_drop(false)).
+        drop((c1, c2));
+        pids.into_iter().chain(in_b).collect::<Vec<u32>>()
+    });
+    assert!(pids.iter().all(|p| pid_alive(*p)));
+
+    let t = Instant::now();
+    runtime::cleanup_host(&st).unwrap();
+    println!("cleanup_host took {:?}", t.elapsed());
+    for p in &pids {
+        assert!(!pid_alive(*p), "pid {p} survived");
+    }
+    assert!(!netns_exists(&a.netns) && !netns_exists(&b.netns));
+    assert!(!link_exists(&a.host_veth) && !link_exists(&b.host_veth));
+    assert!(!link_exists(&st.bridge_name()));
+    let dir = std::fs::canonicalize(&st.dir).unwrap();
+    let left = mounts_under(&dir);
+    assert_eq!(
+        left,
+        vec![std::fs::canonicalize(&vol_mount).unwrap()],
+        "{left:?}"
+    );
+    // Idempotent.
+    runtime::cleanup_host(&st).unwrap();
+    nix::mount::umount2(&vol_mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+}
