@@ -1,0 +1,253 @@
+//! `localcluster up` of a second cluster in a temporary state dir, a pod with a volume on it,
+//! then `localcluster down`: afterwards nothing of it is left (no process, mount, loop device,
+//! listener, network namespace or link). Local-cluster-only: runs when `E2E_LOCALCLUSTER=1`.
+//!
+//! The checks here read the host directly (`/proc`, `/sys`, `/run/netns`) and do not reuse the
+//! harness's own leftover checks, so they verify them independently.
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use e2e::state::ClusterState;
+use e2e::testing::{MoverSpec, TestCluster, init_tracing};
+
+const LOCALCLUSTER: &str = env!("CARGO_BIN_EXE_localcluster");
+
+fn localcluster(args: &[&str]) -> std::process::Output {
+    Command::new(LOCALCLUSTER)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {LOCALCLUSTER}: {e}"))
+}
+
+/// Mount points under `dir` in the host's mount table.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    e2e::provisioner::parse_mount_points(&text)
+        .into_iter()
+        .filter(|m| m.starts_with(dir))
+        .collect()
+}
+
+/// Loop devices whose backing file is under `dir`.
+fn loops_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/sys/block").unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Ok(backing) = std::fs::read_to_string(entry.path().join("loop/backing_file"))
+            && Path::new(backing.trim_end().trim_end_matches(" (deleted)")).starts_with(dir)
+        {
+            out.push(format!("{name} -> {}", backing.trim_end()));
+        }
+    }
+    out
+}
+
+/// TCP ports in LISTEN state in the host network namespace (IPv4 and IPv6).
+fn listening_ports() -> BTreeSet<u16> {
+    let mut ports = BTreeSet::new();
+    for file in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(file) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.get(3) == Some(&"0A")
+                && let Some(port) = fields
+                    .get(1)
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| u16::from_str_radix(p, 16).ok())
+            {
+                ports.insert(port);
+            }
+        }
+    }
+    ports
+}
+
+/// Network namespaces (`/run/netns`) whose name starts with `prefix`.
+fn netns_with_prefix(prefix: &str) -> Vec<String> {
+    std::fs::read_dir("/run/netns")
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Host network interfaces whose name starts with one of `prefixes`.
+fn links_with_prefix(prefixes: &[String]) -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| prefixes.iter().any(|p| n.starts_with(p.as_str())))
+        .collect()
+}
+
+/// Processes whose command line mentions `dir`, or whose network namespace is one of
+/// `netns_inodes`.
+fn processes_of(dir: &Path, netns_inodes: &BTreeSet<u64>) -> Vec<String> {
+    let me = std::process::id();
+    let needle = dir.as_os_str().as_encoded_bytes();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let names_dir = cmdline.windows(needle.len()).any(|w| w == needle);
+        let in_netns = std::fs::metadata(entry.path().join("ns/net"))
+            .is_ok_and(|m| netns_inodes.contains(&m.ino()));
+        if names_dir || in_netns {
+            let shown = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            out.push(format!("{pid}: {shown}"));
+        }
+    }
+    out
+}
+
+/// Best effort `down` if the test fails half-way.
+struct DownOnDrop(PathBuf);
+
+impl Drop for DownOnDrop {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let dir = self.0.to_string_lossy().into_owned();
+            let out = localcluster(&["down", "--state-dir", &dir]);
+            eprintln!(
+                "cleanup after failure: localcluster down: {}\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[test]
+fn down_leaves_nothing_behind() {
+    if std::env::var("E2E_LOCALCLUSTER").ok().as_deref() != Some("1") {
+        eprintln!(
+            "skipped: set E2E_LOCALCLUSTER=1 to run (starts a second local cluster; local-cluster-only, root)"
+        );
+        return;
+    }
+    init_tracing();
+    let dir = std::env::temp_dir().join(format!("sm-lc-test-{}", std::process::id()));
+    let dir_str = dir.to_string_lossy().into_owned();
+    let guard = DownOnDrop(dir.clone());
+
+    let up = localcluster(&["up", "--state-dir", &dir_str]);
+    let stdout = String::from_utf8_lossy(&up.stdout);
+    assert!(
+        up.status.success(),
+        "localcluster up failed: {}\n{}",
+        up.status,
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let kubeconfig = dir.join("kubeconfig");
+    assert!(
+        stdout.contains(&format!("export KUBECONFIG={}", kubeconfig.display())),
+        "up prints the export line: {stdout}"
+    );
+    let state = ClusterState::load(&dir).unwrap();
+
+    // A pod with a volume, running when `down` comes.
+    let netns_before = {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let cluster = TestCluster::from_kubeconfig_file(&kubeconfig)
+                .await
+                .unwrap();
+            let ns = cluster.namespace("localcluster-down").await.unwrap();
+            ns.create_pvc("data", &cluster.storage_class, "16Mi")
+                .await
+                .unwrap();
+            ns.wait_pvc_bound("data", Duration::from_secs(90))
+                .await
+                .unwrap();
+            let spec = MoverSpec::shell("holder", "echo kept > /data/file && exec sleep 3600")
+                .mount("data", "/data");
+            ns.create_mover_pod(&spec).await.unwrap();
+            ns.wait_pod_ready("holder", Duration::from_secs(120))
+                .await
+                .unwrap();
+            // The namespace is left for `down` to tear down with everything else.
+            std::mem::forget(ns);
+        });
+        netns_with_prefix(&state.netns_prefix())
+    };
+
+    // Sanity: the checks below see this cluster's resources while it runs.
+    let ports: BTreeSet<u16> = [
+        state.etcd_client_port,
+        state.etcd_peer_port,
+        state.apiserver_port,
+        state.controller_manager_port,
+        state.scheduler_port,
+    ]
+    .into_iter()
+    .chain(state.kubelet_ports.iter().copied())
+    .collect();
+    let netns_inodes: BTreeSet<u64> = netns_before
+        .iter()
+        .filter_map(|n| std::fs::metadata(Path::new("/run/netns").join(n)).ok())
+        .map(|m| m.ino())
+        .collect();
+    let link_prefixes = vec![state.bridge_name(), state.veth_prefix()];
+    assert!(!netns_before.is_empty(), "the pod has a network namespace");
+    assert!(!mounts_under(&dir).is_empty(), "the volume is mounted");
+    assert!(
+        !loops_under(&dir).is_empty(),
+        "the volume has a loop device"
+    );
+    assert!(
+        !processes_of(&dir, &netns_inodes).is_empty(),
+        "the cluster's processes are visible"
+    );
+    assert!(
+        listening_ports().contains(&state.apiserver_port),
+        "the apiserver listens on {}",
+        state.apiserver_port
+    );
+    assert!(
+        !links_with_prefix(&link_prefixes).is_empty(),
+        "bridge and veth exist"
+    );
+
+    let down = localcluster(&["down", "--state-dir", &dir_str]);
+    assert!(
+        down.status.success(),
+        "localcluster down failed: {}\n{}",
+        down.status,
+        String::from_utf8_lossy(&down.stderr)
+    );
+
+    let procs = processes_of(&dir, &netns_inodes);
+    assert!(procs.is_empty(), "processes left: {procs:#?}");
+    let mounts = mounts_under(&dir);
+    assert!(mounts.is_empty(), "mounts left: {mounts:#?}");
+    let loops = loops_under(&dir);
+    assert!(loops.is_empty(), "loop devices left: {loops:#?}");
+    let listening: Vec<u16> = listening_ports().intersection(&ports).copied().collect();
+    assert!(listening.is_empty(), "ports still listening: {listening:?}");
+    let netns = netns_with_prefix(&state.netns_prefix());
+    assert!(netns.is_empty(), "network namespaces left: {netns:?}");
+    let links = links_with_prefix(&link_prefixes);
+    assert!(links.is_empty(), "links left: {links:?}");
+
+    drop(guard);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
