@@ -135,7 +135,7 @@ pub enum ControlPlaneError {
         last: String,
         log: PathBuf,
     },
-    #[error("interrupted")]
+    #[error("interrupted by a signal")]
     Interrupted,
     #[error("no free loopback TCP ports: {0}")]
     Ports(#[source] io::Error),
@@ -620,10 +620,13 @@ pub fn apiserver_args(state: &ClusterState) -> Vec<String> {
         flag("secure-port", state.apiserver_port),
         flag("insecure-port", 0),
         // The advertise address is what the apiserver publishes as the endpoint of the
-        // `kubernetes` Service. 127.0.0.1 is refused there (endpoint addresses may not be
-        // loopback), and without the flag the apiserver picks the host's default-route address
-        // and fails to start on a machine without a default route. The cluster's own bridge
-        // address 198.18.N.1 is accepted, is unique per cluster and needs no interface to exist.
+        // `kubernetes` Service. 127.0.0.1 does not work: the apiserver then logs `Endpoints
+        // "kubernetes" is invalid: ... may not be in the loopback range (127.0.0.0/8)` every 10 s
+        // and the Service has no endpoints (seen on 1.20.2). Without the flag it publishes the
+        // host's default-route address (not ours), and refuses to start on a host without a
+        // default route ("Unable to find suitable network address"). The cluster's own bridge
+        // address 198.18.N.1 is accepted (checked: the endpoint is 198.18.N.1:<port>), is unique
+        // per cluster and needs no interface to exist.
         flag("advertise-address", state.bridge_ip()),
         path_flag("cert-dir", &pki_dir.join(APISERVER)),
         path_flag("tls-cert-file", &cert(pki::APISERVER)),
@@ -1035,20 +1038,30 @@ pub struct UpReport {
     pub timings: Vec<(&'static str, Duration)>,
 }
 
+/// Fails with [`ControlPlaneError::AlreadyRunning`] when a process of `dir`'s cluster still runs
+/// (cheap: lets `up` fail before installing anything). A missing dir is not running.
+pub fn ensure_not_running(dir: &Path) -> Result<()> {
+    let Ok(dir) = std::fs::canonicalize(dir) else {
+        return Ok(());
+    };
+    let running = running_processes(&dir);
+    if running.is_empty() {
+        return Ok(());
+    }
+    let running = running
+        .iter()
+        .map(|(n, p)| format!("{n} pid {p}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(ControlPlaneError::AlreadyRunning { dir, running })
+}
+
 /// Prepares the state dir: refuses one whose cluster still runs (or left mounts), or a foreign
 /// non-empty dir; removes what an earlier, stopped cluster left. Returns the absolute dir.
 fn prepare_dir(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
     let dir = std::fs::canonicalize(dir).map_err(io_err("resolve", dir))?;
-    let running = running_processes(&dir);
-    if !running.is_empty() {
-        let running = running
-            .iter()
-            .map(|(n, p)| format!("{n} pid {p}"))
-            .collect::<Vec<_>>()
-            .join(", ");
-        return Err(ControlPlaneError::AlreadyRunning { dir, running });
-    }
+    ensure_not_running(&dir)?;
     let has_state = dir.join("cluster.json").exists();
     if !has_state {
         let entries = std::fs::read_dir(&dir).map_err(io_err("read", &dir))?;
@@ -1121,7 +1134,7 @@ pub async fn up(opts: &UpOptions) -> Result<UpReport> {
     let mut started: Vec<Started> = vec![];
     let result = tokio::select! {
         r = bring_up(&state, opts, &mut started, &mut timings) => r,
-        _ = tokio::signal::ctrl_c() => Err(ControlPlaneError::Interrupted),
+        _ = interrupted() => Err(ControlPlaneError::Interrupted),
     };
     match result {
         Ok(()) => {
@@ -1141,6 +1154,26 @@ pub async fn up(opts: &UpOptions) -> Result<UpReport> {
                 let _ = s.child.try_wait();
             }
             Err(e)
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (so that an interrupted `up` stops what it started).
+async fn interrupted() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        }
+        _ => {
+            warn!("cannot install signal handlers; an interrupted up may leave processes");
+            std::future::pending::<()>().await
         }
     }
 }

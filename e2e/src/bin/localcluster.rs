@@ -35,6 +35,9 @@ enum Cmd {
         /// Start only the control plane: no node agent, no wait for nodes and StorageClasses.
         #[arg(long, hide = true)]
         no_agent: bool,
+        /// Use the Kubernetes server binaries in this directory; skip install-deps.sh.
+        #[arg(long, hide = true)]
+        bin_dir: Option<PathBuf>,
     },
     /// Stop everything `up` started and check that nothing is left.
     Down {
@@ -67,7 +70,8 @@ fn main() -> ExitCode {
         Cmd::Up {
             state_dir,
             no_agent,
-        } => cmd_up(&state_dir, no_agent),
+            bin_dir,
+        } => cmd_up(&state_dir, no_agent, bin_dir),
         Cmd::Down { state_dir } => cmd_down(&state_dir),
         Cmd::Agent { state_dir } => cmd_agent(&state_dir),
         Cmd::ContainerInit { .. } => unreachable!("dispatched above"),
@@ -100,10 +104,16 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("cannot start the tokio runtime")
 }
 
-fn cmd_up(state_dir: &Path, no_agent: bool) -> anyhow::Result<ExitCode> {
+fn cmd_up(state_dir: &Path, no_agent: bool, bin_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    controlplane::ensure_not_running(state_dir)?;
     let t = Instant::now();
-    tracing::info!("installing dependencies ({})", controlplane::INSTALL_DEPS);
-    let bin_dir = controlplane::install_deps()?;
+    let bin_dir = match bin_dir {
+        Some(dir) => dir,
+        None => {
+            tracing::info!("installing dependencies ({})", controlplane::INSTALL_DEPS);
+            controlplane::install_deps()?
+        }
+    };
     let deps = t.elapsed();
     let agent_exe = if no_agent {
         None
