@@ -177,6 +177,15 @@ impl TestCluster {
         })
     }
 
+    /// The local cluster's state when `KUBECONFIG` is a `localcluster` kubeconfig
+    /// (`DIR/kubeconfig` next to `DIR/cluster.json`); `None` for any other cluster. Lets a test
+    /// add host-level checks (images, mounts) on the local cluster only.
+    pub fn local_state() -> Option<crate::state::ClusterState> {
+        let kubeconfig = std::env::var_os("KUBECONFIG")?;
+        let dir = std::path::Path::new(&kubeconfig).parent()?;
+        crate::state::ClusterState::load(dir).ok()
+    }
+
     /// Creates a fresh namespace `e2e-<test>-<random>` for one test.
     pub async fn namespace(&self, test: &str) -> Result<TestNamespace, TestError> {
         let name = namespace_name(test, &random_suffix());

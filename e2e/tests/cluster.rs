@@ -13,7 +13,7 @@ use e2e::testing::{MoverSpec, TestCluster, TestNamespace, init_tracing, node_sat
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, PropagationPolicy};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 
 const ETCD_READY: Duration = Duration::from_secs(300);
 const CLAIM_BOUND: Duration = Duration::from_secs(90);
@@ -446,4 +446,86 @@ async fn orphan_delete_keeps_members_serving_and_one_member_loss_keeps_writes() 
         first[0].get(&key).await.unwrap().as_deref(),
         Some("written-with-one-member-gone")
     );
+}
+
+/// Not one of issue 2's scenarios but its provisioner promise: a Released volume with reclaim
+/// policy Delete is freed, one with Retain is kept (with its data) until its policy is Delete.
+/// On the local cluster the image files and mounts are checked too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_volumes_follow_their_reclaim_policy() {
+    let (cluster, ns) = setup("reclaim").await;
+    let local = TestCluster::local_state();
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());
+    let mut bound = Vec::new();
+    for name in ["gone", "kept"] {
+        ns.create_pvc(name, &cluster.storage_class, "16Mi")
+            .await
+            .unwrap();
+    }
+    for name in ["gone", "kept"] {
+        let claim = ns.wait_pvc_bound(name, CLAIM_BOUND).await.unwrap();
+        bound.push((claim.uid().unwrap(), cluster.pv_of(&claim).await.unwrap()));
+    }
+    let (gone_pv, kept_pv) = (bound[0].1.name_any(), bound[1].1.name_any());
+    let image = |pv: &str| {
+        local
+            .as_ref()
+            .map(|s| s.volumes_dir().join(format!("{pv}.img")))
+    };
+    let set_policy = |policy: &str| {
+        Patch::Merge(serde_json::json!({"spec": {"persistentVolumeReclaimPolicy": policy}}))
+    };
+    pvs.patch(&kept_pv, &PatchParams::default(), &set_policy("Retain"))
+        .await
+        .unwrap();
+
+    for (name, (uid, _)) in ["gone", "kept"].iter().zip(&bound) {
+        claims.delete(name, &DeleteParams::default()).await.unwrap();
+        ns.wait_deleted(claims.clone(), name, uid, Duration::from_secs(60))
+            .await
+            .unwrap();
+    }
+    let gone_uid = bound[0].1.uid().unwrap();
+    ns.wait_deleted(pvs.clone(), &gone_pv, &gone_uid, Duration::from_secs(90))
+        .await
+        .unwrap();
+    let released = |pv: Option<&PersistentVolume>| {
+        pv.and_then(|p| p.status.as_ref())
+            .and_then(|s| s.phase.as_deref())
+            == Some("Released")
+    };
+    ns.wait_for(
+        pvs.clone(),
+        &kept_pv,
+        "retained PV Released",
+        Duration::from_secs(60),
+        released,
+        |p| format!("{:?}", p.status),
+    )
+    .await
+    .unwrap();
+    if let (Some(gone), Some(kept)) = (image(&gone_pv), image(&kept_pv)) {
+        assert!(!gone.exists(), "{} removed", gone.display());
+        assert!(kept.exists(), "{} kept", kept.display());
+    }
+    // Still Released a moment later (the PV controller does not delete Retain volumes).
+    let again = pvs.get(&kept_pv).await.unwrap();
+    assert!(released(Some(&again)), "{:?}", again.status);
+
+    // Switching it to Delete lets the provisioner free it.
+    pvs.patch(&kept_pv, &PatchParams::default(), &set_policy("Delete"))
+        .await
+        .unwrap();
+    let kept_uid = bound[1].1.uid().unwrap();
+    ns.wait_deleted(pvs.clone(), &kept_pv, &kept_uid, Duration::from_secs(90))
+        .await
+        .unwrap();
+    if let Some(kept) = image(&kept_pv) {
+        assert!(
+            !kept.exists(),
+            "{} removed after the policy became Delete",
+            kept.display()
+        );
+    }
 }
