@@ -812,13 +812,18 @@ fn spawn(dir: &Path, name: &'static str, program: &Path, args: &[String]) -> Res
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|source| ControlPlaneError::Spawn {
+    let mut child = cmd.spawn().map_err(|source| ControlPlaneError::Spawn {
         component: name,
         program: program.to_path_buf(),
         source,
     })?;
     let pid_file = pid_path(dir, name);
-    std::fs::write(&pid_file, format!("{}\n", child.id())).map_err(io_err("write", &pid_file))?;
+    if let Err(e) = std::fs::write(&pid_file, format!("{}\n", child.id())) {
+        // Unrecorded, nothing could stop it later: stop it now.
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(io_err("write", &pid_file)(e));
+    }
     info!(component = name, pid = child.id(), log = %log.display(), "started");
     Ok(Started { name, child, log })
 }
@@ -1038,32 +1043,23 @@ pub struct UpReport {
     pub timings: Vec<(&'static str, Duration)>,
 }
 
-/// Fails with [`ControlPlaneError::AlreadyRunning`] when a process of `dir`'s cluster still runs
-/// (cheap: lets `up` fail before installing anything). A missing dir is not running.
-pub fn ensure_not_running(dir: &Path) -> Result<()> {
+/// Checks that `up` may use `dir`, before anything is installed or changed: no process of its
+/// cluster still runs ([`ControlPlaneError::AlreadyRunning`]), and it is either new, empty, or a
+/// state dir ([`ControlPlaneError::ForeignDir`]). A missing dir passes.
+pub fn preflight(dir: &Path) -> Result<()> {
     let Ok(dir) = std::fs::canonicalize(dir) else {
         return Ok(());
     };
     let running = running_processes(&dir);
-    if running.is_empty() {
-        return Ok(());
+    if !running.is_empty() {
+        let running = running
+            .iter()
+            .map(|(n, p)| format!("{n} pid {p}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(ControlPlaneError::AlreadyRunning { dir, running });
     }
-    let running = running
-        .iter()
-        .map(|(n, p)| format!("{n} pid {p}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    Err(ControlPlaneError::AlreadyRunning { dir, running })
-}
-
-/// Prepares the state dir: refuses one whose cluster still runs (or left mounts), or a foreign
-/// non-empty dir; removes what an earlier, stopped cluster left. Returns the absolute dir.
-fn prepare_dir(dir: &Path) -> Result<PathBuf> {
-    std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
-    let dir = std::fs::canonicalize(dir).map_err(io_err("resolve", dir))?;
-    ensure_not_running(&dir)?;
-    let has_state = dir.join("cluster.json").exists();
-    if !has_state {
+    if !dir.join("cluster.json").exists() {
         let entries = std::fs::read_dir(&dir).map_err(io_err("read", &dir))?;
         for e in entries.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
@@ -1072,26 +1068,29 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf> {
             }
         }
     }
-    let mi = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(io_err("read", Path::new("/proc/self/mountinfo")))?;
-    let mut left: Vec<String> = mounts_under(&mi, &dir)
-        .iter()
-        .map(|m| format!("mount {}", m.display()))
-        .collect();
-    left.extend(
-        loops_under(&dir)
-            .into_iter()
-            .map(|(d, b)| format!("loop {d} on {}", b.display())),
-    );
+    Ok(())
+}
+
+/// Prepares the state dir: refuses one whose cluster still runs (or left mounts), or a foreign
+/// non-empty dir; removes what an earlier, stopped cluster left. Returns the absolute dir.
+fn prepare_dir(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    let dir = std::fs::canonicalize(dir).map_err(io_err("resolve", dir))?;
+    preflight(&dir)?;
+    let has_state = dir.join("cluster.json").exists();
+    // An earlier cluster of this dir is not running; whatever it may have left (it crashed, or
+    // `down` was never run) is removed the way `down` removes it, and must then be gone.
+    let left = if has_state {
+        info!(dir = %dir.display(), "replacing a stopped cluster: cleaning up after it");
+        down(&dir)?.leftovers
+    } else {
+        leftovers(&dir, None)
+    };
     if !left.is_empty() {
         return Err(ControlPlaneError::Leftovers {
             dir,
-            left: left.join(", "),
+            left: left.join("; "),
         });
-    }
-    if let Ok(old) = ClusterState::load(&dir) {
-        info!(dir = %dir.display(), old_id = %old.id, "replacing a stopped cluster");
-        release_net(&old);
     }
     for name in OWN_ENTRIES {
         if name == "logs" {
@@ -1591,6 +1590,26 @@ mod tests {
             std::fs::read_to_string(&res).unwrap(),
             reservation_content(&dir, "ffffff")
         );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn preflight_refuses_foreign_dirs_only() {
+        let dir = std::env::temp_dir().join(format!("sm-cp-pre-{}", std::process::id()));
+        assert!(preflight(&dir).is_ok(), "missing dir");
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        assert!(preflight(&dir).is_ok(), "only our own entries");
+        std::fs::write(dir.join("notes.txt"), "x").unwrap();
+        assert!(matches!(
+            preflight(&dir),
+            Err(ControlPlaneError::ForeignDir { entry, .. }) if entry == "notes.txt"
+        ));
+        sample(&dir).save().unwrap();
+        assert!(preflight(&dir).is_ok(), "a state dir may hold other files");
+        // A recorded pid that is not one of this dir's processes does not count as running.
+        std::fs::create_dir_all(dir.join("pids")).unwrap();
+        std::fs::write(pid_path(&dir, ETCD), format!("{}\n", std::process::id())).unwrap();
+        assert!(preflight(&dir).is_ok());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -105,7 +105,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn cmd_up(state_dir: &Path, no_agent: bool, bin_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    controlplane::ensure_not_running(state_dir)?;
+    controlplane::preflight(state_dir)?;
     let t = Instant::now();
     let bin_dir = match bin_dir {
         Some(dir) => dir,
