@@ -125,6 +125,10 @@ const TESTS: &[(&str, TestFn)] = &[
         localcluster_binary_runs_containers,
     ),
     (
+        "etcd_cluster_across_three_pods",
+        etcd_cluster_across_three_pods,
+    ),
+    (
         "cleanup_host_removes_everything_but_volumes",
         cleanup_host_removes_everything_but_volumes,
     ),
@@ -904,4 +908,154 @@ fn cleanup_host_removes_everything_but_volumes() {
     // Idempotent.
     runtime::cleanup_host(&st).unwrap();
     nix::mount::umount2(&vol_mount, nix::mount::MntFlags::MNT_DETACH).unwrap();
+}
+
+/// Debian's etcd, unmodified, as a 3-member cluster in three pods: peers find each other by the
+/// pod hostnames of the per-pod hosts file; the host talks to every member at its pod IP.
+fn etcd_cluster_across_three_pods() {
+    if !Path::new("/usr/bin/etcd").exists() {
+        println!("skipped: /usr/bin/etcd is not installed");
+        return;
+    }
+    let c = TestCluster::new();
+    let fqdn = |i: usize| format!("etcd-{i}.etcd.default.svc.cluster.local");
+    let sandboxes: Vec<Sandbox> = (0..3)
+        .map(|i| c.sandbox(&format!("etcd-{i}"), 20 + i as u8))
+        .collect();
+    let mut hosts = String::from("127.0.0.1 localhost\n");
+    for (i, sb) in sandboxes.iter().enumerate() {
+        hosts.push_str(&format!("{} {} etcd-{i}.etcd etcd-{i}\n", sb.ip, fqdn(i)));
+    }
+    let initial_cluster = (0..3)
+        .map(|i| format!("etcd-{i}=http://{}:2380", fqdn(i)))
+        .collect::<Vec<_>>()
+        .join(",");
+    rt().block_on(async {
+        let mut children = Vec::new();
+        let mut specs = Vec::new();
+        for (i, sb) in sandboxes.iter().enumerate() {
+            let data = sb.dir.join("volume");
+            std::fs::create_dir_all(&data).unwrap();
+            let hosts_file = sb.dir.join("hosts");
+            std::fs::write(&hosts_file, &hosts).unwrap();
+            let name = format!("etcd-{i}");
+            let args = [
+                "/usr/bin/etcd".to_string(),
+                format!("--name={name}"),
+                "--data-dir=/var/run/etcd/default.etcd".into(),
+                "--listen-client-urls=http://0.0.0.0:2379".into(),
+                format!("--advertise-client-urls=http://{}:2379", fqdn(i)),
+                "--listen-peer-urls=http://0.0.0.0:2380".into(),
+                format!("--initial-advertise-peer-urls=http://{}:2380", fqdn(i)),
+                format!("--initial-cluster={initial_cluster}"),
+                "--initial-cluster-state=new".into(),
+                "--initial-cluster-token=runtime-test".into(),
+            ];
+            let mut s = spec(sb, "etcd", &[]);
+            s.argv = args.to_vec();
+            s.hostname = name;
+            s.mounts = vec![
+                MountSpec {
+                    source: data,
+                    target: PathBuf::from("/var/run/etcd"),
+                    read_only: false,
+                },
+                MountSpec {
+                    source: hosts_file,
+                    target: PathBuf::from("/etc/hosts"),
+                    read_only: false,
+                },
+            ];
+            children.push(runtime::spawn_container(sb, "etcd", &s).unwrap());
+            specs.push(s);
+        }
+        let t = Instant::now();
+        let endpoints: Vec<String> = sandboxes
+            .iter()
+            .map(|sb| format!("http://{}:2379", sb.ip))
+            .collect();
+        // Every member, asked on its own endpoint, sees 3 members and a leader.
+        let opts = || {
+            etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_timeout(Duration::from_secs(2))
+        };
+        let mut leaders = Vec::new();
+        for ep in &endpoints {
+            loop {
+                let attempt = async {
+                    let mut cl = etcd_client::Client::connect([ep.as_str()], Some(opts())).await?;
+                    let members = cl.member_list().await?.members().len();
+                    let status = cl.status().await?;
+                    Ok::<_, etcd_client::Error>((members, status.leader()))
+                };
+                match attempt.await {
+                    Ok((3, leader)) if leader != 0 => {
+                        leaders.push(leader);
+                        break;
+                    }
+                    other => {
+                        assert!(
+                            t.elapsed() < Duration::from_secs(60),
+                            "{ep}: {other:?}; logs: {}",
+                            specs
+                                .iter()
+                                .map(|s| std::fs::read_to_string(&s.log_path).unwrap_or_default())
+                                .collect::<Vec<_>>()
+                                .join("\n----\n")
+                        );
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        }
+        println!("etcd: 3 members with a leader after {:?}", t.elapsed());
+        assert!(leaders.iter().all(|l| *l == leaders[0]), "{leaders:?}");
+        let mut first = etcd_client::Client::connect([endpoints[0].as_str()], Some(opts()))
+            .await
+            .unwrap();
+        first
+            .put("runtime-test", "written-via-etcd-0", None)
+            .await
+            .unwrap();
+        let mut last = etcd_client::Client::connect([endpoints[2].as_str()], Some(opts()))
+            .await
+            .unwrap();
+        let got = last.get("runtime-test", None).await.unwrap();
+        assert_eq!(got.kvs()[0].value(), b"written-via-etcd-0");
+        // An exec probe in a member (etcdctl inside the pod, on its loopback).
+        if Path::new("/usr/bin/etcdctl").exists() {
+            let out = runtime::exec_in_container(
+                &sandboxes[1],
+                &specs[1],
+                &[
+                    "/usr/bin/etcdctl".into(),
+                    "--endpoints=http://127.0.0.1:2379".into(),
+                    "endpoint".into(),
+                    "health".into(),
+                ],
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+            assert_eq!(out.exit_code, 0, "{}", text(&out));
+        }
+        // The data is in the volumes, on the host.
+        for sb in &sandboxes {
+            assert!(sb.dir.join("volume/default.etcd/member/wal").is_dir());
+        }
+        for child in &mut children {
+            runtime::signal_container(child.id().unwrap(), Signal::SIGTERM).unwrap();
+        }
+        for child in &mut children {
+            let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .unwrap()
+                .unwrap();
+            println!("etcd exited: {status}");
+        }
+    });
+    for sb in &sandboxes {
+        runtime::destroy_sandbox(sb).unwrap();
+    }
 }

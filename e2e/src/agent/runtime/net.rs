@@ -120,6 +120,11 @@ fn ensure_bridge(state: &ClusterState) -> Result<(), RuntimeError> {
     if !link_exists(&bridge) {
         ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
         info!(%bridge, "created cluster bridge");
+        if std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() != "0") {
+            // Pods have a default route via the bridge: with forwarding on, the host would route
+            // their packets for other addresses (un-NATed) instead of dropping them.
+            warn!(%bridge, "net.ipv4.ip_forward is on: pod traffic to non-pod addresses is routed by the host");
+        }
     }
     let cidr = format!("{}/24", state.bridge_ip());
     let addrs = ip(&["-4", "-o", "addr", "show", "dev", &bridge])?;
