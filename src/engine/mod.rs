@@ -4,7 +4,22 @@
 //! - [`generic`]: pod readiness, and an optional pod label that marks the leader.
 //! - [`etcd`]: Raft-aware (one client per member endpoint, leader, raft index, alarms, MoveLeader).
 
+use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
+
+use crate::api::{DatabaseEngine, DatabaseSpec};
+
+pub mod etcd;
+pub mod generic;
+
+/// Default bound on how far (in Raft log entries) a member's applied index may trail the
+/// leader's before a gate waits.
+pub const DEFAULT_MAX_LAG: u64 = 1000;
+
+/// The verdict of [`gate_before_stop`] when the member about to stop is the Raft leader: the
+/// caller hands leadership over ([`transfer_target`], [`Engine::transfer_leadership`]) and looks
+/// again.
+pub const LEADER_TRANSFER_FIRST: &str = "leader: transfer first";
 
 /// What one member looks like to the database engine at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -23,6 +38,10 @@ pub struct MemberHealth {
     pub member_id: Option<String>,
     /// Why the member is not healthy, in words a human can act on.
     pub problem: Option<String>,
+    /// Where the engine reached the member (etcd: `http(s)://<podIP>:<clientPort>`), so a later
+    /// call ([`Engine::transfer_leadership`]) talks to the same endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
 }
 
 /// The database as seen by the engine: one entry per member pod that exists and has an IP,
@@ -36,6 +55,11 @@ pub struct HealthReport {
     pub problems: Vec<String>,
     /// Number of voting members the database itself knows (etcd member list), when known.
     pub voting_members: Option<usize>,
+    /// The database keeps a Raft-style quorum (etcd): a leader must be agreed on, quorum is
+    /// checked before a stop, raft indexes must be caught up, and the leader hands over before it
+    /// stops. False for the generic engine, whose leader (a pod label) only orders the members.
+    #[serde(default)]
+    pub quorum_based: bool,
 }
 
 /// A gate's verdict: go on, or wait with a reason (shown in an Event and a condition).
@@ -61,6 +85,624 @@ pub enum EngineError {
     },
     #[error("cannot read secret {name}: {message}")]
     Secret { name: String, message: String },
+    /// The request's `spec.database` cannot be used (e.g. a malformed leader label).
+    #[error("invalid database settings: {0}")]
+    Config(String),
+    /// Members disagree where they must agree (etcd: `hash_kv` at a common revision).
+    #[error("members are inconsistent: {0}")]
+    Inconsistent(String),
     #[error("{0}")]
     Other(String),
+}
+
+/// The database logic a request uses, chosen by `spec.database.engine`.
+#[derive(Debug)]
+pub enum Engine {
+    Generic(generic::Generic),
+    Etcd(etcd::Etcd),
+}
+
+impl Engine {
+    /// Builds the engine of a request. Etcd: reads the TLS Secret (`ca.crt`, `tls.crt`,
+    /// `tls.key`) and the auth Secret (`username`, `password`) when they are named.
+    pub async fn from_spec(
+        client: &kube::Client,
+        namespace: &str,
+        spec: &DatabaseSpec,
+    ) -> Result<Engine, EngineError> {
+        match spec.engine {
+            DatabaseEngine::Generic => Ok(Engine::Generic(generic::Generic::new(
+                spec.generic.as_ref(),
+            )?)),
+            DatabaseEngine::Etcd => Ok(Engine::Etcd(
+                etcd::Etcd::from_spec(client, namespace, spec.etcd.as_ref()).await?,
+            )),
+        }
+    }
+
+    /// Short name for logs and Events.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Engine::Generic(_) => "Generic",
+            Engine::Etcd(_) => "Etcd",
+        }
+    }
+
+    /// Looks at every member pod. Members that do not answer are reported unhealthy in the
+    /// report (not as an error); an error means the engine itself could not work.
+    pub async fn observe(&self, pods: &[Pod]) -> Result<HealthReport, EngineError> {
+        match self {
+            Engine::Generic(g) => Ok(g.observe(pods)),
+            Engine::Etcd(e) => Ok(e.observe(pods).await),
+        }
+    }
+
+    /// Hands leadership from `from` (the current leader) to `to`, and waits until every member
+    /// reports the new leader. Idempotent: Ok when `to` already leads. Generic: an error (a
+    /// label-marked leader cannot be moved by us; the generic gates never ask for it).
+    pub async fn transfer_leadership(
+        &self,
+        report: &HealthReport,
+        from: &str,
+        to: &str,
+    ) -> Result<(), EngineError> {
+        match self {
+            Engine::Generic(_) => Err(EngineError::LeaderTransfer {
+                from: from.to_string(),
+                to: to.to_string(),
+                message: "the Generic engine cannot transfer leadership".to_string(),
+            }),
+            Engine::Etcd(e) => e.transfer_leadership(report, from, to).await,
+        }
+    }
+
+    /// A digest of the data all members agree on, once every member is migrated. Etcd:
+    /// `hash_kv` at a common revision on every member, as `"<hash>@<revision>"`; an error when
+    /// members differ. Generic: `None`.
+    pub async fn final_hash(&self, pods: &[Pod]) -> Result<Option<String>, EngineError> {
+        match self {
+            Engine::Generic(_) => Ok(None),
+            Engine::Etcd(e) => e.final_hash(pods).await.map(Some),
+        }
+    }
+}
+
+/// Ordinal of a StatefulSet pod name (`etcd-2` → 2).
+pub fn pod_ordinal(pod: &str) -> Option<u32> {
+    pod.rsplit_once('-').and_then(|(_, n)| n.parse().ok())
+}
+
+/// Sort key giving the stable ordinal order (pods without an ordinal last, by name).
+fn ordinal_key(pod: &str) -> (u32, &str) {
+    (pod_ordinal(pod).unwrap_or(u32::MAX), pod)
+}
+
+fn member<'a>(report: &'a HealthReport, pod: &str) -> Option<&'a MemberHealth> {
+    report.members.iter().find(|m| m.pod == pod)
+}
+
+fn leader_index(report: &HealthReport) -> Option<u64> {
+    report
+        .leader
+        .as_deref()
+        .and_then(|l| member(report, l))
+        .and_then(|m| m.raft_index)
+}
+
+/// How far `m` trails the leader, when both indexes are known.
+fn lag_of(report: &HealthReport, m: &MemberHealth) -> Option<u64> {
+    Some(leader_index(report)?.saturating_sub(m.raft_index?))
+}
+
+fn unhealthy_members(report: &HealthReport) -> Vec<String> {
+    report
+        .members
+        .iter()
+        .filter(|m| !m.healthy)
+        .map(|m| match &m.problem {
+            Some(p) => format!("{}: {p}", m.pod),
+            None => format!("{}: not healthy", m.pod),
+        })
+        .collect()
+}
+
+/// Pods the caller expects (the plan's members) that are not in the report become problems, so
+/// the gates cannot open while a member's pod is missing (the generic engine sees only the pods
+/// it is given).
+pub fn note_missing_pods(report: &mut HealthReport, expected: &[String]) {
+    for pod in expected {
+        if member(report, pod).is_none() {
+            report.problems.push(format!(
+                "member pod {pod} does not exist or was not observed"
+            ));
+        }
+    }
+}
+
+/// May `pod` be stopped now? Every member answers and is healthy, no cluster problem (alarms,
+/// learners, unmatched members); for a quorum-based engine also: a leader is agreed on, every
+/// member's raft index is within `max_lag` of the leader's, the voting quorum still holds with
+/// `pod` gone, and `pod` is not the leader (else [`LEADER_TRANSFER_FIRST`]).
+pub fn gate_before_stop(report: &HealthReport, pod: &str, max_lag: u64) -> Gate {
+    if !report.problems.is_empty() {
+        return Gate::Wait(report.problems.join("; "));
+    }
+    if member(report, pod).is_none() {
+        return Gate::Wait(format!("{pod} is not observed (no running pod with an IP)"));
+    }
+    let unhealthy = unhealthy_members(report);
+    if !unhealthy.is_empty() {
+        return Gate::Wait(format!(
+            "not every member is healthy: {}",
+            unhealthy.join("; ")
+        ));
+    }
+    if !report.quorum_based {
+        return Gate::Open;
+    }
+    let Some(leader) = report.leader.as_deref() else {
+        return Gate::Wait("the members agree on no leader".to_string());
+    };
+    if let Some(gate) = lag_gate(report, max_lag) {
+        return gate;
+    }
+    let voting = report.voting_members.unwrap_or(report.members.len());
+    let needed = voting / 2 + 1;
+    let up_after = report
+        .members
+        .iter()
+        .filter(|m| m.healthy && m.member_id.is_some() && m.pod != pod)
+        .count();
+    if up_after < needed {
+        return Gate::Wait(format!(
+            "stopping {pod} would leave {up_after} of {voting} voting members up; quorum needs \
+             {needed}"
+        ));
+    }
+    if leader == pod {
+        return Gate::Wait(LEADER_TRANSFER_FIRST.to_string());
+    }
+    Gate::Open
+}
+
+/// The first member (ordinal order) trailing the leader by more than `max_lag`, as a Wait.
+fn lag_gate(report: &HealthReport, max_lag: u64) -> Option<Gate> {
+    let Some(leader) = report.leader.as_deref() else {
+        return Some(Gate::Wait("the members agree on no leader".to_string()));
+    };
+    if leader_index(report).is_none() {
+        return Some(Gate::Wait(format!(
+            "the raft index of the leader {leader} is unknown"
+        )));
+    }
+    for m in &report.members {
+        match lag_of(report, m) {
+            None => {
+                return Some(Gate::Wait(format!(
+                    "the raft index of {} is unknown",
+                    m.pod
+                )));
+            }
+            Some(lag) if lag > max_lag => {
+                return Some(Gate::Wait(format!(
+                    "{} is {lag} raft entries behind the leader {leader} (at most {max_lag} \
+                     allowed)",
+                    m.pod
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    None
+}
+
+/// True when [`gate_before_stop`] asks for a leadership transfer before `pod` stops.
+pub fn must_transfer_before_stop(report: &HealthReport, pod: &str) -> bool {
+    report.quorum_based && report.leader.as_deref() == Some(pod)
+}
+
+/// Is `pod` back after its migration? It is in the report, healthy, no cluster problem (alarms,
+/// unmatched members); quorum-based: a leader is agreed on and `pod` is within `max_lag` of it.
+pub fn gate_after_return(report: &HealthReport, pod: &str, max_lag: u64) -> Gate {
+    let Some(m) = member(report, pod) else {
+        return Gate::Wait(format!("{pod} is not back yet (no running pod with an IP)"));
+    };
+    if !m.healthy {
+        return Gate::Wait(format!(
+            "{pod} is not healthy yet: {}",
+            m.problem.as_deref().unwrap_or("no reason given")
+        ));
+    }
+    if !report.problems.is_empty() {
+        return Gate::Wait(report.problems.join("; "));
+    }
+    if !report.quorum_based {
+        return Gate::Open;
+    }
+    let Some(leader) = report.leader.as_deref() else {
+        return Gate::Wait("the members agree on no leader".to_string());
+    };
+    match lag_of(report, m) {
+        None => Gate::Wait(format!(
+            "the raft index of {pod} or of the leader is unknown"
+        )),
+        Some(lag) if lag > max_lag => Gate::Wait(format!(
+            "{pod} is {lag} raft entries behind the leader {leader} (at most {max_lag} allowed)"
+        )),
+        Some(_) => Gate::Open,
+    }
+}
+
+/// The member to migrate next among `remaining`: followers first in ordinal order, the leader
+/// last; with no known leader, plain ordinal order.
+pub fn next_member(report: &HealthReport, remaining: &[String]) -> Option<String> {
+    let mut ordered: Vec<&String> = remaining.iter().collect();
+    ordered.sort_by(|a, b| ordinal_key(a).cmp(&ordinal_key(b)));
+    let leader = report.leader.as_deref();
+    ordered
+        .iter()
+        .find(|p| Some(p.as_str()) != leader)
+        .or_else(|| ordered.first())
+        .map(|p| p.to_string())
+}
+
+/// Whom to hand leadership to before `stopping` (the leader) stops: a healthy voting member
+/// within [`DEFAULT_MAX_LAG`] of the leader, preferring one already in `migrated`, then the one
+/// least behind, then ordinal order. `None` when there is none (or the engine has no quorum).
+pub fn transfer_target(
+    report: &HealthReport,
+    stopping: &str,
+    migrated: &[String],
+) -> Option<String> {
+    if !report.quorum_based {
+        return None;
+    }
+    let mut candidates: Vec<(bool, u64, &MemberHealth)> = report
+        .members
+        .iter()
+        .filter(|m| m.pod != stopping && m.healthy && m.member_id.is_some())
+        .filter_map(|m| {
+            let lag = lag_of(report, m)?;
+            (lag <= DEFAULT_MAX_LAG).then_some((!migrated.contains(&m.pod), lag, m))
+        })
+        .collect();
+    candidates
+        .sort_by(|a, b| (a.0, a.1, ordinal_key(&a.2.pod)).cmp(&(b.0, b.1, ordinal_key(&b.2.pod))));
+    candidates.first().map(|c| c.2.pod.clone())
+}
+
+/// For `apply: IfReady`: Ok when every member is healthy and there is no cluster problem (and,
+/// quorum-based, a leader is agreed on); Err names what is wrong.
+pub fn is_healthy_for_start(report: &HealthReport) -> Result<(), String> {
+    let mut wrong: Vec<String> = unhealthy_members(report)
+        .into_iter()
+        .map(|u| format!("member {u}"))
+        .collect();
+    wrong.extend(report.problems.iter().cloned());
+    if report.members.is_empty() {
+        wrong.push("no member pod was observed".to_string());
+    }
+    if report.quorum_based && report.leader.is_none() && report.problems.is_empty() {
+        wrong.push("the members agree on no leader".to_string());
+    }
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(pod: &str, index: u64) -> MemberHealth {
+        MemberHealth {
+            pod: pod.to_string(),
+            healthy: true,
+            leader: false,
+            raft_index: Some(index),
+            raft_term: Some(2),
+            member_id: Some(format!("{:x}", 0xa0 + pod_ordinal(pod).unwrap_or(0) as u64)),
+            problem: None,
+            endpoint: Some(format!(
+                "http://198.18.0.{}:2379",
+                pod_ordinal(pod).unwrap_or(0) + 10
+            )),
+        }
+    }
+
+    /// A healthy etcd-like cluster of `n` members, `leader` leading, all at index 100.
+    fn raft(n: u32, leader: &str) -> HealthReport {
+        let mut members: Vec<MemberHealth> = (0..n).map(|i| m(&format!("etcd-{i}"), 100)).collect();
+        for x in &mut members {
+            x.leader = x.pod == leader;
+        }
+        HealthReport {
+            members,
+            leader: Some(leader.to_string()),
+            problems: vec![],
+            voting_members: Some(n as usize),
+            quorum_based: true,
+        }
+    }
+
+    fn sick(r: &mut HealthReport, pod: &str, why: &str) {
+        let x = r.members.iter_mut().find(|x| x.pod == pod).unwrap();
+        x.healthy = false;
+        x.problem = Some(why.to_string());
+    }
+
+    fn names(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn ordinals() {
+        assert_eq!(pod_ordinal("etcd-12"), Some(12));
+        assert_eq!(pod_ordinal("my-db-0"), Some(0));
+        assert_eq!(pod_ordinal("etcd"), None);
+        assert_eq!(pod_ordinal("etcd-x"), None);
+    }
+
+    #[test]
+    fn followers_first_leader_last_in_ordinal_order() {
+        let r = raft(3, "etcd-0");
+        let all = names(&["etcd-2", "etcd-0", "etcd-1"]);
+        assert_eq!(next_member(&r, &all).as_deref(), Some("etcd-1"));
+        assert_eq!(
+            next_member(&r, &names(&["etcd-2", "etcd-0"])).as_deref(),
+            Some("etcd-2")
+        );
+        assert_eq!(
+            next_member(&r, &names(&["etcd-0"])).as_deref(),
+            Some("etcd-0")
+        );
+        assert_eq!(next_member(&r, &[]), None);
+        // ordinal, not lexical: etcd-10 after etcd-9
+        let r = raft(11, "etcd-1");
+        assert_eq!(
+            next_member(&r, &names(&["etcd-10", "etcd-9", "etcd-1"])).as_deref(),
+            Some("etcd-9")
+        );
+    }
+
+    #[test]
+    fn unknown_leader_means_ordinal_order() {
+        let mut r = raft(3, "etcd-0");
+        r.leader = None;
+        assert_eq!(
+            next_member(&r, &names(&["etcd-2", "etcd-0", "etcd-1"])).as_deref(),
+            Some("etcd-0")
+        );
+    }
+
+    #[test]
+    fn leadership_moved_by_someone_else_changes_the_order() {
+        let r = raft(3, "etcd-1");
+        assert_eq!(
+            next_member(&r, &names(&["etcd-1", "etcd-2"])).as_deref(),
+            Some("etcd-2")
+        );
+        let r = raft(3, "etcd-2");
+        assert_eq!(
+            next_member(&r, &names(&["etcd-1", "etcd-2"])).as_deref(),
+            Some("etcd-1")
+        );
+    }
+
+    #[test]
+    fn gate_opens_for_a_healthy_follower() {
+        let r = raft(3, "etcd-0");
+        assert_eq!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Open);
+        assert_eq!(gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG), Gate::Open);
+    }
+
+    #[test]
+    fn gate_asks_the_leader_to_transfer_first() {
+        let r = raft(3, "etcd-0");
+        assert_eq!(
+            gate_before_stop(&r, "etcd-0", DEFAULT_MAX_LAG),
+            Gate::Wait(LEADER_TRANSFER_FIRST.to_string())
+        );
+        assert!(must_transfer_before_stop(&r, "etcd-0"));
+        assert!(!must_transfer_before_stop(&r, "etcd-1"));
+    }
+
+    #[test]
+    fn gate_waits_on_lag() {
+        let mut r = raft(3, "etcd-0");
+        r.members[0].raft_index = Some(5000);
+        r.members[2].raft_index = Some(4500);
+        r.members[1].raft_index = Some(3000);
+        let Gate::Wait(why) = gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG) else {
+            panic!("lagging member must close the gate")
+        };
+        assert!(why.contains("etcd-1 is 2000 raft entries behind"), "{why}");
+        // within the bound
+        r.members[1].raft_index = Some(4000);
+        assert_eq!(gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG), Gate::Open);
+        // a follower ahead of the leader's applied index is fine
+        r.members[1].raft_index = Some(5001);
+        assert_eq!(gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG), Gate::Open);
+        // unknown index
+        r.members[1].raft_index = None;
+        assert!(
+            matches!(gate_before_stop(&r, "etcd-2", 10), Gate::Wait(w) if w.contains("unknown"))
+        );
+    }
+
+    #[test]
+    fn gate_waits_on_an_unhealthy_member() {
+        let mut r = raft(3, "etcd-0");
+        sick(&mut r, "etcd-2", "does not answer");
+        let Gate::Wait(why) = gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG) else {
+            panic!()
+        };
+        assert!(why.contains("etcd-2: does not answer"), "{why}");
+        // even stopping the sick member itself waits: it must be healthy before it stops
+        assert!(matches!(
+            gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG),
+            Gate::Wait(_)
+        ));
+    }
+
+    #[test]
+    fn quorum_with_three_and_five_members() {
+        // 3 healthy of 3: stopping one leaves 2 >= 2.
+        assert_eq!(
+            gate_before_stop(&raft(3, "etcd-0"), "etcd-1", 10),
+            Gate::Open
+        );
+        // 3 voting but the report has only 2 healthy pods (one member's pod gone, counted
+        // by the member list): stopping another leaves 1 < 2.
+        let mut r = raft(3, "etcd-0");
+        r.members.retain(|m| m.pod != "etcd-2");
+        let Gate::Wait(why) = gate_before_stop(&r, "etcd-1", 10) else {
+            panic!()
+        };
+        assert!(
+            why.contains("1 of 3 voting members up; quorum needs 2"),
+            "{why}"
+        );
+        // 5 voting, 4 pods up: stopping one leaves 3 >= 3.
+        let mut r = raft(5, "etcd-0");
+        r.members.retain(|m| m.pod != "etcd-4");
+        assert_eq!(gate_before_stop(&r, "etcd-1", 10), Gate::Open);
+        // 5 voting, 3 pods up: stopping one leaves 2 < 3.
+        r.members.retain(|m| m.pod != "etcd-3");
+        let Gate::Wait(why) = gate_before_stop(&r, "etcd-1", 10) else {
+            panic!()
+        };
+        assert!(
+            why.contains("2 of 5 voting members up; quorum needs 3"),
+            "{why}"
+        );
+        // a single-member cluster can never keep quorum while its member stops
+        let r = raft(1, "etcd-0");
+        assert!(
+            matches!(gate_before_stop(&r, "etcd-0", 10), Gate::Wait(w) if w.contains("quorum"))
+        );
+    }
+
+    #[test]
+    fn gate_waits_on_alarms_and_problems() {
+        let mut r = raft(3, "etcd-0");
+        r.problems
+            .push("alarm NOSPACE raised on etcd-2".to_string());
+        let Gate::Wait(why) = gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG) else {
+            panic!()
+        };
+        assert!(why.contains("NOSPACE"));
+        assert!(
+            matches!(gate_after_return(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("NOSPACE"))
+        );
+        assert!(is_healthy_for_start(&r).unwrap_err().contains("NOSPACE"));
+    }
+
+    #[test]
+    fn gate_waits_without_a_leader() {
+        let mut r = raft(3, "etcd-0");
+        r.leader = None;
+        assert!(
+            matches!(gate_before_stop(&r, "etcd-1", 10), Gate::Wait(w) if w.contains("no leader"))
+        );
+        assert!(
+            matches!(gate_after_return(&r, "etcd-1", 10), Gate::Wait(w) if w.contains("no leader"))
+        );
+        assert!(is_healthy_for_start(&r).unwrap_err().contains("no leader"));
+    }
+
+    #[test]
+    fn gate_after_return_waits_for_the_member() {
+        let mut r = raft(3, "etcd-0");
+        assert_eq!(gate_after_return(&r, "etcd-1", 100), Gate::Open);
+        r.members[1].raft_index = Some(10);
+        assert!(
+            matches!(gate_after_return(&r, "etcd-1", 50), Gate::Wait(w) if w.contains("90 raft entries behind"))
+        );
+        sick(&mut r, "etcd-1", "sees no leader");
+        assert!(
+            matches!(gate_after_return(&r, "etcd-1", 100), Gate::Wait(w) if w.contains("not healthy yet: sees no leader"))
+        );
+        r.members.retain(|m| m.pod != "etcd-1");
+        assert!(
+            matches!(gate_after_return(&r, "etcd-1", 100), Gate::Wait(w) if w.contains("not back yet"))
+        );
+    }
+
+    #[test]
+    fn transfer_prefers_a_migrated_caught_up_follower() {
+        let mut r = raft(5, "etcd-0");
+        assert_eq!(
+            transfer_target(&r, "etcd-0", &[]).as_deref(),
+            Some("etcd-1")
+        );
+        assert_eq!(
+            transfer_target(&r, "etcd-0", &names(&["etcd-3", "etcd-4"])).as_deref(),
+            Some("etcd-3")
+        );
+        // a migrated member too far behind is skipped; an unhealthy one too
+        r.members[3].raft_index = Some(0);
+        r.members[0].raft_index = Some(5000);
+        for i in [1, 2, 4] {
+            r.members[i].raft_index = Some(4990);
+        }
+        sick(&mut r, "etcd-4", "sees no leader");
+        assert_eq!(
+            transfer_target(&r, "etcd-0", &names(&["etcd-3", "etcd-4"])).as_deref(),
+            Some("etcd-1")
+        );
+        // nobody suitable
+        let mut r = raft(3, "etcd-0");
+        sick(&mut r, "etcd-1", "x");
+        sick(&mut r, "etcd-2", "y");
+        assert_eq!(transfer_target(&r, "etcd-0", &[]), None);
+        // generic engines never transfer
+        let mut r = raft(3, "etcd-0");
+        r.quorum_based = false;
+        assert_eq!(transfer_target(&r, "etcd-0", &[]), None);
+    }
+
+    #[test]
+    fn healthy_for_start_names_the_unhealthy_members() {
+        let mut r = raft(3, "etcd-0");
+        assert_eq!(is_healthy_for_start(&r), Ok(()));
+        sick(
+            &mut r,
+            "etcd-2",
+            "does not answer at http://198.18.0.12:2379",
+        );
+        let err = is_healthy_for_start(&r).unwrap_err();
+        assert!(err.contains("member etcd-2: does not answer"), "{err}");
+        assert!(is_healthy_for_start(&HealthReport::default()).is_err());
+    }
+
+    #[test]
+    fn generic_gates_ignore_leader_and_quorum() {
+        let mut r = raft(1, "etcd-0");
+        r.quorum_based = false;
+        r.voting_members = None;
+        for m in &mut r.members {
+            m.raft_index = None;
+            m.member_id = None;
+        }
+        // single replica, also the label-marked leader: may stop (downtime is inherent)
+        assert_eq!(gate_before_stop(&r, "etcd-0", 0), Gate::Open);
+        assert_eq!(gate_after_return(&r, "etcd-0", 0), Gate::Open);
+    }
+
+    #[test]
+    fn missing_pods_become_problems() {
+        let mut r = raft(3, "etcd-0");
+        r.members.retain(|m| m.pod != "etcd-2");
+        note_missing_pods(&mut r, &names(&["etcd-0", "etcd-1", "etcd-2"]));
+        assert_eq!(
+            r.problems,
+            vec!["member pod etcd-2 does not exist or was not observed"]
+        );
+        assert!(
+            matches!(gate_before_stop(&r, "etcd-1", 10), Gate::Wait(w) if w.contains("etcd-2"))
+        );
+    }
 }
