@@ -572,6 +572,8 @@ impl TestNamespace {
 
     /// Server-side applies every document of a multi-document YAML into this namespace (any
     /// `metadata.namespace` in it is replaced); cluster-scoped objects are applied as they are.
+    /// On Kubernetes 1.20, list entries must carry all their key fields (e.g. `protocol` of
+    /// Service and container ports), else apply fails with HTTP 500.
     pub async fn apply_yaml(&self, yaml: &str) -> Result<Vec<DynamicObject>, TestError> {
         self.apply_yaml_with(yaml, |_| {}).await
     }
