@@ -337,6 +337,10 @@ pub struct StorageMigrationRequestStatus {
     /// Where the stashed StatefulSet and pod manifests are kept (see `stash`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stash_config_map: Option<String>,
+    /// The spec as accepted at preflight. Later spec changes are ignored (condition
+    /// `SpecChangeIgnored`); the migration carries on with this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_spec: Option<Box<StorageMigrationRequestSpec>>,
     /// etcd: `hash_kv` of every member at a common revision after the last member (engine Etcd).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_hash: Option<String>,

@@ -1,0 +1,830 @@
+//! Test helpers: small Pods/PVCs/PVs/StatefulSets of a 3-member set `etcd` (template `data`,
+//! class `standard`, 1Gi) in namespace `demo`, an [`Observed`] of it, and [`Sim`], a tiny model
+//! of the cluster that carries out the planner's actions and plays the controllers (binding,
+//! provisioning, Jobs, readiness, garbage collection), to drive the planner end to end.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{
+    Container, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
+    PersistentVolume, PersistentVolumeClaim, PersistentVolumeClaimSpec,
+    PersistentVolumeClaimStatus, PersistentVolumeClaimVolumeSource, PersistentVolumeSpec, Pod,
+    PodCondition, PodSpec, PodStatus, PodTemplateSpec, Volume, VolumeNodeAffinity,
+    VolumeResourceRequirements,
+};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, ObjectMeta, OwnerReference, Time,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::{
+    Action, JobOutcome, Kind, Object, Observed, ObservedJob, Propagation, Stash, StashTarget,
+    decide,
+};
+use crate::api::{
+    MemberStep, Phase, ShrinkSpec, StorageClassChangeSpec, StorageMigrationRequest,
+    StorageMigrationRequestSpec, TargetKind, TargetRef,
+};
+use crate::build;
+use crate::engine::{HealthReport, MemberHealth};
+
+pub const NS: &str = "demo";
+pub const REQ: &str = "move";
+pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
+
+pub fn t(s: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + s).unwrap()
+}
+
+fn meta(name: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_string()),
+        namespace: Some(NS.to_string()),
+        uid: Some(format!("uid-{name}")),
+        creation_timestamp: Some(Time(t(0))),
+        ..Default::default()
+    }
+}
+
+pub fn class(name: &str, binding: &str) -> StorageClass {
+    StorageClass {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        provisioner: "local.e2e/ext4".to_string(),
+        volume_binding_mode: Some(binding.to_string()),
+        reclaim_policy: Some("Delete".to_string()),
+        ..Default::default()
+    }
+}
+
+pub fn spec_class_change(to: &str) -> StorageMigrationRequestSpec {
+    StorageMigrationRequestSpec {
+        type_: crate::api::MigrationType::StorageClassChange,
+        target: TargetRef {
+            kind: TargetKind::StatefulSet,
+            name: "etcd".to_string(),
+        },
+        volume_claim_template: None,
+        storage_class_change: Some(StorageClassChangeSpec {
+            storage_class_name: to.to_string(),
+        }),
+        shrink: None,
+        timeout: "30m".to_string(),
+        old_pv_reclaim_policy: None,
+        apply: Default::default(),
+        copy: Default::default(),
+        database: Default::default(),
+    }
+}
+
+pub fn spec_shrink(size: &str) -> StorageMigrationRequestSpec {
+    StorageMigrationRequestSpec {
+        type_: crate::api::MigrationType::Shrink,
+        storage_class_change: None,
+        shrink: Some(ShrinkSpec {
+            size: Quantity(size.to_string()),
+        }),
+        ..spec_class_change("unused")
+    }
+}
+
+pub fn request(spec: StorageMigrationRequestSpec) -> StorageMigrationRequest {
+    let mut req = StorageMigrationRequest::new(REQ, spec);
+    req.metadata = ObjectMeta {
+        generation: Some(1),
+        ..meta(REQ)
+    };
+    req
+}
+
+pub fn claim_template(class: &str, size: &str) -> PersistentVolumeClaim {
+    PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("data".to_string()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            access_modes: Some(vec!["ReadWriteOnce".to_string()]),
+            storage_class_name: Some(class.to_string()),
+            volume_mode: Some("Filesystem".to_string()),
+            resources: Some(VolumeResourceRequirements {
+                requests: Some(BTreeMap::from([(
+                    "storage".to_string(),
+                    Quantity(size.to_string()),
+                )])),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+pub fn labels() -> BTreeMap<String, String> {
+    BTreeMap::from([("app".to_string(), "etcd".to_string())])
+}
+
+pub fn stateful_set(replicas: i32) -> StatefulSet {
+    StatefulSet {
+        metadata: ObjectMeta {
+            generation: Some(1),
+            labels: Some(labels()),
+            ..meta("etcd")
+        },
+        spec: Some(StatefulSetSpec {
+            replicas: Some(replicas),
+            service_name: Some("etcd".to_string()),
+            selector: LabelSelector {
+                match_labels: Some(labels()),
+                ..Default::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels()),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: "etcd".to_string(),
+                        image: Some("quay.io/coreos/etcd:v3.4.23".to_string()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+            },
+            volume_claim_templates: Some(vec![claim_template("standard", "1Gi")]),
+            ..Default::default()
+        }),
+        status: Some(StatefulSetStatus {
+            observed_generation: Some(1),
+            replicas,
+            ready_replicas: Some(replicas),
+            ..Default::default()
+        }),
+    }
+}
+
+fn ready_status(since: Timestamp) -> PodStatus {
+    PodStatus {
+        phase: Some("Running".to_string()),
+        conditions: Some(vec![PodCondition {
+            type_: "Ready".to_string(),
+            status: "True".to_string(),
+            last_transition_time: Some(Time(since)),
+            ..Default::default()
+        }]),
+        pod_ip: Some("198.18.0.10".to_string()),
+        ..Default::default()
+    }
+}
+
+pub fn member_pod(ordinal: usize) -> Pod {
+    let name = format!("etcd-{ordinal}");
+    Pod {
+        metadata: ObjectMeta {
+            labels: Some(labels()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: "apps/v1".to_string(),
+                kind: "StatefulSet".to_string(),
+                name: "etcd".to_string(),
+                uid: "uid-etcd".to_string(),
+                controller: Some(true),
+                ..Default::default()
+            }]),
+            ..meta(&name)
+        },
+        spec: Some(PodSpec {
+            node_name: Some(NODES[ordinal % 3].to_string()),
+            hostname: Some(name.clone()),
+            subdomain: Some("etcd".to_string()),
+            containers: vec![Container {
+                name: "etcd".to_string(),
+                ..Default::default()
+            }],
+            volumes: Some(vec![Volume {
+                name: "data".to_string(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: format!("data-etcd-{ordinal}"),
+                    read_only: None,
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        status: Some(ready_status(t(0))),
+    }
+}
+
+pub fn bound_claim(name: &str, class: &str, size: &str, volume: &str) -> PersistentVolumeClaim {
+    let mut c = claim_template(class, size);
+    c.metadata = ObjectMeta {
+        labels: Some(labels()),
+        annotations: Some(BTreeMap::from([(
+            "pv.kubernetes.io/bind-completed".to_string(),
+            "yes".to_string(),
+        )])),
+        ..meta(name)
+    };
+    if let Some(spec) = c.spec.as_mut() {
+        spec.volume_name = Some(volume.to_string());
+    }
+    c.status = Some(PersistentVolumeClaimStatus {
+        phase: Some("Bound".to_string()),
+        capacity: Some(BTreeMap::from([(
+            "storage".to_string(),
+            Quantity(size.to_string()),
+        )])),
+        ..Default::default()
+    });
+    c
+}
+
+pub fn volume(name: &str, class: &str, size: &str, claim: &str, node: &str) -> PersistentVolume {
+    PersistentVolume {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            uid: Some(format!("uid-{name}")),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeSpec {
+            capacity: Some(BTreeMap::from([(
+                "storage".to_string(),
+                Quantity(size.to_string()),
+            )])),
+            storage_class_name: Some(class.to_string()),
+            persistent_volume_reclaim_policy: Some("Delete".to_string()),
+            claim_ref: Some(ObjectReference {
+                namespace: Some(NS.to_string()),
+                name: Some(claim.to_string()),
+                uid: Some(format!("uid-{claim}")),
+                ..Default::default()
+            }),
+            node_affinity: Some(VolumeNodeAffinity {
+                required: Some(NodeSelector {
+                    node_selector_terms: vec![NodeSelectorTerm {
+                        match_expressions: Some(vec![NodeSelectorRequirement {
+                            key: "kubernetes.io/hostname".to_string(),
+                            operator: "In".to_string(),
+                            values: Some(vec![node.to_string()]),
+                        }]),
+                        ..Default::default()
+                    }],
+                }),
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A generic engine's report: healthy when the pod is Ready.
+pub fn generic_report(pods: &BTreeMap<String, Pod>) -> HealthReport {
+    HealthReport {
+        members: pods
+            .values()
+            .map(|p| MemberHealth {
+                pod: p.name_any(),
+                healthy: super::pod_ready(p) && p.metadata.deletion_timestamp.is_none(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+/// The healthy 3-member set on `standard`, and a fresh request with `spec`.
+pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
+    let mut pods = BTreeMap::new();
+    let mut claims = BTreeMap::new();
+    let mut volumes = BTreeMap::new();
+    for i in 0..3 {
+        let claim = format!("data-etcd-{i}");
+        let pv = format!("pv-old-{i}");
+        pods.insert(format!("etcd-{i}"), member_pod(i));
+        claims.insert(claim.clone(), bound_claim(&claim, "standard", "1Gi", &pv));
+        volumes.insert(pv.clone(), volume(&pv, "standard", "1Gi", &claim, NODES[i]));
+    }
+    let health = Ok(generic_report(&pods));
+    Observed {
+        request: request(spec),
+        now: t(10),
+        stateful_set: Some(stateful_set(3)),
+        stash: Stash::default(),
+        stash_config_map_exists: false,
+        pods,
+        helper_pods: BTreeMap::new(),
+        claims,
+        volumes,
+        jobs: BTreeMap::new(),
+        storage_classes: BTreeMap::from([
+            ("standard".to_string(), class("standard", "Immediate")),
+            ("fast".to_string(), class("fast", "WaitForFirstConsumer")),
+            ("slow".to_string(), class("slow", "Immediate")),
+        ]),
+        other_requests: Vec::new(),
+        health,
+        final_hash: None,
+    }
+}
+
+/// How the simulated Jobs end.
+#[derive(Debug, Clone, Default)]
+pub struct JobScript {
+    /// Bytes in use that Measure Jobs report.
+    pub used_bytes: i64,
+    /// Job kinds (`copy`, `verify`, ...) that fail.
+    pub fail: Vec<String>,
+    /// Verify reports this many differences.
+    pub differences: i64,
+    /// Jobs stay Running (e.g. to let a timeout expire).
+    pub hang: bool,
+}
+
+/// A tiny cluster: applies actions, plays the controllers.
+pub struct Sim {
+    pub o: Observed,
+    pub jobs: JobScript,
+    pub events: Vec<(String, String)>,
+    /// Every action applied, in order.
+    pub log: Vec<Action>,
+    next_uid: u64,
+    pub pvc_counter: u64,
+}
+
+impl Sim {
+    pub fn new(o: Observed) -> Self {
+        Self {
+            o,
+            jobs: JobScript {
+                used_bytes: 100 << 20,
+                ..Default::default()
+            },
+            events: Vec::new(),
+            log: Vec::new(),
+            next_uid: 0,
+            pvc_counter: 0,
+        }
+    }
+
+    fn uid(&mut self, name: &str) -> String {
+        self.next_uid += 1;
+        format!("uid-{name}-{}", self.next_uid)
+    }
+
+    fn status(&self) -> crate::api::StorageMigrationRequestStatus {
+        self.o.request.status.clone().unwrap_or_default()
+    }
+
+    pub fn phase(&self) -> Phase {
+        self.status().phase
+    }
+
+    /// Checks that an action is safe in the current state (data-loss invariants).
+    fn check_invariants(&self, a: &Action) {
+        let status = self.status();
+        let plan = status.plan.clone().unwrap_or_default();
+        match a {
+            Action::Delete {
+                kind: Kind::Claim,
+                name,
+                ..
+            } => {
+                let claim = &self.o.claims[name];
+                if let Some(pv) = super::claim_volume(claim).and_then(|v| self.o.volumes.get(v)) {
+                    let original = plan.members.iter().any(|m| &m.claim == name);
+                    let temp_after_copy = plan.members.iter().any(|m| {
+                        &m.temp_claim == name
+                            && status
+                                .members
+                                .iter()
+                                .any(|ms| ms.pod == m.pod && ms.step.swap_begun())
+                    });
+                    if original || temp_after_copy {
+                        assert_eq!(
+                            super::volume_policy(pv),
+                            "Retain",
+                            "deleting claim {name} whose volume is not Retain"
+                        );
+                    }
+                }
+            }
+            Action::Delete {
+                kind: Kind::Pod,
+                name,
+                ..
+            } if plan.members.iter().any(|m| &m.pod == name) => {
+                assert!(
+                    self.o.stash.pods.contains_key(name),
+                    "deleting member pod {name} before it was stashed"
+                );
+            }
+            Action::Delete {
+                kind: Kind::StatefulSet,
+                propagation,
+                ..
+            } => {
+                assert_eq!(*propagation, Propagation::Orphan);
+                assert!(self.o.stash.stateful_set.is_some(), "set not stashed");
+            }
+            Action::PatchReclaimPolicy { volume, policy } if policy == "Delete" => {
+                // Only after success, and never on a volume a live claim is bound to unless it
+                // is that claim's own (the new volume's original policy).
+                assert!(
+                    matches!(
+                        status.stage,
+                        crate::api::Stage::Finalizing | crate::api::Stage::RollingBack
+                    ),
+                    "setting {volume} to Delete in stage {:?}",
+                    status.stage
+                );
+                if status.stage == crate::api::Stage::RollingBack {
+                    assert!(
+                        !plan.members.iter().any(|m| &m.old_volume == volume),
+                        "old volume {volume} set to Delete during a rollback"
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn apply(&mut self, a: &Action) {
+        self.check_invariants(a);
+        self.log.push(a.clone());
+        match a {
+            Action::SetStatus(s) => self.o.request.status = Some((**s).clone()),
+            Action::AddFinalizer => self
+                .o
+                .request
+                .metadata
+                .finalizers
+                .get_or_insert_with(Vec::new)
+                .push(super::FINALIZER.to_string()),
+            Action::RemoveFinalizer => {
+                if let Some(f) = self.o.request.metadata.finalizers.as_mut() {
+                    f.retain(|f| f != super::FINALIZER);
+                }
+            }
+            Action::Event {
+                reason, message, ..
+            } => self.events.push((reason.clone(), message.clone())),
+            Action::Stash { target, value } => {
+                let key = match target {
+                    StashTarget::Annotation(k) => {
+                        self.o
+                            .request
+                            .annotations_mut()
+                            .insert(k.clone(), value.clone());
+                        k.clone()
+                    }
+                    StashTarget::ConfigMap { key, .. } => {
+                        self.o.stash_config_map_exists = true;
+                        format!("storagemigrator.io/{key}")
+                    }
+                };
+                self.decode_stash(&key, value);
+            }
+            Action::Create(obj) => self.create(obj.clone()),
+            Action::Delete {
+                kind,
+                name,
+                propagation,
+                ..
+            } => self.delete(*kind, name, *propagation),
+            Action::PatchReclaimPolicy { volume, policy } => {
+                if let Some(pv) = self.o.volumes.get_mut(volume) {
+                    pv.spec
+                        .get_or_insert_with(Default::default)
+                        .persistent_volume_reclaim_policy = Some(policy.clone());
+                }
+            }
+            Action::SetClaimRef { volume, claim } => {
+                if let Some(pv) = self.o.volumes.get_mut(volume) {
+                    pv.spec.get_or_insert_with(Default::default).claim_ref =
+                        Some(ObjectReference {
+                            namespace: Some(NS.to_string()),
+                            name: Some(claim.clone()),
+                            ..Default::default()
+                        });
+                }
+            }
+            Action::RemoveOwnerReferences { claim, uids } => {
+                if let Some(c) = self.o.claims.get_mut(claim)
+                    && let Some(refs) = c.metadata.owner_references.as_mut()
+                {
+                    refs.retain(|r| !uids.contains(&r.uid));
+                }
+            }
+            Action::PatchRetentionPolicy { policy, .. } => {
+                if let Some(set) = self.o.stateful_set.as_mut() {
+                    set.spec
+                        .get_or_insert_with(Default::default)
+                        .persistent_volume_claim_retention_policy =
+                        serde_json::from_str(policy).unwrap();
+                }
+            }
+            Action::TransferLeadership { to, .. } => {
+                if let Ok(h) = self.o.health.as_mut() {
+                    h.leader = Some(to.clone());
+                    for m in &mut h.members {
+                        m.leader = &m.pod == to;
+                    }
+                }
+            }
+            Action::LabelVolume { volume } => {
+                if let Some(pv) = self.o.volumes.get_mut(volume) {
+                    pv.labels_mut()
+                        .insert(build::MIGRATED_BY_LABEL.to_string(), REQ.to_string());
+                }
+            }
+        }
+    }
+
+    fn decode_stash(&mut self, key: &str, value: &str) {
+        if key == build::STASH_STATEFULSET_ANNOTATION {
+            self.o.stash.stateful_set = Some(build::stash_decode(value).unwrap());
+            return;
+        }
+        if let Some(claim) = key.strip_prefix(super::STASH_CLAIM_ANNOTATION_PREFIX) {
+            self.o
+                .stash
+                .claims
+                .insert(claim.to_string(), build::stash_decode(value).unwrap());
+            return;
+        }
+        let pod: Pod = build::stash_decode(value).unwrap();
+        assert_eq!(build::stash_pod_annotation(&pod.name_any()), key);
+        self.o.stash.pods.insert(pod.name_any(), pod);
+    }
+
+    fn create(&mut self, obj: Object) {
+        match obj {
+            Object::Claim(mut c) => {
+                let name = c.name_any();
+                if self.o.claims.contains_key(&name) {
+                    return;
+                }
+                c.metadata.uid = Some(self.uid(&name));
+                c.status = Some(PersistentVolumeClaimStatus {
+                    phase: Some("Pending".to_string()),
+                    ..Default::default()
+                });
+                self.o.claims.insert(name, *c);
+            }
+            Object::Pod(mut p) => {
+                let name = p.name_any();
+                p.metadata.uid = Some(self.uid(&name));
+                if p.labels().contains_key(build::MEMBER_LABEL) {
+                    self.o.helper_pods.entry(name).or_insert(*p);
+                } else if !self.o.pods.contains_key(&name) {
+                    self.o.pods.insert(name, *p);
+                }
+            }
+            Object::Job(mut j) => {
+                let name = j.name_any();
+                j.metadata.uid = Some(self.uid(&name));
+                self.o.jobs.entry(name).or_insert(ObservedJob {
+                    job: *j,
+                    outcome: JobOutcome::Running,
+                });
+            }
+            Object::StatefulSet(mut s) => {
+                if self.o.stateful_set.is_some() {
+                    return;
+                }
+                s.metadata.uid = Some(self.uid("etcd"));
+                s.metadata.generation = Some(1);
+                self.o.stateful_set = Some(*s);
+            }
+            Object::ConfigMap(_) => self.o.stash_config_map_exists = true,
+        }
+    }
+
+    fn delete(&mut self, kind: Kind, name: &str, propagation: Propagation) {
+        match kind {
+            Kind::Claim => {
+                if let Some(c) = self.o.claims.remove(name)
+                    && let Some(v) = super::claim_volume(&c).map(str::to_string)
+                {
+                    let delete = self
+                        .o
+                        .volumes
+                        .get(&v)
+                        .is_some_and(|pv| super::volume_policy(pv) == "Delete");
+                    if delete {
+                        self.o.volumes.remove(&v);
+                    }
+                }
+            }
+            Kind::Pod => {
+                self.o.pods.remove(name);
+                self.o.helper_pods.remove(name);
+            }
+            Kind::Job => {
+                self.o.jobs.remove(name);
+            }
+            Kind::StatefulSet => {
+                assert_eq!(propagation, Propagation::Orphan);
+                self.o.stateful_set = None;
+                for p in self.o.pods.values_mut() {
+                    p.metadata.owner_references = None;
+                }
+            }
+            Kind::ConfigMap => self.o.stash_config_map_exists = false,
+        }
+    }
+
+    /// The controllers: provisioning, binding, Jobs, readiness, StatefulSet status, health.
+    pub fn settle(&mut self) {
+        self.o.now = Timestamp::from_second(self.o.now.as_second() + 1).unwrap();
+        let names: Vec<String> = self.o.claims.keys().cloned().collect();
+        for name in names {
+            let claim = self.o.claims[&name].clone();
+            if super::claim_phase(&claim) == "Bound" {
+                continue;
+            }
+            let class = super::claim_class(&claim).unwrap_or_default().to_string();
+            let size = super::claim_request(&claim).cloned().unwrap_or_default();
+            if let Some(v) = super::claim_volume(&claim).map(str::to_string) {
+                // Pre-bound: binds when the PV's claimRef names it.
+                let ok = self.o.volumes.get(&v).is_some_and(|pv| {
+                    pv.spec
+                        .as_ref()
+                        .and_then(|s| s.claim_ref.as_ref())
+                        .is_some_and(|r| r.name.as_deref() == Some(name.as_str()))
+                });
+                if ok {
+                    let uid = claim.metadata.uid.clone();
+                    if let Some(pv) = self.o.volumes.get_mut(&v)
+                        && let Some(r) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut())
+                    {
+                        r.uid = uid;
+                    }
+                    if let Some(c) = self.o.claims.get_mut(&name) {
+                        c.status.get_or_insert_with(Default::default).phase =
+                            Some("Bound".to_string());
+                    }
+                }
+                continue;
+            }
+            let wffc = self
+                .o
+                .storage_classes
+                .get(&class)
+                .is_some_and(super::class_is_wffc);
+            let node = if wffc {
+                let consumer = self.o.helper_pods.values().find(|p| {
+                    p.spec
+                        .as_ref()
+                        .and_then(|s| s.volumes.as_ref())
+                        .is_some_and(|vs| {
+                            vs.iter().any(|v| {
+                                v.persistent_volume_claim
+                                    .as_ref()
+                                    .is_some_and(|c| c.claim_name == name)
+                            })
+                        })
+                });
+                let Some(consumer) = consumer else { continue };
+                let member = consumer.labels()[build::MEMBER_LABEL].clone();
+                let ordinal: usize = member.rsplit('-').next().unwrap().parse().unwrap();
+                NODES[ordinal % 3].to_string()
+            } else {
+                claim
+                    .annotations()
+                    .get(super::member::SELECTED_NODE_ANNOTATION)
+                    .cloned()
+                    .unwrap_or_else(|| NODES[0].to_string())
+            };
+            self.pvc_counter += 1;
+            let pv_name = format!("pv-new-{}", self.pvc_counter);
+            let mut pv = volume(&pv_name, &class, &size.0, &name, &node);
+            if let Some(r) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+                r.uid = claim.metadata.uid.clone();
+            }
+            self.o.volumes.insert(pv_name.clone(), pv);
+            if let Some(c) = self.o.claims.get_mut(&name) {
+                c.spec.get_or_insert_with(Default::default).volume_name = Some(pv_name);
+                c.status.get_or_insert_with(Default::default).phase = Some("Bound".to_string());
+            }
+        }
+        // Released volumes: a deleted claim leaves its Retain volume with a stale claimRef.
+        for job in self.o.jobs.values_mut() {
+            if job.outcome != JobOutcome::Running || self.jobs.hang {
+                continue;
+            }
+            let kind = job.job.labels()[build::JOB_KIND_LABEL].clone();
+            job.outcome = if self.jobs.fail.contains(&kind) {
+                JobOutcome::Failed {
+                    reason: format!("{kind} exited 23"),
+                }
+            } else {
+                let message = match kind.as_str() {
+                    "measure" => format!(r#"{{"usedBytes":{}}}"#, self.jobs.used_bytes),
+                    "verify" => format!(r#"{{"differences":{}}}"#, self.jobs.differences),
+                    _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
+                };
+                JobOutcome::Succeeded {
+                    message: Some(message),
+                }
+            };
+        }
+        let now = self.o.now;
+        for p in self.o.pods.values_mut() {
+            if p.status.is_none() {
+                p.status = Some(ready_status(now));
+            }
+        }
+        if let Some(set) = self.o.stateful_set.as_mut()
+            && set.status.is_none()
+        {
+            let want = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            set.status = Some(StatefulSetStatus {
+                observed_generation: Some(1),
+                replicas: want,
+                ..Default::default()
+            });
+        }
+        let leader = self.o.health.as_ref().ok().and_then(|h| h.leader.clone());
+        let quorum = self.o.health.as_ref().is_ok_and(|h| h.quorum_based);
+        let mut report = generic_report(&self.o.pods);
+        report.quorum_based = quorum;
+        if quorum {
+            for m in &mut report.members {
+                m.member_id = Some(m.pod.clone());
+                m.raft_index = Some(100);
+                m.leader = leader.as_deref() == Some(m.pod.as_str());
+            }
+            report.leader = leader.filter(|l| self.o.pods.contains_key(l));
+            report.voting_members = Some(3);
+        }
+        self.o.health = Ok(report);
+    }
+
+    /// Runs decide → apply → settle until the request is final (or `max` rounds).
+    pub fn run(&mut self, max: usize) -> usize {
+        for round in 0..max {
+            if self.phase().is_final() && self.o.request.finalizers().is_empty() {
+                return round;
+            }
+            let d = decide(&self.o);
+            for a in &d.actions {
+                self.apply(a);
+            }
+            self.settle();
+        }
+        max
+    }
+
+    /// Like [`run`], but at round `crash_at` applies only the first `keep` actions of that
+    /// decision (the operator dies in the middle of it).
+    pub fn run_with_crash(&mut self, max: usize, crash_at: usize, keep: usize) -> usize {
+        for round in 0..max {
+            if self.phase().is_final() && self.o.request.finalizers().is_empty() {
+                return round;
+            }
+            let d = decide(&self.o);
+            let n = if round == crash_at {
+                keep.min(d.actions.len())
+            } else {
+                d.actions.len()
+            };
+            for a in &d.actions[..n] {
+                self.apply(a);
+            }
+            self.settle();
+        }
+        max
+    }
+
+    pub fn step_of(&self, pod: &str) -> MemberStep {
+        self.status()
+            .members
+            .iter()
+            .find(|m| m.pod == pod)
+            .map(|m| m.step)
+            .unwrap_or_default()
+    }
+
+    pub fn reasons(&self) -> Vec<&str> {
+        self.events.iter().map(|(r, _)| r.as_str()).collect()
+    }
+}
+
+/// A Job as `decide` sees it, for table tests.
+pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob) {
+    let mut job = Job {
+        metadata: meta(name),
+        ..Default::default()
+    };
+    job.labels_mut()
+        .insert(build::JOB_KIND_LABEL.to_string(), kind.to_string());
+    (name.to_string(), ObservedJob { job, outcome })
+}

@@ -1,0 +1,851 @@
+//! One member's migration, one function per [`MemberStep`]. Each function looks at what the
+//! cluster shows for its step and either acts (idempotently), waits, advances to the next step
+//! (status first), or fails (before the swap only: the request then rolls back).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
+
+use super::stages::{StashKey, stash, stuck};
+use super::{
+    Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
+    claim_volume, class_is_wffc, is_terminating, pod_ready, pod_ready_since, progress,
+    volume_policy,
+};
+use crate::api::conditions;
+use crate::api::{MemberStatus, MemberStep, PlannedMember};
+use crate::build::{self, JobKind};
+use crate::engine::{self, Gate};
+
+/// Annotation a provisioner reads to place a volume on a node.
+pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
+
+/// Forward (the normal flow) or carrying a swapped member forward during a rollback (no health
+/// gates, no waiting for readiness: the rollback must end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Forward,
+    Rollback,
+}
+
+/// Everything one step function needs about its member.
+struct Member {
+    i: usize,
+    m: PlannedMember,
+    ms: MemberStatus,
+}
+
+fn member(cx: &Ctx, i: usize) -> Result<Member, Failure> {
+    let ms = cx
+        .status
+        .members
+        .get(i)
+        .cloned()
+        .ok_or_else(|| Failure(format!("no member status #{i}")))?;
+    let m = cx
+        .status
+        .plan
+        .as_ref()
+        .and_then(|p| p.members.iter().find(|m| m.pod == ms.pod))
+        .cloned()
+        .ok_or_else(|| Failure(format!("member {} is not in the plan", ms.pod)))?;
+    Ok(Member { i, m, ms })
+}
+
+/// Runs the member's current step.
+pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
+    let mb = member(cx, i)?;
+    match mb.ms.step {
+        MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => Ok(()),
+        MemberStep::CreatingClaim => creating_claim(cx, &mb),
+        MemberStep::PreCopying => pre_copying(cx, &mb),
+        MemberStep::GatingStop => gating_stop(cx, &mb),
+        MemberStep::StoppingPod => stopping_pod(cx, &mb),
+        MemberStep::Copying => copying(cx, &mb),
+        MemberStep::RetainingVolumes => retaining_volumes(cx, &mb),
+        MemberStep::DeletingOldClaim => deleting_old_claim(cx, &mb),
+        MemberStep::DeletingTempClaim => deleting_temp_claim(cx, &mb),
+        MemberStep::ReleasingNewVolume => releasing_new_volume(cx, &mb),
+        MemberStep::RecreatingClaim => recreating_claim(cx, &mb),
+        MemberStep::RecreatingPod => recreating_pod(cx, &mb, mode),
+    }
+}
+
+/// Records the member's next step (the next decision carries it out).
+fn advance(cx: &mut Ctx, mb: &Member, next: MemberStep) {
+    if let Some(ms) = cx.status.members.get_mut(mb.i) {
+        ms.step = next;
+    }
+    cx.requeue = Duration::ZERO;
+}
+
+fn ms_mut<'c>(cx: &'c mut Ctx, mb: &Member) -> Option<&'c mut MemberStatus> {
+    cx.status.members.get_mut(mb.i)
+}
+
+fn job_outcome<'o>(cx: &Ctx<'o>, mb: &Member, kind: JobKind) -> Option<&'o JobOutcome> {
+    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    cx.o.jobs.get(&name).map(|j| &j.outcome)
+}
+
+fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
+    let deadline = cx.remaining_seconds();
+    let job = build::job(&cx.req, &mb.m, kind, deadline);
+    cx.act(Action::Create(Object::Job(Box::new(job))));
+    cx.wait(Duration::from_secs(1));
+}
+
+/// Deletes the member's Jobs of these kinds that still exist.
+fn delete_jobs(cx: &mut Ctx, mb: &Member, kinds: &[JobKind]) {
+    for &kind in kinds {
+        let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+        if let Some(job) = cx.o.jobs.get(&name)
+            && !is_terminating(&job.job)
+        {
+            let uid = job.job.uid();
+            cx.act(Action::Delete {
+                kind: Kind::Job,
+                name,
+                propagation: Propagation::Background,
+                uid,
+            });
+        }
+    }
+}
+
+const ALL_JOBS: [JobKind; 3] = [JobKind::PreCopy, JobKind::Copy, JobKind::Verify];
+
+fn is_rwop(claim: &PersistentVolumeClaim) -> bool {
+    claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.access_modes.as_ref())
+        .is_some_and(|a| a.iter().any(|m| m == "ReadWriteOncePod"))
+}
+
+/// False only when the volume's node affinity names nodes by hostname and `node` is not one of
+/// them (other topology keys are not judged here).
+pub(crate) fn volume_reachable_from(pv: &PersistentVolume, node: &str) -> bool {
+    let Some(terms) = pv
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_affinity.as_ref())
+        .and_then(|a| a.required.as_ref())
+        .map(|r| &r.node_selector_terms)
+    else {
+        return true;
+    };
+    terms.iter().any(|t| {
+        let exprs = t.match_expressions.as_deref().unwrap_or_default();
+        let fields = t.match_fields.as_deref().unwrap_or_default();
+        exprs
+            .iter()
+            .filter(|e| e.key == build::HOSTNAME_LABEL && e.operator == "In")
+            .chain(
+                fields
+                    .iter()
+                    .filter(|e| e.key == "metadata.name" && e.operator == "In"),
+            )
+            .all(|e| {
+                e.values
+                    .as_ref()
+                    .is_some_and(|v| v.iter().any(|v| v == node))
+            })
+    })
+}
+
+// ------------------------------------------------------------------------------------------
+// The steps, in order.
+
+/// Temporary claim on the target class and size; a mounter pod pinned to the member's node when
+/// the class waits for a consumer; until it is bound.
+fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let plan = cx.status.plan.clone().unwrap_or_default();
+    let m = &mb.m;
+    let target = cx.o.storage_classes.get(&plan.target_storage_class);
+    let wffc = target.is_some_and(class_is_wffc);
+    let mounter = build::mounter_name(&cx.name(), &m.pod);
+    let Some(temp) = cx.o.claims.get(&m.temp_claim) else {
+        let Some(original) = cx.o.claims.get(&m.claim) else {
+            return Err(Failure(format!(
+                "claim {} of member {} disappeared",
+                m.claim, m.pod
+            )));
+        };
+        let mut claim = build::temp_claim(&cx.req, &plan, m, original);
+        if !wffc {
+            // An Immediate class may place the volume on any node; provisioners that honour
+            // the selected-node annotation put it where the member's data is.
+            claim
+                .annotations_mut()
+                .insert(SELECTED_NODE_ANNOTATION.to_string(), m.node.clone());
+        }
+        cx.event(
+            EventType::Normal,
+            "ClaimCreated",
+            format!(
+                "created temporary claim {} on StorageClass {} ({}) for member {}",
+                m.temp_claim, plan.target_storage_class, m.new_size.0, m.pod
+            ),
+        );
+        cx.act(Action::Create(Object::Claim(Box::new(claim))));
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    };
+    if is_terminating(temp) {
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+    match (claim_phase(temp), claim_volume(temp)) {
+        ("Bound", Some(volume)) => {
+            if mb.ms.new_volume.as_deref() != Some(volume) {
+                if let Some(ms) = ms_mut(cx, mb) {
+                    ms.new_volume = Some(volume.to_string());
+                }
+                cx.requeue = Duration::ZERO;
+                return Ok(());
+            }
+            if let Some(pv) = cx.o.volumes.get(volume)
+                && !volume_reachable_from(pv, &m.node)
+            {
+                return Err(Failure(format!(
+                    "new volume {volume} was provisioned where node {} (member {}) cannot reach it",
+                    m.node, m.pod
+                )));
+            }
+            if let Some(pod) = cx.o.helper_pods.get(&mounter) {
+                if !is_terminating(pod) {
+                    let uid = pod.uid();
+                    cx.act(Action::Delete {
+                        kind: Kind::Pod,
+                        name: mounter,
+                        propagation: Propagation::Background,
+                        uid,
+                    });
+                }
+                cx.wait(Duration::from_secs(1));
+                return Ok(());
+            }
+            let original = cx.o.claims.get(&m.claim);
+            let pre_copy = cx.spec().copy.pre_copy && !original.is_some_and(is_rwop);
+            advance(
+                cx,
+                mb,
+                if pre_copy {
+                    MemberStep::PreCopying
+                } else {
+                    MemberStep::GatingStop
+                },
+            );
+        }
+        ("Lost", _) => {
+            return Err(Failure(format!(
+                "temporary claim {} lost its volume",
+                m.temp_claim
+            )));
+        }
+        _ => {
+            if wffc && !cx.o.helper_pods.contains_key(&mounter) {
+                let pod = build::mounter_pod(&cx.req, m);
+                cx.act(Action::Create(Object::Pod(Box::new(pod))));
+            }
+            cx.wait(Duration::from_secs(1));
+        }
+    }
+    Ok(())
+}
+
+/// First rsync pass while the member serves.
+fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    match job_outcome(cx, mb, JobKind::PreCopy).cloned() {
+        None => create_job(cx, mb, JobKind::PreCopy),
+        Some(JobOutcome::Running) => cx.wait(Duration::from_secs(1)),
+        Some(JobOutcome::Failed { reason }) => {
+            return Err(Failure(format!(
+                "pre-copy of member {} failed: {reason}",
+                mb.m.pod
+            )));
+        }
+        Some(JobOutcome::Succeeded { message }) => {
+            let result = message
+                .as_deref()
+                .and_then(|m| build::parse_job_result(m).ok());
+            let note = match result.as_ref().and_then(|r| r.bytes) {
+                Some(bytes) => format!(
+                    "pre-copied {} ({} files) while the member served",
+                    super::quantity::human(i128::from(bytes)),
+                    result.as_ref().and_then(|r| r.files).unwrap_or_default()
+                ),
+                None => "pre-copied while the member served".to_string(),
+            };
+            if let Some(ms) = ms_mut(cx, mb) {
+                ms.message = Some(note.clone());
+            }
+            advance(cx, mb, MemberStep::GatingStop);
+            cx.event(
+                EventType::Normal,
+                "PreCopied",
+                format!("member {}: {note}", mb.m.pod),
+            );
+            delete_jobs(cx, mb, &[JobKind::PreCopy]);
+        }
+    }
+    Ok(())
+}
+
+/// The engine's gate before the member stops; an etcd leader hands its leadership over first.
+fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let pod = mb.m.pod.clone();
+    let report = match &cx.o.health {
+        Ok(r) => r.clone(),
+        Err(e) => {
+            waiting_for_health(cx, &format!("the database's health cannot be read: {e}"));
+            return Ok(());
+        }
+    };
+    match engine::gate_before_stop(&report, &pod, engine::DEFAULT_MAX_LAG) {
+        Gate::Open => {
+            cx.set_condition(
+                conditions::HEALTH_GATE,
+                true,
+                "Open",
+                &format!("member {pod} may stop"),
+            );
+            advance(cx, mb, MemberStep::StoppingPod);
+        }
+        Gate::Wait(reason)
+            if reason == engine::LEADER_TRANSFER_FIRST
+                && engine::must_transfer_before_stop(&report, &pod) =>
+        {
+            let migrated: Vec<String> = cx
+                .status
+                .members
+                .iter()
+                .filter(|m| m.step == MemberStep::Done)
+                .map(|m| m.pod.clone())
+                .collect();
+            match engine::transfer_target(&report, &pod, &migrated) {
+                Some(to) => {
+                    cx.event(
+                        EventType::Normal,
+                        "LeaderTransfer",
+                        format!("member {pod} is the leader: handing leadership to {to}"),
+                    );
+                    cx.act(Action::TransferLeadership {
+                        from: pod.clone(),
+                        to,
+                    });
+                    cx.wait(Duration::from_secs(1));
+                }
+                None => waiting_for_health(
+                    cx,
+                    &format!(
+                        "member {pod} is the leader and no healthy, caught-up member can take over ({reason})"
+                    ),
+                ),
+            }
+        }
+        Gate::Wait(reason) => waiting_for_health(cx, &reason),
+    }
+    Ok(())
+}
+
+/// Health gate closed: a condition and an Event (once per reason), and look again soon.
+fn waiting_for_health(cx: &mut Ctx, reason: &str) {
+    if cx.set_condition(conditions::HEALTH_GATE, false, "Waiting", reason) {
+        cx.event(EventType::Warning, "WaitingForHealth", reason.to_string());
+    }
+    cx.wait(Duration::from_secs(2));
+}
+
+/// Stash the pod's manifest, delete the pod, wait until it is gone.
+fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    let pod = cx.o.pods.get(&m.pod).cloned();
+    if !cx.o.stash.pods.contains_key(&m.pod) {
+        return match pod {
+            Some(p) if !is_terminating(&p) => stash(cx, StashKey::Pod(m.pod.clone()), &p),
+            _ => Err(Failure(format!(
+                "pod {} disappeared before its manifest was stashed",
+                m.pod
+            ))),
+        };
+    }
+    match pod {
+        Some(p) if !is_terminating(&p) => {
+            let now = cx.now.clone();
+            if mb.ms.pod_deleted_at.is_none()
+                && let Some(ms) = ms_mut(cx, mb)
+            {
+                ms.pod_deleted_at = Some(now);
+            }
+            cx.act(Action::Delete {
+                kind: Kind::Pod,
+                name: m.pod.clone(),
+                propagation: Propagation::Background,
+                uid: p.uid(),
+            });
+            cx.wait(Duration::from_secs(1));
+        }
+        Some(_) => cx.wait(Duration::from_secs(1)),
+        None => {
+            let now = cx.now.clone();
+            if mb.ms.pod_deleted_at.is_none()
+                && let Some(ms) = ms_mut(cx, mb)
+            {
+                ms.pod_deleted_at = Some(now);
+            }
+            advance(cx, mb, MemberStep::Copying);
+            cx.event(
+                EventType::Normal,
+                "PodStopped",
+                format!("member pod {} is stopped; copying its data", m.pod),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Final rsync pass while the member is down, then the verification pass.
+fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    if cx.o.pods.contains_key(&m.pod) {
+        return Err(Failure(format!(
+            "member pod {} came back during its copy (something else recreated it)",
+            m.pod
+        )));
+    }
+    let copied = match job_outcome(cx, mb, JobKind::Copy).cloned() {
+        None => {
+            create_job(cx, mb, JobKind::Copy);
+            return Ok(());
+        }
+        Some(JobOutcome::Running) => {
+            cx.wait(Duration::from_secs(1));
+            return Ok(());
+        }
+        Some(JobOutcome::Failed { reason }) => {
+            return Err(Failure(format!(
+                "copy of claim {} to {} failed: {reason}",
+                m.claim, m.temp_claim
+            )));
+        }
+        Some(JobOutcome::Succeeded { message }) => message
+            .as_deref()
+            .and_then(|msg| build::parse_job_result(msg).ok()),
+    };
+    if mb.ms.bytes_copied.is_none() {
+        let bytes = copied.as_ref().and_then(|r| r.bytes).unwrap_or(0);
+        let files = copied.as_ref().and_then(|r| r.files).unwrap_or(0);
+        if let Some(ms) = ms_mut(cx, mb) {
+            ms.bytes_copied = Some(bytes);
+            ms.files_copied = Some(files);
+        }
+        cx.event(
+            EventType::Normal,
+            "Copied",
+            format!(
+                "member {}: copied {} in {files} files from {} to {}",
+                m.pod,
+                super::quantity::human(i128::from(bytes)),
+                m.claim,
+                m.temp_claim
+            ),
+        );
+    }
+    if cx.spec().copy.verify {
+        match job_outcome(cx, mb, JobKind::Verify).cloned() {
+            None => {
+                create_job(cx, mb, JobKind::Verify);
+                return Ok(());
+            }
+            Some(JobOutcome::Running) => {
+                cx.wait(Duration::from_secs(1));
+                return Ok(());
+            }
+            Some(JobOutcome::Failed { reason }) => {
+                return Err(Failure(format!(
+                    "verification of member {} failed: {reason}",
+                    m.pod
+                )));
+            }
+            Some(JobOutcome::Succeeded { message }) => {
+                let differences = message
+                    .as_deref()
+                    .and_then(|msg| build::parse_job_result(msg).ok())
+                    .and_then(|r| r.differences);
+                match differences {
+                    Some(0) => cx.event(
+                        EventType::Normal,
+                        "Verified",
+                        format!(
+                            "member {}: {} and {} match in content and metadata",
+                            m.pod, m.claim, m.temp_claim
+                        ),
+                    ),
+                    Some(n) => {
+                        return Err(Failure(format!(
+                            "verification of member {} found {n} differences between {} and {}",
+                            m.pod, m.claim, m.temp_claim
+                        )));
+                    }
+                    None => {
+                        return Err(Failure(format!(
+                            "verification of member {} reported no result ({message:?})",
+                            m.pod
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    advance(cx, mb, MemberStep::RetainingVolumes);
+    delete_jobs(cx, mb, &ALL_JOBS);
+    Ok(())
+}
+
+/// From here on the swap is finished even on failure. Stash the original claim; record both
+/// volumes' reclaim policies; set both to Retain.
+fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    if !cx.o.stash.claims.contains_key(&m.claim) {
+        match cx.o.claims.get(&m.claim).cloned() {
+            Some(c) if claim_volume(&c) == Some(m.old_volume.as_str()) => {
+                return stash(cx, StashKey::Claim(m.claim.clone()), &c);
+            }
+            _ => {
+                stuck(
+                    cx,
+                    &format!("claim {} is gone and was not stashed", m.claim),
+                );
+                return Ok(());
+            }
+        }
+    }
+    let Some(new_name) = mb.ms.new_volume.clone() else {
+        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        return Ok(());
+    };
+    let (Some(old), Some(new)) = (
+        cx.o.volumes.get(&m.old_volume).cloned(),
+        cx.o.volumes.get(&new_name).cloned(),
+    ) else {
+        stuck(
+            cx,
+            &format!(
+                "volume {} or {new_name} of member {} is missing",
+                m.old_volume, m.pod
+            ),
+        );
+        return Ok(());
+    };
+    if mb.ms.old_volume_original_policy.is_none() || mb.ms.new_volume_original_policy.is_none() {
+        if let Some(ms) = ms_mut(cx, mb) {
+            ms.old_volume_original_policy
+                .get_or_insert_with(|| volume_policy(&old));
+            ms.new_volume_original_policy
+                .get_or_insert_with(|| volume_policy(&new));
+        }
+        cx.requeue = Duration::ZERO;
+        return Ok(());
+    }
+    for (name, pv) in [(&m.old_volume, &old), (&new_name, &new)] {
+        if volume_policy(pv) != "Retain" {
+            cx.act(Action::PatchReclaimPolicy {
+                volume: name.clone(),
+                policy: "Retain".to_string(),
+            });
+        }
+    }
+    if cx.actions.is_empty() {
+        advance(cx, mb, MemberStep::DeletingOldClaim);
+    }
+    Ok(())
+}
+
+/// Delete the original claim (its volume is Retain) until it is gone.
+fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    match cx.o.claims.get(&m.claim) {
+        Some(c) if claim_volume(c) == mb.ms.new_volume.as_deref() && claim_volume(c).is_some() => {
+            // Already recreated on the new volume.
+            advance(cx, mb, MemberStep::DeletingTempClaim);
+        }
+        Some(c) if !is_terminating(c) => {
+            delete_jobs(cx, mb, &ALL_JOBS);
+            cx.act(Action::Delete {
+                kind: Kind::Claim,
+                name: m.claim.clone(),
+                propagation: Propagation::Background,
+                uid: c.uid(),
+            });
+            cx.wait(Duration::from_secs(1));
+        }
+        Some(_) => {
+            // pvc-protection: gone once no pod uses it.
+            delete_jobs(cx, mb, &ALL_JOBS);
+            cx.wait(Duration::from_secs(1));
+        }
+        None => advance(cx, mb, MemberStep::DeletingTempClaim),
+    }
+    Ok(())
+}
+
+/// Delete the temporary claim (its volume, the new one, is Retain) until it is gone.
+fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    match cx.o.claims.get(&m.temp_claim) {
+        Some(c) if !is_terminating(c) => {
+            cx.act(Action::Delete {
+                kind: Kind::Claim,
+                name: m.temp_claim.clone(),
+                propagation: Propagation::Background,
+                uid: c.uid(),
+            });
+            cx.wait(Duration::from_secs(1));
+        }
+        Some(_) => cx.wait(Duration::from_secs(1)),
+        None => advance(cx, mb, MemberStep::ReleasingNewVolume),
+    }
+    Ok(())
+}
+
+/// Point the new volume's claimRef at the original claim name (namespace and name only).
+fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    let Some(name) = mb.ms.new_volume.clone() else {
+        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        return Ok(());
+    };
+    let Some(pv) = cx.o.volumes.get(&name) else {
+        stuck(
+            cx,
+            &format!("new volume {name} of member {} is missing", m.pod),
+        );
+        return Ok(());
+    };
+    let ns = cx.o.request.namespace().unwrap_or_default();
+    let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let points_at_claim = claim_ref.is_some_and(|r| {
+        r.name.as_deref() == Some(m.claim.as_str())
+            && r.namespace.as_deref() == Some(ns.as_str())
+            && (r.uid.is_none() || cx.o.claims.get(&m.claim).is_some_and(|c| c.uid() == r.uid))
+    });
+    if points_at_claim {
+        advance(cx, mb, MemberStep::RecreatingClaim);
+    } else {
+        cx.act(Action::SetClaimRef {
+            volume: name,
+            claim: m.claim.clone(),
+        });
+        cx.wait(Duration::from_secs(1));
+    }
+    Ok(())
+}
+
+/// Recreate the claim under its original name, bound to the new volume; wait until Bound.
+fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    let m = &mb.m;
+    let plan = cx.status.plan.clone().unwrap_or_default();
+    let Some(new_volume) = mb.ms.new_volume.clone() else {
+        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        return Ok(());
+    };
+    match cx.o.claims.get(&m.claim) {
+        None => {
+            let Some(original) = cx.o.stash.claims.get(&m.claim) else {
+                stuck(cx, &format!("the stash of claim {} is missing", m.claim));
+                return Ok(());
+            };
+            let claim = build::swapped_claim(
+                original,
+                &new_volume,
+                &plan.target_storage_class,
+                &m.new_size,
+            );
+            cx.act(Action::Create(Object::Claim(Box::new(claim))));
+            cx.wait(Duration::from_secs(1));
+        }
+        Some(c) if claim_volume(c) == Some(new_volume.as_str()) && !is_terminating(c) => {
+            if claim_phase(c) == "Bound" {
+                advance(cx, mb, MemberStep::RecreatingPod);
+                cx.event(
+                    EventType::Normal,
+                    "ClaimSwapped",
+                    format!(
+                        "claim {} is bound to the new volume {new_volume} (StorageClass {}, {})",
+                        m.claim, plan.target_storage_class, m.new_size.0
+                    ),
+                );
+            } else {
+                // The PV controller's periodic sync binds it (up to ~15 s).
+                cx.wait(Duration::from_secs(2));
+            }
+        }
+        Some(_) => stuck(
+            cx,
+            &format!(
+                "claim {} exists but is not bound to the new volume {new_volume}",
+                m.claim
+            ),
+        ),
+    }
+    Ok(())
+}
+
+/// Recreate the pod from the stash; wait until it is Ready and the engine's gate after return
+/// opens; record the member's downtime.
+fn recreating_pod(cx: &mut Ctx, mb: &Member, mode: Mode) -> Result<(), Failure> {
+    let m = &mb.m;
+    let Some(pod) = cx.o.pods.get(&m.pod).cloned() else {
+        let Some(stashed) = cx.o.stash.pods.get(&m.pod) else {
+            if mode == Mode::Rollback {
+                // The recreated StatefulSet creates it.
+                finish_member(cx, mb, None);
+                return Ok(());
+            }
+            stuck(cx, &format!("the stash of pod {} is missing", m.pod));
+            return Ok(());
+        };
+        let pod = build::recreated_pod(stashed);
+        cx.act(Action::Create(Object::Pod(Box::new(pod))));
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    };
+    if is_terminating(&pod) {
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+    if mode == Mode::Rollback {
+        finish_member(cx, mb, pod_ready_since(&pod).filter(|_| pod_ready(&pod)));
+        return Ok(());
+    }
+    if !pod_ready(&pod) {
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+    let report = match &cx.o.health {
+        Ok(r) => r.clone(),
+        Err(e) => {
+            waiting_for_health(cx, &format!("the database's health cannot be read: {e}"));
+            return Ok(());
+        }
+    };
+    match engine::gate_after_return(&report, &m.pod, engine::DEFAULT_MAX_LAG) {
+        Gate::Open => finish_member(cx, mb, pod_ready_since(&pod)),
+        Gate::Wait(reason) => waiting_for_health(cx, &reason),
+    }
+    Ok(())
+}
+
+fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jiff::Timestamp>) {
+    let now = cx.now.clone();
+    let downtime = mb.ms.pod_deleted_at.as_ref().map(|deleted| {
+        let back = ready_since.filter(|t| t >= &deleted.0).unwrap_or(now.0);
+        (back.as_millisecond() - deleted.0.as_millisecond()) as f64 / 1000.0
+    });
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.step = MemberStep::Done;
+        ms.finished = Some(now);
+        ms.downtime_seconds = downtime;
+    }
+    let progress = progress(&cx.status);
+    cx.status.progress = Some(progress.clone());
+    cx.set_condition(
+        conditions::HEALTH_GATE,
+        true,
+        "Open",
+        &format!("member {} is back and healthy", mb.m.pod),
+    );
+    cx.event(
+        EventType::Normal,
+        "MemberMigrated",
+        format!(
+            "member {} migrated ({progress}); downtime {}",
+            mb.m.pod,
+            downtime
+                .map(|d| format!("{d:.1}s"))
+                .unwrap_or_else(|| "unknown".into())
+        ),
+    );
+    delete_jobs(cx, mb, &ALL_JOBS);
+    cx.requeue = Duration::ZERO;
+}
+
+/// Rollback of a member whose swap had not begun: drop its temporary objects, bring its pod
+/// back on its untouched claim.
+pub(crate) fn undo(cx: &mut Ctx, i: usize) {
+    let Ok(mb) = member(cx, i) else {
+        return;
+    };
+    let m = &mb.m;
+    let mut pending = false;
+    for kind in ALL_JOBS {
+        if cx
+            .o
+            .jobs
+            .contains_key(&build::job_name(&cx.name(), &m.pod, kind))
+        {
+            pending = true;
+        }
+    }
+    delete_jobs(cx, &mb, &ALL_JOBS);
+    let mounter = build::mounter_name(&cx.name(), &m.pod);
+    if let Some(pod) = cx.o.helper_pods.get(&mounter) {
+        pending = true;
+        if !is_terminating(pod) {
+            let uid = pod.uid();
+            cx.act(Action::Delete {
+                kind: Kind::Pod,
+                name: mounter,
+                propagation: Propagation::Background,
+                uid,
+            });
+        }
+    }
+    if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
+        pending = true;
+        if !is_terminating(temp) {
+            let uid = temp.uid();
+            cx.act(Action::Delete {
+                kind: Kind::Claim,
+                name: m.temp_claim.clone(),
+                propagation: Propagation::Background,
+                uid,
+            });
+        }
+    }
+    match cx.o.pods.get(&m.pod) {
+        Some(p) if is_terminating(p) => pending = true,
+        Some(_) => {}
+        None => {
+            if let Some(stashed) = cx.o.stash.pods.get(&m.pod) {
+                let pod = build::recreated_pod(stashed);
+                cx.act(Action::Create(Object::Pod(Box::new(pod))));
+                pending = true;
+            }
+        }
+    }
+    if pending {
+        cx.wait(Duration::from_secs(1));
+        return;
+    }
+    let plan = cx.status.plan.clone().unwrap_or_default();
+    let message = format!(
+        "rolled back: data stays on claim {} (volume {}, StorageClass {})",
+        m.claim,
+        m.old_volume,
+        plan.source_storage_class.as_deref().unwrap_or("?")
+    );
+    if let Some(ms) = cx.status.members.get_mut(i) {
+        ms.step = MemberStep::RolledBack;
+        ms.message = Some(message.clone());
+    }
+    cx.event(
+        EventType::Normal,
+        "MemberRolledBack",
+        format!("member {}: {message}", m.pod),
+    );
+    cx.requeue = Duration::ZERO;
+}

@@ -1,0 +1,595 @@
+//! The pure state machine: an [`Observed`] snapshot in, a [`Decision`] out.
+//!
+//! Nothing here does I/O. The cluster layer (`crate::cluster`) gathers the snapshot, calls
+//! [`decide`], and carries out the [`Action`]s in order, stopping at the first error. Every
+//! action is idempotent (a create that finds the object, a delete that finds nothing are
+//! successes), and the request's status records a step *before* the step's destructive action,
+//! so a decision re-derived after a crash at any point continues where the last one stopped.
+//!
+//! The planner reads top to bottom like the flow of the issue:
+//! - [`preflight`]: checks, measuring (Shrink), then `Denied` or accepted with a plan;
+//! - [`stages`]: orphaning the StatefulSet, recreating it, finalizing, rolling back;
+//! - [`member`]: one function per [`MemberStep`] of the member in flight.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use crate::api::conditions;
+use crate::api::{
+    MemberStep, Phase, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
+    StorageMigrationRequestStatus,
+};
+use crate::engine::HealthReport;
+
+pub mod member;
+pub mod preflight;
+pub mod quantity;
+pub mod stages;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
+#[cfg(test)]
+mod tests;
+
+/// Finalizer that lets a deleted, still progressing request roll back before it goes.
+pub const FINALIZER: &str = "storagemigrator.io/finalizer";
+/// Annotation on the request holding a stashed claim (prefix; the claim name follows).
+pub const STASH_CLAIM_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-claim-";
+/// Condition set when the spec changed after acceptance (the accepted spec is kept).
+pub const SPEC_CHANGE_IGNORED: &str = "SpecChangeIgnored";
+
+/// How often a progressing request is looked at again when nothing else wakes it.
+pub const REQUEUE_PROGRESSING: Duration = Duration::from_secs(2);
+/// How often a request waiting on something slow (measure Jobs, binding) is looked at again.
+pub const REQUEUE_WAITING: Duration = Duration::from_secs(2);
+/// A final request is looked at again only to notice a deletion or a spec change.
+pub const REQUEUE_FINAL: Duration = Duration::from_secs(300);
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("invalid quantity {0:?}")]
+    Quantity(String),
+    #[error("invalid timeout {value:?}: {reason}")]
+    Timeout { value: String, reason: String },
+}
+
+/// What the cluster looks like to one reconcile: everything [`decide`] needs, nothing more.
+#[derive(Debug, Clone)]
+pub struct Observed {
+    /// The request, fresh from the API server (spec, status, annotations, deletionTimestamp).
+    pub request: StorageMigrationRequest,
+    pub now: Timestamp,
+    /// The target StatefulSet, if it exists.
+    pub stateful_set: Option<StatefulSet>,
+    /// Manifests stashed on the request (annotations) or in its stash ConfigMap, decoded.
+    pub stash: Stash,
+    /// Whether the stash ConfigMap (`status.stashConfigMap`) exists.
+    pub stash_config_map_exists: bool,
+    /// Pods of the target (by the StatefulSet's selector), by name.
+    pub pods: BTreeMap<String, Pod>,
+    /// Our helper pods (mounters) and Job pods, by name.
+    pub helper_pods: BTreeMap<String, Pod>,
+    /// Claims of the namespace that matter: the members' claims and our temporary claims.
+    pub claims: BTreeMap<String, PersistentVolumeClaim>,
+    /// Volumes bound to those claims, and the ones named in the status.
+    pub volumes: BTreeMap<String, PersistentVolume>,
+    /// Our Jobs, by name, with what their pod reported.
+    pub jobs: BTreeMap<String, ObservedJob>,
+    pub storage_classes: BTreeMap<String, StorageClass>,
+    /// Other requests in the namespace on the same target.
+    pub other_requests: Vec<OtherRequest>,
+    /// The database engine's view, or why it could not be had.
+    pub health: Result<HealthReport, String>,
+    /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
+    pub final_hash: Option<Result<Option<String>, String>>,
+}
+
+/// Manifests stashed before they are deleted.
+#[derive(Debug, Clone, Default)]
+pub struct Stash {
+    pub stateful_set: Option<StatefulSet>,
+    pub pods: BTreeMap<String, Pod>,
+    pub claims: BTreeMap<String, PersistentVolumeClaim>,
+    /// Stash entries that exist but cannot be decoded (key, reason).
+    pub errors: Vec<(String, String)>,
+}
+
+/// A Job we created and how it ended.
+#[derive(Debug, Clone)]
+pub struct ObservedJob {
+    pub job: Job,
+    pub outcome: JobOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum JobOutcome {
+    Running,
+    /// Complete; the termination message of its pod (one-line JSON), when it could be read.
+    Succeeded {
+        message: Option<String>,
+    },
+    /// Failed (backoff limit, deadline, ...): a reason for humans.
+    Failed {
+        reason: String,
+    },
+}
+
+/// Another request on the same target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OtherRequest {
+    pub name: String,
+    pub created: Option<Timestamp>,
+    pub phase: Phase,
+}
+
+/// What one reconcile decided: actions to run in order, and when to look again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    pub actions: Vec<Action>,
+    pub requeue: Duration,
+}
+
+/// Where a stashed manifest goes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StashTarget {
+    /// An annotation on the request (this key).
+    Annotation(String),
+    /// A key of the stash ConfigMap (name, key).
+    ConfigMap { name: String, key: String },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Normal,
+    Warning,
+}
+
+/// An object the operator creates.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Object {
+    Claim(Box<PersistentVolumeClaim>),
+    Pod(Box<Pod>),
+    Job(Box<Job>),
+    StatefulSet(Box<StatefulSet>),
+    ConfigMap(Box<ConfigMap>),
+}
+
+impl Object {
+    pub fn kind(&self) -> Kind {
+        match self {
+            Object::Claim(_) => Kind::Claim,
+            Object::Pod(_) => Kind::Pod,
+            Object::Job(_) => Kind::Job,
+            Object::StatefulSet(_) => Kind::StatefulSet,
+            Object::ConfigMap(_) => Kind::ConfigMap,
+        }
+    }
+    pub fn name(&self) -> String {
+        match self {
+            Object::Claim(o) => o.name_any(),
+            Object::Pod(o) => o.name_any(),
+            Object::Job(o) => o.name_any(),
+            Object::StatefulSet(o) => o.name_any(),
+            Object::ConfigMap(o) => o.name_any(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Claim,
+    Pod,
+    Job,
+    StatefulSet,
+    ConfigMap,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Propagation {
+    Background,
+    Orphan,
+}
+
+/// One idempotent operation. The cluster layer runs a decision's actions in order and stops at
+/// the first error.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Write the request's status (always first when the status changes).
+    SetStatus(Box<StorageMigrationRequestStatus>),
+    AddFinalizer,
+    RemoveFinalizer,
+    Event {
+        type_: EventType,
+        reason: String,
+        message: String,
+    },
+    /// Store an encoded manifest (see `build::stash_encode`).
+    Stash {
+        target: StashTarget,
+        value: String,
+    },
+    /// Create; an existing object of that name is a success.
+    Create(Object),
+    /// Delete; a missing object is a success. `uid` guards against deleting a successor.
+    Delete {
+        kind: Kind,
+        name: String,
+        propagation: Propagation,
+        uid: Option<String>,
+    },
+    PatchReclaimPolicy {
+        volume: String,
+        policy: String,
+    },
+    /// Point the volume's claimRef at namespace/claim (no uid, no resourceVersion).
+    SetClaimRef {
+        volume: String,
+        claim: String,
+    },
+    /// Remove the ownerReferences with these uids from the claim.
+    RemoveOwnerReferences {
+        claim: String,
+        uids: Vec<String>,
+    },
+    /// Set the StatefulSet's persistentVolumeClaimRetentionPolicy (JSON of the policy, `null`
+    /// to remove it).
+    PatchRetentionPolicy {
+        stateful_set: String,
+        policy: String,
+    },
+    /// Hand the database's leadership from one member to another (etcd MoveLeader).
+    TransferLeadership {
+        from: String,
+        to: String,
+    },
+    /// Label an old volume `storagemigrator.io/migrated-by=<request>`.
+    LabelVolume {
+        volume: String,
+    },
+}
+
+impl Decision {
+    pub fn wait(requeue: Duration) -> Self {
+        Self {
+            actions: Vec::new(),
+            requeue,
+        }
+    }
+}
+
+/// The working state of one decision: a copy of the status to change, the actions so far.
+pub(crate) struct Ctx<'a> {
+    pub o: &'a Observed,
+    /// The request with the accepted spec (the spec as accepted, even if it changed since).
+    pub req: StorageMigrationRequest,
+    pub status: StorageMigrationRequestStatus,
+    pub actions: Vec<Action>,
+    pub requeue: Duration,
+    pub now: Time,
+}
+
+/// A reason to stop and roll back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Failure(pub String);
+
+impl<'a> Ctx<'a> {
+    fn new(o: &'a Observed) -> Self {
+        let status = o.request.status.clone().unwrap_or_default();
+        let mut req = o.request.clone();
+        if let Some(spec) = &status.accepted_spec {
+            req.spec = (**spec).clone();
+        }
+        Self {
+            o,
+            req,
+            status,
+            actions: Vec::new(),
+            requeue: REQUEUE_PROGRESSING,
+            now: Time(o.now),
+        }
+    }
+
+    pub fn spec(&self) -> &StorageMigrationRequestSpec {
+        &self.req.spec
+    }
+
+    pub fn name(&self) -> String {
+        self.o.request.name_any()
+    }
+
+    pub fn event(&mut self, type_: EventType, reason: &str, message: impl Into<String>) {
+        self.actions.push(Action::Event {
+            type_,
+            reason: reason.to_string(),
+            message: message.into(),
+        });
+    }
+
+    pub fn act(&mut self, action: Action) {
+        self.actions.push(action);
+    }
+
+    pub fn wait(&mut self, requeue: Duration) {
+        self.requeue = self.requeue.min(requeue);
+    }
+
+    pub fn set_condition(
+        &mut self,
+        type_: &str,
+        status: bool,
+        reason: &str,
+        message: &str,
+    ) -> bool {
+        let generation = self
+            .status
+            .observed_generation
+            .or(self.o.request.metadata.generation);
+        conditions::set(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            generation,
+            &self.now,
+        )
+    }
+
+    /// Seconds left before the request's timeout (at least 1), for Job deadlines.
+    pub fn remaining_seconds(&self) -> i64 {
+        let Some(start) = &self.status.start_time else {
+            return timeout_seconds(&self.spec().timeout).unwrap_or(3600).max(1);
+        };
+        let total = timeout_seconds(&self.spec().timeout).unwrap_or(3600);
+        let elapsed = self.o.now.as_second() - start.0.as_second();
+        (total - elapsed).max(1)
+    }
+
+    fn finish(self) -> Decision {
+        let original = self.o.request.status.clone().unwrap_or_default();
+        let mut actions = Vec::with_capacity(self.actions.len() + 1);
+        if self.status != original {
+            actions.push(Action::SetStatus(Box::new(self.status)));
+        }
+        actions.extend(self.actions);
+        Decision {
+            actions,
+            requeue: self.requeue,
+        }
+    }
+}
+
+/// Parses a friendly duration (`30m`, `1h30m`, `90s`, `PT1H`) into whole seconds (> 0).
+pub fn timeout_seconds(s: &str) -> Result<i64, PlanError> {
+    let err = |reason: String| PlanError::Timeout {
+        value: s.to_string(),
+        reason,
+    };
+    let d: jiff::SignedDuration = s
+        .trim()
+        .parse()
+        .map_err(|e: jiff::Error| err(e.to_string()))?;
+    let secs = d.as_secs();
+    if secs <= 0 {
+        return Err(err("must be positive".to_string()));
+    }
+    Ok(secs)
+}
+
+/// Decides what to do next. Pure.
+pub fn decide(o: &Observed) -> Decision {
+    let mut cx = Ctx::new(o);
+    let deleting = o.request.metadata.deletion_timestamp.is_some();
+    let has_finalizer = o.request.finalizers().iter().any(|f| f == FINALIZER);
+
+    if cx.status.phase.is_final() {
+        if deleting && has_finalizer {
+            cx.act(Action::RemoveFinalizer);
+        }
+        spec_change(&mut cx);
+        cx.requeue = REQUEUE_FINAL;
+        return cx.finish();
+    }
+    if cx.status.stage == Stage::Preflight {
+        if deleting {
+            // Nothing was touched: measure Jobs are owned by the request and go with it.
+            if has_finalizer {
+                cx.act(Action::RemoveFinalizer);
+            }
+            return cx.finish();
+        }
+        preflight::run(&mut cx);
+        return cx.finish();
+    }
+
+    spec_change(&mut cx);
+
+    // Timeout and deletion turn a progressing request into a rollback, until the members are
+    // all done (recreating the StatefulSet and finalizing are then the fastest way out).
+    if matches!(
+        cx.status.stage,
+        Stage::OrphaningStatefulSet | Stage::Migrating
+    ) && cx.status.failure.is_none()
+    {
+        if let Some(reason) = expired(&cx) {
+            start_rollback(&mut cx, Failure(reason));
+            return cx.finish();
+        }
+        if deleting {
+            start_rollback(
+                &mut cx,
+                Failure("the request was deleted while progressing".to_string()),
+            );
+            return cx.finish();
+        }
+    }
+
+    let result = match cx.status.stage {
+        Stage::Preflight => Ok(()),
+        Stage::OrphaningStatefulSet => stages::orphaning(&mut cx),
+        Stage::Migrating => stages::migrating(&mut cx),
+        Stage::RecreatingStatefulSet => stages::recreating_stateful_set(&mut cx),
+        Stage::Finalizing => stages::finalizing(&mut cx),
+        Stage::RollingBack => stages::rolling_back(&mut cx),
+        Stage::Done => {
+            // A final phase is always written with stage Done; a Done stage with a non-final
+            // phase can only come from a hand-edited status: leave it alone.
+            cx.requeue = REQUEUE_FINAL;
+            Ok(())
+        }
+    };
+    if let Err(failure) = result {
+        let mut fresh = Ctx::new(o);
+        spec_change(&mut fresh);
+        start_rollback(&mut fresh, failure);
+        return fresh.finish();
+    }
+    cx.finish()
+}
+
+/// `Some(reason)` once the request's timeout has expired.
+fn expired(cx: &Ctx) -> Option<String> {
+    let start = cx.status.start_time.as_ref()?;
+    let total = timeout_seconds(&cx.spec().timeout).ok()?;
+    let elapsed = cx.o.now.as_second() - start.0.as_second();
+    (elapsed > total).then(|| format!("the request's timeout of {} expired", cx.spec().timeout))
+}
+
+/// Records the failure and moves to RollingBack (status first: the rollback's actions follow on
+/// the next decision).
+pub(crate) fn start_rollback(cx: &mut Ctx, failure: Failure) {
+    let Failure(reason) = failure;
+    cx.actions.clear();
+    cx.status.failure = Some(reason.clone());
+    cx.status.stage = Stage::RollingBack;
+    cx.status.message = Some(format!("rolling back: {reason}"));
+    cx.set_condition(conditions::PROGRESSING, true, "RollingBack", &reason);
+    cx.event(EventType::Warning, "RollingBack", reason);
+    cx.requeue = Duration::ZERO;
+}
+
+/// A spec changed after acceptance is ignored, once said in a condition and an Event.
+fn spec_change(cx: &mut Ctx) {
+    let (Some(accepted), Some(generation)) = (
+        cx.status.observed_generation,
+        cx.o.request.metadata.generation,
+    ) else {
+        return;
+    };
+    if generation <= accepted || cx.status.accepted_spec.is_none() {
+        return;
+    }
+    if cx.o.request.spec == cx.req.spec {
+        return;
+    }
+    let message = format!(
+        "spec changed (generation {generation}) after the request was accepted at generation \
+         {accepted}; the accepted spec is kept. Create a new request for a different migration."
+    );
+    let already = conditions::get(&cx.status.conditions, SPEC_CHANGE_IGNORED)
+        .is_some_and(|c| c.message == message && c.status == "True");
+    if !already {
+        cx.set_condition(SPEC_CHANGE_IGNORED, true, "SpecImmutable", &message);
+        cx.event(EventType::Warning, "SpecChangeIgnored", message);
+    }
+}
+
+/// Whether any member is past `Pending` but not finished.
+pub(crate) fn in_flight(status: &StorageMigrationRequestStatus) -> Option<usize> {
+    status.members.iter().position(|m| {
+        !matches!(
+            m.step,
+            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
+        )
+    })
+}
+
+/// `done/total` for the printer column.
+pub(crate) fn progress(status: &StorageMigrationRequestStatus) -> String {
+    let done = status
+        .members
+        .iter()
+        .filter(|m| m.step == MemberStep::Done)
+        .count();
+    format!("{done}/{}", status.members.len())
+}
+
+// -------------------------------------------------------------------------------------------
+// Small readers of observed objects (pure).
+
+pub(crate) fn is_terminating<K: kube::Resource>(obj: &K) -> bool {
+    obj.meta().deletion_timestamp.is_some()
+}
+
+pub(crate) fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// When the pod last became Ready.
+pub(crate) fn pod_ready_since(pod: &Pod) -> Option<Timestamp> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == "Ready" && c.status == "True")?
+        .last_transition_time
+        .as_ref()
+        .map(|t| t.0)
+}
+
+pub(crate) fn claim_phase(claim: &PersistentVolumeClaim) -> &str {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending")
+}
+
+pub(crate) fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim
+        .spec
+        .as_ref()?
+        .volume_name
+        .as_deref()
+        .filter(|v| !v.is_empty())
+}
+
+pub(crate) fn claim_class(claim: &PersistentVolumeClaim) -> Option<&str> {
+    claim.spec.as_ref()?.storage_class_name.as_deref()
+}
+
+pub(crate) fn claim_request(
+    claim: &PersistentVolumeClaim,
+) -> Option<&k8s_openapi::apimachinery::pkg::api::resource::Quantity> {
+    claim
+        .spec
+        .as_ref()?
+        .resources
+        .as_ref()?
+        .requests
+        .as_ref()?
+        .get("storage")
+}
+
+pub(crate) fn volume_policy(pv: &PersistentVolume) -> String {
+    pv.spec
+        .as_ref()
+        .and_then(|s| s.persistent_volume_reclaim_policy.clone())
+        .unwrap_or_else(|| "Retain".to_string())
+}
+
+pub(crate) fn class_is_wffc(class: &StorageClass) -> bool {
+    class.volume_binding_mode.as_deref() == Some("WaitForFirstConsumer")
+}

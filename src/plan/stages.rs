@@ -1,0 +1,644 @@
+//! The request's stages after acceptance, in the order of the flow: orphaning the StatefulSet,
+//! migrating members (one at a time, see [`super::member`]), recreating the StatefulSet,
+//! finalizing; and rolling back on failure or timeout.
+
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+use serde::Serialize;
+
+use super::member::{self, Mode};
+use super::preflight::choose_template;
+use super::{
+    Action, Ctx, EventType, Failure, Kind, Object, Propagation, REQUEUE_WAITING, StashTarget,
+    claim_class, claim_request, in_flight, is_terminating, progress, volume_policy,
+};
+use crate::api::conditions;
+use crate::api::{MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage};
+use crate::build;
+use crate::engine;
+
+/// The retention policy that cannot delete claims (JSON of the policy object).
+pub const PROTECTED_RETENTION_POLICY: &str = r#"{"whenDeleted":"Retain","whenScaled":"Retain"}"#;
+
+/// A stashed manifest's key.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StashKey {
+    StatefulSet,
+    Pod(String),
+    Claim(String),
+}
+
+impl StashKey {
+    pub fn annotation(&self) -> String {
+        match self {
+            StashKey::StatefulSet => build::STASH_STATEFULSET_ANNOTATION.to_string(),
+            StashKey::Pod(pod) => build::stash_pod_annotation(pod),
+            StashKey::Claim(claim) => format!("{}{claim}", super::STASH_CLAIM_ANNOTATION_PREFIX),
+        }
+    }
+
+    /// The key in the stash ConfigMap: the annotation without its prefix (ConfigMap keys allow
+    /// no `/`).
+    pub fn config_map_key(&self) -> String {
+        build::stash::stash_config_map_key(&self.annotation()).to_string()
+    }
+}
+
+/// Stores `obj` in the stash: on the request while the annotation budget allows, else in the
+/// stash ConfigMap (recorded in the status first).
+pub(crate) fn stash<T: Serialize>(cx: &mut Ctx, key: StashKey, obj: &T) -> Result<(), Failure> {
+    let value = build::stash_encode(obj)
+        .map_err(|e| Failure(format!("cannot stash {}: {e}", key.annotation())))?;
+    let annotation = key.annotation();
+    let name_part = annotation
+        .rsplit_once('/')
+        .map_or(annotation.as_str(), |(_, n)| n);
+    let target = match &cx.status.stash_config_map {
+        Some(cm) => StashTarget::ConfigMap {
+            name: cm.clone(),
+            key: key.config_map_key(),
+        },
+        None => {
+            let current = cx.o.request.annotations();
+            if name_part.len() <= 63
+                && build::stash_fits_in_annotations(current, [(&annotation, &value)])
+            {
+                StashTarget::Annotation(annotation)
+            } else {
+                let cm = build::stash_config_map_name(&cx.name());
+                cx.status.stash_config_map = Some(cm.clone());
+                StashTarget::ConfigMap {
+                    name: cm,
+                    key: key.config_map_key(),
+                }
+            }
+        }
+    };
+    cx.act(Action::Stash { target, value });
+    Ok(())
+}
+
+fn plan(cx: &Ctx) -> Result<Plan, Failure> {
+    cx.status
+        .plan
+        .clone()
+        .ok_or_else(|| Failure("the status has no plan".to_string()))
+}
+
+/// Step 2: stash the StatefulSet, make its retention policy and the claims' ownerReferences
+/// unable to delete a claim, orphan-delete it, wait until it is gone.
+pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
+    let plan = plan(cx)?;
+    let live = cx.o.stateful_set.clone().filter(|s| !is_terminating(s));
+    if cx.o.stash.stateful_set.is_none() {
+        let Some(set) = &live else {
+            return Err(Failure(format!(
+                "StatefulSet {} disappeared before it was stashed",
+                plan.stateful_set
+            )));
+        };
+        return stash(cx, StashKey::StatefulSet, set);
+    }
+    if cx.status.original_retention_policy.is_none() {
+        let from = live.as_ref().or(cx.o.stash.stateful_set.as_ref());
+        cx.status.original_retention_policy = Some(
+            from.map(build::original_retention_policy)
+                .unwrap_or_else(|| "null".into()),
+        );
+        return Ok(());
+    }
+    if let Some(set) = &live
+        && build::retention_needs_protection(set)
+    {
+        cx.act(Action::PatchRetentionPolicy {
+            stateful_set: set.name_any(),
+            policy: PROTECTED_RETENTION_POLICY.to_string(),
+        });
+    }
+    for m in &plan.members {
+        protect_claim(cx, m);
+    }
+    if !cx.actions.is_empty() {
+        return Ok(());
+    }
+    match &cx.o.stateful_set {
+        Some(set) if !is_terminating(set) => {
+            cx.event(
+                EventType::Normal,
+                "OrphaningStatefulSet",
+                format!(
+                    "deleting StatefulSet {} with propagationPolicy Orphan; its pods keep running",
+                    plan.stateful_set
+                ),
+            );
+            cx.act(Action::Delete {
+                kind: Kind::StatefulSet,
+                name: set.name_any(),
+                propagation: Propagation::Orphan,
+                uid: set.uid(),
+            });
+            cx.wait(Duration::from_secs(1));
+        }
+        Some(_) => cx.wait(Duration::from_secs(1)),
+        None => {
+            cx.status.stage = Stage::Migrating;
+            cx.set_condition(
+                conditions::PROGRESSING,
+                true,
+                "Migrating",
+                &format!("migrating members {}", progress(&cx.status)),
+            );
+            cx.event(
+                EventType::Normal,
+                "StatefulSetOrphaned",
+                format!(
+                    "StatefulSet {} is gone; its pods keep running unmanaged until it is recreated",
+                    plan.stateful_set
+                ),
+            );
+            cx.requeue = Duration::ZERO;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the ownerReferences through which the StatefulSet (retention policy) or the member's
+/// pod could garbage-collect the member's claim.
+fn protect_claim(cx: &mut Ctx, m: &PlannedMember) {
+    let Some(claim) = cx.o.claims.get(&m.claim) else {
+        return;
+    };
+    let uids: Vec<String> = claim
+        .owner_references()
+        .iter()
+        .filter(|r| build::is_statefulset_or_pod_ref(r))
+        .map(|r| r.uid.clone())
+        .collect();
+    if !uids.is_empty() {
+        cx.act(Action::RemoveOwnerReferences {
+            claim: m.claim.clone(),
+            uids,
+        });
+    }
+}
+
+/// Step 3: one member at a time, the member in flight first, then the engine's choice.
+pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
+    if let Some(i) = in_flight(&cx.status) {
+        return member::step(cx, i, Mode::Forward);
+    }
+    let remaining: Vec<String> = cx
+        .status
+        .members
+        .iter()
+        .filter(|m| m.step == MemberStep::Pending)
+        .map(|m| m.pod.clone())
+        .collect();
+    if remaining.is_empty() {
+        cx.status.stage = Stage::RecreatingStatefulSet;
+        cx.set_condition(
+            conditions::PROGRESSING,
+            true,
+            "RecreatingStatefulSet",
+            "every member is migrated; recreating the StatefulSet",
+        );
+        cx.requeue = Duration::ZERO;
+        return Ok(());
+    }
+    let next = match &cx.o.health {
+        Ok(report) => engine::next_member(report, &remaining),
+        Err(_) => None,
+    }
+    .filter(|p| remaining.contains(p))
+    .unwrap_or_else(|| remaining[0].clone());
+    // status.members is the order actually used: move the next member before the pending ones.
+    let Some(from) = cx.status.members.iter().position(|m| m.pod == next) else {
+        return Ok(());
+    };
+    let mut ms = cx.status.members.remove(from);
+    let to = cx
+        .status
+        .members
+        .iter()
+        .position(|m| m.step == MemberStep::Pending)
+        .unwrap_or(cx.status.members.len());
+    ms.step = MemberStep::CreatingClaim;
+    ms.started = Some(cx.now.clone());
+    cx.status.members.insert(to, ms);
+    let n = cx.status.members.len();
+    let message = format!("migrating member {next} ({}/{n})", to + 1);
+    cx.set_condition(conditions::PROGRESSING, true, "Migrating", &message);
+    cx.status.message = Some(message.clone());
+    cx.event(EventType::Normal, "MemberStarted", message);
+    cx.requeue = Duration::ZERO;
+    Ok(())
+}
+
+/// The class and size the recreated StatefulSet's template gets: the target when every member
+/// is migrated, else the original template's.
+fn template_fit(cx: &Ctx, plan: &Plan, stashed: &StatefulSet) -> (String, Quantity) {
+    let all_done = cx.status.members.iter().all(|m| m.step == MemberStep::Done);
+    if all_done {
+        return (plan.target_storage_class.clone(), plan.target_size.clone());
+    }
+    let original = choose_template(stashed, Some(&plan.volume_claim_template)).ok();
+    let class = original
+        .as_ref()
+        .and_then(|t| claim_class(t).map(str::to_string))
+        .or_else(|| plan.source_storage_class.clone())
+        .unwrap_or_default();
+    let size = original
+        .as_ref()
+        .and_then(|t| claim_request(t).cloned())
+        .unwrap_or_else(|| plan.target_size.clone());
+    (class, size)
+}
+
+fn recreate_stateful_set(cx: &mut Ctx, plan: &Plan, stashed: &StatefulSet) -> Result<(), Failure> {
+    let (class, size) = template_fit(cx, plan, stashed);
+    let retention = match cx.status.original_retention_policy.as_deref() {
+        Some(json) => build::parse_retention_policy(json)
+            .map_err(|e| Failure(format!("cannot restore the retention policy: {e}")))?,
+        None => stashed
+            .spec
+            .as_ref()
+            .and_then(|s| s.persistent_volume_claim_retention_policy.clone()),
+    };
+    let set = build::recreated_statefulset(
+        stashed,
+        &plan.volume_claim_template,
+        &class,
+        &size,
+        retention,
+    );
+    cx.event(
+        EventType::Normal,
+        "StatefulSetRecreated",
+        format!(
+            "recreating StatefulSet {} with template {} on StorageClass {class} ({}); it adopts the running pods",
+            plan.stateful_set, plan.volume_claim_template, size.0
+        ),
+    );
+    cx.act(Action::Create(Object::StatefulSet(Box::new(set))));
+    Ok(())
+}
+
+/// Step 4a: recreate the StatefulSet from the stash with the new template; wait until it has
+/// adopted its pods.
+pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
+    let plan = plan(cx)?;
+    match cx.o.stateful_set.clone() {
+        None => {
+            let Some(stashed) = cx.o.stash.stateful_set.clone() else {
+                stuck(
+                    cx,
+                    "the stashed StatefulSet is missing: it cannot be recreated",
+                );
+                return Ok(());
+            };
+            recreate_stateful_set(cx, &plan, &stashed)?;
+            cx.wait(Duration::from_secs(1));
+        }
+        Some(set) if is_terminating(&set) => cx.wait(Duration::from_secs(1)),
+        Some(set) => {
+            if adopted(&set) {
+                cx.status.stage = Stage::Finalizing;
+                cx.set_condition(
+                    conditions::PROGRESSING,
+                    true,
+                    "Finalizing",
+                    "StatefulSet recreated; applying the old-volume policy and cleaning up",
+                );
+                cx.requeue = Duration::ZERO;
+            } else {
+                cx.wait(Duration::from_secs(1));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The recreated set has seen its spec and owns as many pods as it wants.
+fn adopted(set: &StatefulSet) -> bool {
+    let want = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let Some(status) = &set.status else {
+        return false;
+    };
+    status.observed_generation.unwrap_or(0) >= set.metadata.generation.unwrap_or(0)
+        && status.replicas >= want
+}
+
+/// Deletes what the request created and no longer needs: Jobs, mounter pods, temporary claims,
+/// the stash ConfigMap. Returns true when something is still there.
+fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
+    let mut pending = false;
+    for (name, job) in &cx.o.jobs {
+        pending = true;
+        if !is_terminating(&job.job) {
+            cx.actions.push(Action::Delete {
+                kind: Kind::Job,
+                name: name.clone(),
+                propagation: Propagation::Background,
+                uid: job.job.uid(),
+            });
+        }
+    }
+    for m in &plan.members {
+        let mounter = build::mounter_name(&cx.name(), &m.pod);
+        if let Some(pod) = cx.o.helper_pods.get(&mounter) {
+            pending = true;
+            if !is_terminating(pod) {
+                cx.actions.push(Action::Delete {
+                    kind: Kind::Pod,
+                    name: mounter,
+                    propagation: Propagation::Background,
+                    uid: pod.uid(),
+                });
+            }
+        }
+        if let Some(claim) = cx.o.claims.get(&m.temp_claim) {
+            pending = true;
+            if !is_terminating(claim) {
+                cx.actions.push(Action::Delete {
+                    kind: Kind::Claim,
+                    name: m.temp_claim.clone(),
+                    propagation: Propagation::Background,
+                    uid: claim.uid(),
+                });
+            }
+        }
+    }
+    if let Some(cm) = &cx.status.stash_config_map
+        && cx.o.stash_config_map_exists
+    {
+        cx.actions.push(Action::Delete {
+            kind: Kind::ConfigMap,
+            name: cm.clone(),
+            propagation: Propagation::Background,
+            uid: None,
+        });
+    }
+    pending
+}
+
+/// Step 4b: old-volume policy, labels, cleanup, `Successful`.
+pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
+    let plan = plan(cx)?;
+    let req_name = cx.name();
+    let explicit = cx.spec().old_pv_reclaim_policy;
+    for ms in cx.status.members.clone() {
+        if ms.step != MemberStep::Done {
+            continue;
+        }
+        let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
+            continue;
+        };
+        if let Some(old) = cx.o.volumes.get(&m.old_volume) {
+            if old.labels().get(build::MIGRATED_BY_LABEL) != Some(&req_name) {
+                cx.act(Action::LabelVolume {
+                    volume: m.old_volume.clone(),
+                });
+            }
+            let desired = match explicit {
+                Some(OldPvReclaimPolicy::Retain) => "Retain".to_string(),
+                Some(OldPvReclaimPolicy::Delete) => "Delete".to_string(),
+                None => ms
+                    .old_volume_original_policy
+                    .clone()
+                    .unwrap_or_else(|| "Retain".to_string()),
+            };
+            if volume_policy(old) != desired && !is_terminating(old) {
+                cx.act(Action::PatchReclaimPolicy {
+                    volume: m.old_volume.clone(),
+                    policy: desired,
+                });
+            }
+        }
+        restore_new_volume_policy(cx, &ms);
+    }
+    let pending = clean_up(cx, &plan);
+    if !cx.actions.is_empty() || pending {
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+    let mut hash_note = String::new();
+    match &cx.o.final_hash {
+        Some(Ok(Some(hash))) => {
+            cx.status.final_hash = Some(hash.clone());
+            hash_note = format!("; every member's hash_kv is {hash}");
+        }
+        Some(Ok(None)) | None => {}
+        Some(Err(e)) => {
+            cx.event(
+                EventType::Warning,
+                "FinalCheckFailed",
+                format!("the final consistency check failed: {e}"),
+            );
+            hash_note = format!("; final consistency check failed: {e}");
+        }
+    }
+    let downtimes: Vec<String> = cx
+        .status
+        .members
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {}",
+                m.pod,
+                m.downtime_seconds
+                    .map(|d| format!("{d:.1}s"))
+                    .unwrap_or_else(|| "?".into())
+            )
+        })
+        .collect();
+    let message = format!(
+        "migrated {} members of StatefulSet {} to StorageClass {} ({}); downtime: {}{hash_note}",
+        plan.members.len(),
+        plan.stateful_set,
+        plan.target_storage_class,
+        plan.target_size.0,
+        downtimes.join(", ")
+    );
+    cx.status.phase = Phase::Successful;
+    cx.status.stage = Stage::Done;
+    cx.status.completion_time = Some(cx.now.clone());
+    cx.status.progress = Some(progress(&cx.status));
+    cx.status.message = Some(message.clone());
+    cx.set_condition(conditions::READY, true, "Successful", &message);
+    cx.set_condition(conditions::PROGRESSING, false, "Done", "migration finished");
+    cx.event(EventType::Normal, "Successful", message);
+    if cx
+        .o
+        .request
+        .finalizers()
+        .iter()
+        .any(|f| f == super::FINALIZER)
+    {
+        cx.act(Action::RemoveFinalizer);
+    }
+    cx.requeue = super::REQUEUE_FINAL;
+    Ok(())
+}
+
+/// The new volume was set to Retain for the swap; it is now the member's live volume and gets
+/// back the policy its class gave it.
+fn restore_new_volume_policy(cx: &mut Ctx, ms: &crate::api::MemberStatus) {
+    let (Some(name), Some(original)) = (&ms.new_volume, &ms.new_volume_original_policy) else {
+        return;
+    };
+    if let Some(pv) = cx.o.volumes.get(name)
+        && volume_policy(pv) != *original
+        && !is_terminating(pv)
+    {
+        cx.act(Action::PatchReclaimPolicy {
+            volume: name.clone(),
+            policy: original.clone(),
+        });
+    }
+}
+
+/// Failure or timeout: the member in flight before its swap is undone, a member whose swap began
+/// is carried forward; then the StatefulSet is recreated with a template that fits; `Failed`.
+pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
+    let plan = plan(cx)?;
+    for i in 0..cx.status.members.len() {
+        let step = cx.status.members[i].step;
+        match step {
+            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => continue,
+            s if s.swap_begun() => {
+                if let Err(Failure(reason)) = member::step(cx, i, Mode::Rollback) {
+                    stuck(cx, &reason);
+                }
+                return Ok(());
+            }
+            _ => {
+                member::undo(cx, i);
+                return Ok(());
+            }
+        }
+    }
+
+    // The StatefulSet: restore the original when it was never deleted, else recreate it.
+    match cx.o.stateful_set.clone() {
+        Some(set) if is_terminating(&set) => {
+            cx.wait(Duration::from_secs(1));
+            return Ok(());
+        }
+        Some(set) => {
+            if cx.o.stash.stateful_set.is_some()
+                && let Some(original) = cx.status.original_retention_policy.clone()
+                && build::original_retention_policy(&set) != original
+                && set.uid() == cx.o.stash.stateful_set.as_ref().and_then(|s| s.uid())
+            {
+                cx.act(Action::PatchRetentionPolicy {
+                    stateful_set: set.name_any(),
+                    policy: original,
+                });
+                return Ok(());
+            }
+        }
+        None => {
+            if let Some(stashed) = cx.o.stash.stateful_set.clone() {
+                recreate_stateful_set(cx, &plan, &stashed)?;
+                cx.wait(Duration::from_secs(1));
+                return Ok(());
+            }
+        }
+    }
+
+    // Migrated members keep their new volume: its policy goes back to the class's.
+    let req_name = cx.name();
+    for ms in cx.status.members.clone() {
+        if ms.step != MemberStep::Done {
+            continue;
+        }
+        restore_new_volume_policy(cx, &ms);
+        if let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod)
+            && let Some(old) = cx.o.volumes.get(&m.old_volume)
+            && old.labels().get(build::MIGRATED_BY_LABEL) != Some(&req_name)
+        {
+            cx.act(Action::LabelVolume {
+                volume: m.old_volume.clone(),
+            });
+        }
+    }
+    let pending = clean_up(cx, &plan);
+    if !cx.actions.is_empty() || pending {
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+
+    let failure = cx
+        .status
+        .failure
+        .clone()
+        .unwrap_or_else(|| "unknown failure".to_string());
+    let locations = data_locations(cx, &plan);
+    let message = format!("failed: {failure}. Data: {locations}");
+    cx.status.phase = Phase::Failed;
+    cx.status.stage = Stage::Done;
+    cx.status.completion_time = Some(cx.now.clone());
+    cx.status.progress = Some(progress(&cx.status));
+    cx.status.message = Some(message.clone());
+    cx.set_condition(conditions::FAILED, true, "RolledBack", &message);
+    cx.set_condition(conditions::READY, false, "Failed", &message);
+    cx.set_condition(
+        conditions::PROGRESSING,
+        false,
+        "RolledBack",
+        "rollback finished",
+    );
+    cx.event(EventType::Warning, "Failed", message);
+    if cx
+        .o
+        .request
+        .finalizers()
+        .iter()
+        .any(|f| f == super::FINALIZER)
+    {
+        cx.act(Action::RemoveFinalizer);
+    }
+    cx.requeue = super::REQUEUE_FINAL;
+    Ok(())
+}
+
+/// For each member: which claim, volume and class hold its data now.
+fn data_locations(cx: &Ctx, plan: &Plan) -> String {
+    let source = plan.source_storage_class.clone().unwrap_or_default();
+    cx.status
+        .members
+        .iter()
+        .filter_map(|ms| {
+            let m = plan.members.iter().find(|m| m.pod == ms.pod)?;
+            Some(if ms.step == MemberStep::Done {
+                format!(
+                    "{} on claim {} -> new volume {} ({}; old volume {} kept, Retain)",
+                    m.pod,
+                    m.claim,
+                    ms.new_volume.as_deref().unwrap_or("?"),
+                    plan.target_storage_class,
+                    m.old_volume
+                )
+            } else {
+                format!(
+                    "{} on claim {} -> original volume {} ({source}, untouched)",
+                    m.pod, m.claim, m.old_volume
+                )
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Something is broken in a way the operator cannot fix by itself: say so and keep looking.
+pub(crate) fn stuck(cx: &mut Ctx, reason: &str) {
+    let message = format!("stuck: {reason}");
+    if cx.status.message.as_deref() != Some(message.as_str()) {
+        cx.status.message = Some(message.clone());
+        cx.event(EventType::Warning, "Stuck", message);
+    }
+    cx.wait(REQUEUE_WAITING);
+}

@@ -1,0 +1,913 @@
+//! Planner tests: table-driven denials, first actions of each stage and step, whole runs on the
+//! simulated cluster (success, crash at every point, failure before/after the swap, timeout,
+//! deletion, spec change), and the paths the 1.20 test cluster cannot show (retention policy).
+
+use k8s_openapi::api::apps::v1::StatefulSetPersistentVolumeClaimRetentionPolicy;
+use k8s_openapi::api::core::v1::PodCondition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::ResourceExt;
+
+use super::fixtures::*;
+use super::*;
+use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
+use crate::build::{self, JobKind};
+
+fn first_status(d: &Decision) -> &StorageMigrationRequestStatus {
+    match d.actions.first() {
+        Some(Action::SetStatus(s)) => s,
+        other => panic!("expected SetStatus first, got {other:?}"),
+    }
+}
+
+fn denial_reason(d: &Decision) -> (String, String) {
+    let s = first_status(d);
+    assert_eq!(s.phase, Phase::Denied, "{s:?}");
+    let c = conditions::get(&s.conditions, conditions::ACCEPTED).unwrap();
+    assert_eq!(c.status, "False");
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Event { reason, .. } if reason == "Denied"))
+    );
+    (c.reason.clone(), c.message.clone())
+}
+
+fn not_ready(o: &mut Observed, pod: &str) {
+    let p = o.pods.get_mut(pod).unwrap();
+    p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+        type_: "Ready".into(),
+        status: "False".into(),
+        ..Default::default()
+    }]);
+    o.health = Ok(generic_report(&o.pods));
+}
+
+#[test]
+fn denials_name_the_problem() {
+    type Tweak = fn(&mut Observed);
+    let cases: Vec<(&str, Tweak, &str, &str)> = vec![
+        (
+            "type without its block",
+            |o| o.request.spec.storage_class_change = None,
+            "InvalidSpec",
+            "storageClassName",
+        ),
+        (
+            "both blocks",
+            |o| o.request.spec.shrink = spec_shrink("1Mi").shrink,
+            "InvalidSpec",
+            "spec.shrink",
+        ),
+        (
+            "bad timeout",
+            |o| o.request.spec.timeout = "soon".into(),
+            "InvalidSpec",
+            "spec.timeout",
+        ),
+        (
+            "bad size",
+            |o| o.request.spec = spec_shrink("small"),
+            "InvalidSpec",
+            "small",
+        ),
+        (
+            "no target",
+            |o| o.stateful_set = None,
+            "TargetNotFound",
+            "etcd",
+        ),
+        (
+            "unknown template",
+            |o| o.request.spec.volume_claim_template = Some("logs".into()),
+            "TemplateNotFound",
+            "logs",
+        ),
+        (
+            "two templates",
+            |o| {
+                let spec = o.stateful_set.as_mut().unwrap().spec.as_mut().unwrap();
+                let mut logs = claim_template("standard", "1Gi");
+                logs.metadata.name = Some("logs".into());
+                spec.volume_claim_templates.as_mut().unwrap().push(logs);
+            },
+            "TemplateRequired",
+            "data, logs",
+        ),
+        (
+            "block volume",
+            |o| {
+                let spec = o.stateful_set.as_mut().unwrap().spec.as_mut().unwrap();
+                spec.volume_claim_templates.as_mut().unwrap()[0]
+                    .spec
+                    .as_mut()
+                    .unwrap()
+                    .volume_mode = Some("Block".into());
+            },
+            "UnsupportedVolumeMode",
+            "Block",
+        ),
+        (
+            "unknown class",
+            |o| o.request.spec = spec_class_change("gold"),
+            "StorageClassNotFound",
+            "gold",
+        ),
+        (
+            "same class",
+            |o| o.request.spec = spec_class_change("standard"),
+            "SameStorageClass",
+            "standard",
+        ),
+        (
+            "WFFC source, Immediate target",
+            |o| {
+                for c in o.claims.values_mut() {
+                    c.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
+                }
+                o.request.spec = spec_class_change("slow");
+            },
+            "BindingModeMismatch",
+            "fast",
+        ),
+        (
+            "not smaller",
+            |o| o.request.spec = spec_shrink("1Gi"),
+            "NotSmaller",
+            "data-etcd-0",
+        ),
+        (
+            "older request running",
+            |o| {
+                o.other_requests.push(OtherRequest {
+                    name: "first".into(),
+                    created: Some(t(-100)),
+                    phase: Phase::Pending,
+                })
+            },
+            "ConcurrentRequest",
+            "first",
+        ),
+        (
+            "newer request already progressing",
+            |o| {
+                o.other_requests.push(OtherRequest {
+                    name: "later".into(),
+                    created: Some(t(100)),
+                    phase: Phase::Progressing,
+                })
+            },
+            "ConcurrentRequest",
+            "later",
+        ),
+        (
+            "member pod missing",
+            |o| {
+                o.pods.remove("etcd-1");
+            },
+            "MemberMissing",
+            "etcd-1",
+        ),
+        (
+            "claim not bound",
+            |o| {
+                o.claims
+                    .get_mut("data-etcd-2")
+                    .unwrap()
+                    .status
+                    .as_mut()
+                    .unwrap()
+                    .phase = Some("Pending".into())
+            },
+            "ClaimNotBound",
+            "data-etcd-2",
+        ),
+        (
+            "member not ready",
+            |o| not_ready(o, "etcd-2"),
+            "NotHealthy",
+            "etcd-2",
+        ),
+        (
+            "health unreadable",
+            |o| o.health = Err("connection refused".into()),
+            "NotHealthy",
+            "connection refused",
+        ),
+    ];
+    for (name, tweak, reason, needle) in cases {
+        let mut o = observed(spec_class_change("fast"));
+        tweak(&mut o);
+        let d = decide(&o);
+        let (got, message) = denial_reason(&d);
+        assert_eq!(got, reason, "{name}: {message}");
+        assert!(
+            message.contains(needle),
+            "{name}: {message:?} lacks {needle:?}"
+        );
+        // Nothing touched: only status, events, and measure-Job cleanup.
+        assert!(
+            d.actions.iter().all(|a| matches!(
+                a,
+                Action::SetStatus(_)
+                    | Action::Event { .. }
+                    | Action::Delete {
+                        kind: Kind::Job,
+                        ..
+                    }
+            )),
+            "{name}: {:?}",
+            d.actions
+        );
+    }
+}
+
+#[test]
+fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
+    let mut o = observed(spec_class_change("fast"));
+    o.request.spec.apply = ApplyPolicy::Always;
+    not_ready(&mut o, "etcd-2");
+    let d = decide(&o);
+    assert_eq!(first_status(&d).phase, Phase::Progressing);
+    let mut sim = Sim::new(o);
+    sim.run(40);
+    // etcd-0 is the first member; the gate waits for etcd-2 to be healthy.
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::GatingStop);
+    assert!(sim.reasons().contains(&"WaitingForHealth"));
+    let cond = conditions::get(
+        &sim.o.request.status.as_ref().unwrap().conditions,
+        conditions::HEALTH_GATE,
+    )
+    .unwrap();
+    assert_eq!(cond.status, "False");
+    assert!(cond.message.contains("etcd-2"), "{}", cond.message);
+}
+
+#[test]
+fn accept_records_the_plan_before_anything() {
+    let o = observed(spec_class_change("fast"));
+    let d = decide(&o);
+    let s = first_status(&d);
+    assert_eq!(s.phase, Phase::Progressing);
+    assert_eq!(s.stage, Stage::OrphaningStatefulSet);
+    assert_eq!(s.observed_generation, Some(1));
+    assert_eq!(s.accepted_spec.as_deref(), Some(&o.request.spec));
+    assert_eq!(s.progress.as_deref(), Some("0/3"));
+    let plan = s.plan.as_ref().unwrap();
+    assert_eq!(plan.target_storage_class, "fast");
+    assert_eq!(plan.source_storage_class.as_deref(), Some("standard"));
+    assert_eq!(plan.target_size.0, "1Gi");
+    let m = &plan.members[1];
+    assert_eq!(
+        (
+            m.pod.as_str(),
+            m.node.as_str(),
+            m.claim.as_str(),
+            m.old_volume.as_str()
+        ),
+        ("etcd-1", "node-b", "data-etcd-1", "pv-old-1")
+    );
+    assert_eq!(m.temp_claim, build::temp_claim_name(REQ, "data-etcd-1"));
+    assert_eq!(m.new_size.0, "1Gi");
+    assert!(d.actions.contains(&Action::AddFinalizer));
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Delete { .. } | Action::Create(_)))
+    );
+}
+
+#[test]
+fn storage_class_change_runs_to_success() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    let rounds = sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(
+        s.phase,
+        Phase::Successful,
+        "{:?} after {rounds}: {:?}",
+        s.message,
+        s
+    );
+    assert_eq!(s.progress.as_deref(), Some("3/3"));
+    assert!(sim.o.request.finalizers().is_empty());
+    for i in 0..3 {
+        let claim = &sim.o.claims[&format!("data-etcd-{i}")];
+        assert_eq!(claim_class(claim), Some("fast"));
+        let v = claim_volume(claim).unwrap();
+        assert!(v.starts_with("pv-new-"), "{v}");
+        // The new volume is on the member's node and back to its class's policy.
+        let pv = &sim.o.volumes[v];
+        assert_eq!(volume_policy(pv), "Delete");
+        let old = &sim.o.volumes[&format!("pv-old-{i}")];
+        assert_eq!(old.labels()[build::MIGRATED_BY_LABEL], REQ);
+        assert_eq!(volume_policy(old), "Delete", "original policy restored");
+        assert!(sim.o.pods.contains_key(&format!("etcd-{i}")));
+        let ms = &s
+            .members
+            .iter()
+            .find(|m| m.pod == format!("etcd-{i}"))
+            .unwrap();
+        assert_eq!(ms.step, MemberStep::Done);
+        assert!(ms.downtime_seconds.is_some());
+        assert_eq!(ms.bytes_copied, Some(1 << 20));
+    }
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    let tpl = &set
+        .spec
+        .as_ref()
+        .unwrap()
+        .volume_claim_templates
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(claim_class(tpl), Some("fast"));
+    // Nothing of ours is left.
+    assert!(sim.o.jobs.is_empty());
+    assert!(sim.o.helper_pods.is_empty());
+    assert_eq!(sim.o.claims.len(), 3);
+    // One event per step, in the flow's order.
+    let reasons = sim.reasons();
+    for want in [
+        "Accepted",
+        "OrphaningStatefulSet",
+        "StatefulSetOrphaned",
+        "MemberStarted",
+        "ClaimCreated",
+        "PreCopied",
+        "PodStopped",
+        "Copied",
+        "Verified",
+        "ClaimSwapped",
+        "MemberMigrated",
+        "StatefulSetRecreated",
+        "Successful",
+    ] {
+        assert!(reasons.contains(&want), "no {want} event in {reasons:?}");
+    }
+}
+
+#[test]
+fn shrink_measures_then_runs_to_success() {
+    let mut sim = Sim::new(observed(spec_shrink("256Mi")));
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    let plan = s.plan.unwrap();
+    assert!(plan.members.iter().all(|m| m.used_bytes == Some(100 << 20)));
+    for i in 0..3 {
+        let claim = &sim.o.claims[&format!("data-etcd-{i}")];
+        assert_eq!(claim_class(claim), Some("standard"));
+        assert_eq!(claim_request(claim).unwrap().0, "256Mi");
+        // Immediate class: the new volume was asked for on the member's node.
+        let pv = &sim.o.volumes[claim_volume(claim).unwrap()];
+        assert!(member::volume_reachable_from(pv, NODES[i]));
+    }
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    let tpl = &set
+        .spec
+        .as_ref()
+        .unwrap()
+        .volume_claim_templates
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(claim_request(tpl).unwrap().0, "256Mi");
+}
+
+#[test]
+fn shrink_below_used_bytes_is_denied_and_nothing_changes() {
+    let o = observed(spec_shrink("256Mi"));
+    let before_claims = o.claims.clone();
+    let mut sim = Sim::new(o);
+    sim.jobs.used_bytes = 250 << 20;
+    sim.run(20);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Denied);
+    let c = conditions::get(&s.conditions, conditions::ACCEPTED).unwrap();
+    assert_eq!(c.reason, "InsufficientSize");
+    assert!(c.message.contains("250Mi"), "{}", c.message);
+    assert_eq!(sim.o.claims, before_claims);
+    assert!(sim.o.stateful_set.is_some());
+    assert!(sim.o.jobs.is_empty(), "measure Jobs cleaned up");
+    assert!(
+        !sim.log
+            .iter()
+            .any(|a| matches!(a, Action::Delete { kind, .. } if *kind != Kind::Job))
+    );
+}
+
+#[test]
+fn measure_failure_denies() {
+    let mut sim = Sim::new(observed(spec_shrink("256Mi")));
+    sim.jobs.fail = vec!["measure".into()];
+    sim.run(20);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Denied);
+    assert_eq!(
+        conditions::get(&s.conditions, conditions::ACCEPTED)
+            .unwrap()
+            .reason,
+        "MeasureFailed"
+    );
+}
+
+/// The operator dies in the middle of every decision (after each prefix of its actions) and
+/// the next one carries on: always Successful, same end state.
+#[test]
+fn crash_at_any_point_resumes_to_the_same_end() {
+    let mut reference = Sim::new(observed(spec_class_change("fast")));
+    let rounds = reference.run(400);
+    assert_eq!(reference.phase(), Phase::Successful);
+    let end = |sim: &Sim| {
+        let mut v: Vec<(String, Option<String>, Option<String>)> = sim
+            .o
+            .claims
+            .values()
+            .map(|c| {
+                (
+                    c.name_any(),
+                    claim_class(c).map(str::to_string),
+                    claim_request(c).map(|q| q.0.clone()),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    for crash_at in 0..rounds {
+        let d_len = {
+            let mut probe = Sim::new(observed(spec_class_change("fast")));
+            probe.run(crash_at);
+            decide(&probe.o).actions.len()
+        };
+        for keep in 0..d_len {
+            let mut sim = Sim::new(observed(spec_class_change("fast")));
+            sim.run_with_crash(500, crash_at, keep);
+            assert_eq!(
+                sim.phase(),
+                Phase::Successful,
+                "crash at round {crash_at} after {keep} actions: {:?}",
+                sim.o
+                    .request
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.message.clone())
+            );
+            assert_eq!(end(&sim), end(&reference), "crash at {crash_at}/{keep}");
+            assert_eq!(sim.o.pods.len(), 3);
+        }
+    }
+}
+
+#[test]
+fn failed_copy_rolls_back_the_member_and_restores_the_set() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.fail = vec!["copy".into()];
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    assert!(
+        s.failure
+            .as_deref()
+            .unwrap()
+            .contains("copy of claim data-etcd-0")
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+    assert_eq!(sim.step_of("etcd-1"), MemberStep::Pending);
+    for i in 0..3 {
+        let claim = &sim.o.claims[&format!("data-etcd-{i}")];
+        assert_eq!(claim_volume(claim), Some(format!("pv-old-{i}").as_str()));
+        assert_eq!(
+            claim.metadata.uid.as_deref(),
+            Some(format!("uid-data-etcd-{i}").as_str())
+        );
+        assert!(sim.o.pods.contains_key(&format!("etcd-{i}")));
+    }
+    assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
+    assert!(sim.o.jobs.is_empty() && sim.o.helper_pods.is_empty());
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    let tpl = &set
+        .spec
+        .as_ref()
+        .unwrap()
+        .volume_claim_templates
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(claim_class(tpl), Some("standard"), "original template");
+    let message = s.message.unwrap();
+    assert!(
+        message.contains("etcd-0 on claim data-etcd-0 -> original volume pv-old-0"),
+        "{message}"
+    );
+    assert!(sim.reasons().contains(&"RollingBack"));
+    assert!(sim.reasons().contains(&"MemberRolledBack"));
+    assert!(sim.o.request.finalizers().is_empty());
+}
+
+#[test]
+fn verify_differences_fail_before_the_swap() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.differences = 2;
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed);
+    assert!(s.failure.unwrap().contains("2 differences"));
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+    assert_eq!(claim_volume(&sim.o.claims["data-etcd-0"]), Some("pv-old-0"));
+}
+
+#[test]
+fn timeout_after_the_swap_began_carries_the_member_forward() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    // Run until etcd-1 (second member) has begun its swap, then jump past the timeout.
+    for _ in 0..400 {
+        if sim.step_of("etcd-1") == MemberStep::DeletingOldClaim {
+            break;
+        }
+        let d = decide(&sim.o);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert_eq!(sim.step_of("etcd-1"), MemberStep::DeletingOldClaim);
+    sim.o.now = t(10 + 31 * 60);
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    assert!(s.failure.unwrap().contains("timeout of 30m expired"));
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::Done);
+    assert_eq!(sim.step_of("etcd-1"), MemberStep::Done, "carried forward");
+    assert_eq!(sim.step_of("etcd-2"), MemberStep::Pending);
+    assert_eq!(claim_class(&sim.o.claims["data-etcd-1"]), Some("fast"));
+    assert_eq!(claim_volume(&sim.o.claims["data-etcd-2"]), Some("pv-old-2"));
+    // Old volumes of migrated members stay Retain on failure; nobody's data is deleted.
+    assert_eq!(volume_policy(&sim.o.volumes["pv-old-0"]), "Retain");
+    assert_eq!(volume_policy(&sim.o.volumes["pv-old-1"]), "Retain");
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    let tpl = &set
+        .spec
+        .as_ref()
+        .unwrap()
+        .volume_claim_templates
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(claim_class(tpl), Some("standard"), "not every member moved");
+    assert_eq!(sim.o.pods.len(), 3);
+}
+
+#[test]
+fn timeout_while_jobs_hang_rolls_back() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.hang = true;
+    sim.run(60);
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::PreCopying);
+    sim.o.now = t(10 + 31 * 60);
+    sim.jobs.hang = false;
+    sim.jobs.fail = vec!["precopy".into()];
+    sim.run(200);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed);
+    assert!(s.failure.unwrap().contains("timeout"));
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+    assert!(sim.o.jobs.is_empty());
+    assert_eq!(sim.o.claims.len(), 3);
+}
+
+#[test]
+fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    for _ in 0..400 {
+        if sim.step_of("etcd-0") == MemberStep::Copying {
+            break;
+        }
+        let d = decide(&sim.o);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    sim.o.request.metadata.deletion_timestamp = Some(Time(sim.o.now));
+    sim.run(200);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed);
+    assert!(s.failure.unwrap().contains("deleted"));
+    assert!(sim.o.request.finalizers().is_empty());
+    assert_eq!(sim.o.pods.len(), 3, "etcd-0 recreated from its stash");
+    assert!(sim.o.stateful_set.is_some());
+}
+
+#[test]
+fn spec_change_after_acceptance_is_ignored() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(5);
+    sim.o.request.spec = spec_class_change("slow");
+    sim.o.request.metadata.generation = Some(2);
+    let d = decide(&sim.o);
+    let s = first_status(&d);
+    let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
+    assert_eq!(c.status, "True");
+    assert!(c.message.contains("generation 2"));
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    assert_eq!(claim_class(&sim.o.claims["data-etcd-0"]), Some("fast"));
+    assert_eq!(
+        sim.reasons()
+            .iter()
+            .filter(|r| **r == "SpecChangeIgnored")
+            .count(),
+        1
+    );
+}
+
+#[test]
+fn leader_goes_last_and_hands_over_first() {
+    let mut o = observed(spec_class_change("fast"));
+    if let Ok(h) = o.health.as_mut() {
+        h.quorum_based = true;
+        h.leader = Some("etcd-0".into());
+        h.voting_members = Some(3);
+        for m in &mut h.members {
+            m.member_id = Some(m.pod.clone());
+            m.raft_index = Some(100);
+            m.leader = m.pod == "etcd-0";
+        }
+    }
+    let d = decide(&o);
+    let plan = first_status(&d).plan.clone().unwrap();
+    assert_eq!(
+        plan.members
+            .iter()
+            .map(|m| m.pod.as_str())
+            .collect::<Vec<_>>(),
+        ["etcd-1", "etcd-2", "etcd-0"]
+    );
+    assert_eq!(plan.members[2].role.as_deref(), Some("leader"));
+    let mut sim = Sim::new(o);
+    sim.run(500);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    let order: Vec<&str> = s.members.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(order, ["etcd-1", "etcd-2", "etcd-0"]);
+    let transfers: Vec<&Action> = sim
+        .log
+        .iter()
+        .filter(|a| matches!(a, Action::TransferLeadership { .. }))
+        .collect();
+    assert_eq!(
+        transfers,
+        [&Action::TransferLeadership {
+            from: "etcd-0".into(),
+            to: "etcd-1".into()
+        }],
+        "handed to a migrated member"
+    );
+}
+
+#[test]
+fn retention_policy_and_claim_owner_references_are_neutralised_then_restored() {
+    let mut o = observed(spec_class_change("fast"));
+    let policy = StatefulSetPersistentVolumeClaimRetentionPolicy {
+        when_deleted: Some("Delete".into()),
+        when_scaled: Some("Delete".into()),
+    };
+    o.stateful_set
+        .as_mut()
+        .unwrap()
+        .spec
+        .as_mut()
+        .unwrap()
+        .persistent_volume_claim_retention_policy = Some(policy.clone());
+    for (i, c) in o.claims.values_mut().enumerate() {
+        c.metadata.owner_references = Some(vec![
+            OwnerReference {
+                api_version: "apps/v1".into(),
+                kind: "StatefulSet".into(),
+                name: "etcd".into(),
+                uid: "uid-etcd".into(),
+                ..Default::default()
+            },
+            OwnerReference {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                name: format!("etcd-{i}"),
+                uid: format!("uid-etcd-{i}"),
+                ..Default::default()
+            },
+        ]);
+    }
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    let pos = |pred: &dyn Fn(&Action) -> bool| sim.log.iter().position(|a| pred(a)).unwrap();
+    let patch = pos(&|a| matches!(a, Action::PatchRetentionPolicy { .. }));
+    let refs = pos(&|a| matches!(a, Action::RemoveOwnerReferences { .. }));
+    let delete = pos(&|a| {
+        matches!(
+            a,
+            Action::Delete {
+                kind: Kind::StatefulSet,
+                ..
+            }
+        )
+    });
+    assert!(patch < delete && refs < delete);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(
+        build::parse_retention_policy(s.original_retention_policy.as_deref().unwrap()).unwrap(),
+        Some(policy.clone())
+    );
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    assert_eq!(
+        set.spec
+            .as_ref()
+            .unwrap()
+            .persistent_volume_claim_retention_policy,
+        Some(policy),
+        "original policy restored on the recreated set"
+    );
+}
+
+#[test]
+fn stash_goes_to_a_config_map_when_annotations_are_full() {
+    let mut o = observed(spec_class_change("fast"));
+    o.request
+        .annotations_mut()
+        .insert("big".into(), "x".repeat(build::STASH_ANNOTATION_BUDGET));
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert_eq!(s.stash_config_map.as_deref(), Some("move-stash"));
+    assert!(sim.log.iter().any(|a| matches!(
+        a,
+        Action::Stash {
+            target: StashTarget::ConfigMap { .. },
+            ..
+        }
+    )));
+    assert!(!sim.o.stash_config_map_exists, "deleted at the end");
+}
+
+#[test]
+fn read_write_once_pod_skips_the_pre_copy() {
+    let mut o = observed(spec_class_change("fast"));
+    for c in o.claims.values_mut() {
+        c.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOncePod".into()]);
+    }
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    assert!(!sim.reasons().contains(&"PreCopied"));
+    assert!(
+        !sim.log
+            .iter()
+            .any(|a| matches!(a, Action::Create(Object::Job(j))
+        if j.labels()[build::JOB_KIND_LABEL] == JobKind::PreCopy.as_str()))
+    );
+}
+
+// --- Resume in the middle of a step: the status says X, the objects say Y. -------------------
+
+/// An accepted request with member etcd-0 at `step`, the set already orphaned.
+fn at_step(step: MemberStep) -> Observed {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    for _ in 0..400 {
+        if sim.step_of("etcd-0") == step {
+            break;
+        }
+        let d = decide(&sim.o);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert_eq!(sim.step_of("etcd-0"), step);
+    sim.o
+}
+
+fn member0(d: &Decision) -> MemberStatus {
+    first_status(d).members[0].clone()
+}
+
+#[test]
+fn resume_stopping_pod_when_the_pod_is_already_gone() {
+    let mut o = at_step(MemberStep::StoppingPod);
+    // The stash and the delete happened; the status write of the next step did not.
+    let d = decide(&o);
+    assert!(
+        matches!(d.actions[0], Action::Stash { .. }),
+        "{:?}",
+        d.actions
+    );
+    let mut sim = Sim::new(o.clone());
+    sim.apply(&d.actions[0]);
+    o = sim.o.clone();
+    o.pods.remove("etcd-0");
+    let d = decide(&o);
+    assert_eq!(member0(&d).step, MemberStep::Copying);
+    assert!(member0(&d).pod_deleted_at.is_some());
+}
+
+#[test]
+fn resume_deleting_old_claim_when_it_is_gone() {
+    let mut o = at_step(MemberStep::DeletingOldClaim);
+    o.claims.remove("data-etcd-0");
+    let d = decide(&o);
+    assert_eq!(member0(&d).step, MemberStep::DeletingTempClaim);
+}
+
+#[test]
+fn resume_recreating_claim_when_it_is_already_bound() {
+    let o = at_step(MemberStep::RecreatingClaim);
+    let mut sim = Sim::new(o);
+    let d = decide(&sim.o);
+    assert!(
+        matches!(&d.actions[..], [Action::Create(Object::Claim(_))]),
+        "{:?}",
+        d.actions
+    );
+    sim.apply(&d.actions[0]);
+    sim.settle();
+    let d = decide(&sim.o);
+    assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
+}
+
+#[test]
+fn resume_copying_reads_the_finished_jobs() {
+    let mut o = at_step(MemberStep::Copying);
+    let copy = build::job_name(REQ, "etcd-0", JobKind::Copy);
+    let verify = build::job_name(REQ, "etcd-0", JobKind::Verify);
+    o.jobs.extend([
+        job(
+            &copy,
+            "copy",
+            JobOutcome::Succeeded {
+                message: Some(r#"{"bytes":7,"files":1}"#.into()),
+            },
+        ),
+        job(
+            &verify,
+            "verify",
+            JobOutcome::Succeeded {
+                message: Some(r#"{"differences":0}"#.into()),
+            },
+        ),
+    ]);
+    let d = decide(&o);
+    let ms = member0(&d);
+    assert_eq!(ms.step, MemberStep::RetainingVolumes);
+    assert_eq!((ms.bytes_copied, ms.files_copied), (Some(7), Some(1)));
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Delete { kind: Kind::Job, name, .. } if *name == copy))
+    );
+}
+
+#[test]
+fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
+    let mut o = at_step(MemberStep::Copying);
+    o.pods.insert("etcd-0".into(), member_pod(0));
+    let d = decide(&o);
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::RollingBack);
+    assert!(s.failure.as_deref().unwrap().contains("came back"));
+}
+
+#[test]
+fn retaining_volumes_records_policies_before_patching() {
+    let o = at_step(MemberStep::RetainingVolumes);
+    let mut sim = Sim::new(o);
+    // Stash the claim, then record, then patch.
+    let d = decide(&sim.o);
+    assert!(
+        matches!(&d.actions[..], [Action::Stash { .. }]),
+        "{:?}",
+        d.actions
+    );
+    sim.apply(&d.actions[0]);
+    let d = decide(&sim.o);
+    let ms = member0(&d);
+    assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
+    assert_eq!(ms.new_volume_original_policy.as_deref(), Some("Delete"));
+    assert_eq!(d.actions.len(), 1, "status only: {:?}", d.actions);
+    sim.apply(&d.actions[0]);
+    let d = decide(&sim.o);
+    assert_eq!(
+        d.actions
+            .iter()
+            .filter(
+                |a| matches!(a, Action::PatchReclaimPolicy { policy, .. } if policy == "Retain")
+            )
+            .count(),
+        2
+    );
+}
+
+#[test]
+fn quantities_and_timeouts() {
+    assert_eq!(timeout_seconds("30m").unwrap(), 1800);
+    assert_eq!(timeout_seconds("1h30m").unwrap(), 5400);
+    assert_eq!(timeout_seconds("90s").unwrap(), 90);
+    assert!(timeout_seconds("0s").is_err());
+    assert!(timeout_seconds("soon").is_err());
+}
