@@ -333,6 +333,7 @@ async fn rsync_job_copies_one_claim_into_another_identically() {
         "trees differ (see exit code in the script): {out:?}"
     );
     assert!(out.logs.contains("TREES-IDENTICAL"), "{out:?}");
+    eprintln!("verify pod output:\n{}", out.logs);
     // `%p %m %U %G %n %s %y %l` of the target, as printed by the verify pod.
     let field = |path: &str, index: usize| -> Option<String> {
         out.logs
