@@ -674,6 +674,25 @@ fn exec_joins_the_running_container() {
         let mut child = runtime::spawn_container(&sb, "main", &main).unwrap();
         let pid = child.id().unwrap();
         let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // At once: the exec waits for the container to leave its init, then joins it.
+        let out = runtime::exec_in_container(
+            &sb,
+            &main,
+            &argv(&[
+                "/bin/sh",
+                "-c",
+                "test -e /.sm-oldroot && echo half-built; hostname",
+            ]),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "main\n",
+            "{}",
+            text(&out)
+        );
         // Let the shell exec `sleep`: the container's command line then differs from its argv.
         wait_until("the shell to exec sleep", Duration::from_secs(5), || {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))

@@ -42,6 +42,12 @@ pub(super) fn cmdline_is_container(cmdline: &[Vec<u8>], json: &Path, argv: &[Str
     is_init || is_program
 }
 
+/// Whether process `pid` is still our init for `json` (it has not exec'd the program yet, so its
+/// namespaces and mounts may be half-built).
+pub(super) fn still_in_init(pid: u32, json: &Path) -> bool {
+    cmdline(pid).is_some_and(|c| cmdline_is_container(&c, json, &[]))
+}
+
 /// Whether process `pid` is in network namespace `/run/netns/<netns>`.
 fn in_netns(pid: u32, netns: &str) -> bool {
     let Ok(ns) = std::fs::metadata(netns_path(netns)) else {

@@ -15,11 +15,14 @@ use tracing::{debug, info, warn};
 use super::init::InitSpec;
 use super::{
     ContainerSpec, ExecOutput, INIT_PROGRAM_ENV, INIT_SUBCOMMAND, RuntimeError, Sandbox,
-    host::process_is_container, pid_file, random_u64, validate_name,
+    host::{process_is_container, still_in_init},
+    pid_file, random_u64, validate_name,
 };
 
 /// Output kept per stream of an exec.
 const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
+/// How long an exec waits for a container that is still in its init phase.
+const INIT_GRACE: Duration = Duration::from_secs(2);
 
 /// The program implementing `container-init`: `$LOCALCLUSTER_BIN`, else the current executable.
 pub(super) fn init_program() -> Result<PathBuf, RuntimeError> {
@@ -218,8 +221,8 @@ pub(super) fn signal_group(pid: u32, signal: Signal) -> Result<(), RuntimeError>
     }
 }
 
-/// The pid of a running container of `sandbox` that was started with exactly `spec`.
-fn running_container(sandbox: &Sandbox, spec: &ContainerSpec) -> Option<u32> {
+/// The pid and init spec path of a running container of `sandbox` started with exactly `spec`.
+fn running_container(sandbox: &Sandbox, spec: &ContainerSpec) -> Option<(u32, PathBuf)> {
     let entries = std::fs::read_dir(&sandbox.dir).ok()?;
     for entry in entries.flatten() {
         let path = entry.path();
@@ -250,7 +253,7 @@ fn running_container(sandbox: &Sandbox, spec: &ContainerSpec) -> Option<u32> {
             continue;
         };
         if process_is_container(pid, &path, &spec.argv, Some(&init.sandbox.netns)) {
-            return Some(pid);
+            return Some((pid, path));
         }
     }
     None
@@ -306,7 +309,19 @@ pub(super) async fn exec_in_container(
     check_spec(&exec_spec)?;
     let program = init_program()?;
     mkdir_p(&sandbox.dir)?;
-    let join_pid = running_container(sandbox, spec);
+    let mut join_pid = None;
+    if let Some((pid, json)) = running_container(sandbox, spec) {
+        // A container still in its init has half-built namespaces: give it a moment to exec.
+        let deadline = tokio::time::Instant::now() + INIT_GRACE;
+        while still_in_init(pid, &json) && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if still_in_init(pid, &json) {
+            warn!(pid, "container still starting: exec gets fresh namespaces");
+        } else {
+            join_pid = Some(pid);
+        }
+    }
     let tag = format!(".exec-{:016x}", random_u64(&sandbox.netns));
     let root_dir = sandbox.dir.join(format!("{tag}.root"));
     let files = ExecFiles {
