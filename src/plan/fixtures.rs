@@ -304,12 +304,12 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
     let mut pods = BTreeMap::new();
     let mut claims = BTreeMap::new();
     let mut volumes = BTreeMap::new();
-    for i in 0..3 {
+    for (i, node) in NODES.iter().enumerate() {
         let claim = format!("data-etcd-{i}");
         let pv = format!("pv-old-{i}");
         pods.insert(format!("etcd-{i}"), member_pod(i));
         claims.insert(claim.clone(), bound_claim(&claim, "standard", "1Gi", &pv));
-        volumes.insert(pv.clone(), volume(&pv, "standard", "1Gi", &claim, NODES[i]));
+        volumes.insert(pv.clone(), volume(&pv, "standard", "1Gi", &claim, node));
     }
     let health = Ok(generic_report(&pods));
     Observed {
@@ -583,8 +583,8 @@ impl Sim {
                 p.metadata.uid = Some(self.uid(&name));
                 if p.labels().contains_key(build::MEMBER_LABEL) {
                     self.o.helper_pods.entry(name).or_insert(*p);
-                } else if !self.o.pods.contains_key(&name) {
-                    self.o.pods.insert(name, *p);
+                } else {
+                    self.o.pods.entry(name).or_insert(*p);
                 }
             }
             Object::Job(mut j) => {

@@ -281,7 +281,7 @@ pub(crate) struct Ctx<'a> {
 pub struct Failure(pub String);
 
 impl<'a> Ctx<'a> {
-    fn new(o: &'a Observed) -> Self {
+    pub(crate) fn new(o: &'a Observed) -> Self {
         let status = o.request.status.clone().unwrap_or_default();
         let mut req = o.request.clone();
         if let Some(spec) = &status.accepted_spec {

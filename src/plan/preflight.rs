@@ -49,7 +49,7 @@ enum Verdict {
 }
 
 pub(crate) fn run(cx: &mut Ctx) {
-    match check(cx) {
+    match check(cx, true) {
         Verdict::Deny(d) => deny(cx, d),
         Verdict::Wait(message) => {
             if cx.status.message.as_deref() != Some(message.as_str()) {
@@ -163,7 +163,18 @@ pub fn choose_template(
     }
 }
 
-fn check(cx: &mut Ctx) -> Verdict {
+/// What preflight would decide for a new request, without creating anything (no measure Jobs:
+/// a Shrink plan then has no `usedBytes`). For `storage-migrator plan`.
+pub fn dry_run(o: &super::Observed) -> Result<Plan, Denial> {
+    let mut cx = Ctx::new(o);
+    match check(&mut cx, false) {
+        Verdict::Deny(d) => Err(d),
+        Verdict::Accept(plan) => Ok(plan),
+        Verdict::Wait(message) => Err(denial("Waiting", message)),
+    }
+}
+
+fn check(cx: &mut Ctx, measuring: bool) -> Verdict {
     let spec = cx.spec().clone();
     if let Err(d) = validate_spec(&spec) {
         return Verdict::Deny(d);
@@ -451,7 +462,7 @@ fn check(cx: &mut Ctx) -> Verdict {
     members.sort_by_key(|m| (m.role.as_deref() == Some("leader"), m.ordinal));
 
     // Shrink: every member's used bytes must fit with headroom (measured on its node).
-    if spec.type_ == MigrationType::Shrink {
+    if spec.type_ == MigrationType::Shrink && measuring {
         match measure(cx, &mut members, &target_size) {
             Ok(true) => {}
             Ok(false) => {

@@ -353,13 +353,13 @@ fn shrink_measures_then_runs_to_success() {
     assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
     let plan = s.plan.unwrap();
     assert!(plan.members.iter().all(|m| m.used_bytes == Some(100 << 20)));
-    for i in 0..3 {
+    for (i, node) in NODES.iter().enumerate() {
         let claim = &sim.o.claims[&format!("data-etcd-{i}")];
         assert_eq!(claim_class(claim), Some("standard"));
         assert_eq!(claim_request(claim).unwrap().0, "256Mi");
         // Immediate class: the new volume was asked for on the member's node.
         let pv = &sim.o.volumes[claim_volume(claim).unwrap()];
-        assert!(member::volume_reachable_from(pv, NODES[i]));
+        assert!(member::volume_reachable_from(pv, node));
     }
     let set = sim.o.stateful_set.as_ref().unwrap();
     let tpl = &set
@@ -697,7 +697,7 @@ fn retention_policy_and_claim_owner_references_are_neutralised_then_restored() {
     let mut sim = Sim::new(o);
     sim.run(400);
     assert_eq!(sim.phase(), Phase::Successful);
-    let pos = |pred: &dyn Fn(&Action) -> bool| sim.log.iter().position(|a| pred(a)).unwrap();
+    let pos = |pred: &dyn Fn(&Action) -> bool| sim.log.iter().position(pred).unwrap();
     let patch = pos(&|a| matches!(a, Action::PatchRetentionPolicy { .. }));
     let refs = pos(&|a| matches!(a, Action::RemoveOwnerReferences { .. }));
     let delete = pos(&|a| {

@@ -1,0 +1,699 @@
+//! The only code that talks to the API server: gather an [`Observed`] snapshot for one request,
+//! and carry out the planner's [`Action`]s (each idempotent: a create that finds the object and a
+//! delete that finds nothing are successes).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
+use kube::runtime::events::{Event, EventType as KubeEventType, Recorder};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+use crate::api::{self, Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
+use crate::build::{self, BuildError};
+use crate::engine::{self, Engine, EngineError};
+use crate::plan::{
+    self, Action, EventType, JobOutcome, Kind, Object, Observed, ObservedJob, OtherRequest,
+    Propagation, STASH_CLAIM_ANNOTATION_PREFIX, Stash, StashTarget,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{what}: {source}")]
+    Kube {
+        what: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("database engine: {0}")]
+    Engine(#[from] EngineError),
+    #[error("{0}")]
+    Build(#[from] BuildError),
+    #[error("request {0} has no namespace")]
+    NoNamespace(String),
+    #[error("invalid value for {what}: {reason}")]
+    Invalid { what: String, reason: String },
+}
+
+fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> ClusterError {
+    let what = what.into();
+    move |source| ClusterError::Kube { what, source }
+}
+
+fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+/// Everything the cluster layer needs for one request.
+pub struct Cluster {
+    pub client: Client,
+    pub recorder: Recorder,
+}
+
+impl Cluster {
+    pub fn new(client: Client, recorder: Recorder) -> Self {
+        Self { client, recorder }
+    }
+
+    fn ns_api<K>(&self, ns: &str) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// The request as stored now (`None` once it is gone).
+    pub async fn fetch(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Option<StorageMigrationRequest>, ClusterError> {
+        self.ns_api::<StorageMigrationRequest>(ns)
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("get request {ns}/{name}")))
+    }
+
+    /// The database engine of a request (from its accepted spec).
+    pub async fn engine(&self, req: &StorageMigrationRequest) -> Result<Engine, ClusterError> {
+        let ns = req
+            .namespace()
+            .ok_or_else(|| ClusterError::NoNamespace(req.name_any()))?;
+        let spec = effective_spec(req);
+        Ok(Engine::from_spec(&self.client, &ns, &spec.database).await?)
+    }
+
+    /// Gathers the snapshot the planner decides on.
+    pub async fn gather(
+        &self,
+        req: StorageMigrationRequest,
+        engine: &Result<Engine, String>,
+    ) -> Result<Observed, ClusterError> {
+        let ns = req
+            .namespace()
+            .ok_or_else(|| ClusterError::NoNamespace(req.name_any()))?;
+        let name = req.name_any();
+        let spec = effective_spec(&req);
+        let status = req.status.clone().unwrap_or_default();
+        let set_name = spec.target.name.clone();
+
+        let sets: Api<StatefulSet> = self.ns_api(&ns);
+        let stateful_set = sets
+            .get_opt(&set_name)
+            .await
+            .map_err(kube_err(format!("get StatefulSet {ns}/{set_name}")))?;
+
+        let (stash, stash_config_map_exists) = self.stash(&req, &ns, &status).await?;
+
+        // Member pods: by the set's selector (live or stashed), never our own helper pods.
+        let pods_api: Api<Pod> = self.ns_api(&ns);
+        let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
+        let selector = selector_source
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.selector.match_labels.as_ref())
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                l.iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            });
+        let mut pods = BTreeMap::new();
+        if let Some(selector) = selector {
+            for p in pods_api
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(kube_err(format!("list pods {selector}")))?
+            {
+                if !p.labels().contains_key(&request_label()) {
+                    pods.insert(p.name_any(), p);
+                }
+            }
+        }
+        let owned = format!("{}={name}", request_label());
+        let helper_pods: BTreeMap<String, Pod> = pods_api
+            .list(&ListParams::default().labels(&owned))
+            .await
+            .map_err(kube_err("list helper pods"))?
+            .into_iter()
+            .map(|p| (p.name_any(), p))
+            .collect();
+
+        let claims: BTreeMap<String, PersistentVolumeClaim> = self
+            .ns_api::<PersistentVolumeClaim>(&ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list claims"))?
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+
+        let mut volume_names: BTreeSet<String> = claims
+            .values()
+            .filter_map(|c| plan::claim_volume(c).map(str::to_string))
+            .collect();
+        if let Some(p) = &status.plan {
+            volume_names.extend(p.members.iter().map(|m| m.old_volume.clone()));
+        }
+        volume_names.extend(status.members.iter().filter_map(|m| m.new_volume.clone()));
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let mut volumes = BTreeMap::new();
+        for v in volume_names {
+            if let Some(pv) = pvs
+                .get_opt(&v)
+                .await
+                .map_err(kube_err(format!("get PV {v}")))?
+            {
+                volumes.insert(v, pv);
+            }
+        }
+
+        let mut jobs = BTreeMap::new();
+        for job in self
+            .ns_api::<Job>(&ns)
+            .list(&ListParams::default().labels(&owned))
+            .await
+            .map_err(kube_err("list jobs"))?
+        {
+            let outcome = job_outcome(&job, &helper_pods);
+            jobs.insert(job.name_any(), ObservedJob { job, outcome });
+        }
+
+        let storage_classes = Api::<StorageClass>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list StorageClasses"))?
+            .into_iter()
+            .map(|c| (c.name_any(), c))
+            .collect();
+
+        let other_requests = self
+            .ns_api::<StorageMigrationRequest>(&ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list requests"))?
+            .into_iter()
+            .filter(|r| r.name_any() != name && effective_spec(r).target.name == set_name)
+            .map(|r| OtherRequest {
+                name: r.name_any(),
+                created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                phase: r.status.as_ref().map(|s| s.phase).unwrap_or_default(),
+            })
+            .collect();
+
+        // The engine's view of the members (only where the planner uses it).
+        let expected = expected_members(&status, stateful_set.as_ref(), &set_name);
+        let member_pods: Vec<Pod> = expected
+            .iter()
+            .filter_map(|p| pods.get(p).cloned())
+            .collect();
+        let wants_health =
+            !status.phase.is_final() && matches!(status.stage, Stage::Preflight | Stage::Migrating);
+        let health = match engine {
+            Err(e) => Err(e.clone()),
+            Ok(_) if !wants_health => Err("not observed in this stage".to_string()),
+            Ok(engine) => match engine.observe(&member_pods).await {
+                Ok(mut report) => {
+                    engine::note_missing_pods(&mut report, &expected);
+                    Ok(report)
+                }
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        let final_hash = match engine {
+            Ok(engine)
+                if status.stage == Stage::Finalizing
+                    && status.final_hash.is_none()
+                    && !status.phase.is_final() =>
+            {
+                Some(
+                    engine
+                        .final_hash(&member_pods)
+                        .await
+                        .map_err(|e| e.to_string()),
+                )
+            }
+            _ => None,
+        };
+
+        Ok(Observed {
+            request: req,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            stateful_set,
+            stash,
+            stash_config_map_exists,
+            pods,
+            helper_pods,
+            claims,
+            volumes,
+            jobs,
+            storage_classes,
+            other_requests,
+            health,
+            final_hash,
+        })
+    }
+
+    /// Decodes the stash from the request's annotations and the stash ConfigMap.
+    async fn stash(
+        &self,
+        req: &StorageMigrationRequest,
+        ns: &str,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<(Stash, bool), ClusterError> {
+        let mut entries: BTreeMap<String, String> = req.annotations().clone();
+        let mut exists = false;
+        if let Some(cm) = &status.stash_config_map
+            && let Some(cm) = self
+                .ns_api::<ConfigMap>(ns)
+                .get_opt(cm)
+                .await
+                .map_err(kube_err(format!("get stash ConfigMap {cm}")))?
+        {
+            exists = true;
+            for (k, v) in cm.data.unwrap_or_default() {
+                entries.insert(format!("{}/{k}", api::GROUP), v);
+            }
+        }
+        let mut stash = Stash::default();
+        let decode = |key: &str| -> Option<String> { entries.get(key).cloned() };
+        if let Some(v) = decode(build::STASH_STATEFULSET_ANNOTATION) {
+            match build::stash_decode(&v) {
+                Ok(s) => stash.stateful_set = Some(s),
+                Err(e) => stash
+                    .errors
+                    .push((build::STASH_STATEFULSET_ANNOTATION.into(), e.to_string())),
+            }
+        }
+        for m in status.plan.iter().flat_map(|p| p.members.iter()) {
+            let key = build::stash_pod_annotation(&m.pod);
+            if let Some(v) = decode(&key) {
+                match build::stash_decode(&v) {
+                    Ok(p) => {
+                        stash.pods.insert(m.pod.clone(), p);
+                    }
+                    Err(e) => stash.errors.push((key, e.to_string())),
+                }
+            }
+            let key = format!("{STASH_CLAIM_ANNOTATION_PREFIX}{}", m.claim);
+            if let Some(v) = decode(&key) {
+                match build::stash_decode(&v) {
+                    Ok(c) => {
+                        stash.claims.insert(m.claim.clone(), c);
+                    }
+                    Err(e) => stash.errors.push((key, e.to_string())),
+                }
+            }
+        }
+        for (key, e) in &stash.errors {
+            warn!(key, error = %e, "stash entry cannot be decoded");
+        }
+        Ok((stash, exists))
+    }
+
+    /// Carries out one action.
+    pub async fn execute(
+        &self,
+        o: &Observed,
+        engine: &Result<Engine, String>,
+        action: &Action,
+    ) -> Result<(), ClusterError> {
+        let req = &o.request;
+        let ns = req
+            .namespace()
+            .ok_or_else(|| ClusterError::NoNamespace(req.name_any()))?;
+        let name = req.name_any();
+        let reqs: Api<StorageMigrationRequest> = self.ns_api(&ns);
+        match action {
+            Action::SetStatus(status) => {
+                let body = json!({
+                    "apiVersion": "storagemigrator.io/v1alpha1",
+                    "kind": "StorageMigrationRequest",
+                    "status": status,
+                });
+                reqs.patch_status(
+                    &name,
+                    &PatchParams::apply(api::FIELD_MANAGER).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+                .map_err(kube_err(format!("write status of {ns}/{name}")))?;
+            }
+            Action::AddFinalizer | Action::RemoveFinalizer => {
+                let current = self.fetch(&ns, &name).await?;
+                let Some(current) = current else {
+                    return Ok(());
+                };
+                let mut finalizers = current.finalizers().to_vec();
+                let has = finalizers.iter().any(|f| f == plan::FINALIZER);
+                match action {
+                    Action::AddFinalizer if !has => finalizers.push(plan::FINALIZER.into()),
+                    Action::RemoveFinalizer if has => finalizers.retain(|f| f != plan::FINALIZER),
+                    _ => return Ok(()),
+                }
+                let patch = json!({"metadata": {
+                    "finalizers": finalizers,
+                    "resourceVersion": current.resource_version(),
+                }});
+                match reqs
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) if is_status(&e, 404) => {}
+                    Err(e) => return Err(kube_err(format!("finalizer of {ns}/{name}"))(e)),
+                }
+            }
+            Action::Event {
+                type_,
+                reason,
+                message,
+            } => {
+                let ev = Event {
+                    type_: match type_ {
+                        EventType::Normal => KubeEventType::Normal,
+                        EventType::Warning => KubeEventType::Warning,
+                    },
+                    reason: reason.clone(),
+                    note: Some(message.chars().take(1000).collect()),
+                    // The recorder folds events with the same action and reason into one
+                    // series; the message tells members apart, so it goes into the key.
+                    action: format!("{reason}-{:08x}", fnv(message)),
+                    secondary: None,
+                };
+                if let Err(e) = self.recorder.publish(&ev, &req.object_ref(&())).await {
+                    warn!(reason, error = %e, "cannot publish event");
+                }
+                info!(reason, "{message}");
+            }
+            Action::Stash { target, value } => match target {
+                StashTarget::Annotation(key) => {
+                    let patch = json!({"metadata": {"annotations": {key: value}}});
+                    reqs.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(kube_err(format!("stash {key} on {ns}/{name}")))?;
+                }
+                StashTarget::ConfigMap { name: cm, key } => {
+                    let cms: Api<ConfigMap> = self.ns_api(&ns);
+                    if cms
+                        .get_opt(cm)
+                        .await
+                        .map_err(kube_err(format!("get ConfigMap {cm}")))?
+                        .is_none()
+                    {
+                        let mut obj = build::stash_config_map(req, &BTreeMap::new());
+                        obj.metadata.name = Some(cm.clone());
+                        create(&cms, &obj, "stash ConfigMap").await?;
+                    }
+                    let patch = json!({"data": {key: value}});
+                    cms.patch(cm, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await
+                        .map_err(kube_err(format!("stash {key} in ConfigMap {cm}")))?;
+                }
+            },
+            Action::Create(obj) => match obj {
+                Object::Claim(c) => create(&self.ns_api(&ns), c.as_ref(), "claim").await?,
+                Object::Pod(p) => create(&self.ns_api(&ns), p.as_ref(), "pod").await?,
+                Object::Job(j) => create(&self.ns_api(&ns), j.as_ref(), "Job").await?,
+                Object::StatefulSet(s) => {
+                    create(&self.ns_api(&ns), s.as_ref(), "StatefulSet").await?
+                }
+                Object::ConfigMap(c) => create(&self.ns_api(&ns), c.as_ref(), "ConfigMap").await?,
+            },
+            Action::Delete {
+                kind,
+                name: obj,
+                propagation,
+                uid,
+            } => {
+                let dp = DeleteParams {
+                    propagation_policy: Some(match propagation {
+                        Propagation::Background => PropagationPolicy::Background,
+                        Propagation::Orphan => PropagationPolicy::Orphan,
+                    }),
+                    preconditions: uid.clone().map(|uid| Preconditions {
+                        uid: Some(uid),
+                        resource_version: None,
+                    }),
+                    ..Default::default()
+                };
+                match kind {
+                    Kind::Claim => {
+                        delete::<PersistentVolumeClaim>(&self.ns_api(&ns), obj, &dp).await?
+                    }
+                    Kind::Pod => delete::<Pod>(&self.ns_api(&ns), obj, &dp).await?,
+                    Kind::Job => delete::<Job>(&self.ns_api(&ns), obj, &dp).await?,
+                    Kind::StatefulSet => delete::<StatefulSet>(&self.ns_api(&ns), obj, &dp).await?,
+                    Kind::ConfigMap => delete::<ConfigMap>(&self.ns_api(&ns), obj, &dp).await?,
+                }
+            }
+            Action::PatchReclaimPolicy { volume, policy } => {
+                let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+                merge(
+                    &pvs,
+                    volume,
+                    &build::reclaim_policy_patch(policy),
+                    "reclaim policy",
+                )
+                .await?;
+            }
+            Action::SetClaimRef { volume, claim } => {
+                let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+                merge(
+                    &pvs,
+                    volume,
+                    &build::claim_ref_patch(&ns, claim),
+                    "claimRef",
+                )
+                .await?;
+            }
+            Action::RemoveOwnerReferences { claim, .. } => {
+                let claims: Api<PersistentVolumeClaim> = self.ns_api(&ns);
+                let Some(current) = claims
+                    .get_opt(claim)
+                    .await
+                    .map_err(kube_err(format!("get claim {claim}")))?
+                else {
+                    return Ok(());
+                };
+                if let Some(patch) = build::claim_owner_references_patch(&current) {
+                    merge(&claims, claim, &patch, "claim ownerReferences").await?;
+                }
+            }
+            Action::PatchRetentionPolicy {
+                stateful_set,
+                policy,
+            } => {
+                let policy: Value =
+                    serde_json::from_str(policy).map_err(|e| ClusterError::Invalid {
+                        what: "retention policy".into(),
+                        reason: e.to_string(),
+                    })?;
+                let patch = json!({"spec": {"persistentVolumeClaimRetentionPolicy": policy}});
+                merge(
+                    &self.ns_api::<StatefulSet>(&ns),
+                    stateful_set,
+                    &patch,
+                    "retention policy",
+                )
+                .await?;
+            }
+            Action::TransferLeadership { from, to } => {
+                let (Ok(engine), Ok(report)) = (engine, &o.health) else {
+                    return Err(ClusterError::Engine(EngineError::Other(
+                        "no engine or health report to transfer leadership with".into(),
+                    )));
+                };
+                engine.transfer_leadership(report, from, to).await?;
+            }
+            Action::LabelVolume { volume } => {
+                let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+                merge(
+                    &pvs,
+                    volume,
+                    &build::migrated_by_label_patch(&name),
+                    "label",
+                )
+                .await?;
+            }
+        }
+        debug!(action = action_name(action), "done");
+        Ok(())
+    }
+}
+
+/// A short name of an action for logs and failpoints (`Create-Job`, `Delete-Pod`, ...).
+pub fn action_name(action: &Action) -> String {
+    match action {
+        Action::SetStatus(_) => "SetStatus".into(),
+        Action::AddFinalizer => "AddFinalizer".into(),
+        Action::RemoveFinalizer => "RemoveFinalizer".into(),
+        Action::Event { .. } => "Event".into(),
+        Action::Stash { .. } => "Stash".into(),
+        Action::Create(o) => format!("Create-{:?}", o.kind()),
+        Action::Delete { kind, .. } => format!("Delete-{kind:?}"),
+        Action::PatchReclaimPolicy { .. } => "PatchReclaimPolicy".into(),
+        Action::SetClaimRef { .. } => "SetClaimRef".into(),
+        Action::RemoveOwnerReferences { .. } => "RemoveOwnerReferences".into(),
+        Action::PatchRetentionPolicy { .. } => "PatchRetentionPolicy".into(),
+        Action::TransferLeadership { .. } => "TransferLeadership".into(),
+        Action::LabelVolume { .. } => "LabelVolume".into(),
+    }
+}
+
+fn fnv(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+fn request_label() -> String {
+    format!("{}/request", api::GROUP)
+}
+
+/// The spec the request runs with: the accepted one once accepted.
+pub fn effective_spec(req: &StorageMigrationRequest) -> api::StorageMigrationRequestSpec {
+    req.status
+        .as_ref()
+        .and_then(|s| s.accepted_spec.as_deref())
+        .cloned()
+        .unwrap_or_else(|| req.spec.clone())
+}
+
+/// The member pods the engine must see: the plan's, or before acceptance the set's ordinals.
+fn expected_members(
+    status: &StorageMigrationRequestStatus,
+    set: Option<&StatefulSet>,
+    set_name: &str,
+) -> Vec<String> {
+    if let Some(plan) = &status.plan {
+        return plan.members.iter().map(|m| m.pod.clone()).collect();
+    }
+    let Some(spec) = set.and_then(|s| s.spec.as_ref()) else {
+        return Vec::new();
+    };
+    let replicas = spec.replicas.unwrap_or(1).max(0);
+    let start = spec.ordinals.as_ref().and_then(|o| o.start).unwrap_or(0);
+    (start..start + replicas)
+        .map(|i| format!("{set_name}-{i}"))
+        .collect()
+}
+
+/// How a Job ended, with its pod's termination message.
+fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
+    let name = job.name_any();
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let is = |t: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    // The Job's pods carry `job-name` (and on newer clusters `batch.kubernetes.io/job-name`).
+    let mut job_pods: Vec<&Pod> = pods
+        .values()
+        .filter(|p| {
+            let l = p.labels();
+            l.get("job-name") == Some(&name) || l.get("batch.kubernetes.io/job-name") == Some(&name)
+        })
+        .collect();
+    job_pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let message = job_pods.iter().rev().find_map(|p| termination_message(p));
+    if is("Complete") {
+        return JobOutcome::Succeeded { message };
+    }
+    if is("Failed") {
+        let condition = conditions
+            .iter()
+            .find(|c| c.type_ == "Failed")
+            .map(|c| {
+                format!(
+                    "{}{}",
+                    c.reason.clone().unwrap_or_default(),
+                    c.message
+                        .as_ref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_default();
+        let detail = message
+            .map(|m| {
+                build::parse_job_result(&m)
+                    .ok()
+                    .and_then(|r| r.error.map(|e| format!("{e} (exit {:?})", r.exit_code)))
+                    .unwrap_or(m)
+            })
+            .map(|m| format!("; {}", m.trim()))
+            .unwrap_or_default();
+        return JobOutcome::Failed {
+            reason: format!("Job {name} failed: {condition}{detail}"),
+        };
+    }
+    JobOutcome::Running
+}
+
+fn termination_message(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|c| {
+            c.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .message
+                .clone()
+                .filter(|m| !m.trim().is_empty())
+        })
+}
+
+async fn create<K>(api: &Api<K>, obj: &K, what: &str) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(e) => Err(kube_err(format!("create {what} {}", obj.name_any()))(e)),
+    }
+}
+
+async fn delete<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, dp).await {
+        Ok(_) => Ok(()),
+        // Gone already, or a successor with another uid (precondition failed): nothing to do.
+        Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+        Err(e) => Err(kube_err(format!("delete {name}"))(e)),
+    }
+}
+
+async fn merge<K>(api: &Api<K>, name: &str, patch: &Value, what: &str) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(e) => Err(kube_err(format!("patch {what} of {name}"))(e)),
+    }
+}
