@@ -362,14 +362,24 @@ pub fn is_ours(pv: &PersistentVolume) -> bool {
 }
 
 /// Capacity written into the PV: the claim's quantity when the image has exactly that size,
-/// else the image size in bytes (requests below [`MIN_IMAGE_BYTES`] or not block-aligned).
+/// else the image size (requests below [`MIN_IMAGE_BYTES`] or not block-aligned).
 pub fn pv_capacity(request: &ProvisionRequest) -> Quantity {
     let size = image_size(request.bytes);
     if size == request.bytes {
         request.quantity.clone()
     } else {
-        Quantity(size.to_string())
+        Quantity(format_bytes(size))
     }
+}
+
+/// A byte count as a quantity in the largest binary unit that divides it (`4Mi`, `12Ki`).
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, u32); 4] = [("Ti", 40), ("Gi", 30), ("Mi", 20), ("Ki", 10)];
+    UNITS
+        .iter()
+        .find(|(_, shift)| bytes != 0 && bytes.is_multiple_of(1u64 << shift))
+        .map(|(unit, shift)| format!("{}{unit}", bytes >> shift))
+        .unwrap_or_else(|| bytes.to_string())
 }
 
 /// Builds the PV for `claim` on `node`, mounted at `path`.
@@ -1422,7 +1432,14 @@ mod tests {
             quantity: Quantity("1Ki".into()),
             bytes: 1024,
         };
-        assert_eq!(pv_capacity(&request), Quantity(MIN_IMAGE_BYTES.to_string()));
+        assert_eq!(pv_capacity(&request), Quantity("4Mi".into()));
+        assert_eq!(format_bytes(3 << 30), "3Gi");
+        assert_eq!(format_bytes((4 << 20) + 4096), "4100Ki");
+        assert_eq!(format_bytes(1000), "1000");
+        assert_eq!(format_bytes(0), "0");
+        for b in [1u64 << 40, 5 << 20, 12 << 10, 7] {
+            assert_eq!(parse_quantity(&format_bytes(b)).unwrap(), b);
+        }
     }
 
     #[test]
