@@ -246,6 +246,17 @@ async fn healthz() -> &'static str {
     "ok"
 }
 
+/// exec, attach, port-forward and the rest of the kubelet API are not provided.
+async fn unsupported(uri: axum::http::Uri) -> Response {
+    text(
+        StatusCode::NOT_IMPLEMENTED,
+        format!(
+            "{} is not supported by the localcluster node agent (only containerLogs is)",
+            uri.path()
+        ),
+    )
+}
+
 /// The server's TLS configuration from the kubelet certificate and key (PEM).
 pub fn tls_config(cert: &Path, key: &Path) -> Result<rustls::ServerConfig, LogsError> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
@@ -280,6 +291,7 @@ pub async fn serve<L: PodLookup>(
             get(container_logs::<L>),
         )
         .route("/healthz", get(healthz))
+        .fallback(unsupported)
         .with_state(Arc::new(Served { node, pods }));
     let tls = axum_server::tls_rustls::RustlsConfig::from_config(config);
     axum_server::bind_rustls(addr, tls)
