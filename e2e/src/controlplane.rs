@@ -62,8 +62,9 @@ pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster
 
 /// Entries `up` creates in a state dir; a dir holding anything else and no `cluster.json` is
 /// refused, so that a mistyped `--state-dir` never has its files replaced.
-const OWN_ENTRIES: [&str; 9] = [
+const OWN_ENTRIES: [&str; 10] = [
     "cluster.json",
+    "runtime.lock",
     "kubeconfig",
     "kubeconfigs",
     "pki",
@@ -1093,8 +1094,10 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf> {
         });
     }
     for name in OWN_ENTRIES {
-        if name == "logs" {
-            continue; // appended to; each start writes a header line
+        if name == "logs" || name == "runtime.lock" {
+            // Logs are appended to (each start writes a header line); the node runtime's lock
+            // file is its own (nothing holds it: nothing runs).
+            continue;
         }
         let path = dir.join(name);
         let res = if path.is_dir() {
