@@ -240,3 +240,295 @@ async fn etcd_engine_with_a_stopped_member() {
     })
     .await;
 }
+
+/// Runs `openssl` with the given arguments in `dir`.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Kills the etcd this test started (by PID) when dropped.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// TLS (client certificates, server certificate naming the pod's DNS name only) and password
+/// auth, read from Secrets by `Engine::from_spec`, against a single etcd started by the test on
+/// 127.0.0.1 and presented as a pod `etcd-0` (subdomain `etcd`) with that IP.
+#[tokio::test]
+#[ignore = "needs a cluster (for the Secrets), /usr/bin/etcd and openssl"]
+async fn etcd_engine_with_tls_and_auth() {
+    use k8s_openapi::ByteString;
+    use k8s_openapi::api::core::v1::{PodCondition, PodSpec, PodStatus, Secret};
+    use kube::api::{ObjectMeta, PostParams};
+
+    let ns = std::env::var("SM_ENGINE_NAMESPACE").unwrap_or_else(|_| "default".to_string());
+    let client = Client::try_default().await.unwrap();
+    let dir = std::env::temp_dir().join(format!("sm-engine-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dns = format!("etcd-0.etcd.{ns}.svc.cluster.local");
+    openssl(
+        &dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test-ca",
+        ],
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        format!("subjectAltName=DNS:{dns}\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("client.ext"), "extendedKeyUsage=clientAuth\n").unwrap();
+    for (name, cn) in [("server", "etcd-0"), ("client", "storage-migrator")] {
+        openssl(
+            &dir,
+            &[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN={cn}"),
+            ],
+        );
+        openssl(
+            &dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{name}.crt"),
+                "-days",
+                "1",
+                "-extfile",
+                &format!("{name}.ext"),
+            ],
+        );
+    }
+    let (client_port, peer_port) = (free_port(), free_port());
+    let path = |f: &str| dir.join(f).to_string_lossy().into_owned();
+    let _etcd = Child(
+        std::process::Command::new("etcd")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .args([
+                "--name=etcd-0".to_string(),
+                format!("--data-dir={}", path("data")),
+                format!("--listen-client-urls=https://127.0.0.1:{client_port}"),
+                format!("--advertise-client-urls=https://127.0.0.1:{client_port}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+                format!("--initial-cluster=etcd-0=http://127.0.0.1:{peer_port}"),
+                format!("--cert-file={}", path("server.crt")),
+                format!("--key-file={}", path("server.key")),
+                format!("--trusted-ca-file={}", path("ca.crt")),
+                "--client-cert-auth".to_string(),
+            ])
+            .stdout(std::fs::File::create(dir.join("etcd.log")).unwrap())
+            .stderr(std::fs::File::create(dir.join("etcd.err")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let read = |f: &str| std::fs::read(dir.join(f)).unwrap();
+    // Enable auth with a root user, through a direct client.
+    let tls = etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(read("ca.crt")))
+        .identity(etcd_client::Identity::from_pem(
+            read("client.crt"),
+            read("client.key"),
+        ))
+        .domain_name(dns.clone());
+    let opts = etcd_client::ConnectOptions::new().with_tls(tls);
+    let url = format!("https://127.0.0.1:{client_port}");
+    let mut admin = None;
+    for _ in 0..50 {
+        if let Ok(mut c) = etcd_client::Client::connect([url.as_str()], Some(opts.clone())).await
+            && c.status().await.is_ok()
+        {
+            admin = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut admin = admin.expect("etcd with TLS answers");
+    admin.put("k", "v", None).await.unwrap();
+    admin.user_add("root", "s3cret", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns);
+    let secret = |name: &str, data: Vec<(&str, Vec<u8>)>| Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        data: Some(
+            data.into_iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v)))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let suffix = std::process::id();
+    let (tls_name, auth_name, bad_name) = (
+        format!("etcd-tls-{suffix}"),
+        format!("etcd-auth-{suffix}"),
+        format!("etcd-bad-{suffix}"),
+    );
+    let pp = PostParams::default();
+    secrets
+        .create(
+            &pp,
+            &secret(
+                &tls_name,
+                vec![
+                    ("ca.crt", read("ca.crt")),
+                    ("tls.crt", read("client.crt")),
+                    ("tls.key", read("client.key")),
+                ],
+            ),
+        )
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &pp,
+            &secret(
+                &auth_name,
+                vec![
+                    ("username", b"root".to_vec()),
+                    ("password", b"s3cret".to_vec()),
+                ],
+            ),
+        )
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &pp,
+            &secret(
+                &bad_name,
+                vec![
+                    ("username", b"root".to_vec()),
+                    ("password", b"wrong".to_vec()),
+                ],
+            ),
+        )
+        .await
+        .unwrap();
+
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some("etcd-0".to_string()),
+            namespace: Some(ns.clone()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            hostname: Some("etcd-0".to_string()),
+            subdomain: Some("etcd".to_string()),
+            ..Default::default()
+        }),
+        status: Some(PodStatus {
+            pod_ip: Some("127.0.0.1".to_string()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".to_string(),
+                status: "True".to_string(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+    };
+    let spec = |auth: &str| DatabaseSpec {
+        engine: DatabaseEngine::Etcd,
+        generic: None,
+        etcd: Some(EtcdSpec {
+            client_port,
+            tls_secret_name: Some(tls_name.clone()),
+            auth_secret_name: Some(auth.to_string()),
+        }),
+    };
+    let engine = Engine::from_spec(&client, &ns, &spec(&auth_name))
+        .await
+        .unwrap();
+    println!("{engine:?}");
+    let report = engine.observe(std::slice::from_ref(&pod)).await.unwrap();
+    println!("{report:#?}");
+    assert_eq!(report.problems, Vec::<String>::new());
+    assert_eq!(report.leader.as_deref(), Some("etcd-0"));
+    assert_eq!(report.voting_members, Some(1));
+    assert_eq!(report.members[0].endpoint.as_deref(), Some(url.as_str()));
+    // A single member can never keep quorum while it stops.
+    assert!(matches!(
+        engine::gate_before_stop(&report, "etcd-0", DEFAULT_MAX_LAG),
+        Gate::Wait(w) if w.contains("quorum")
+    ));
+    let hash = engine.final_hash(std::slice::from_ref(&pod)).await.unwrap();
+    println!("hash {hash:?}");
+    assert!(hash.is_some());
+
+    // A wrong password: the member is reported unhealthy, with the reason.
+    let wrong = Engine::from_spec(&client, &ns, &spec(&bad_name))
+        .await
+        .unwrap();
+    let report = wrong.observe(std::slice::from_ref(&pod)).await.unwrap();
+    let problem = report.members[0].problem.clone().unwrap_or_default();
+    println!("wrong password: {problem}");
+    assert!(!report.members[0].healthy);
+    assert!(problem.contains("authentication failed"), "{problem}");
+    // A missing Secret is a clear error.
+    let missing = Engine::from_spec(&client, &ns, &spec("no-such-secret")).await;
+    assert!(
+        matches!(&missing, Err(engine::EngineError::Secret { name, .. }) if name == "no-such-secret"),
+        "{missing:?}"
+    );
+
+    for name in [&tls_name, &auth_name, &bad_name] {
+        let _ = secrets.delete(name, &Default::default()).await;
+    }
+    drop(_etcd);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -354,7 +354,7 @@ pub fn assess(pods: &[PodInfo], views: &[MemberView]) -> HealthReport {
                 Ok(s) => Some(s),
                 Err(e) => {
                     why.push(match &view.endpoint {
-                        Some(ep) => format!("does not answer at {ep}: {e}"),
+                        Some(ep) => format!("cannot be queried at {ep}: {e}"),
                         None => e.clone(),
                     });
                     None
@@ -463,6 +463,30 @@ fn required(secret: &Secret, name: &str, key: &str) -> Result<Vec<u8>, EngineErr
     })
 }
 
+/// An etcd client error in one line: for gRPC errors the status message, its code and the
+/// innermost cause (e.g. `tcp connect error (Unavailable): deadline has elapsed`).
+fn describe(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            let mut text = format!("{} ({:?})", status.message(), status.code());
+            let mut cause = std::error::Error::source(status);
+            let mut innermost = None;
+            while let Some(c) = cause {
+                innermost = Some(c);
+                cause = c.source();
+            }
+            if let Some(c) = innermost {
+                let c = c.to_string();
+                if !c.is_empty() && !text.contains(&c) {
+                    text = format!("{text}: {c}");
+                }
+            }
+            text
+        }
+        other => other.to_string(),
+    }
+}
+
 /// Bounds one request (beyond the client's own timeout, which does not cover waiting for a
 /// connection) and turns its error into words.
 async fn bounded<T>(
@@ -471,7 +495,7 @@ async fn bounded<T>(
 ) -> Result<T, String> {
     match tokio::time::timeout(limit, f).await {
         Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(e)) => Err(describe(&e)),
         Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
     }
 }
@@ -984,12 +1008,12 @@ mod tests {
         assert!(!r.members[2].healthy);
         assert_eq!(
             r.members[2].problem.as_deref(),
-            Some("does not answer at http://198.18.0.12:2379: connection refused")
+            Some("cannot be queried at http://198.18.0.12:2379: connection refused")
         );
         // The member is known and mapped: no cluster-wide problem, but the gates wait.
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert!(
-            matches!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("etcd-2: does not answer"))
+            matches!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("etcd-2: cannot be queried"))
         );
     }
 
