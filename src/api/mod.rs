@@ -61,6 +61,7 @@ pub struct StorageMigrationRequestSpec {
     /// Absent: each old volume gets back the reclaim policy it had before, once the whole request
     /// succeeded (so volumes of a `Delete` class are then reclaimed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "old_pv_reclaim_policy_schema")]
     pub old_pv_reclaim_policy: Option<OldPvReclaimPolicy>,
     /// `IfReady` (default) refuses to start unless every member is healthy; `Always` starts anyway
     /// (the per-member health gates still hold).
@@ -105,6 +106,18 @@ pub struct StorageClassChangeSpec {
 pub struct ShrinkSpec {
     /// The new, smaller size of every member's claim (a quantity, e.g. `256Mi`).
     pub size: Quantity,
+}
+
+/// The schema of the optional `oldPVReclaimPolicy`: a plain string enum. The derived schema of an
+/// `Option<enum>` lists `null` among the enum values, which Kubernetes 1.20's apiserver refuses
+/// (it cannot compare such schemas and rejects the CRD with "per-version schemas may not all be
+/// set to identical values").
+fn old_pv_reclaim_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["Retain", "Delete"],
+        "description": "What happens to the old volumes after success: `Retain` keeps them, `Delete` deletes them. Absent: each old volume gets back the reclaim policy it had before, once the whole request succeeded (so volumes of a `Delete` class are then reclaimed).",
+    })
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
