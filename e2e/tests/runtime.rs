@@ -204,17 +204,9 @@ impl TestCluster {
         let id = random_hex(6);
         let dir = std::env::temp_dir().join(format!("sm-runtime-test-{id}"));
         std::fs::create_dir_all(dir.join("nodes")).unwrap();
-        let routes = cmd("ip", &["-4", "route", "show", "table", "all"]);
-        let addrs = cmd("ip", &["-4", "-o", "addr", "show"]);
-        let pod_net = (0..100)
-            .map(|i| {
-                100 + ((u8::from_str_radix(&random_hex(2), 16).unwrap() as usize + i) % 150) as u8
-            })
-            .find(|n| {
-                let net = format!("198.18.{n}.");
-                !routes.contains(&net) && !addrs.contains(&net)
-            })
-            .expect("a free pod network");
+        // The pod network is reserved as `localcluster up` does, so that a real cluster started
+        // meanwhile never gets the same 198.18.N.0/24.
+        let reservation = e2e::controlplane::reserve_net(&dir, &id).unwrap();
         let state = ClusterState {
             id,
             dir,
@@ -225,10 +217,11 @@ impl TestCluster {
             controller_manager_port: 0,
             scheduler_port: 0,
             kubelet_ports: vec![0, 0, 0],
-            pod_net,
-            service_net: pod_net,
+            pod_net: reservation.net,
+            service_net: reservation.net,
         };
         state.save().unwrap();
+        drop(reservation);
         TestCluster { state }
     }
 
@@ -256,6 +249,7 @@ impl Drop for TestCluster {
         if let Err(e) = runtime::cleanup_host(&self.state) {
             eprintln!("cleanup_host: {e}");
         }
+        e2e::controlplane::release_net(&self.state);
         // Also whatever a test mounted under volumes/ (cleanup_host leaves those alone), so that
         // removing the dir never descends into a mounted filesystem.
         let dir = std::fs::canonicalize(&self.state.dir).unwrap_or(self.state.dir.clone());
