@@ -4,4 +4,5 @@
 //! - [`api`]: the `StorageMigrationRequest` types (no dependency on the rest).
 
 pub mod api;
+pub mod build;
 pub mod engine;

@@ -1,0 +1,725 @@
+//! The Jobs that measure, copy and verify a member's data, and the parsing of their results.
+//!
+//! Every Job runs one constant shell script (never built from names or input) in the mover
+//! image, with the member's old claim at `/source` (read-only) and, except for `Measure`, the
+//! temporary claim at `/target`. Each script writes its result as one line of JSON to the
+//! container's termination message, which the cluster layer reads from the Job's pod status and
+//! hands to [`parse_job_result`]: no log scraping, no exec.
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::{Deserialize, Serialize};
+
+use crate::api::{PlannedMember, StorageMigrationRequest};
+
+use super::{
+    BuildError, JOB_KIND_LABEL, job_name, member_meta, pinned_to_node, req_name, tolerate_all,
+};
+
+/// Name of the single container of every Job's pod.
+pub const JOB_CONTAINER: &str = "mover";
+/// Where the old claim is mounted (read-only).
+pub const SOURCE_PATH: &str = "/source";
+/// Where the temporary claim is mounted.
+pub const TARGET_PATH: &str = "/target";
+/// Where the scripts write their one-line JSON result.
+pub const TERMINATION_MESSAGE_PATH: &str = "/dev/termination-log";
+
+/// What a Job does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum JobKind {
+    /// Measure the bytes in use on the old volume (Shrink preflight).
+    Measure,
+    /// First rsync pass while the member still serves.
+    PreCopy,
+    /// Final rsync pass while the member is stopped.
+    Copy,
+    /// Checksum comparison of source and target after the final pass.
+    Verify,
+}
+
+impl JobKind {
+    /// The kind as used in names and the [`JOB_KIND_LABEL`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::Measure => "measure",
+            JobKind::PreCopy => "precopy",
+            JobKind::Copy => "copy",
+            JobKind::Verify => "verify",
+        }
+    }
+
+    /// The constant script this kind runs (`sh -c SCRIPT`).
+    pub fn script(self) -> &'static str {
+        match self {
+            JobKind::Measure => MEASURE_SCRIPT,
+            JobKind::PreCopy => PRECOPY_SCRIPT,
+            JobKind::Copy => COPY_SCRIPT,
+            JobKind::Verify => VERIFY_SCRIPT,
+        }
+    }
+
+    /// Whether the Job mounts the temporary claim at [`TARGET_PATH`].
+    pub fn mounts_target(self) -> bool {
+        self != JobKind::Measure
+    }
+}
+
+/// The rsync pass, with the exit codes it accepts (`$ok`, space-separated and padded).
+///
+/// `-aHAXS --numeric-ids --delete` keeps hard links, ACLs, xattrs, sparse files and numeric
+/// owners (names would be remapped through the mover image's /etc/passwd) and removes what no
+/// longer exists on the source. The stats are parsed into `{"bytes","files","totalBytes"}`;
+/// rsync groups digits with `,` (C locale), hence the `tr`.
+macro_rules! rsync_copy_script {
+    ($ok:literal) => {
+        concat!(
+            "set -u\nok=' ",
+            $ok,
+            r#" '
+out=$(rsync -aHAXS --numeric-ids --delete --stats /source/ /target/)
+rc=$?
+printf '%s\n' "$out"
+case "$ok" in
+*" $rc "*) ;;
+*)
+  printf '{"error":"rsync exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
+  echo "rsync failed with exit code $rc" >&2
+  exit "$rc"
+  ;;
+esac
+field() {
+  printf '%s\n' "$out" | sed -n "s/^$1: *\([0-9][0-9,.]*\).*/\1/p" | tr -d ',.'
+}
+bytes=$(field 'Total transferred file size')
+total=$(field 'Total file size')
+files=$(field 'Number of regular files transferred')
+[ -n "$files" ] || files=$(field 'Number of files transferred')
+result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"exitCode":%d}' "${bytes:-0}" "${files:-0}" "${total:-0}" "$rc")
+printf '%s\n' "$result"
+printf '%s' "$result" > /dev/termination-log
+"#
+        )
+    };
+}
+
+/// Live pass: exit 24 ("some files vanished before they could be transferred") is expected
+/// while the member writes, and tolerated; the final pass repairs whatever it missed.
+pub const PRECOPY_SCRIPT: &str = rsync_copy_script!("0 24");
+
+/// Final pass over a stopped member: anything but exit 0 fails the Job.
+pub const COPY_SCRIPT: &str = rsync_copy_script!("0");
+
+/// Compares both trees by content (`--checksum`) and metadata without changing anything
+/// (`--dry-run`); every line of `--itemize-changes` is a difference. Writes
+/// `{"differences":N}` and fails unless N is 0, printing the first differences to stderr.
+pub const VERIFY_SCRIPT: &str = r#"set -u
+out=$(rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/)
+rc=$?
+if [ "$rc" -ne 0 ]; then
+  printf '{"error":"rsync verification exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
+  echo "rsync verification failed with exit code $rc" >&2
+  exit "$rc"
+fi
+n=$(printf '%s' "$out" | grep -c .)
+result=$(printf '{"differences":%d}' "${n:-0}")
+printf '%s\n' "$result"
+printf '%s' "$result" > /dev/termination-log
+if [ "${n:-0}" -ne 0 ]; then
+  echo "source and target differ in $n entries; the first ones:" >&2
+  printf '%s\n' "$out" | head -n 50 >&2
+  exit 1
+fi
+"#;
+
+/// Bytes allocated on the old volume (`du -s -B1`: blocks in use, so sparse files count what
+/// they occupy, which is what must fit on the smaller volume). Writes `{"usedBytes":N}`.
+pub const MEASURE_SCRIPT: &str = r#"set -u
+out=$(du -s -B1 /source)
+rc=$?
+used=${out%%[!0-9]*}
+if [ "$rc" -ne 0 ] || [ -z "$used" ]; then
+  printf '{"error":"du exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
+  echo "du failed with exit code $rc: $out" >&2
+  exit 1
+fi
+result=$(printf '{"usedBytes":%s}' "$used")
+printf '%s\n' "$result"
+printf '%s' "$result" > /dev/termination-log
+"#;
+
+/// The Job of `kind` for `member`, bounded by `deadline_seconds` (the request's remaining
+/// timeout; at least 1).
+///
+/// Why each part:
+/// - Node affinity to the member's node ([`super::pinned_to_node`]), not `nodeName`: a
+///   ReadWriteOnce volume can be mounted by several pods only on the same node, and the
+///   scheduler must still see the pod so the volumes' own node affinity is honoured.
+/// - `/source` is read-only twice (claim volume source and mount): the pre-copy runs while the
+///   member serves from that volume, and no bug in a script may write to it.
+/// - Runs as root (uid and gid 0): rsync can keep owners, modes and xattrs only with
+///   CAP_CHOWN/CAP_FOWNER/CAP_DAC_OVERRIDE, and must read files of every owner.
+/// - `backoffLimit: 0`: a failed copy is a decision for the planner (rollback), not a retry
+///   hidden from it. `activeDeadlineSeconds` keeps a stuck copy within the request's timeout.
+/// - An ownerReference to the request so the Job goes with it (the cluster layer still deletes
+///   Jobs with `propagationPolicy: Background`, since deleting a Job orphans its pods by
+///   default).
+/// - No service-account token, no service links: the pod needs no API access.
+/// - `terminationMessagePolicy: FallbackToLogsOnError`: if a script dies before writing its
+///   result, the log tail still explains why.
+pub fn job(
+    req: &StorageMigrationRequest,
+    member: &PlannedMember,
+    kind: JobKind,
+    deadline_seconds: i64,
+) -> Job {
+    let name = job_name(&req_name(req), &member.pod, kind);
+    let mut metadata = member_meta(req, name, &member.pod, true);
+    let labels = metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(JOB_KIND_LABEL.to_string(), kind.as_str().to_string());
+    let pod_labels = labels.clone();
+
+    let mut volumes = vec![Volume {
+        name: "source".to_string(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: member.claim.clone(),
+            read_only: Some(true),
+        }),
+        ..Default::default()
+    }];
+    let mut mounts = vec![VolumeMount {
+        name: "source".to_string(),
+        mount_path: SOURCE_PATH.to_string(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
+    if kind.mounts_target() {
+        volumes.push(Volume {
+            name: "target".to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: member.temp_claim.clone(),
+                read_only: Some(false),
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name: "target".to_string(),
+            mount_path: TARGET_PATH.to_string(),
+            read_only: Some(false),
+            ..Default::default()
+        });
+    }
+
+    Job {
+        metadata,
+        spec: Some(JobSpec {
+            backoff_limit: Some(0),
+            completions: Some(1),
+            parallelism: Some(1),
+            active_deadline_seconds: Some(deadline_seconds.max(1)),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    ..Default::default()
+                }),
+                spec: Some(PodSpec {
+                    affinity: Some(pinned_to_node(&member.node)),
+                    tolerations: Some(tolerate_all()),
+                    restart_policy: Some("Never".to_string()),
+                    automount_service_account_token: Some(false),
+                    enable_service_links: Some(false),
+                    termination_grace_period_seconds: Some(10),
+                    security_context: Some(PodSecurityContext {
+                        run_as_user: Some(0),
+                        run_as_group: Some(0),
+                        run_as_non_root: Some(false),
+                        ..Default::default()
+                    }),
+                    containers: vec![Container {
+                        name: JOB_CONTAINER.to_string(),
+                        image: Some(req.spec.copy.mover_image().to_string()),
+                        image_pull_policy: Some("IfNotPresent".to_string()),
+                        command: Some(vec![
+                            "sh".to_string(),
+                            "-c".to_string(),
+                            kind.script().to_string(),
+                        ]),
+                        env: Some(vec![EnvVar {
+                            name: "LC_ALL".to_string(),
+                            value: Some("C".to_string()),
+                            value_from: None,
+                        }]),
+                        resources: req.spec.copy.resources.clone(),
+                        volume_mounts: Some(mounts),
+                        termination_message_path: Some(TERMINATION_MESSAGE_PATH.to_string()),
+                        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+                        ..Default::default()
+                    }],
+                    volumes: Some(volumes),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+/// A Job's result, from its container's termination message. Which fields are set depends on
+/// the kind: `bytes`/`files`/`totalBytes`/`exitCode` (PreCopy, Copy), `usedBytes` (Measure),
+/// `differences` (Verify), `error`/`exitCode` (a failed script).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct JobResult {
+    /// Bytes rsync transferred (`Total transferred file size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<i64>,
+    /// Regular files rsync transferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<i64>,
+    /// Size of all files on the source (`Total file size`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_bytes: Option<i64>,
+    /// Bytes allocated on the source (Measure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<i64>,
+    /// Entries that differ between source and target (Verify).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub differences: Option<i64>,
+    /// rsync's (or du's) exit code; 24 on a tolerated pre-copy pass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Set when the script failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl JobResult {
+    /// True when the script reported a failure or, for Verify, any difference.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() || self.differences.is_some_and(|d| d != 0)
+    }
+
+    fn is_empty(&self) -> bool {
+        *self == JobResult::default()
+    }
+}
+
+/// Parses a Job's termination message.
+///
+/// The message should be exactly the script's JSON line; when a script died before writing it,
+/// `FallbackToLogsOnError` puts the log tail there instead, whose last line may still be the
+/// result, so the last non-empty line is tried as well. An empty message, text that is no such
+/// JSON, a JSON object with none of the known fields, or a negative count is an error (the
+/// caller treats the Job as failed and says why).
+pub fn parse_job_result(msg: &str) -> Result<JobResult, BuildError> {
+    let err = |reason: String| BuildError::JobResult {
+        message: msg.chars().take(512).collect(),
+        reason,
+    };
+    let trimmed = msg.trim();
+    if trimmed.is_empty() {
+        return Err(err("the termination message is empty".to_string()));
+    }
+    let parsed = parse_object(trimmed).or_else(|whole| {
+        let last = trimmed.lines().rev().map(str::trim).find(|l| !l.is_empty());
+        match last {
+            Some(line) if line != trimmed => parse_object(line).map_err(|_| whole),
+            _ => Err(whole),
+        }
+    });
+    let result = parsed.map_err(err)?;
+    if result.is_empty() {
+        return Err(err("none of the known result fields is set".to_string()));
+    }
+    let counts = [
+        result.bytes,
+        result.files,
+        result.total_bytes,
+        result.used_bytes,
+        result.differences,
+    ];
+    if counts.iter().flatten().any(|n| *n < 0) {
+        return Err(err("a count is negative".to_string()));
+    }
+    Ok(result)
+}
+
+/// One JSON object (serde would also accept a JSON array for a struct: `[1,2]` is no result).
+fn parse_object(text: &str) -> Result<JobResult, String> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if !value.is_object() {
+        return Err("not a JSON object".to_string());
+    }
+    serde_json::from_value(value).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::build::testdata;
+
+    const KINDS: [JobKind; 4] = [
+        JobKind::Measure,
+        JobKind::PreCopy,
+        JobKind::Copy,
+        JobKind::Verify,
+    ];
+
+    #[test]
+    fn job_snapshots() {
+        let req = testdata::request();
+        let member = testdata::member();
+        for kind in KINDS {
+            let job = job(&req, &member, kind, 1200);
+            insta::assert_yaml_snapshot!(format!("job_{}", kind.as_str()), job);
+        }
+    }
+
+    #[test]
+    fn job_invariants() {
+        let req = testdata::request();
+        let member = testdata::member();
+        for kind in KINDS {
+            let job = job(&req, &member, kind, 1200);
+            let name = job.metadata.name.clone().unwrap();
+            assert!(crate::build::is_dns1123_label(&name), "{name}");
+            let refs = job.metadata.owner_references.clone().unwrap();
+            assert_eq!(refs[0].kind, "StorageMigrationRequest");
+            let spec = job.spec.unwrap();
+            assert_eq!(spec.backoff_limit, Some(0));
+            assert_eq!(spec.active_deadline_seconds, Some(1200));
+            let pod = spec.template.spec.unwrap();
+            assert!(
+                pod.node_name.is_none(),
+                "pinned by affinity, never nodeName"
+            );
+            let fields = pod
+                .affinity
+                .unwrap()
+                .node_affinity
+                .unwrap()
+                .required_during_scheduling_ignored_during_execution
+                .unwrap()
+                .node_selector_terms[0]
+                .match_fields
+                .clone()
+                .unwrap();
+            assert_eq!(fields[0].values, Some(vec!["node-b".to_string()]));
+            assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+            assert_eq!(pod.security_context.unwrap().run_as_user, Some(0));
+            let volumes = pod.volumes.unwrap();
+            let source = volumes[0].persistent_volume_claim.clone().unwrap();
+            assert_eq!(source.claim_name, "data-etcd-1");
+            assert_eq!(source.read_only, Some(true));
+            let c = &pod.containers[0];
+            let mounts = c.volume_mounts.clone().unwrap();
+            assert_eq!(mounts[0].mount_path, "/source");
+            assert_eq!(mounts[0].read_only, Some(true));
+            assert_eq!(c.resources, req.spec.copy.resources);
+            let command = c.command.clone().unwrap();
+            assert_eq!(command[..2], ["sh".to_string(), "-c".to_string()]);
+            assert_eq!(command[2], kind.script());
+            if kind == JobKind::Measure {
+                assert_eq!(volumes.len(), 1, "measure mounts no target");
+            } else {
+                let target = volumes[1].persistent_volume_claim.clone().unwrap();
+                assert_eq!(target.claim_name, member.temp_claim);
+                assert_eq!(mounts[1].mount_path, "/target");
+            }
+            let labels = job.metadata.labels.unwrap();
+            assert_eq!(labels[JOB_KIND_LABEL], kind.as_str());
+            assert_eq!(spec.template.metadata.unwrap().labels.unwrap(), labels);
+        }
+    }
+
+    #[test]
+    fn deadline_is_positive() {
+        let job = job(&testdata::request(), &testdata::member(), JobKind::Copy, -5);
+        assert_eq!(job.spec.unwrap().active_deadline_seconds, Some(1));
+    }
+
+    #[test]
+    fn scripts_use_fixed_flags() {
+        for script in [PRECOPY_SCRIPT, COPY_SCRIPT] {
+            assert!(
+                script.contains("rsync -aHAXS --numeric-ids --delete --stats /source/ /target/")
+            );
+        }
+        assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
+        assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
+        assert!(VERIFY_SCRIPT.contains(
+            "rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/"
+        ));
+        assert!(MEASURE_SCRIPT.contains("du -s -B1 /source"));
+    }
+
+    #[test]
+    fn parse_good_results() {
+        assert_eq!(
+            parse_job_result(r#"{"bytes":123,"files":4,"totalBytes":200,"exitCode":24}"#).unwrap(),
+            JobResult {
+                bytes: Some(123),
+                files: Some(4),
+                total_bytes: Some(200),
+                exit_code: Some(24),
+                ..Default::default()
+            }
+        );
+        assert_eq!(
+            parse_job_result("{\"usedBytes\":16384}\n")
+                .unwrap()
+                .used_bytes,
+            Some(16384)
+        );
+        let verify = parse_job_result(r#"{"differences":0}"#).unwrap();
+        assert_eq!(verify.differences, Some(0));
+        assert!(!verify.failed());
+        assert!(parse_job_result(r#"{"differences":3}"#).unwrap().failed());
+        let failed = parse_job_result(r#"{"error":"rsync exited with 23","exitCode":23}"#).unwrap();
+        assert!(failed.failed());
+        assert_eq!(failed.exit_code, Some(23));
+        // Log tail (FallbackToLogsOnError) whose last line is the result.
+        let logs = "Number of files: 3\nTotal file size: 10 bytes\n{\"bytes\":10,\"files\":2}\n";
+        assert_eq!(parse_job_result(logs).unwrap().files, Some(2));
+        // Unknown extra fields are ignored (a newer mover script).
+        assert_eq!(
+            parse_job_result(r#"{"usedBytes":1,"elapsedMs":5}"#)
+                .unwrap()
+                .used_bytes,
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn parse_bad_results() {
+        for bad in [
+            "",
+            "   \n",
+            "rsync: command not found",
+            "{",
+            "{}",
+            r#"{"bytes":"many"}"#,
+            r#"{"bytes":-1}"#,
+            "[1,2]",
+            "null",
+            "sh: 1: cannot create /dev/termination-log: Read-only file system\n",
+        ] {
+            let err = parse_job_result(bad).unwrap_err();
+            assert!(
+                matches!(err, BuildError::JobResult { .. }),
+                "{bad:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn job_result_round_trip() {
+        let r = JobResult {
+            bytes: Some(1),
+            files: Some(2),
+            ..Default::default()
+        };
+        let text = serde_json::to_string(&r).unwrap();
+        assert_eq!(text, r#"{"bytes":1,"files":2}"#);
+        assert_eq!(parse_job_result(&text).unwrap(), r);
+    }
+
+    #[test]
+    fn scripts_snapshot() {
+        for kind in KINDS {
+            insta::assert_snapshot!(format!("script_{}", kind.as_str()), kind.script());
+        }
+    }
+
+    /// Runs the real scripts (rsync, du, sh of this machine) on temporary trees, with the fixed
+    /// paths rewritten to them. Skipped where rsync is missing.
+    mod scripts {
+        use super::*;
+        use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+        use std::path::Path;
+        use std::process::Command;
+
+        struct Run {
+            code: i32,
+            result: Result<JobResult, BuildError>,
+            stderr: String,
+        }
+
+        fn run(kind: JobKind, dir: &Path) -> Run {
+            let src = dir.join("source");
+            let dst = dir.join("target");
+            let msg = dir.join("termination-log");
+            let _ = std::fs::remove_file(&msg);
+            let script = kind
+                .script()
+                .replace(SOURCE_PATH, src.to_str().unwrap())
+                .replace(TARGET_PATH, dst.to_str().unwrap())
+                .replace(TERMINATION_MESSAGE_PATH, msg.to_str().unwrap());
+            let out = Command::new("sh")
+                .args(["-c", &script])
+                .env("LC_ALL", "C")
+                .output()
+                .unwrap();
+            let message = std::fs::read_to_string(&msg).unwrap_or_default();
+            Run {
+                code: out.status.code().unwrap_or(-1),
+                result: parse_job_result(&message),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+            }
+        }
+
+        fn have(program: &str) -> bool {
+            Command::new(program)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        }
+
+        #[test]
+        fn copy_verify_measure_on_real_trees() {
+            if !have("rsync") {
+                eprintln!("rsync not installed: skipped");
+                return;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let src = dir.path().join("source");
+            let dst = dir.path().join("target");
+            std::fs::create_dir_all(src.join("nested/empty")).unwrap();
+            std::fs::create_dir_all(&dst).unwrap();
+            std::fs::write(src.join("a.txt"), "hello world\n").unwrap();
+            std::fs::write(src.join("nested/b.bin"), vec![7u8; 100_000]).unwrap();
+            std::fs::hard_link(src.join("a.txt"), src.join("nested/a-link.txt")).unwrap();
+            symlink("../a.txt", src.join("nested/sym")).unwrap();
+            let secret = src.join("secret");
+            std::fs::write(&secret, "s").unwrap();
+            std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let is_root = nix_is_root();
+            if is_root {
+                std::os::unix::fs::chown(&secret, Some(1234), Some(5678)).unwrap();
+            }
+            // Sparse: 8 MiB apparent, one block written.
+            let f = std::fs::File::create(src.join("sparse")).unwrap();
+            f.set_len(8 << 20).unwrap();
+            drop(f);
+            // An extended attribute, where the temporary filesystem supports them.
+            let xattr = Command::new("setfattr")
+                .args(["-n", "user.smr", "-v", "kept"])
+                .arg(src.join("a.txt"))
+                .status()
+                .is_ok_and(|s| s.success());
+            // Stale file on the target that --delete must remove.
+            std::fs::write(dst.join("stale"), "old").unwrap();
+
+            let copy = run(JobKind::Copy, dir.path());
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            let r = copy.result.unwrap();
+            assert_eq!(r.exit_code, Some(0));
+            // a.txt, b.bin, secret, sparse: the hard link is made, not transferred.
+            assert_eq!(r.files, Some(4), "{r:?}");
+            assert!(r.bytes.unwrap() >= 100_000, "{r:?}");
+            assert!(r.total_bytes.unwrap() >= r.bytes.unwrap());
+
+            assert!(!dst.join("stale").exists());
+            let a = std::fs::metadata(dst.join("a.txt")).unwrap();
+            let link = std::fs::metadata(dst.join("nested/a-link.txt")).unwrap();
+            assert_eq!(a.ino(), link.ino(), "hard link kept");
+            assert_eq!(
+                std::fs::read_link(dst.join("nested/sym")).unwrap(),
+                Path::new("../a.txt")
+            );
+            let s = std::fs::metadata(dst.join("secret")).unwrap();
+            assert_eq!(s.mode() & 0o777, 0o600);
+            if is_root {
+                assert_eq!((s.uid(), s.gid()), (1234, 5678), "numeric owner kept");
+            }
+            if xattr {
+                let out = Command::new("getfattr")
+                    .args(["--only-values", "-n", "user.smr"])
+                    .arg(dst.join("a.txt"))
+                    .output()
+                    .unwrap();
+                assert_eq!(String::from_utf8_lossy(&out.stdout), "kept", "xattr kept");
+            } else {
+                eprintln!("no user xattrs on the temporary filesystem: xattr check skipped");
+            }
+            let sparse = std::fs::metadata(dst.join("sparse")).unwrap();
+            assert_eq!(sparse.len(), 8 << 20);
+            assert!(sparse.blocks() * 512 < 1 << 20, "sparse file stays sparse");
+
+            // A second pass transfers nothing.
+            let again = run(JobKind::PreCopy, dir.path()).result.unwrap();
+            assert_eq!((again.files, again.bytes), (Some(0), Some(0)), "{again:?}");
+
+            let verify = run(JobKind::Verify, dir.path());
+            assert_eq!(verify.code, 0, "{}", verify.stderr);
+            assert_eq!(verify.result.unwrap().differences, Some(0));
+
+            let measure = run(JobKind::Measure, dir.path());
+            assert_eq!(measure.code, 0, "{}", measure.stderr);
+            let used = measure.result.unwrap().used_bytes.unwrap();
+            assert!(
+                (100_000..8 << 20).contains(&used),
+                "allocated bytes, not apparent: {used}"
+            );
+
+            // Same size and mtime, other content: only --checksum sees it. Plus an extra file.
+            let b = dst.join("nested/b.bin");
+            let mtime = std::fs::metadata(&b).unwrap().modified().unwrap();
+            std::fs::write(&b, vec![8u8; 100_000]).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&b)
+                .unwrap()
+                .set_modified(mtime)
+                .unwrap();
+            std::fs::write(dst.join("extra"), "x").unwrap();
+            let verify = run(JobKind::Verify, dir.path());
+            assert_eq!(verify.code, 1);
+            let r = verify.result.unwrap();
+            // b.bin's content, the extra file, and (when the clock ticked over a second since
+            // the copy) the target root's mtime, which the extra file changed.
+            let n = r.differences.unwrap();
+            assert!((2..=3).contains(&n), "{n}: {}", verify.stderr);
+            assert!(r.failed());
+            assert!(verify.stderr.contains("nested/b.bin"), "{}", verify.stderr);
+            assert!(
+                verify.stderr.contains("*deleting   extra"),
+                "{}",
+                verify.stderr
+            );
+        }
+
+        #[test]
+        fn copy_failure_is_reported() {
+            if !have("rsync") {
+                eprintln!("rsync not installed: skipped");
+                return;
+            }
+            // No source directory: rsync exits 23.
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(dir.path().join("target")).unwrap();
+            for kind in [JobKind::Copy, JobKind::PreCopy, JobKind::Verify] {
+                let run = run(kind, dir.path());
+                assert_eq!(run.code, 23, "{kind:?}: {}", run.stderr);
+                let r = run.result.unwrap();
+                assert!(r.failed());
+                assert_eq!(r.exit_code, Some(23));
+            }
+            let measure = run(JobKind::Measure, dir.path());
+            assert_eq!(measure.code, 1);
+            assert!(measure.result.unwrap().failed());
+        }
+
+        fn nix_is_root() -> bool {
+            Command::new("id")
+                .arg("-u")
+                .output()
+                .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        }
+    }
+}

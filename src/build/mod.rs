@@ -1,0 +1,159 @@
+//! One pure function per object the operator creates or rewrites, and the patch bodies it sends.
+//!
+//! Nothing here does I/O: every function takes what the planner observed and returns an object
+//! (or a JSON patch body) for the cluster layer to send. Each builder's rustdoc says which
+//! Kubernetes pitfall (see `shared/notes/kubernetes-pitfalls.md`) its shape avoids, because most
+//! of these shapes exist only to avoid one:
+//!
+//! - [`names`]: deterministic, DNS-1123, ≤63-character names for everything we create.
+//! - [`claim`]: the temporary claim, the claim recreated on the new volume, claim ownerReference
+//!   clean-up.
+//! - [`pod`]: the WaitForFirstConsumer mounter pod and the member pod recreated from its stash.
+//! - [`job`]: the measure / pre-copy / copy / verify Jobs and their one-line JSON results.
+//! - [`statefulset`]: the recreated StatefulSet and the retention-policy protection patches.
+//! - [`volume`]: patch bodies for PersistentVolumes (reclaim policy, claimRef, labels).
+//! - [`stash`]: gzip+base64 encoding of stashed manifests and the annotation size budget.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use crate::api::{self, StorageMigrationRequest};
+
+pub mod claim;
+pub mod job;
+pub mod names;
+pub mod pod;
+pub mod stash;
+pub mod statefulset;
+pub mod volume;
+
+pub use claim::{
+    claim_owner_references_patch, is_statefulset_or_pod_ref, swapped_claim, temp_claim,
+};
+pub use job::{JobKind, JobResult, job, parse_job_result};
+pub use names::{
+    is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_pod_annotation,
+    temp_claim_name,
+};
+pub use pod::{mounter_pod, recreated_pod};
+pub use stash::{
+    STASH_ANNOTATION_BUDGET, annotations_size, stash_config_map, stash_decode, stash_encode,
+    stash_fits_in_annotations,
+};
+pub use statefulset::{
+    original_retention_policy, parse_retention_policy, protected_retention_policy,
+    recreated_statefulset, retention_needs_protection,
+};
+pub use volume::{claim_ref_patch, migrated_by_label_patch, reclaim_policy_patch};
+
+/// Label on every object created for one member (temporary claim, mounter pod, Jobs).
+pub const MEMBER_LABEL: &str = "storagemigrator.io/member";
+/// Label on the Jobs (and their pods) naming the [`JobKind`].
+pub const JOB_KIND_LABEL: &str = "storagemigrator.io/job-kind";
+/// Label put on old PersistentVolumes once the request succeeded.
+pub const MIGRATED_BY_LABEL: &str = "storagemigrator.io/migrated-by";
+/// Annotation on the request holding the stashed StatefulSet ([`stash_encode`]d).
+pub const STASH_STATEFULSET_ANNOTATION: &str = "storagemigrator.io/stash-statefulset";
+/// Prefix of the annotations on the request holding stashed pods; see [`stash_pod_annotation`].
+pub const STASH_POD_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-pod-";
+/// Node label the scheduler and volume topology use for a single node.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// Errors of the pure builders (only decoding can fail: building never does).
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("job result {message:?} is not the expected one-line JSON: {reason}")]
+    JobResult { message: String, reason: String },
+    #[error("stash cannot be encoded: {0}")]
+    StashEncode(String),
+    #[error("stash cannot be decoded: {0}")]
+    StashDecode(String),
+    #[error("stored retention policy {value:?} cannot be read: {reason}")]
+    RetentionPolicy { value: String, reason: String },
+}
+
+/// Name of the request, or empty for a request without one (only in hand-made tests).
+fn req_name(req: &StorageMigrationRequest) -> String {
+    req.metadata.name.clone().unwrap_or_default()
+}
+
+/// The labels of an object created for one member: [`api::owned_labels`] plus [`MEMBER_LABEL`].
+pub fn member_labels(req_name: &str, pod: &str) -> BTreeMap<String, String> {
+    let mut labels = api::owned_labels(req_name);
+    labels.insert(MEMBER_LABEL.to_string(), pod.to_string());
+    labels
+}
+
+/// The controller ownerReference to the request, when it has a uid (always, once stored).
+///
+/// Why: the mounter pod and the Jobs are disposable and must disappear with the request even if
+/// the operator never gets to clean them up. `blockOwnerDeletion` keeps a foreground deletion of
+/// the request from finishing while they still run. Claims never get one (see
+/// [`claim::temp_claim`]).
+fn owner_references(req: &StorageMigrationRequest) -> Option<Vec<OwnerReference>> {
+    req.controller_owner_ref(&()).map(|r| {
+        vec![OwnerReference {
+            block_owner_deletion: Some(true),
+            ..r
+        }]
+    })
+}
+
+/// Metadata of an object created for one member of `req`.
+fn member_meta(req: &StorageMigrationRequest, name: String, pod: &str, owned: bool) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: req.namespace(),
+        labels: Some(member_labels(&req_name(req), pod)),
+        owner_references: if owned { owner_references(req) } else { None },
+        ..Default::default()
+    }
+}
+
+/// Required node affinity to exactly the node named `node`, matched on the Node's
+/// `metadata.name` (`matchFields`, as the DaemonSet controller does).
+///
+/// Why: `spec.nodeName` bypasses the scheduler, so a WaitForFirstConsumer claim would never get
+/// its `volume.kubernetes.io/selected-node` and stay Pending; going through the scheduler also
+/// lets it honour the volumes' node affinity. `matchFields` on the name rather than
+/// `matchExpressions` on [`HOSTNAME_LABEL`]: the hostname label is not the node name on every
+/// cloud (e.g. AWS names nodes `ip-….ec2.internal`, labels them `ip-…`), while the member's node
+/// is known by name (`pod.spec.nodeName`).
+pub fn pinned_to_node(node: &str) -> Affinity {
+    Affinity {
+        node_affinity: Some(NodeAffinity {
+            required_during_scheduling_ignored_during_execution: Some(NodeSelector {
+                node_selector_terms: vec![NodeSelectorTerm {
+                    match_fields: Some(vec![NodeSelectorRequirement {
+                        key: "metadata.name".to_string(),
+                        operator: "In".to_string(),
+                        values: Some(vec![node.to_string()]),
+                    }]),
+                    ..Default::default()
+                }],
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Tolerate every taint.
+///
+/// Why: our helper pods must run on the member's node and nowhere else (node affinity pins
+/// them), and that node may carry taints that the workload tolerates (dedicated database nodes);
+/// without tolerating them the pod would stay Pending until the request times out.
+fn tolerate_all() -> Vec<Toleration> {
+    vec![Toleration {
+        operator: Some("Exists".to_string()),
+        ..Default::default()
+    }]
+}
+
+#[cfg(test)]
+pub(crate) mod testdata;
