@@ -187,6 +187,7 @@ pub fn spawn_container(
 ///
 /// If a container of `sandbox` started with this very `spec` is running, the command joins its
 /// network, UTS, IPC and mount namespaces (as `kubectl exec` does: it sees the container's files).
+/// (A container still in its init phase is given up to 2 s to exec its program first.)
 /// Otherwise it gets fresh namespaces built from `spec`, like a new container would.
 /// On timeout the command's process group is killed with SIGKILL and
 /// [`RuntimeError::ExecTimeout`] is returned. After the command exits, whatever it left running
