@@ -935,30 +935,49 @@ pub fn loops_under(dir: &Path) -> Vec<(String, PathBuf)> {
     out
 }
 
-/// Ports in LISTEN state in a `/proc/net/tcp` or `/proc/net/tcp6` text.
-pub fn listening_ports(proc_net_tcp: &str) -> BTreeSet<u16> {
+/// `(port, socket inode)` of every socket in LISTEN state in a `/proc/net/tcp` or
+/// `/proc/net/tcp6` text.
+pub fn listening_sockets(proc_net_tcp: &str) -> Vec<(u16, u64)> {
     proc_net_tcp
         .lines()
         .skip(1)
         .filter_map(|l| {
-            let mut f = l.split_whitespace();
-            let local = f.nth(1)?;
-            let st = f.nth(1)?;
-            if st != "0A" {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            if f.get(3) != Some(&"0A") {
                 return None;
             }
-            let port = local.rsplit_once(':')?.1;
-            u16::from_str_radix(port, 16).ok()
+            let port = u16::from_str_radix(f.get(1)?.rsplit_once(':')?.1, 16).ok()?;
+            let inode = f.get(9)?.parse().ok()?;
+            Some((port, inode))
         })
         .collect()
 }
 
-fn all_listening_ports() -> BTreeSet<u16> {
+fn all_listening_sockets() -> Vec<(u16, u64)> {
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|p| std::fs::read_to_string(p).ok())
-        .flat_map(|t| listening_ports(&t))
+        .flat_map(|t| listening_sockets(&t))
         .collect()
+}
+
+/// The pid of a process holding the socket with `inode` open, if any is visible.
+fn socket_owner(inode: u64) -> Option<i32> {
+    let target = format!("socket:[{inode}]");
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == target.as_str()) {
+                return Some(pid);
+            }
+        }
+    }
+    None
 }
 
 fn state_ports(state: &ClusterState) -> Vec<(String, u16)> {
@@ -996,10 +1015,21 @@ pub fn leftovers(dir: &Path, state: Option<&ClusterState>) -> Vec<String> {
         left.push(format!("loop device {dev} backed by {}", backing.display()));
     }
     if let Some(state) = state {
-        let listening = all_listening_ports();
+        let listening = all_listening_sockets();
         for (what, port) in state_ports(state) {
-            if listening.contains(&port) {
-                left.push(format!("listener on port {port} ({what})"));
+            for (_, inode) in listening.iter().filter(|(p, _)| *p == port) {
+                // A port of a long-stopped cluster may since have been taken by someone else:
+                // only a listener of one of this dir's processes (or of an unknown one) is left.
+                match socket_owner(*inode) {
+                    Some(pid) if !is_ours(pid, dir) => {
+                        info!(
+                            port,
+                            pid, "port {port} ({what}) is now used by another process"
+                        )
+                    }
+                    Some(pid) => left.push(format!("listener on port {port} ({what}), pid {pid}")),
+                    None => left.push(format!("listener on port {port} ({what})")),
+                }
             }
         }
         if let Ok(entries) = std::fs::read_dir("/run/netns") {
@@ -1675,9 +1705,20 @@ mod tests {
     #[test]
     fn listeners_are_parsed_from_proc_net_tcp() {
         let t = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
-   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0\n\
-   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0\n";
-        assert_eq!(listening_ports(t), BTreeSet::from([8080]));
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 100 0 0 10 0\n\
+   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0 100 0 0 10 0\n";
+        assert_eq!(listening_sockets(t), [(8080, 4242)]);
+    }
+
+    #[test]
+    fn a_listener_is_traced_to_its_process() {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (_, inode) = all_listening_sockets()
+            .into_iter()
+            .find(|(p, _)| *p == port)
+            .unwrap();
+        assert_eq!(socket_owner(inode), Some(std::process::id() as i32));
     }
 
     #[test]
