@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Fails (with a diff) when the checked-in CRD YAML is stale: the top-level crds/ file or the copy
+# the Helm chart ships. The CRD is generated from the Rust types (`storage-migrator crd`).
+#   .ci/check-crd.sh          check
+#   .ci/check-crd.sh --fix    regenerate both files
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+files=(crds/storagemigrationrequests.yaml charts/storage-migrator/crds/storagemigrationrequests.yaml)
+generated=$(mktemp)
+trap 'rm -f "$generated"' EXIT
+cargo run -q -p storage-migrator -- crd >"$generated"
+
+if [[ "${1:-}" == "--fix" ]]; then
+  for f in "${files[@]}"; do
+    mkdir -p "$(dirname "$f")"
+    cp "$generated" "$f"
+    echo "regenerated $f"
+  done
+  exit 0
+fi
+
+stale=0
+for f in "${files[@]}"; do
+  if [[ ! -f "$f" ]]; then
+    echo "check-crd: $f is missing" >&2
+    stale=1
+  elif ! diff -u --label "$f (checked in)" --label "$f (generated)" "$f" "$generated"; then
+    stale=1
+  fi
+done
+if ((stale)); then
+  echo "check-crd: the CRD is stale; regenerate with: .ci/check-crd.sh --fix" >&2
+  exit 1
+fi
+echo "check-crd: ${files[*]} up to date"
