@@ -388,10 +388,17 @@ fn network_host_to_pod_and_pod_to_pod() {
             &["-n", &sb.netns, "-4", "-o", "addr", "show", "dev", "eth0"],
         );
         assert!(inside.contains(&format!("inet {}/24", sb.ip)), "{inside}");
+        // No default route: only the pod /24 is reachable from a pod.
         let route = cmd("ip", &["-n", &sb.netns, "route", "show", "default"]);
+        assert!(route.trim().is_empty(), "unexpected default route: {route}");
+        let get = std::process::Command::new("ip")
+            .args(["-n", &sb.netns, "route", "get", "192.0.2.1"])
+            .output()
+            .unwrap();
         assert!(
-            route.contains(&format!("via {}", st.bridge_ip())),
-            "{route}"
+            !get.status.success() && String::from_utf8_lossy(&get.stderr).contains("unreachable"),
+            "a pod must not reach 192.0.2.1: {:?}",
+            get
         );
     }
     assert_ne!(a.host_veth, b.host_veth);

@@ -5,9 +5,11 @@
 //! and bind-mounts it on `/run/netns/<name>`. Links and addresses are configured with `ip`
 //! (iproute2), always with argument vectors.
 //!
-//! Traffic stays on the machine: the bridge has no uplink, no NAT is set up and `ip_forward` is
-//! not touched. Host <-> pod traffic is routed locally through the bridge address; pod <-> pod
-//! traffic is bridged. With `br_netfilter` loaded (`bridge-nf-call-iptables=1`) bridged frames
+//! Traffic stays on the machine: pods get no default route, only the on-link route of the pod
+//! /24 (which holds the bridge address, i.e. the host, and every other pod), so a packet for any
+//! other address fails at once in the pod with "network unreachable" (DNS lookups of names not in
+//! the pod's hosts file fail fast instead of stalling). The bridge has no uplink, no NAT is set up
+//! and `ip_forward` is not touched. Pod <-> pod traffic is bridged. With `br_netfilter` loaded (`bridge-nf-call-iptables=1`) bridged frames
 //! traverse iptables' FORWARD chain: an empty ruleset (as on the machines this runs on) passes
 //! them; a host firewall with a FORWARD DROP policy would need an allowance for the pod range.
 
@@ -120,11 +122,6 @@ fn ensure_bridge(state: &ClusterState) -> Result<(), RuntimeError> {
     if !link_exists(&bridge) {
         ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
         info!(%bridge, "created cluster bridge");
-        if std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").is_ok_and(|v| v.trim() != "0") {
-            // Pods have a default route via the bridge: with forwarding on, the host would route
-            // their packets for other addresses (un-NATed) instead of dropping them.
-            warn!(%bridge, "net.ipv4.ip_forward is on: pod traffic to non-pod addresses is routed by the host");
-        }
     }
     let cidr = format!("{}/24", state.bridge_ip());
     let addrs = ip(&["-4", "-o", "addr", "show", "dev", &bridge])?;
@@ -293,7 +290,6 @@ pub(super) fn create_sandbox(
 
 fn configure(state: &ClusterState, sb: &Sandbox) -> Result<(), RuntimeError> {
     let bridge = state.bridge_name();
-    let gateway = state.bridge_ip().to_string();
     let cidr = format!("{}/24", sb.ip);
     let ns = sb.netns.as_str();
     let veth = sb.host_veth.as_str();
@@ -305,9 +301,6 @@ fn configure(state: &ClusterState, sb: &Sandbox) -> Result<(), RuntimeError> {
     ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
     ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
     ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
-    ip(&[
-        "-n", ns, "route", "add", "default", "via", &gateway, "dev", "eth0",
-    ])?;
     std::fs::create_dir_all(&sb.dir).map_err(|source| RuntimeError::Io {
         what: "cannot create",
         path: sb.dir.clone(),

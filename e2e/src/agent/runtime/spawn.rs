@@ -24,15 +24,14 @@ const EXEC_OUTPUT_LIMIT: usize = 1 << 20;
 /// How long an exec waits for a container that is still in its init phase.
 const INIT_GRACE: Duration = Duration::from_secs(2);
 
-/// The program implementing `container-init`: `$LOCALCLUSTER_BIN`, else the current executable.
+/// The program implementing `container-init`: `$LOCALCLUSTER_BIN`, else the running executable
+/// through `/proc/self/exe`. Not `current_exe()`: once cargo relinks the binary while the agent
+/// runs, that path names a deleted file (`.../localcluster (deleted)`) and every container start
+/// would fail; `/proc/self/exe` still opens the image the agent was started from.
 pub(super) fn init_program() -> Result<PathBuf, RuntimeError> {
     match std::env::var_os(INIT_PROGRAM_ENV) {
         Some(p) if !p.is_empty() => Ok(PathBuf::from(p)),
-        _ => std::env::current_exe().map_err(|source| RuntimeError::Io {
-            what: "cannot find the current executable",
-            path: PathBuf::from("/proc/self/exe"),
-            source,
-        }),
+        _ => Ok(PathBuf::from("/proc/self/exe")),
     }
 }
 
