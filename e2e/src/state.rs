@@ -91,7 +91,9 @@ impl ClusterState {
         self.dir.join("kubeconfig")
     }
     pub fn component_kubeconfig(&self, component: &str) -> PathBuf {
-        self.dir.join("kubeconfigs").join(format!("{component}.kubeconfig"))
+        self.dir
+            .join("kubeconfigs")
+            .join(format!("{component}.kubeconfig"))
     }
     pub fn pki_dir(&self) -> PathBuf {
         self.dir.join("pki")
