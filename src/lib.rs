@@ -2,7 +2,15 @@
 //! to another StorageClass or to a smaller size, keeping quorum and every byte.
 //!
 //! - [`api`]: the `StorageMigrationRequest` types (no dependency on the rest).
+//! - [`build`]: one pure function per object the operator creates.
+//! - [`engine`]: database health and leadership (generic, etcd).
+//! - [`plan`]: the pure state machine (observed snapshot in, actions out).
+//! - [`cluster`]: the only code that talks to the API server (gather, execute).
+//! - [`controller`]: kube-runtime wiring, error policy, failpoints.
 
 pub mod api;
 pub mod build;
+pub mod cluster;
+pub mod controller;
 pub mod engine;
+pub mod plan;

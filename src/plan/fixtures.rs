@@ -513,6 +513,10 @@ impl Sim {
                             name: Some(claim.clone()),
                             ..Default::default()
                         });
+                    pv.status = Some(k8s_openapi::api::core::v1::PersistentVolumeStatus {
+                        phase: Some("Available".to_string()),
+                        ..Default::default()
+                    });
                 }
             }
             Action::RemoveOwnerReferences { claim, uids } => {

@@ -632,8 +632,13 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             && r.namespace.as_deref() == Some(ns.as_str())
             && (r.uid.is_none() || cx.o.claims.get(&m.claim).is_some_and(|c| c.uid() == r.uid))
     });
-    if points_at_claim {
+    // Wait until the PV controller has seen the new claimRef (Released → Available): a claim
+    // created before that meets a stale cache and binds only at the next periodic sync (~15 s).
+    let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
+    if points_at_claim && matches!(phase, Some("Available") | Some("Bound")) {
         advance(cx, mb, MemberStep::RecreatingClaim);
+    } else if points_at_claim {
+        cx.wait(Duration::from_millis(500));
     } else {
         cx.act(Action::SetClaimRef {
             volume: name,
