@@ -138,7 +138,14 @@ impl Cluster {
                 }
             }
         }
+        // Jobs before their pods: a Job seen Complete then has its pod's final status (and
+        // termination message) in the pod list taken after it.
         let owned = format!("{}={name}", request_label());
+        let job_list = self
+            .ns_api::<Job>(&ns)
+            .list(&ListParams::default().labels(&owned))
+            .await
+            .map_err(kube_err("list jobs"))?;
         let helper_pods: BTreeMap<String, Pod> = pods_api
             .list(&ListParams::default().labels(&owned))
             .await
@@ -146,6 +153,11 @@ impl Cluster {
             .into_iter()
             .map(|p| (p.name_any(), p))
             .collect();
+        let mut jobs = BTreeMap::new();
+        for job in job_list {
+            let outcome = job_outcome(&job, &helper_pods);
+            jobs.insert(job.name_any(), ObservedJob { job, outcome });
+        }
 
         let claims: BTreeMap<String, PersistentVolumeClaim> = self
             .ns_api::<PersistentVolumeClaim>(&ns)
@@ -174,17 +186,6 @@ impl Cluster {
             {
                 volumes.insert(v, pv);
             }
-        }
-
-        let mut jobs = BTreeMap::new();
-        for job in self
-            .ns_api::<Job>(&ns)
-            .list(&ListParams::default().labels(&owned))
-            .await
-            .map_err(kube_err("list jobs"))?
-        {
-            let outcome = job_outcome(&job, &helper_pods);
-            jobs.insert(job.name_any(), ObservedJob { job, outcome });
         }
 
         let storage_classes = Api::<StorageClass>::all(self.client.clone())
