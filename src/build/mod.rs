@@ -9,7 +9,7 @@
 //! - [`claim`]: the temporary claim, the claim recreated on the new volume, claim ownerReference
 //!   clean-up.
 //! - [`pod`]: the WaitForFirstConsumer mounter pod and the member pod recreated from its stash.
-//! - [`job`]: the measure / pre-copy / copy / verify Jobs and their one-line JSON results.
+//! - [`mod@job`]: the measure / pre-copy / copy / verify Jobs and their one-line JSON results.
 //! - [`statefulset`]: the recreated StatefulSet and the retention-policy protection patches.
 //! - [`volume`]: patch bodies for PersistentVolumes (reclaim policy, claimRef, labels).
 //! - [`stash`]: gzip+base64 encoding of stashed manifests and the annotation size budget.
