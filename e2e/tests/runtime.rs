@@ -113,6 +113,10 @@ const TESTS: &[(&str, TestFn)] = &[
     ),
     ("exact_environment", exact_environment),
     (
+        "private_dev_and_termination_log",
+        private_dev_and_termination_log,
+    ),
+    (
         "exec_joins_the_running_container",
         exec_joins_the_running_container,
     ),
@@ -661,6 +665,167 @@ fn exact_environment() {
         assert_eq!(code, 0, "{log}");
         assert_eq!(log, "y\ny\ndone\n");
     });
+}
+
+/// Names in the host's `/dev`, without loop devices (other clusters' volume provisioners may
+/// attach some meanwhile).
+fn host_dev_names() -> std::collections::BTreeSet<String> {
+    std::fs::read_dir("/dev")
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !(n.starts_with("loop") && n[4..].bytes().all(|b| b.is_ascii_digit())))
+        .collect()
+}
+
+/// Size, mtime and inode of a host file, if it exists.
+fn file_identity(p: &Path) -> Option<(u64, i64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(p)
+        .ok()
+        .map(|m| (m.len(), m.mtime_nsec() + m.mtime() * 1_000_000_000, m.ino()))
+}
+
+/// A termination message file as the agent prepares it: empty, mode 0666.
+fn termination_file(sb: &Sandbox, name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let f = sb.dir.join("termination").join(name);
+    std::fs::create_dir_all(f.parent().unwrap()).unwrap();
+    std::fs::write(&f, "").unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o666)).unwrap();
+    f
+}
+
+fn private_dev_and_termination_log() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("dev", 9);
+    let marker = format!("sm-dev-test-{}", c.state.id);
+    let host_names = host_dev_names();
+    let host_term = Path::new("/dev/termination-log");
+    let host_term_before = file_identity(host_term);
+    let term_mount = |source: &Path| MountSpec {
+        source: source.to_path_buf(),
+        target: PathBuf::from("/dev/termination-log"),
+        read_only: false,
+    };
+    rt().block_on(async {
+        let term = termination_file(&sb, "devctr");
+        // (`>> /dev/stdout`: the log is a file, and `>` would reopen it with O_TRUNC.)
+        let script = format!(
+            "set -e; \
+             printf 'zero=%s\\n' \"$(head -c 16 /dev/zero | od -An -tx1 | tr -d ' \\n')\"; \
+             echo discarded > /dev/null; printf 'null=%s\\n' \"$(wc -c < /dev/null)\"; \
+             printf 'urandom=%s\\n' \"$(head -c 32 /dev/urandom | wc -c)\"; \
+             printf 'random=%s\\n' \"$(head -c 8 /dev/random | wc -c)\"; \
+             if echo x 2>/dev/null > /dev/full; then echo full=written; else echo full=ENOSPC; fi; \
+             echo via-dev-stdout >> /dev/stdout; \
+             printf 'ptmx=%s fd=%s\\n' \"$(readlink /dev/ptmx)\" \"$(readlink /dev/fd)\"; \
+             test -c /dev/pts/ptmx && echo pts=ok; \
+             if command -v script >/dev/null; then \
+               printf 'tty=%s\\n' \"$(script -qec tty /dev/null | tr -d '\\r')\"; \
+             else echo tty=/dev/pts/0; fi; \
+             printf 'devfs=%s\\n' \"$(awk '$5 == \"/dev\" {{print $9}}' /proc/self/mountinfo)\"; \
+             printf 'names=%s\\n' \"$(ls -A /dev | tr '\\n' ' ')\"; \
+             touch /dev/{marker}; \
+             printf hello > /dev/termination-log; echo done"
+        );
+        let mut s = spec(&sb, "devctr", &["/bin/sh", "-c", &script]);
+        s.mounts = vec![term_mount(&term)];
+        let (code, log) = run_to_end(&sb, "devctr", &s).await;
+        println!("{log}");
+        assert_eq!(code, 0, "{log}");
+        assert!(
+            log.contains(&format!("zero={}\n", "00".repeat(16))),
+            "{log}"
+        );
+        assert!(log.contains("null=0\n"), "{log}");
+        assert!(log.contains("urandom=32\n"), "{log}");
+        assert!(log.contains("random=8\n"), "{log}");
+        assert!(log.contains("full=ENOSPC\n"), "{log}");
+        assert!(log.contains("via-dev-stdout\n"), "{log}");
+        assert!(log.contains("ptmx=pts/ptmx fd=/proc/self/fd\n"), "{log}");
+        assert!(log.contains("pts=ok\n"), "{log}");
+        // A pty of the container's own devpts instance (the host's ptys are not numbered here).
+        assert!(log.contains("tty=/dev/pts/0\n"), "{log}");
+        assert!(log.contains("devfs=tmpfs\n"), "{log}");
+        // Exactly the runtime's /dev: no host device (disks, loop devices, kvm) is visible.
+        let names = log
+            .lines()
+            .find_map(|l| l.strip_prefix("names="))
+            .unwrap_or_default();
+        let mut names: Vec<&str> = names.split_whitespace().collect();
+        names.sort_unstable();
+        let mut expected = vec![
+            "fd",
+            "full",
+            "null",
+            "ptmx",
+            "pts",
+            "random",
+            "shm",
+            "stderr",
+            "stdin",
+            "stdout",
+            "termination-log",
+            "tty",
+            "urandom",
+            "zero",
+        ];
+        if names.contains(&"mqueue") {
+            expected.push("mqueue");
+        }
+        expected.sort_unstable();
+        assert_eq!(names, expected, "{log}");
+        assert!(log.contains("done\n"), "{log}");
+        assert_eq!(std::fs::read_to_string(&term).unwrap(), "hello");
+
+        // As nobody: the file (mode 0666) is writable, /dev/null too.
+        let term = termination_file(&sb, "nobody");
+        let mut s = spec(
+            &sb,
+            "nobody",
+            &[
+                "/bin/sh",
+                "-c",
+                "echo x > /dev/null && printf 'from nobody' > /dev/termination-log",
+            ],
+        );
+        s.mounts = vec![term_mount(&term)];
+        s.run_as_user = Some(65534);
+        s.run_as_group = Some(65534);
+        let (code, log) = run_to_end(&sb, "nobody", &s).await;
+        assert_eq!(code, 0, "{log}");
+        assert_eq!(std::fs::read_to_string(&term).unwrap(), "from nobody");
+
+        // An exec into the running container writes the same file.
+        let term = termination_file(&sb, "sleeper");
+        let mut s = spec(&sb, "sleeper", &["/bin/sleep", "300"]);
+        s.mounts = vec![term_mount(&term)];
+        let mut child = runtime::spawn_container(&sb, "sleeper", &s).unwrap();
+        let argv: Vec<String> = ["/bin/sh", "-c", "printf via-exec > /dev/termination-log"]
+            .iter()
+            .map(|a| a.to_string())
+            .collect();
+        let out = runtime::exec_in_container(&sb, &s, &argv, Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, 0, "{}", text(&out));
+        assert_eq!(std::fs::read_to_string(&term).unwrap(), "via-exec");
+        runtime::signal_container(child.id().unwrap(), Signal::SIGKILL).unwrap();
+        child.wait().await.unwrap();
+    });
+    // Nothing reached the host's /dev.
+    assert!(
+        !Path::new("/dev").join(&marker).exists(),
+        "a container created a file in the host's /dev"
+    );
+    assert_eq!(
+        file_identity(host_term),
+        host_term_before,
+        "the host's /dev/termination-log was created or written"
+    );
+    let added: Vec<String> = host_dev_names().difference(&host_names).cloned().collect();
+    assert!(added.is_empty(), "the host's /dev gained {added:?}");
+    runtime::destroy_sandbox(&sb).unwrap();
 }
 
 fn exec_joins_the_running_container() {

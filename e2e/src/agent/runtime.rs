@@ -9,10 +9,14 @@
 //! a tmpfs mounted on `<sandbox.dir>/<name>.root` (only inside the container's mount namespace)
 //! holds the upper and work dirs of an overlayfs whose lower dir is the host's `/`, so the host
 //! filesystem is the image and writes outside volumes (`mkdir /data`, `/var/run/etcd`) never
-//! touch the host. Fresh `/proc`, `/sys` (read-only), `/run`, `/tmp`, `/dev/shm` and a bind of
-//! the host's `/dev` are mounted in it, then `pivot_root`, then the volumes are bind-mounted (from
-//! file descriptors opened before the pivot), then the old root is detached, so the container's
-//! mount namespace pins no host mount but its own volumes. Then hostname, uid/gid, chdir, signal
+//! touch the host. Fresh `/proc`, `/sys` (read-only), `/run`, `/tmp` and a private `/dev` are
+//! mounted in it (a small tmpfs with the host's null, zero, full, random, urandom and tty bound
+//! into it, a new devpts instance, `ptmx -> pts/ptmx`, `/dev/shm`, `/dev/mqueue`, the
+//! `fd`/`stdin`/`stdout`/`stderr` symlinks: what a container runtime gives), then `pivot_root`,
+//! then the volumes are bind-mounted (from file descriptors opened before the pivot; a missing
+//! file target such as `/dev/termination-log` is created inside the container's root, never on
+//! the host), then the old root is detached, so the container's mount namespace pins no host
+//! mount but its own volumes. Then hostname, uid/gid, chdir, signal
 //! dispositions reset, and `execve` with exactly the given environment.
 //!
 //! Process lifetime: every child (container or exec) is forked from one dedicated, never-exiting

@@ -41,6 +41,20 @@ const ROOT_TMPFS: &str = "mode=0755,size=1g";
 const TMP_TMPFS: &str = "mode=1777,size=1g";
 const RUN_TMPFS: &str = "mode=0755,size=256m";
 const SHM_TMPFS: &str = "mode=1777,size=64m";
+/// The container's own `/dev` (device nodes are bind mounts and take no space in it).
+const DEV_TMPFS: &str = "mode=0755,size=4m";
+/// Host device nodes bound into every container's `/dev` (the default set of runc).
+const DEV_NODES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+/// A new devpts instance per container, as runc mounts it (group 5 is `tty`).
+const DEVPTS_OPTIONS: &str = "newinstance,ptmxmode=0666,mode=0620,gid=5";
+/// Symlinks of a container's `/dev` (as runc makes them).
+const DEV_SYMLINKS: &[(&str, &str)] = &[
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+    ("ptmx", "pts/ptmx"),
+];
 /// Mount point of the old root between `pivot_root` and its detach.
 const OLD_ROOT: &str = "/.sm-oldroot";
 
@@ -377,21 +391,7 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
         nosuid_nodev | MsFlags::MS_NOEXEC | MsFlags::MS_RDONLY,
         None,
     )?;
-    mount(
-        Some(Path::new("/dev")),
-        &at("dev"),
-        None,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None,
-    )?;
-    mkdir_p(&at("dev/shm"))?;
-    mount(
-        Some(Path::new("shm")),
-        &at("dev/shm"),
-        Some("tmpfs"),
-        nosuid_nodev | MsFlags::MS_NOEXEC,
-        Some(SHM_TMPFS),
-    )?;
+    private_dev(&at("dev"))?;
     mount(
         Some(Path::new("tmpfs")),
         &at("run"),
@@ -441,6 +441,83 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
     if !spec.hostname.is_empty() {
         nix::unistd::sethostname(&spec.hostname)
             .map_err(sys(format!("sethostname({})", spec.hostname)))?;
+    }
+    Ok(())
+}
+
+/// The container's private `/dev` on `dev` (before the pivot, so the host's `/dev` is still
+/// visible as the source of the device nodes): a small tmpfs with the host's null, zero, full,
+/// random, urandom and tty bound into it, a new devpts instance on `pts` (a recursive bind of the
+/// host's `/dev/pts` where a new instance is refused), `ptmx -> pts/ptmx`, a tmpfs on `shm`, the
+/// IPC namespace's `mqueue` (skipped if refused) and the `fd`/`stdin`/`stdout`/`stderr`
+/// symlinks. Nothing a container creates in its `/dev` (e.g. `/dev/termination-log`, mounted
+/// from the pod's dir by the agent) reaches the host's devtmpfs.
+fn private_dev(dev: &Path) -> Result<(), RuntimeError> {
+    let host_dev = Path::new("/dev");
+    mount(
+        Some(Path::new("tmpfs")),
+        dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID,
+        Some(DEV_TMPFS),
+    )?;
+    for name in DEV_NODES {
+        let source = host_dev.join(name);
+        if std::fs::symlink_metadata(&source).is_err() {
+            continue;
+        }
+        let target = dev.join(name);
+        OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o666)
+            .open(&target)
+            .map_err(io("cannot create device mount point", &target))?;
+        mount(Some(&source), &target, None, MsFlags::MS_BIND, None)?;
+    }
+    let pts = dev.join("pts");
+    mkdir_p(&pts)?;
+    let new_devpts = nix::mount::mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(DEVPTS_OPTIONS),
+    );
+    if new_devpts.is_err() {
+        mount(
+            Some(&host_dev.join("pts")),
+            &pts,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+        )?;
+    }
+    let shm = dev.join("shm");
+    mkdir_p(&shm)?;
+    mount(
+        Some(Path::new("shm")),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some(SHM_TMPFS),
+    )?;
+    let mqueue = dev.join("mqueue");
+    mkdir_p(&mqueue)?;
+    let mq = nix::mount::mount(
+        Some("mqueue"),
+        &mqueue,
+        Some("mqueue"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    );
+    if mq.is_err() {
+        // Optional, as in runc's defaults: a container without it only lacks POSIX queues' fs.
+        std::fs::remove_dir(&mqueue).map_err(io("cannot remove", &mqueue))?;
+    }
+    for (name, points_to) in DEV_SYMLINKS {
+        let link = dev.join(name);
+        std::os::unix::fs::symlink(points_to, &link).map_err(io("cannot create symlink", &link))?;
     }
     Ok(())
 }
