@@ -3,13 +3,19 @@
 # the Helm chart ships. The CRD is generated from the Rust types (`storage-migrator crd`).
 #   .ci/check-crd.sh          check
 #   .ci/check-crd.sh --fix    regenerate both files
+# CRDGEN_BIN=path/to/storage-migrator uses an already built binary (the test script sets it, so
+# the workspace is not compiled a second time with other features).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 files=(crds/storagemigrationrequests.yaml charts/storage-migrator/crds/storagemigrationrequests.yaml)
 generated=$(mktemp)
 trap 'rm -f "$generated"' EXIT
-cargo run -q -p storage-migrator -- crd >"$generated"
+if [[ -n "${CRDGEN_BIN:-}" ]]; then
+  "$CRDGEN_BIN" crd >"$generated"
+else
+  cargo run -q -p storage-migrator -- crd >"$generated"
+fi
 
 if [[ "${1:-}" == "--fix" ]]; then
   for f in "${files[@]}"; do

@@ -20,11 +20,11 @@ cargo fmt --all -- --check
 step "clippy"
 cargo clippy --workspace --all-targets --all-features -- -D warnings
 
-step "CRD is generated from the Rust types"
-bash .ci/check-crd.sh
-
 step "build"
 cargo build --workspace --all-features --bins
+
+step "CRD is generated from the Rust types"
+CRDGEN_BIN="$ROOT/target/debug/storage-migrator" bash .ci/check-crd.sh
 
 step "unit tests"
 cargo test --workspace --all-features --lib --bins
