@@ -34,7 +34,8 @@ fn workspace() -> PathBuf {
 }
 
 /// The operator as a child process of the test, watching one namespace; killed (by its PID)
-/// when dropped. Its log goes to a file whose tail is printed on drop during a panic.
+/// when dropped. Its log goes to a file, kept and its tail printed when the test panicked,
+/// removed otherwise.
 struct Operator {
     child: Option<std::process::Child>,
     log: PathBuf,
@@ -85,11 +86,19 @@ impl Drop for Operator {
             let _ = child.kill();
             let _ = child.wait();
         }
+        if self.child.is_none() {
+            return;
+        }
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
             let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-            eprintln!("--- operator log tail ({}) ---\n{tail}", self.log.display());
+            eprintln!(
+                "--- operator log tail (whole log kept: {}) ---\n{tail}",
+                self.log.display()
+            );
+        } else {
+            let _ = std::fs::remove_file(&self.log);
         }
     }
 }
