@@ -21,7 +21,7 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::api::{MemberStep, StorageMigrationRequest};
-use crate::cluster::{Cluster, ClusterError, action_name};
+use crate::cluster::{Cluster, ClusterError, action_name, failpoint_hit};
 use crate::plan::{self, Action};
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
@@ -85,19 +85,11 @@ pub fn status_failpoint(status: &crate::api::StorageMigrationRequestStatus) -> S
 
 /// Fault injection for tests (cargo feature `failpoints`, configured by env `FAILPOINTS`,
 /// e.g. `FAILPOINTS='step-Copying=return'`): the `return` action exits the process at once, as
-/// a crash would.
-#[allow(unused_variables)]
+/// a crash would (exit code 86).
 fn failpoint(name: &str) {
-    #[cfg(feature = "failpoints")]
-    {
-        let hit = (|| {
-            fail::fail_point!(name, |_| true);
-            false
-        })();
-        if hit {
-            warn!(failpoint = name, "failpoint hit: exiting");
-            std::process::exit(86);
-        }
+    if failpoint_hit(name) {
+        warn!(failpoint = name, "failpoint hit: exiting");
+        std::process::exit(86);
     }
 }
 

@@ -423,7 +423,11 @@ impl Cluster {
             Action::Create(obj) => match obj {
                 Object::Claim(c) => create(&self.ns_api(&ns), c.as_ref(), "claim").await?,
                 Object::Pod(p) => create(&self.ns_api(&ns), p.as_ref(), "pod").await?,
-                Object::Job(j) => create(&self.ns_api(&ns), j.as_ref(), "Job").await?,
+                Object::Job(j) => {
+                    let mut job = j.as_ref().clone();
+                    inject_copy_failure(&mut job);
+                    create(&self.ns_api(&ns), &job, "Job").await?
+                }
                 Object::StatefulSet(s) => {
                     create(&self.ns_api(&ns), s.as_ref(), "StatefulSet").await?
                 }
@@ -528,6 +532,38 @@ impl Cluster {
         }
         debug!(action = action_name(action), "done");
         Ok(())
+    }
+}
+
+/// Whether the failpoint `name` is configured to `return` (cargo feature `failpoints`, env
+/// `FAILPOINTS`); always false without the feature.
+#[allow(unused_variables)]
+pub fn failpoint_hit(name: &str) -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        fail::fail_point!(name, |_| true);
+    }
+    false
+}
+
+/// Test fault injection (failpoint `copy-job-fails`): the copy Job's script is replaced by one
+/// that reports an error and exits 23, so the Job really fails on the cluster.
+fn inject_copy_failure(job: &mut Job) {
+    let is_copy = job.labels().get(build::JOB_KIND_LABEL).map(String::as_str)
+        == Some(build::JobKind::Copy.as_str());
+    if !is_copy || !failpoint_hit("copy-job-fails") {
+        return;
+    }
+    warn!(job = %job.name_any(), "failpoint copy-job-fails: this copy Job will fail");
+    let script = r#"printf '{"error":"injected failure (failpoint copy-job-fails)","exitCode":23}' > /dev/termination-log; exit 23"#;
+    for c in job
+        .spec
+        .iter_mut()
+        .flat_map(|s| s.template.spec.iter_mut())
+        .flat_map(|s| s.containers.iter_mut())
+    {
+        c.command = Some(vec!["sh".into(), "-c".into(), script.into()]);
+        c.args = None;
     }
 }
 

@@ -1,0 +1,773 @@
+//! End-to-end scenarios of issue 3 (the migration engine) against the cluster `KUBECONFIG`
+//! points at, each in its own namespace with its own operator process watching only that
+//! namespace (`storage-migrator run --namespace NS`):
+//!
+//! - StorageClassChange `standard` → `fast` of the 3-member etcd StatefulSet while a client
+//!   writes; Shrink 1Gi → 256Mi and a Shrink below the used bytes (Denied, nothing changed);
+//! - the operator killed at step boundaries (failpoints) and restarted;
+//! - a failing copy Job and an expired timeout, each ending `Failed` with the workload serving.
+//!
+//! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
+//! `<workspace>/target/debug/storage-migrator`), built with `--features failpoints`.
+//!
+//! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test migration -- --test-threads=2`
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use e2e::testing::{TestCluster, TestNamespace, init_tracing, set_template_class};
+use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+use kube::api::Api;
+use serde_json::json;
+use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
+use tokio::process::{Child, Command};
+use tracing::{info, warn};
+
+const ETCD_READY: Duration = Duration::from_secs(300);
+const MIGRATION: Duration = Duration::from_secs(600);
+const SET: &str = "etcd";
+const CRD: &str = include_str!("../../crds/storagemigrationrequests.yaml");
+
+// ------------------------------------------------------------------------------------------
+// Harness: operator process, etcd fixture, writer, checks.
+
+fn operator_bin() -> PathBuf {
+    std::env::var_os("STORAGE_MIGRATOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/storage-migrator")
+        })
+}
+
+/// One operator process (killed on drop).
+struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `storage-migrator run --namespace NS`, with `FAILPOINTS` when given.
+    fn start(ns: &str, run: usize, failpoints: Option<&str>) -> Operator {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!("{ns}-operator-{run}.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let mut cmd = Command::new(operator_bin());
+        cmd.args(["run", "--namespace", ns])
+            .env(
+                "RUST_LOG",
+                std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+            )
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        if let Some(fp) = failpoints {
+            cmd.env("FAILPOINTS", fp);
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", operator_bin().display()));
+        info!(ns, run, ?failpoints, log = %log.display(), "operator started");
+        Operator { child, log }
+    }
+
+    /// Waits until the process exits by itself (a failpoint); its exit code.
+    async fn wait_exit(&mut self, timeout: Duration) -> i32 {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => status.code().unwrap_or(-1),
+            Ok(Err(e)) => panic!("waiting for the operator: {e}"),
+            Err(_) => panic!(
+                "the operator did not hit its failpoint within {timeout:?}; log {}",
+                self.log.display()
+            ),
+        }
+    }
+}
+
+/// The CRD, then the etcd fixture with its claim template on `class`, 3/3 Ready.
+async fn setup(test: &str, class: Option<&str>) -> (TestCluster, TestNamespace) {
+    init_tracing();
+    let cluster = TestCluster::from_env()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
+    let ns = cluster.namespace(test).await.unwrap();
+    ns.apply_yaml(CRD).await.unwrap();
+    let path = e2e::testing::fixture_path("etcd.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    let class = class.unwrap_or(&cluster.storage_class).to_string();
+    ns.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
+        .await
+        .unwrap();
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    (cluster, ns)
+}
+
+fn request_yaml(name: &str, spec: serde_json::Value) -> String {
+    serde_json::to_string(&json!({
+        "apiVersion": "storagemigrator.io/v1alpha1",
+        "kind": "StorageMigrationRequest",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+async fn create_request(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
+    ns.apply_yaml(&request_yaml(name, spec)).await.unwrap();
+}
+
+/// Waits until the request's phase is final; returns it.
+async fn wait_final(ns: &TestNamespace, name: &str, timeout: Duration) -> StorageMigrationRequest {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let cond = |r: Option<&StorageMigrationRequest>| {
+        r.and_then(|r| r.status.as_ref())
+            .is_some_and(|s| s.phase.is_final())
+    };
+    let describe = |r: &StorageMigrationRequest| format!("{:?}", r.status);
+    ns.wait_for(api, name, "request final", timeout, cond, describe)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// Waits until the request's status shows at least the stage/step `pred` asks for.
+async fn wait_status(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&storage_migrator::api::StorageMigrationRequestStatus) -> bool + Send + 'static,
+) {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let cond = move |r: Option<&StorageMigrationRequest>| {
+        r.and_then(|r| r.status.as_ref()).is_some_and(&pred)
+    };
+    let describe = |r: &StorageMigrationRequest| format!("{:?}", r.status);
+    ns.wait_for(api, name, what, timeout, cond, describe)
+        .await
+        .unwrap();
+}
+
+/// `claim → (volume, class, requested size)` of the set's claims.
+async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)> {
+    let api: Api<PersistentVolumeClaim> = ns.api();
+    let mut out = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("data-{SET}-{i}");
+        let c = api.get(&name).await.unwrap();
+        let spec = c.spec.clone().unwrap_or_default();
+        out.insert(
+            name.clone(),
+            (
+                spec.volume_name.unwrap_or_default(),
+                spec.storage_class_name.unwrap_or_default(),
+                spec.resources
+                    .and_then(|r| r.requests)
+                    .and_then(|r| r.get("storage").cloned())
+                    .map(|q| q.0)
+                    .unwrap_or_default(),
+            ),
+        );
+        assert_eq!(
+            c.status.and_then(|s| s.phase).as_deref(),
+            Some("Bound"),
+            "claim {name}"
+        );
+    }
+    out
+}
+
+async fn member_endpoints(ns: &TestNamespace) -> Vec<String> {
+    endpoints_in(&ns.client(), &ns.name).await
+}
+
+/// `http://<pod IP>:2379` of the members that have an IP now.
+async fn endpoints_in(client: &kube::Client, ns: &str) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut eps = Vec::new();
+    for i in 0..3 {
+        if let Ok(Some(p)) = pods.get_opt(&format!("{SET}-{i}")).await
+            && p.metadata.deletion_timestamp.is_none()
+            && let Some(ip) = p.status.and_then(|s| s.pod_ip)
+        {
+            eps.push(format!("http://{ip}:2379"));
+        }
+    }
+    eps
+}
+
+async fn etcd_client(endpoints: &[String]) -> Option<EtcdClient> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(3));
+    EtcdClient::connect(endpoints, Some(options)).await.ok()
+}
+
+/// What a background writer did.
+#[derive(Debug, Default)]
+struct WriterStats {
+    acked: Vec<String>,
+    attempts: u64,
+    failures: u64,
+    longest_gap: Duration,
+}
+
+/// Writes `w/<n>` about every 100 ms through the members' endpoints (re-resolved after a
+/// failure: recreated pods get new IPs), one retry per write allowed, until `stop`.
+fn start_writer(
+    ns: &TestNamespace,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<WriterStats> {
+    let (kube_client, ns_name) = (ns.client(), ns.name.clone());
+    tokio::spawn(async move {
+        let mut stats = WriterStats::default();
+        let mut client: Option<EtcdClient> = None;
+        let mut last_ok = Instant::now();
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let key = format!("w/{n:06}");
+            let mut ok = false;
+            for _ in 0..2 {
+                stats.attempts += 1;
+                if client.is_none() {
+                    client = etcd_client(&endpoints_in(&kube_client, &ns_name).await).await;
+                }
+                let Some(c) = client.as_mut() else {
+                    stats.failures += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                match c.put(key.clone(), format!("value-{n}"), None).await {
+                    Ok(_) => {
+                        ok = true;
+                        break;
+                    }
+                    Err(e) => {
+                        stats.failures += 1;
+                        warn!(key, error = %e, "write failed");
+                        client = None;
+                    }
+                }
+            }
+            if ok {
+                stats.longest_gap = stats.longest_gap.max(last_ok.elapsed());
+                last_ok = Instant::now();
+                stats.acked.push(key);
+                n += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stats
+    })
+}
+
+/// Every acknowledged key is readable (linearizable) through every member; `hash_kv` at one
+/// revision is equal on all members; returns (key count, hash).
+async fn check_etcd(ns: &TestNamespace, acked: &[String]) -> (i64, u32) {
+    let endpoints = member_endpoints(ns).await;
+    assert_eq!(endpoints.len(), 3, "3 member pods with IPs");
+    let mut count = None;
+    let mut hashes = BTreeSet::new();
+    let mut rev = None;
+    for ep in &endpoints {
+        let mut c = etcd_client(std::slice::from_ref(ep))
+            .await
+            .unwrap_or_else(|| panic!("cannot reach {ep}"));
+        let resp = c
+            .get("w/", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let have: BTreeSet<String> = resp
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap_or_default().to_string())
+            .collect();
+        for k in acked {
+            assert!(
+                have.contains(k),
+                "acknowledged key {k} missing through {ep}"
+            );
+        }
+        let n = i64::try_from(have.len()).unwrap();
+        assert!(count.is_none_or(|c| c == n), "key counts differ");
+        count = Some(n);
+        let r = *rev.get_or_insert(resp.header().map(|h| h.revision()).unwrap_or(0));
+        let h = c.hash_kv(r).await.unwrap();
+        hashes.insert(h.hash());
+    }
+    assert_eq!(
+        hashes.len(),
+        1,
+        "hash_kv differs between members: {hashes:?}"
+    );
+    (count.unwrap_or(0), hashes.into_iter().next().unwrap_or(0))
+}
+
+/// Writes `n` keys `seed/<i>` (before a migration); returns them.
+async fn seed(ns: &TestNamespace, n: usize) -> Vec<String> {
+    let mut c = etcd_client(&member_endpoints(ns).await).await.unwrap();
+    let mut keys = Vec::new();
+    for i in 0..n {
+        let k = format!("w/seed-{i:04}");
+        c.put(k.clone(), "x".repeat(100), None).await.unwrap();
+        keys.push(k);
+    }
+    keys
+}
+
+/// The recreated set owns the pods, which existed before it (adopted, not recreated), with no
+/// restarts, one revision, and the template's class/size as expected.
+async fn check_adopted(ns: &TestNamespace, class: &str, size: &str) -> BTreeMap<String, String> {
+    let sets: Api<StatefulSet> = ns.api();
+    let pods: Api<Pod> = ns.api();
+    let set = sets.get(SET).await.unwrap();
+    let set_uid = set.uid().unwrap();
+    let set_created = set.metadata.creation_timestamp.clone().unwrap().0;
+    let tpl = &set
+        .spec
+        .as_ref()
+        .unwrap()
+        .volume_claim_templates
+        .as_ref()
+        .unwrap()[0];
+    let tspec = tpl.spec.as_ref().unwrap();
+    assert_eq!(tspec.storage_class_name.as_deref(), Some(class));
+    assert_eq!(
+        tspec.resources.as_ref().unwrap().requests.as_ref().unwrap()["storage"].0,
+        size
+    );
+    let status = set.status.clone().unwrap();
+    assert_eq!(
+        status.current_revision, status.update_revision,
+        "{status:?}"
+    );
+    let mut uids = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("{SET}-{i}");
+        let p = pods.get(&name).await.unwrap();
+        let owner = p
+            .owner_references()
+            .iter()
+            .find(|r| r.controller == Some(true))
+            .unwrap_or_else(|| panic!("{name} has no controller"));
+        assert_eq!(owner.uid, set_uid, "{name} adopted by the recreated set");
+        assert!(
+            p.metadata.creation_timestamp.clone().unwrap().0 <= set_created,
+            "{name} was created after the set: recreated, not adopted"
+        );
+        let restarts: i32 = p
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .map(|cs| cs.iter().map(|c| c.restart_count).sum())
+            .unwrap_or(0);
+        assert_eq!(restarts, 0, "{name} restarted");
+        uids.insert(name, p.uid().unwrap());
+    }
+    uids
+}
+
+async fn pod_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = ns.api();
+    let mut uids = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("{SET}-{i}");
+        uids.insert(name.clone(), pods.get(&name).await.unwrap().uid().unwrap());
+    }
+    uids
+}
+
+fn summary(req: &StorageMigrationRequest) -> String {
+    let s = req.status.clone().unwrap_or_default();
+    let members: Vec<String> = s
+        .members
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {:?} downtime {:?}s copied {:?}B",
+                m.pod, m.step, m.downtime_seconds, m.bytes_copied
+            )
+        })
+        .collect();
+    format!(
+        "phase {:?}, message {:?}, members [{}], finalHash {:?}",
+        s.phase,
+        s.message,
+        members.join("; "),
+        s.final_hash
+    )
+}
+
+// ------------------------------------------------------------------------------------------
+// Scenarios.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn storage_class_change_while_a_client_writes() {
+    let (cluster, ns) = setup("smr-class-change", None).await;
+    let seeded = seed(&ns, 200).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = start_writer(&ns, stop.clone());
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let _op = Operator::start(&ns.name, 0, None);
+    let started = Instant::now();
+    create_request(
+        &ns,
+        "to-fast",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    let req = wait_final(&ns, "to-fast", MIGRATION).await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stats = writer.await.unwrap();
+    info!(took = ?took, summary = %summary(&req), ?stats.attempts, ?stats.failures, ?stats.longest_gap, acked = stats.acked.len(), "class change done");
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    assert_eq!(status.progress.as_deref(), Some("3/3"));
+
+    for (claim, (volume, class, size)) in claims(&ns).await {
+        assert_eq!(class, cluster.wffc_storage_class, "{claim}");
+        assert_eq!(size, "1Gi", "{claim}");
+        let pv = Api::<PersistentVolume>::all(ns.client())
+            .get(&volume)
+            .await
+            .unwrap();
+        assert_eq!(
+            pv.spec.unwrap().storage_class_name.as_deref(),
+            Some(cluster.wffc_storage_class.as_str())
+        );
+    }
+    // The leader went last and every member reports a downtime.
+    let plan = status.plan.clone().unwrap();
+    let last = status.members.last().unwrap();
+    let leader = plan
+        .members
+        .iter()
+        .find(|m| m.role.as_deref() == Some("leader"));
+    if let Some(leader) = leader {
+        assert_eq!(last.pod, leader.pod, "the leader is migrated last");
+    }
+    assert!(
+        status
+            .members
+            .iter()
+            .all(|m| m.step == MemberStep::Done && m.downtime_seconds.is_some())
+    );
+    assert!(status.final_hash.is_some(), "etcd hash_kv recorded");
+
+    let mut acked = seeded;
+    acked.extend(stats.acked.iter().cloned());
+    let (count, hash) = check_etcd(&ns, &acked).await;
+    assert!(count as usize >= acked.len());
+    info!(count, hash, "etcd data intact");
+
+    let uids = check_adopted(&ns, &cluster.wffc_storage_class, "1Gi").await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        pod_uids(&ns).await,
+        uids,
+        "no pod restarted after the set's recreation"
+    );
+
+    let events = ns.events_for("to-fast").await.unwrap();
+    for reason in [
+        "Accepted",
+        "StatefulSetOrphaned",
+        "ClaimCreated",
+        "PreCopied",
+        "PodStopped",
+        "Copied",
+        "Verified",
+        "ClaimSwapped",
+        "MemberMigrated",
+        "StatefulSetRecreated",
+        "Successful",
+    ] {
+        assert!(
+            events.iter().any(|e| e.starts_with(reason)),
+            "no {reason} event in {events:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shrink_and_a_denied_shrink_below_used_bytes() {
+    // Shrink keeps the class: use the WaitForFirstConsumer one, whose volumes are provisioned
+    // on the member's node (an Immediate local class may place the new volume elsewhere).
+    let cluster = TestCluster::from_env().await.unwrap();
+    let (_, ns) = setup("smr-shrink", Some(&cluster.wffc_storage_class)).await;
+    let seeded = seed(&ns, 200).await;
+    let before = claims(&ns).await;
+    let set_uid = Api::<StatefulSet>::namespaced(ns.client(), &ns.name)
+        .get(SET)
+        .await
+        .unwrap()
+        .uid();
+    let _op = Operator::start(&ns.name, 0, None);
+
+    // etcd preallocates 64 MiB WAL files: far more than 32Mi is in use.
+    create_request(
+        &ns,
+        "too-small",
+        json!({
+            "type": "Shrink",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "shrink": {"size": "32Mi"},
+            "timeout": "10m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    let req = wait_final(&ns, "too-small", Duration::from_secs(180)).await;
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
+    let accepted = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted")
+        .unwrap();
+    assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
+    assert_eq!(claims(&ns).await, before, "nothing changed");
+    let set = Api::<StatefulSet>::namespaced(ns.client(), &ns.name)
+        .get(SET)
+        .await
+        .unwrap();
+    assert_eq!(set.uid(), set_uid, "the set was not touched");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        jobs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "measure Jobs deleted"
+    );
+
+    create_request(
+        &ns,
+        "shrink",
+        json!({
+            "type": "Shrink",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "shrink": {"size": "256Mi"},
+            "timeout": "15m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    let req = wait_final(&ns, "shrink", MIGRATION).await;
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    let plan = status.plan.unwrap();
+    assert!(plan.members.iter().all(|m| m.used_bytes.is_some()));
+    for (claim, (volume, class, size)) in claims(&ns).await {
+        assert_eq!(size, "256Mi", "{claim}");
+        assert_eq!(class, cluster.wffc_storage_class);
+        let pv = Api::<PersistentVolume>::all(ns.client())
+            .get(&volume)
+            .await
+            .unwrap();
+        assert_eq!(
+            pv.spec.unwrap().capacity.unwrap()["storage"].0,
+            "256Mi",
+            "{claim} on a 256Mi volume"
+        );
+    }
+    check_etcd(&ns, &seeded).await;
+    check_adopted(&ns, &cluster.wffc_storage_class, "256Mi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_killed_at_step_boundaries_finishes_after_restart() {
+    let (cluster, ns) = setup("smr-killed", None).await;
+    let seeded = seed(&ns, 100).await;
+    create_request(
+        &ns,
+        "killed",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "20m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    // Each run exits (code 86) at its failpoint, right after the status write or action named.
+    let points = [
+        "stage-Migrating=return",         // the set is orphaned
+        "after-Delete-Pod=1*off->return", // the mounter, then the member pod, deleted
+        "after-Create-Job=return",        // the final copy Job just created: during the rsync
+        "step-RetainingVolumes=return",   // copied and verified, swap begins
+        "step-DeletingOldClaim=return",
+        "step-DeletingTempClaim=return",
+        "step-ReleasingNewVolume=return",
+        "step-RecreatingClaim=return",
+        "step-RecreatingPod=return",
+        "stage-RecreatingStatefulSet=return", // every member migrated, set not yet recreated
+    ];
+    for (run, fp) in points.iter().enumerate() {
+        let mut op = Operator::start(&ns.name, run, Some(fp));
+        let code = op.wait_exit(Duration::from_secs(300)).await;
+        assert_eq!(
+            code,
+            86,
+            "run {run} ({fp}) exited {code}; log {}",
+            op.log.display()
+        );
+        let req: StorageMigrationRequest = ns.api().get("killed").await.unwrap();
+        info!(run, fp, status = %summary(&req), "operator killed at failpoint");
+    }
+    let _op = Operator::start(&ns.name, points.len(), None);
+    let req = wait_final(&ns, "killed", MIGRATION).await;
+    assert_eq!(
+        req.status.as_ref().unwrap().phase,
+        Phase::Successful,
+        "{}",
+        summary(&req)
+    );
+    for (claim, (_, class, _)) in claims(&ns).await {
+        assert_eq!(class, cluster.wffc_storage_class, "{claim}");
+    }
+    check_etcd(&ns, &seeded).await;
+    check_adopted(&ns, &cluster.wffc_storage_class, "1Gi").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_copy_rolls_back_with_the_workload_serving() {
+    let (cluster, ns) = setup("smr-copy-fails", None).await;
+    let seeded = seed(&ns, 100).await;
+    let before = claims(&ns).await;
+    let _op = Operator::start(&ns.name, 0, Some("copy-job-fails=return"));
+    create_request(
+        &ns,
+        "copy-fails",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    let req = wait_final(&ns, "copy-fails", MIGRATION).await;
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    let failure = status.failure.clone().unwrap();
+    assert!(failure.contains("copy of claim"), "{failure}");
+    assert!(failure.contains("injected failure"), "{failure}");
+    assert!(
+        status
+            .members
+            .iter()
+            .any(|m| m.step == MemberStep::RolledBack),
+        "{}",
+        summary(&req)
+    );
+    let message = status.message.unwrap();
+    assert!(message.contains("original volume"), "{message}");
+    assert_eq!(
+        claims(&ns).await,
+        before,
+        "every claim on its original volume"
+    );
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    check_etcd(&ns, &seeded).await;
+    check_adopted(&ns, &cluster.storage_class, "1Gi").await;
+    let events = ns.events_for("copy-fails").await.unwrap();
+    assert!(
+        events.iter().any(|e| e.starts_with("RollingBack")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_timeout_rolls_back_with_the_workload_serving() {
+    let (cluster, ns) = setup("smr-timeout", None).await;
+    let seeded = seed(&ns, 100).await;
+    let before = claims(&ns).await;
+    let _op = Operator::start(&ns.name, 0, None);
+    // No pre-copy, and a mover image no node has: the member stops, its copy Job can never
+    // start, and the 45 s timeout expires with the member down.
+    create_request(
+        &ns,
+        "times-out",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "45s",
+            "copy": {"preCopy": false, "moverImage": "registry.invalid/no-such-mover:0"},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    wait_status(
+        &ns,
+        "times-out",
+        "member stopped",
+        Duration::from_secs(120),
+        |s| s.members.iter().any(|m| m.step >= MemberStep::Copying),
+    )
+    .await;
+    let req = wait_final(&ns, "times-out", MIGRATION).await;
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    let failure = status.failure.clone().unwrap();
+    assert!(
+        failure.contains("timeout of 45s expired") || failure.contains("DeadlineExceeded"),
+        "{failure}"
+    );
+    assert_eq!(
+        claims(&ns).await,
+        before,
+        "every claim on its original volume"
+    );
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    check_etcd(&ns, &seeded).await;
+    check_adopted(&ns, &cluster.storage_class, "1Gi").await;
+    // Nothing of the request is left behind.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
+    assert!(
+        jobs.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    let left: Vec<String> = ns
+        .api::<PersistentVolumeClaim>()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|c| c.name_any())
+        .filter(|n| n.contains("-smr-"))
+        .collect();
+    assert!(left.is_empty(), "temporary claims left: {left:?}");
+}
