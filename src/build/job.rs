@@ -73,7 +73,10 @@ impl JobKind {
 ///
 /// `-aHAXS --numeric-ids --delete` keeps hard links, ACLs, xattrs, sparse files and numeric
 /// owners (names would be remapped through the mover image's /etc/passwd) and removes what no
-/// longer exists on the source. The stats are parsed into `{"bytes","files","totalBytes"}`;
+/// longer exists on the source. `--modify-window=-1` makes rsync's quick check compare
+/// modification times to the nanosecond: by default it compares whole seconds, so a file that a
+/// member rewrote within the second after the pre-copy, at the same size (etcd preallocates its
+/// WAL segments), would be skipped by the final pass. The stats are parsed into `{"bytes","files","totalBytes"}`;
 /// rsync groups digits with `,` (C locale), hence the `tr`.
 macro_rules! rsync_copy_script {
     ($ok:literal) => {
@@ -81,7 +84,7 @@ macro_rules! rsync_copy_script {
             "set -u\nok=' ",
             $ok,
             r#" '
-out=$(rsync -aHAXS --numeric-ids --delete --stats /source/ /target/)
+out=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --stats /source/ /target/)
 rc=$?
 printf '%s\n' "$out"
 case "$ok" in
@@ -446,9 +449,9 @@ mod tests {
     #[test]
     fn scripts_use_fixed_flags() {
         for script in [PRECOPY_SCRIPT, COPY_SCRIPT] {
-            assert!(
-                script.contains("rsync -aHAXS --numeric-ids --delete --stats /source/ /target/")
-            );
+            assert!(script.contains(
+                "rsync -aHAXS --numeric-ids --delete --modify-window=-1 --stats /source/ /target/"
+            ));
         }
         assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
         assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
@@ -692,6 +695,51 @@ mod tests {
                 "{}",
                 verify.stderr
             );
+        }
+
+        /// A file the member rewrote within the same second as the pre-copy, at the same size
+        /// (etcd preallocates its WAL segments), must be copied by the final pass: rsync's quick
+        /// check compares whole seconds unless told otherwise.
+        #[test]
+        fn final_pass_copies_a_same_second_same_size_rewrite() {
+            if !have("rsync") {
+                eprintln!("rsync not installed: skipped");
+                return;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let src = dir.path().join("source");
+            let dst = dir.path().join("target");
+            std::fs::create_dir_all(&src).unwrap();
+            std::fs::create_dir_all(&dst).unwrap();
+            let wal = src.join("wal");
+            let at =
+                |nanos: u32| std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, nanos);
+            std::fs::write(&wal, vec![1u8; 64 * 1024]).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&wal)
+                .unwrap()
+                .set_modified(at(100))
+                .unwrap();
+            let pre = run(JobKind::PreCopy, dir.path());
+            assert_eq!(pre.code, 0, "{}", pre.stderr);
+            // Rewritten 0.5 s later in the same second, same size.
+            std::fs::write(&wal, vec![2u8; 64 * 1024]).unwrap();
+            std::fs::File::options()
+                .write(true)
+                .open(&wal)
+                .unwrap()
+                .set_modified(at(500_000_100))
+                .unwrap();
+            let copy = run(JobKind::Copy, dir.path());
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            assert_eq!(copy.result.unwrap().files, Some(1));
+            assert_eq!(
+                std::fs::read(dst.join("wal")).unwrap(),
+                vec![2u8; 64 * 1024]
+            );
+            let verify = run(JobKind::Verify, dir.path());
+            assert_eq!(verify.code, 0, "{}", verify.stderr);
         }
 
         #[test]
