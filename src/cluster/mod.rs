@@ -519,6 +519,16 @@ impl Cluster {
                 };
                 engine.transfer_leadership(report, from, to).await?;
             }
+            Action::AnnotateClaim { claim, key, value } => {
+                let patch = json!({"metadata": {"annotations": {key: value}}});
+                merge(
+                    &self.ns_api::<PersistentVolumeClaim>(&ns),
+                    claim,
+                    &patch,
+                    "claim annotation",
+                )
+                .await?;
+            }
             Action::LabelVolume { volume } => {
                 let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
                 merge(
@@ -583,6 +593,7 @@ pub fn action_name(action: &Action) -> String {
         Action::PatchRetentionPolicy { .. } => "PatchRetentionPolicy".into(),
         Action::TransferLeadership { .. } => "TransferLeadership".into(),
         Action::LabelVolume { .. } => "LabelVolume".into(),
+        Action::AnnotateClaim { .. } => "AnnotateClaim".into(),
     }
 }
 

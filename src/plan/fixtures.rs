@@ -542,6 +542,18 @@ impl Sim {
                     }
                 }
             }
+            Action::AnnotateClaim { claim, key, value } => {
+                if let Some(c) = self.o.claims.get_mut(claim) {
+                    match value {
+                        Some(v) => {
+                            c.annotations_mut().insert(key.clone(), v.clone());
+                        }
+                        None => {
+                            c.annotations_mut().remove(key);
+                        }
+                    }
+                }
+            }
             Action::LabelVolume { volume } => {
                 if let Some(pv) = self.o.volumes.get_mut(volume) {
                     pv.labels_mut()

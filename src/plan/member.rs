@@ -18,6 +18,12 @@ use crate::api::{MemberStatus, MemberStep, PlannedMember};
 use crate::build::{self, JobKind};
 use crate::engine::{self, Gate};
 
+/// Annotation written on a recreated claim that stays Pending, to make the PV controller look at
+/// it again (value: unix seconds of the nudge); removed once the claim is bound.
+pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
+/// Seconds a recreated claim may stay Pending before (and between) nudges.
+pub const BIND_NUDGE_AFTER_SECONDS: i64 = 2;
+
 /// Annotation a provisioner reads to place a volume on a node.
 pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 
@@ -674,6 +680,13 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         Some(c) if claim_volume(c) == Some(new_volume.as_str()) && !is_terminating(c) => {
             if claim_phase(c) == "Bound" {
+                if c.annotations().contains_key(BIND_NUDGE_ANNOTATION) {
+                    cx.act(Action::AnnotateClaim {
+                        claim: m.claim.clone(),
+                        key: BIND_NUDGE_ANNOTATION.to_string(),
+                        value: None,
+                    });
+                }
                 advance(cx, mb, MemberStep::RecreatingPod);
                 cx.event(
                     EventType::Normal,
@@ -684,8 +697,30 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                     ),
                 );
             } else {
-                // The PV controller's periodic sync binds it (up to ~15 s).
-                cx.wait(Duration::from_secs(2));
+                // The PV controller binds a pre-bound claim at once, unless its first attempt
+                // lost a race (a conflict on the volume): then only its periodic sync (~15 s)
+                // would. An update of the claim makes it look again now.
+                let age = c
+                    .metadata
+                    .creation_timestamp
+                    .as_ref()
+                    .map(|t| cx.o.now.as_second() - t.0.as_second())
+                    .unwrap_or(0);
+                let last_nudge = c
+                    .annotations()
+                    .get(BIND_NUDGE_ANNOTATION)
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .unwrap_or(0);
+                if age >= BIND_NUDGE_AFTER_SECONDS
+                    && cx.o.now.as_second() - last_nudge >= BIND_NUDGE_AFTER_SECONDS
+                {
+                    cx.act(Action::AnnotateClaim {
+                        claim: m.claim.clone(),
+                        key: BIND_NUDGE_ANNOTATION.to_string(),
+                        value: Some(cx.o.now.as_second().to_string()),
+                    });
+                }
+                cx.wait(Duration::from_secs(1));
             }
         }
         Some(_) => stuck(

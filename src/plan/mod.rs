@@ -254,6 +254,12 @@ pub enum Action {
     LabelVolume {
         volume: String,
     },
+    /// Set (or with `None` remove) one annotation of a claim.
+    AnnotateClaim {
+        claim: String,
+        key: String,
+        value: Option<String>,
+    },
 }
 
 impl Decision {

@@ -911,3 +911,37 @@ fn quantities_and_timeouts() {
     assert!(timeout_seconds("0s").is_err());
     assert!(timeout_seconds("soon").is_err());
 }
+
+#[test]
+fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
+    let o = at_step(MemberStep::RecreatingClaim);
+    let mut sim = Sim::new(o);
+    let d = decide(&sim.o);
+    sim.apply(&d.actions[0]);
+    // Created now, still Pending: wait.
+    let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
+    claim.metadata.creation_timestamp = Some(Time(sim.o.now));
+    assert!(decide(&sim.o).actions.is_empty());
+    // Pending for 3 s: nudge (an annotation update makes the PV controller sync it again).
+    sim.o.now = k8s_openapi::jiff::Timestamp::from_second(sim.o.now.as_second() + 3).unwrap();
+    let d = decide(&sim.o);
+    assert!(
+        matches!(
+            &d.actions[..],
+            [Action::AnnotateClaim { value: Some(_), .. }]
+        ),
+        "{:?}",
+        d.actions
+    );
+    sim.apply(&d.actions[0]);
+    assert!(decide(&sim.o).actions.is_empty(), "one nudge per interval");
+    // Bound: the annotation goes, the step advances.
+    sim.settle();
+    let d = decide(&sim.o);
+    assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::AnnotateClaim { value: None, .. }))
+    );
+}
