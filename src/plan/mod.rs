@@ -417,6 +417,10 @@ pub fn decide(o: &Observed) -> Decision {
     }
 
     spec_change(&mut cx);
+    if !deleting && !has_finalizer {
+        // Accepted without it (the operator died between the status write and the finalizer).
+        cx.act(Action::AddFinalizer);
+    }
 
     // Timeout and deletion turn a progressing request into a rollback, until the members are
     // all done (recreating the StatefulSet and finalizing are then the fastest way out).

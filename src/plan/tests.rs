@@ -452,6 +452,10 @@ fn crash_at_any_point_resumes_to_the_same_end() {
                     .and_then(|s| s.message.clone())
             );
             assert_eq!(end(&sim), end(&reference), "crash at {crash_at}/{keep}");
+            assert!(
+                sim.log.contains(&Action::AddFinalizer),
+                "crash at {crash_at}/{keep}: the finalizer was never added"
+            );
             assert_eq!(sim.o.pods.len(), 3);
         }
     }
