@@ -9,7 +9,7 @@
 //! a tmpfs mounted on `<sandbox.dir>/<name>.root` (only inside the container's mount namespace)
 //! holds the upper and work dirs of an overlayfs whose lower dir is the host's `/`, so the host
 //! filesystem is the image and writes outside volumes (`mkdir /data`, `/var/run/etcd`) never
-//! touch the host. Fresh `/proc`, `/sys` (read-only), `/run`, `/tmp` and a private `/dev` are
+//! touch the host. Fresh `/proc`, `/sys` (read-only), `/run` and a private `/dev` are
 //! mounted in it (a small tmpfs with the host's null, zero, full, random, urandom and tty bound
 //! into it, a new devpts instance, `ptmx -> pts/ptmx`, `/dev/shm`, `/dev/mqueue`, the
 //! `fd`/`stdin`/`stdout`/`stderr` symlinks: what a container runtime gives), then `pivot_root`,

@@ -38,7 +38,6 @@ pub(super) const DEFAULT_PATH: &str =
     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// Size limits of the container's private tmpfs mounts (memory is used only as written).
 const ROOT_TMPFS: &str = "mode=0755,size=1g";
-const TMP_TMPFS: &str = "mode=1777,size=1g";
 const RUN_TMPFS: &str = "mode=0755,size=256m";
 const SHM_TMPFS: &str = "mode=1777,size=64m";
 /// The container's own `/dev` (device nodes are bind mounts and take no space in it).
@@ -373,7 +372,9 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
     let merged = root.join("merged");
     let at = |p: &str| merged.join(p);
     let nosuid_nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
-    for d in ["proc", "sys", "dev", "run", "tmp"] {
+    // `/tmp` is the image's (the host's, through the overlay: writes stay private). A fresh tmpfs
+    // there would hide programs that live under the host's /tmp, e.g. a checkout in /tmp.
+    for d in ["proc", "sys", "dev", "run"] {
         mkdir_p(&at(d))?;
     }
     mount(
@@ -398,13 +399,6 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
         Some("tmpfs"),
         nosuid_nodev,
         Some(RUN_TMPFS),
-    )?;
-    mount(
-        Some(Path::new("tmpfs")),
-        &at("tmp"),
-        Some("tmpfs"),
-        nosuid_nodev,
-        Some(TMP_TMPFS),
     )?;
 
     nix::unistd::chdir(merged.as_path()).map_err(sys(format!("chdir({})", merged.display())))?;
