@@ -61,7 +61,11 @@ pub struct StorageMigrationRequestSpec {
     /// Absent: each old volume gets back the reclaim policy it had before, once the whole request
     /// succeeded (so volumes of a `Delete` class are then reclaimed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "old_pv_reclaim_policy_schema")]
+    #[serde(rename = "oldPVReclaimPolicy")]
+    #[schemars(
+        rename = "oldPVReclaimPolicy",
+        schema_with = "old_pv_reclaim_policy_schema"
+    )]
     pub old_pv_reclaim_policy: Option<OldPvReclaimPolicy>,
     /// `IfReady` (default) refuses to start unless every member is healthy; `Always` starts anyway
     /// (the per-member health gates still hold).
@@ -434,4 +438,59 @@ pub fn owned_labels(request_name: &str) -> BTreeMap<String, String> {
         ),
         (format!("{GROUP}/request"), request_name.to_string()),
     ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request as a user writes it (the README's example plus the KubeDB-style field names).
+    #[test]
+    fn parses_a_request_as_users_write_it() {
+        let yaml = r#"
+apiVersion: storagemigrator.io/v1alpha1
+kind: StorageMigrationRequest
+metadata: {name: etcd-to-fast, namespace: db}
+spec:
+  type: StorageClassChange
+  target: {kind: StatefulSet, name: etcd}
+  storageClassChange: {storageClassName: fast}
+  timeout: 30m
+  oldPVReclaimPolicy: Retain
+"#;
+        let req: StorageMigrationRequest = serde_norway::from_str(yaml).unwrap();
+        let spec = &req.spec;
+        assert_eq!(spec.type_, MigrationType::StorageClassChange);
+        assert_eq!(spec.old_pv_reclaim_policy, Some(OldPvReclaimPolicy::Retain));
+        assert_eq!(spec.apply, ApplyPolicy::IfReady);
+        assert!(spec.copy.pre_copy && spec.copy.verify);
+        assert_eq!(spec.copy.mover_image(), DEFAULT_MOVER_IMAGE);
+        assert_eq!(spec.database.engine, DatabaseEngine::Generic);
+        let back = serde_json::to_value(spec).unwrap();
+        assert_eq!(back["oldPVReclaimPolicy"], "Retain");
+    }
+
+    #[test]
+    fn crd_schema_names_the_fields_users_write() {
+        use kube::CustomResourceExt;
+        let crd = serde_json::to_value(StorageMigrationRequest::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"];
+        for field in [
+            "type",
+            "target",
+            "volumeClaimTemplate",
+            "storageClassChange",
+            "shrink",
+            "timeout",
+            "oldPVReclaimPolicy",
+            "apply",
+            "copy",
+            "database",
+        ] {
+            assert!(
+                spec.get(field).is_some(),
+                "spec.{field} missing from the CRD schema"
+            );
+        }
+    }
 }
