@@ -9,6 +9,14 @@
 //! (`claimRef` with the claim's uid) and lets the PV controller bind it; it deletes Released PVs
 //! whose reclaim policy is `Delete` (unmount, detach, remove the image, delete the PV).
 //!
+//! Node choice, as the external-provisioner does: a claim annotated with
+//! `volume.kubernetes.io/selected-node` is provisioned on that node, whatever the class's
+//! binding mode (the scheduler sets it for WaitForFirstConsumer claims; anyone, e.g. a migrator
+//! that wants the new volume next to a member's data, may set it on an Immediate claim). A node
+//! that is not one of this cluster's nodes (or that the class's `allowedTopologies` exclude) is
+//! refused with a `ProvisioningFailed` event naming it. Immediate claims without the annotation
+//! go to the node with the fewest volumes.
+//!
 //! The pure parts (quantity parsing, claim triage, node choice, object builders) are separate
 //! functions with unit tests; host operations (`mkfs.ext4`, `mount`, `umount`, `losetup`) are
 //! synchronous functions run on the blocking pool.
@@ -206,8 +214,8 @@ pub enum ClaimDecision {
     Ignore,
     /// WaitForFirstConsumer claim without a selected node yet.
     WaitForConsumer,
-    /// Provision it; `node` is the selected node for WaitForFirstConsumer claims, `None` for
-    /// Immediate ones (the provisioner picks the node).
+    /// Provision it; `node` is the claim's selected node (always set for WaitForFirstConsumer
+    /// claims), `None` when the provisioner picks it.
     Provision(ProvisionRequest),
     /// Ours, but it cannot be provisioned (reported as a ProvisioningFailed event).
     Refuse(String),
@@ -216,6 +224,7 @@ pub enum ClaimDecision {
 /// A claim the provisioner should satisfy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProvisionRequest {
+    /// The claim's `volume.kubernetes.io/selected-node`, if any.
     pub node: Option<String>,
     /// The requested storage as written in the claim.
     pub quantity: Quantity,
@@ -291,14 +300,15 @@ pub fn decide_claim(claim: &PersistentVolumeClaim, class: Option<&StorageClass>)
         Ok(b) => b,
         Err(e) => return ClaimDecision::Refuse(e.to_string()),
     };
-    let node = if is_wait_for_first_consumer(class) {
-        match claim.annotations().get(ANN_SELECTED_NODE) {
-            Some(node) if !node.is_empty() => Some(node.clone()),
-            _ => return ClaimDecision::WaitForConsumer,
-        }
-    } else {
-        None
-    };
+    // The selected node counts for Immediate claims too (as in the external-provisioner).
+    let node = claim
+        .annotations()
+        .get(ANN_SELECTED_NODE)
+        .filter(|node| !node.is_empty())
+        .cloned();
+    if node.is_none() && is_wait_for_first_consumer(class) {
+        return ClaimDecision::WaitForConsumer;
+    }
     ClaimDecision::Provision(ProvisionRequest {
         node,
         quantity: quantity.clone(),
@@ -349,6 +359,30 @@ pub fn choose_node(candidates: &[String], volumes: &[PersistentVolume]) -> Optio
         .enumerate()
         .min_by_key(|(i, n)| (counts.get(n.as_str()).copied().unwrap_or(0), *i))
         .map(|(_, n)| n.clone())
+}
+
+/// The node to provision a claim's volume on: its selected node (`selected`), which must be one
+/// of `candidates` (this cluster's nodes the class admits), else the candidate with the fewest
+/// volumes ([`choose_node`]). `Err` holds the reason for a `ProvisioningFailed` event; it names
+/// the node.
+pub fn provision_node(
+    selected: Option<&str>,
+    candidates: &[String],
+    volumes: &[PersistentVolume],
+    class: &str,
+) -> Result<String, String> {
+    match selected {
+        Some(node) if candidates.iter().any(|c| c == node) => Ok(node.to_string()),
+        Some(node) if NODE_NAMES.contains(&node) => Err(format!(
+            "selected node {node:?} is not allowed by the allowedTopologies of StorageClass \"{class}\""
+        )),
+        Some(node) => Err(format!(
+            "selected node {node:?} is not a node of this cluster (nodes: {})",
+            NODE_NAMES.join(", ")
+        )),
+        None => choose_node(candidates, volumes)
+            .ok_or_else(|| format!("StorageClass \"{class}\" admits no node of this cluster")),
+    }
 }
 
 /// Name of the PV provisioned for a claim.
@@ -942,47 +976,31 @@ async fn provision(
     }
     let _guard = ctx.host.lock().await;
     let candidates = allowed_nodes(class, &NODE_NAMES);
-    let node = match (&request.node, mounted_node(&ctx.state, &name)?) {
-        (_, Some(mounted)) => mounted,
-        (Some(selected), None) => {
-            if !candidates.contains(selected) {
-                let reason = format!(
-                    "selected node {selected:?} is not a node of this cluster allowed by class {}",
-                    class.name_any()
-                );
-                publish(
-                    ctx,
-                    claim,
-                    EventType::Warning,
-                    "ProvisioningFailed",
-                    reason.clone(),
-                )
-                .await;
-                return Err(ProvisionerError::Unprovisionable {
-                    claim: claim_id,
-                    reason,
-                });
-            }
-            selected.clone()
-        }
-        (None, None) => {
-            let existing = pvs.list(&ListParams::default().labels(LABEL_NODE)).await?;
-            match choose_node(&candidates, &existing.items) {
-                Some(n) => n,
+    let node = match mounted_node(&ctx.state, &name)? {
+        // A previous attempt for this claim got as far as mounting: finish it there.
+        Some(mounted) => mounted,
+        None => {
+            let existing = match request.node {
+                Some(_) => Vec::new(),
                 None => {
-                    let reason = format!("class {} admits no node", class.name_any());
-                    publish(
-                        ctx,
-                        claim,
-                        EventType::Warning,
-                        "ProvisioningFailed",
-                        reason.clone(),
-                    )
-                    .await;
-                    return Err(ProvisionerError::Unprovisionable {
-                        claim: claim_id,
-                        reason,
-                    });
+                    pvs.list(&ListParams::default().labels(LABEL_NODE))
+                        .await?
+                        .items
+                }
+            };
+            match provision_node(
+                request.node.as_deref(),
+                &candidates,
+                &existing,
+                &class.name_any(),
+            ) {
+                Ok(node) => node,
+                Err(reason) => {
+                    // Nothing a retry could change (the nodes are fixed): wait for the claim
+                    // to change, e.g. a new selected node.
+                    warn!(claim = %claim_id, %reason, "cannot provision claim");
+                    publish(ctx, claim, EventType::Warning, "ProvisioningFailed", reason).await;
+                    return Ok(());
                 }
             }
         }
@@ -1254,6 +1272,68 @@ mod tests {
                 bytes: 32 << 20,
             })
         );
+    }
+
+    #[test]
+    fn immediate_claim_honours_the_selected_node() {
+        let standard = class("standard", "Immediate");
+        let mut c = claim("256Mi", "standard");
+        c.annotations_mut()
+            .insert(ANN_SELECTED_NODE.into(), "node-c".into());
+        assert_eq!(
+            decide_claim(&c, Some(&standard)),
+            ClaimDecision::Provision(ProvisionRequest {
+                node: Some("node-c".into()),
+                quantity: Quantity("256Mi".into()),
+                bytes: 256 << 20,
+            })
+        );
+        // An empty annotation selects nothing.
+        c.annotations_mut()
+            .insert(ANN_SELECTED_NODE.into(), "".into());
+        match decide_claim(&c, Some(&standard)) {
+            ClaimDecision::Provision(r) => assert_eq!(r.node, None),
+            other => panic!("{other:?}"),
+        }
+        // A selected node that is not ours still reaches the node choice (which refuses it).
+        c.annotations_mut()
+            .insert(ANN_SELECTED_NODE.into(), "node-x".into());
+        match decide_claim(&c, Some(&standard)) {
+            ClaimDecision::Provision(r) => assert_eq!(r.node.as_deref(), Some("node-x")),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn provision_node_takes_the_selected_node_or_the_fewest_volumes() {
+        let nodes: Vec<String> = NODE_NAMES.iter().map(|n| n.to_string()).collect();
+        let pvs = vec![
+            pv_on("p1", "node-a"),
+            pv_on("p2", "node-a"),
+            pv_on("p3", "node-b"),
+        ];
+        // No selected node: fewest volumes.
+        assert_eq!(
+            provision_node(None, &nodes, &pvs, "standard").as_deref(),
+            Ok("node-c")
+        );
+        // A selected node wins even when it holds the most volumes.
+        assert_eq!(
+            provision_node(Some("node-a"), &nodes, &pvs, "standard").as_deref(),
+            Ok("node-a")
+        );
+        // Not a node of this cluster: refused, naming it.
+        let err = provision_node(Some("node-x"), &nodes, &pvs, "standard").unwrap_err();
+        assert!(err.contains("\"node-x\""), "{err}");
+        assert!(err.contains("not a node of this cluster"), "{err}");
+        // Ours, but excluded by the class's allowedTopologies: refused, naming it.
+        let only_c = vec!["node-c".to_string()];
+        let err = provision_node(Some("node-a"), &only_c, &pvs, "standard").unwrap_err();
+        assert!(err.contains("\"node-a\""), "{err}");
+        assert!(err.contains("allowedTopologies"), "{err}");
+        // No candidate at all.
+        let err = provision_node(None, &[], &pvs, "standard").unwrap_err();
+        assert!(err.contains("admits no node"), "{err}");
     }
 
     #[test]
