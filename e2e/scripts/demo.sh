@@ -3,15 +3,35 @@
 # StatefulSet on StorageClass `standard`, the operator, then migrate every member to StorageClass
 # `fast` with a StorageMigrationRequest while showing its progress.
 #
-# Usage: e2e/scripts/demo.sh [STATE_DIR]     (default: ./.localcluster; reused if already up)
-# Stop everything afterwards with:
-#   target/debug/localcluster down --state-dir STATE_DIR
+# Usage: e2e/scripts/demo.sh [STATE_DIR]        run (default: ./.localcluster; reused if up)
+#        e2e/scripts/demo.sh down [STATE_DIR]   stop the operator, then the local cluster
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
+MODE=run
+if [ "${1:-}" = down ]; then MODE=down; shift; fi
 STATE_DIR="$(realpath -m "${1:-$ROOT/.localcluster}")"
 NS=demo
 say() { printf '\n==> %s\n' "$*"; }
+OPERATOR_PID="$STATE_DIR/pids/storage-migrator.pid"
+
+operator_running() {
+  # Running and really our operator (the pid may have been reused since).
+  [ -f "$OPERATOR_PID" ] || return 1
+  local pid; pid="$(cat "$OPERATOR_PID")"
+  [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' < "/proc/$pid/cmdline" | grep -q "storage-migrator run"
+}
+
+if [ "$MODE" = down ]; then
+  if operator_running; then
+    say "stopping the operator"
+    pid="$(cat "$OPERATOR_PID")"; kill "$pid"
+    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+  fi
+  rm -f "$OPERATOR_PID"
+  say "stopping the local cluster"
+  exec "$ROOT/target/debug/localcluster" down --state-dir "$STATE_DIR"
+fi
 
 say "installing dependencies (first run builds the Kubernetes control plane: several minutes)"
 bash e2e/scripts/install-deps.sh >/dev/null
@@ -37,11 +57,11 @@ kubectl -n "$NS" get pvc
 
 say "starting the operator (log: $STATE_DIR/logs/storage-migrator.log)"
 kubectl apply -f crds/storagemigrationrequests.yaml >/dev/null
-if [ -f "$STATE_DIR/pids/storage-migrator.pid" ] && kill -0 "$(cat "$STATE_DIR/pids/storage-migrator.pid")" 2>/dev/null; then
+if operator_running; then
   echo "already running"
 else
   setsid target/debug/storage-migrator run >>"$STATE_DIR/logs/storage-migrator.log" 2>&1 </dev/null &
-  echo $! > "$STATE_DIR/pids/storage-migrator.pid"
+  echo $! > "$OPERATOR_PID"
 fi
 
 say "migrating etcd to StorageClass fast"
@@ -56,6 +76,7 @@ spec:
   target: {kind: StatefulSet, name: etcd}
   storageClassChange: {storageClassName: fast}
   timeout: 20m
+  database: {engine: Etcd}     # Raft-aware: followers first, leadership handed over, leader last
 YAML
 last=""
 for _ in $(seq 1 1200); do
@@ -70,7 +91,10 @@ done
 kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.message}{"\n"}'
 kubectl -n "$NS" get pvc
 kubectl -n "$NS" get pods -o wide
+say "events of the request"
+kubectl -n "$NS" get events --field-selector involvedObject.kind=StorageMigrationRequest \
+  --sort-by=.metadata.creationTimestamp -o custom-columns=TIME:.metadata.creationTimestamp,REASON:.reason,MESSAGE:.message
 echo
 echo "export KUBECONFIG=$KUBECONFIG"
-echo "stop everything with: target/debug/localcluster down --state-dir $STATE_DIR"
+echo "stop everything with: e2e/scripts/demo.sh down $STATE_DIR"
 [ "$phase" = Successful ]
