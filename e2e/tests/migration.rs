@@ -3,7 +3,9 @@
 //! namespace (`storage-migrator run --namespace NS`):
 //!
 //! - StorageClassChange `standard` → `fast` of the 3-member etcd StatefulSet while a client
-//!   writes; Shrink 1Gi → 256Mi and a Shrink below the used bytes (Denied, nothing changed);
+//!   writes; Shrink of the same set on `standard` 1Gi → 256Mi (each new volume provisioned on
+//!   its member's node through the claim's `volume.kubernetes.io/selected-node`) and a Shrink
+//!   below the used bytes (Denied, nothing changed);
 //! - the operator killed at step boundaries (failpoints) and restarted;
 //! - a failing copy Job and an expired timeout, each ending `Failed` with the workload serving.
 //!
@@ -18,10 +20,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use e2e::testing::{TestCluster, TestNamespace, init_tracing, set_template_class};
+use e2e::testing::{TestCluster, TestNamespace, init_tracing, node_satisfies, set_template_class};
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
@@ -510,12 +512,24 @@ async fn storage_class_change_while_a_client_writes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shrink_and_a_denied_shrink_below_used_bytes() {
-    // Shrink keeps the class: use the WaitForFirstConsumer one, whose volumes are provisioned
-    // on the member's node (an Immediate local class may place the new volume elsewhere).
-    let cluster = TestCluster::from_env().await.unwrap();
-    let (_, ns) = setup("smr-shrink", Some(&cluster.wffc_storage_class)).await;
+    // The fixture as it is: claims on the Immediate class (`standard`). A Shrink keeps the
+    // class; the operator puts `volume.kubernetes.io/selected-node` on its temporary claims so
+    // that each new volume is provisioned on its member's node.
+    let (cluster, ns) = setup("smr-shrink", None).await;
     let seeded = seed(&ns, 200).await;
     let before = claims(&ns).await;
+    for (claim, (_, class, size)) in &before {
+        assert_eq!(class, &cluster.storage_class, "{claim}");
+        assert_eq!(size, "1Gi", "{claim}");
+    }
+    let etcd_before = check_etcd(&ns, &seeded).await;
+    let pods: Api<Pod> = ns.api();
+    let mut member_nodes = BTreeMap::new();
+    for i in 0..3 {
+        let pod = pods.get(&format!("{SET}-{i}")).await.unwrap();
+        let node = pod.spec.and_then(|s| s.node_name).unwrap();
+        member_nodes.insert(format!("data-{SET}-{i}"), node);
+    }
     let set_uid = Api::<StatefulSet>::namespaced(ns.client(), &ns.name)
         .get(SET)
         .await
@@ -547,6 +561,11 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
         .unwrap();
     assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
     assert_eq!(claims(&ns).await, before, "nothing changed");
+    assert_eq!(
+        check_etcd(&ns, &seeded).await,
+        etcd_before,
+        "etcd key count and hash unchanged"
+    );
     let set = Api::<StatefulSet>::namespaced(ns.client(), &ns.name)
         .get(SET)
         .await
@@ -576,26 +595,70 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
         }),
     )
     .await;
+    let started = Instant::now();
     let req = wait_final(&ns, "shrink", MIGRATION).await;
+    info!(took = ?started.elapsed(), summary = %summary(&req), "shrink done");
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    assert_eq!(status.progress.as_deref(), Some("3/3"));
     let plan = status.plan.unwrap();
     assert!(plan.members.iter().all(|m| m.used_bytes.is_some()));
-    for (claim, (volume, class, size)) in claims(&ns).await {
+    let after = claims(&ns).await;
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>(),
+        "the original claim names"
+    );
+    let nodes: Api<Node> = Api::all(ns.client());
+    for (claim, (volume, class, size)) in &after {
         assert_eq!(size, "256Mi", "{claim}");
-        assert_eq!(class, cluster.wffc_storage_class);
+        assert_eq!(class, &cluster.storage_class, "{claim} keeps its class");
+        assert_ne!(volume, &before[claim].0, "{claim} is on a new volume");
         let pv = Api::<PersistentVolume>::all(ns.client())
-            .get(&volume)
+            .get(volume)
             .await
             .unwrap();
+        let spec = pv.spec.unwrap();
         assert_eq!(
-            pv.spec.unwrap().capacity.unwrap()["storage"].0,
+            spec.capacity.unwrap()["storage"].0,
             "256Mi",
             "{claim} on a 256Mi volume"
         );
+        assert_eq!(
+            spec.storage_class_name.as_deref(),
+            Some(cluster.storage_class.as_str()),
+            "{claim}: {volume}"
+        );
+        // Provisioned where the member's data was (volumes without node affinity, e.g. network
+        // storage on another cluster, are reachable from any node).
+        let node = nodes.get(&member_nodes[claim]).await.unwrap();
+        if let Some(affinity) = spec.node_affinity.as_ref() {
+            assert!(
+                node_satisfies(affinity, &node),
+                "{claim}: new volume {volume} is not reachable from the member's node {}",
+                node.name_any()
+            );
+        }
     }
-    check_etcd(&ns, &seeded).await;
-    check_adopted(&ns, &cluster.wffc_storage_class, "256Mi").await;
+    let events = ns.events_for("shrink").await.unwrap();
+    for reason in [
+        "ClaimCreated",
+        "Copied",
+        "Verified",
+        "ClaimSwapped",
+        "Successful",
+    ] {
+        assert!(
+            events.iter().any(|e| e.starts_with(reason)),
+            "no {reason} event in {events:?}"
+        );
+    }
+    assert_eq!(
+        check_etcd(&ns, &seeded).await,
+        etcd_before,
+        "etcd key count and hash unchanged by the shrink"
+    );
+    check_adopted(&ns, &cluster.storage_class, "256Mi").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
