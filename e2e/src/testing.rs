@@ -870,6 +870,53 @@ impl TestNamespace {
             .map(|_| ())
     }
 
+    /// Keeps the namespace: disarms the delete-on-drop and returns its name.
+    pub fn keep(self) -> String {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.name.clone()
+    }
+
+    /// Deletes the namespace and waits (bounded) until it is gone, so that what it held (pods,
+    /// claims, volumes of a `Delete` class) is released before the caller goes on.
+    pub async fn delete_and_wait(self, timeout: Duration) -> Result<(), TestError> {
+        let api: Api<Namespace> = Api::all(self.client());
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        let Some(uid) = api.get_opt(&self.name).await?.and_then(|ns| ns.uid()) else {
+            return Ok(());
+        };
+        match api.delete(&self.name, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        let cond = kube::runtime::wait::conditions::is_deleted::<Namespace>(&uid);
+        let describe = |n: &Namespace| {
+            let st = n.status.clone().unwrap_or_default();
+            format!(
+                "phase={} conditions={:?}",
+                st.phase.unwrap_or_default(),
+                st.conditions
+                    .unwrap_or_default()
+                    .iter()
+                    .map(|c| format!(
+                        "{}={} {}",
+                        c.type_,
+                        c.status,
+                        c.message.clone().unwrap_or_default()
+                    ))
+                    .collect::<Vec<_>>()
+            )
+        };
+        let name = self.name.clone();
+        self.wait_for(api, &name, "namespace gone", timeout, cond, describe)
+            .await
+            .map(|_| ())
+        // Dropping `self` now sends one more delete, answered 404: harmless.
+    }
+
     /// IP of a running pod.
     pub async fn pod_ip(&self, name: &str) -> Result<String, TestError> {
         let pod = self.api::<Pod>().get(name).await?;
