@@ -892,29 +892,33 @@ impl TestNamespace {
             Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
             Err(e) => return Err(e.into()),
         }
+        // Deleted: no second delete on drop.
+        let this = std::mem::ManuallyDrop::new(self);
         let cond = kube::runtime::wait::conditions::is_deleted::<Namespace>(&uid);
         let describe = |n: &Namespace| {
             let st = n.status.clone().unwrap_or_default();
-            format!(
-                "phase={} conditions={:?}",
-                st.phase.unwrap_or_default(),
-                st.conditions
-                    .unwrap_or_default()
-                    .iter()
-                    .map(|c| format!(
+            let conditions: Vec<String> = st
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .map(|c| {
+                    format!(
                         "{}={} {}",
                         c.type_,
                         c.status,
                         c.message.clone().unwrap_or_default()
-                    ))
-                    .collect::<Vec<_>>()
+                    )
+                })
+                .collect();
+            format!(
+                "phase={} conditions={conditions:?}",
+                st.phase.unwrap_or_default()
             )
         };
-        let name = self.name.clone();
-        self.wait_for(api, &name, "namespace gone", timeout, cond, describe)
+        let name = this.name.clone();
+        this.wait_for(api, &name, "namespace gone", timeout, cond, describe)
             .await
             .map(|_| ())
-        // Dropping `self` now sends one more delete, answered 404: harmless.
     }
 
     /// IP of a running pod.
