@@ -13,6 +13,9 @@
 //! - [`statefulset`]: the recreated StatefulSet and the retention-policy protection patches.
 //! - [`volume`]: patch bodies for PersistentVolumes (reclaim policy, claimRef, labels).
 //! - [`stash`]: gzip+base64 encoding of stashed manifests and the annotation size budget.
+//! - [`manifest`]: [`Manifest`], an object's raw JSON as the API server returned it with its
+//!   typed view; the StatefulSet and member pods are stashed, edited and recreated as raw JSON
+//!   so that fields our API structs do not know survive.
 
 use std::collections::BTreeMap;
 
@@ -26,6 +29,7 @@ use crate::api::{self, StorageMigrationRequest};
 
 pub mod claim;
 pub mod job;
+pub mod manifest;
 pub mod names;
 pub mod pod;
 pub mod stash;
@@ -36,6 +40,7 @@ pub use claim::{
     claim_owner_references_patch, is_statefulset_or_pod_ref, swapped_claim, temp_claim,
 };
 pub use job::{JobKind, JobResult, job, parse_job_result};
+pub use manifest::Manifest;
 pub use names::{
     is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_pod_annotation,
     temp_claim_name,
@@ -75,6 +80,8 @@ pub enum BuildError {
     StashDecode(String),
     #[error("stored retention policy {value:?} cannot be read: {reason}")]
     RetentionPolicy { value: String, reason: String },
+    #[error("{kind} manifest cannot be read: {reason}")]
+    Manifest { kind: &'static str, reason: String },
 }
 
 /// Name of the request, or empty for a request without one (only in hand-made tests).

@@ -4,11 +4,13 @@
 use k8s_openapi::api::core::v1::{
     Container, PersistentVolumeClaimVolumeSource, Pod, PodSpec, Volume, VolumeMount,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use serde_json::Value;
 
 use crate::api::{PlannedMember, StorageMigrationRequest};
 
-use super::{member_meta, mounter_name, pinned_to_node, req_name, tolerate_all};
+use super::manifest::{Manifest, for_create};
+use super::{BuildError, member_meta, mounter_name, pinned_to_node, req_name, tolerate_all};
 
 /// The mounter's command: sleep until deleted, and exit at once on SIGTERM (a plain `sleep` as
 /// PID 1 ignores SIGTERM and would hold the deletion for the whole grace period); the trap also
@@ -74,11 +76,21 @@ pub fn mounter_pod(req: &StorageMigrationRequest, member: &PlannedMember) -> Pod
     }
 }
 
-/// The member pod recreated from its stashed manifest.
+/// Fields of the pod's spec dropped on recreation (see [`recreated_pod`]).
+const DROPPED_SPEC_FIELDS: [&str; 4] = [
+    "nodeName",
+    "ephemeralContainers",
+    "priority",
+    "preemptionPolicy",
+];
+
+/// The member pod recreated from its stashed manifest (the raw JSON as the API server returned
+/// it, edited as JSON so that fields k8s-openapi does not know survive).
 ///
 /// Why each removal:
-/// - uid, resourceVersion, creationTimestamp, managedFields, generation, deletion fields and
-///   status are the old object's server state; a create carrying a resourceVersion is refused.
+/// - uid, resourceVersion, creationTimestamp, managedFields, generation, deletion fields,
+///   selfLink and status are the old object's server state; a create carrying a resourceVersion
+///   is refused.
 /// - ownerReferences: the set was orphan-deleted; a reference to its old uid would make the
 ///   garbage collector delete the new pod, and the recreated StatefulSet adopts the pod itself
 ///   (it keeps the `controller-revision-hash` label, so it is adopted without a restart).
@@ -88,35 +100,23 @@ pub fn mounter_pod(req: &StorageMigrationRequest, member: &PlannedMember) -> Pod
 /// - `spec.priority` and `spec.preemptionPolicy`: admission computes them from
 ///   `priorityClassName` and refuses a pod whose stale values disagree with the class now.
 ///
-/// Everything else (labels, annotations, finalizers, the rest of the spec) is kept as it was.
-pub fn recreated_pod(stashed: &Pod) -> Pod {
-    let meta = &stashed.metadata;
-    let mut spec = stashed.spec.clone();
-    if let Some(spec) = spec.as_mut() {
-        spec.node_name = None;
-        spec.ephemeral_containers = None;
-        spec.priority = None;
-        spec.preemption_policy = None;
+/// Everything else (labels, annotations, finalizers, the rest of the spec, fields newer than our
+/// API structs) is kept as it was. Fails only if the edited JSON no longer reads as a Pod (it
+/// always does).
+pub fn recreated_pod(stashed: &Manifest<Pod>) -> Result<Manifest<Pod>, BuildError> {
+    let mut obj = for_create(stashed.raw(), &["ownerReferences"]);
+    if let Some(Value::Object(spec)) = obj.get_mut("spec") {
+        for field in DROPPED_SPEC_FIELDS {
+            spec.remove(field);
+        }
     }
-    Pod {
-        metadata: ObjectMeta {
-            name: meta.name.clone(),
-            generate_name: meta.generate_name.clone(),
-            namespace: meta.namespace.clone(),
-            labels: meta.labels.clone(),
-            annotations: meta.annotations.clone(),
-            finalizers: meta.finalizers.clone(),
-            ..Default::default()
-        },
-        spec,
-        status: None,
-    }
+    Manifest::from_raw(Value::Object(obj))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testdata;
+    use crate::build::{stash_decode, stash_encode, testdata};
 
     #[test]
     fn mounter_pod_snapshot_and_invariants() {
@@ -158,8 +158,8 @@ mod tests {
 
     #[test]
     fn recreated_pod_snapshot_and_invariants() {
-        let stashed = testdata::pod();
-        let pod = recreated_pod(&stashed);
+        let stashed = testdata::pod_manifest();
+        let pod = recreated_pod(&stashed).unwrap();
         insta::assert_yaml_snapshot!(pod);
         let meta = &pod.metadata;
         assert_eq!(meta.name.as_deref(), Some("etcd-1"));
@@ -171,15 +171,56 @@ mod tests {
             meta.labels, stashed.metadata.labels,
             "revision hash label kept"
         );
-        assert!(pod.status.is_none());
-        let spec = pod.spec.unwrap();
+        assert_eq!(meta.generate_name, stashed.metadata.generate_name);
+        assert!(pod.raw().get("status").is_none());
+        let spec = pod.spec.clone().unwrap();
         assert!(spec.node_name.is_none());
         assert!(spec.ephemeral_containers.is_none());
         assert!(spec.priority.is_none());
-        let old = stashed.spec.unwrap();
-        assert_eq!(spec.containers, old.containers);
-        assert_eq!(spec.volumes, old.volumes);
-        assert_eq!(spec.hostname, old.hostname);
-        assert_eq!(spec.subdomain, old.subdomain);
+        assert!(spec.preemption_policy.is_none());
+        let (old, new) = (&stashed.raw()["spec"], &pod.raw()["spec"]);
+        for field in [
+            "containers",
+            "volumes",
+            "hostname",
+            "subdomain",
+            "tolerations",
+        ] {
+            assert_eq!(new[field], old[field], "spec.{field}");
+        }
+        // Nothing else of the spec changed.
+        let mut kept = old.as_object().unwrap().clone();
+        for field in DROPPED_SPEC_FIELDS {
+            kept.remove(field);
+        }
+        assert_eq!(new, &Value::Object(kept));
+    }
+
+    /// A field of a newer API (unknown to k8s-openapi) in the pod spec, in a container and in a
+    /// volume mount survives stash encode → decode → recreation.
+    #[test]
+    fn unknown_pod_fields_survive_the_stash_and_the_recreation() {
+        let live = testdata::with_future_fields(&testdata::pod_manifest(), "/spec");
+        let typed = serde_json::to_value(live.typed()).unwrap();
+        assert!(
+            typed["spec"].get("someFutureField").is_none(),
+            "typed drops it"
+        );
+
+        let stashed: Manifest<Pod> = stash_decode(&stash_encode(&live).unwrap()).unwrap();
+        assert_eq!(stashed, live);
+        let pod = recreated_pod(&stashed).unwrap();
+        let (old, new) = (&live.raw()["spec"], &pod.raw()["spec"]);
+        assert_eq!(new["someFutureField"], serde_json::json!({"x": 1}));
+        assert_eq!(new["containers"], old["containers"]);
+        assert_eq!(
+            new["containers"][0]["volumeMounts"][0]["futureMountField"],
+            serde_json::json!("y")
+        );
+        let mut kept = old.as_object().unwrap().clone();
+        for field in DROPPED_SPEC_FIELDS {
+            kept.remove(field);
+        }
+        assert_eq!(new, &Value::Object(kept));
     }
 }

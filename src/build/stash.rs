@@ -135,23 +135,25 @@ pub fn stash_config_map(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::{STASH_STATEFULSET_ANNOTATION, stash_pod_annotation, testdata};
+    use crate::build::{Manifest, STASH_STATEFULSET_ANNOTATION, stash_pod_annotation, testdata};
     use k8s_openapi::api::apps::v1::StatefulSet;
-    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
     #[test]
     fn round_trip_statefulset_and_pod() {
-        let sts = testdata::statefulset();
+        // What is stashed is the raw JSON as the API server returned it.
+        let sts = testdata::statefulset_manifest();
         let encoded = stash_encode(&sts).unwrap();
-        let decoded: StatefulSet = stash_decode(&encoded).unwrap();
-        assert_eq!(decoded, sts);
-        assert_eq!(
-            serde_json::to_value(&decoded).unwrap(),
-            serde_json::to_value(&sts).unwrap()
-        );
-        let pod = testdata::pod();
-        let decoded: Pod = stash_decode(&stash_encode(&pod).unwrap()).unwrap();
-        assert_eq!(decoded, pod);
+        let decoded: Manifest<StatefulSet> = stash_decode(&encoded).unwrap();
+        assert_eq!(decoded.raw(), sts.raw());
+        assert_eq!(decoded.typed(), sts.typed());
+        let pod = testdata::pod_manifest();
+        let decoded: Manifest<Pod> = stash_decode(&stash_encode(&pod).unwrap()).unwrap();
+        assert_eq!(decoded.raw(), pod.raw());
+        // A typed object still round-trips (stashed claims are typed).
+        let claim = testdata::claim();
+        let decoded: PersistentVolumeClaim = stash_decode(&stash_encode(&claim).unwrap()).unwrap();
+        assert_eq!(decoded, claim);
         // Compressed well below the JSON size.
         let json_len = serde_json::to_vec(&sts).unwrap().len();
         assert!(encoded.len() < json_len, "{} >= {json_len}", encoded.len());
@@ -159,7 +161,7 @@ mod tests {
 
     #[test]
     fn encoding_is_deterministic() {
-        let sts = testdata::statefulset();
+        let sts = testdata::statefulset_manifest();
         assert_eq!(stash_encode(&sts).unwrap(), stash_encode(&sts).unwrap());
     }
 
@@ -176,6 +178,12 @@ mod tests {
         }
         // Valid gzip+base64, but not a pod.
         let r: Result<Pod, _> = stash_decode(&stash_encode(&"a string").unwrap());
+        assert!(matches!(r, Err(BuildError::StashDecode(_))));
+        let r: Result<Manifest<Pod>, _> = stash_decode(&stash_encode(&"a string").unwrap());
+        assert!(matches!(r, Err(BuildError::StashDecode(_))));
+        // A StatefulSet is not a pod.
+        let sts = stash_encode(&testdata::statefulset_manifest()).unwrap();
+        let r: Result<Manifest<Pod>, _> = stash_decode(&sts);
         assert!(matches!(r, Err(BuildError::StashDecode(_))));
     }
 
@@ -209,11 +217,11 @@ mod tests {
 
     #[test]
     fn realistic_stash_fits() {
-        let sts = stash_encode(&testdata::statefulset()).unwrap();
+        let sts = stash_encode(&testdata::statefulset_manifest()).unwrap();
         let mut additions = vec![(STASH_STATEFULSET_ANNOTATION.to_string(), sts)];
         for i in 0..5 {
-            let mut pod = testdata::pod();
-            pod.metadata.name = Some(format!("etcd-{i}"));
+            let mut pod = testdata::pod_manifest().into_raw();
+            pod["metadata"]["name"] = format!("etcd-{i}").into();
             additions.push((
                 stash_pod_annotation(&format!("etcd-{i}")),
                 stash_encode(&pod).unwrap(),

@@ -3,10 +3,10 @@
 
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetPersistentVolumeClaimRetentionPolicy};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use super::BuildError;
+use super::manifest::{Manifest, for_create, object_at};
 
 /// Finalizers the garbage collector adds while deleting; a stash taken during the orphan delete
 /// may carry them, and on a new object they would block or cascade its next deletion.
@@ -15,76 +15,85 @@ const GC_FINALIZERS: [&str; 2] = ["orphan", "foregroundDeletion"];
 /// The pre-1.6 annotation form of a claim template's `storageClassName`; it overrides the field.
 const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
 
-/// The StatefulSet recreated from `stashed`, with claim template `template` moved to `class` and
-/// `size`, and `retention` as its `persistentVolumeClaimRetentionPolicy`.
+/// `spec.persistentVolumeClaimRetentionPolicy` of a StatefulSet.
+const RETENTION_FIELD: &str = "persistentVolumeClaimRetentionPolicy";
+
+/// The StatefulSet recreated from `stashed` (its raw JSON as the API server returned it), with
+/// claim template `template` moved to `class` and `size`, and `retention` as its
+/// `persistentVolumeClaimRetentionPolicy`.
 ///
-/// Why `spec.template` is left untouched, byte for byte (server-set defaults included): the
-/// set's update revision is a hash of it. With the same template the new set adopts the orphaned
-/// pods and their ControllerRevision as current and restarts nothing; any change, even one
-/// annotation, is a new revision and an immediate rolling restart of every member, outside the
-/// migrator's control. Why only that claim template changes: volumeClaimTemplates are
-/// immutable on a live set (hence the orphan delete and this recreation), and the claims already
-/// swapped match the new template. Its `volume.beta.kubernetes.io/storage-class` annotation is
-/// dropped because it would override the new class. Why `retention` is a parameter: the live set
-/// ran with a protected (Retain/Retain) policy during the migration; the recreated one gets the
-/// user's original policy back (recorded with [`original_retention_policy`]).
+/// Why the raw JSON is edited, and `spec.template` is left untouched, byte for byte (server-set
+/// defaults and fields k8s-openapi does not know included): the set's update revision is a hash
+/// of the template. With the same template the new set adopts the orphaned pods and their
+/// ControllerRevision as current and restarts nothing; any change, even one annotation or a
+/// field dropped by a typed round trip on a cluster newer than our API structs, is a new
+/// revision and an immediate rolling restart of every member, outside the migrator's control.
+/// Why only that claim template changes: volumeClaimTemplates are immutable on a live set
+/// (hence the orphan delete and this recreation), and the claims already swapped match the new
+/// template. Its `volume.beta.kubernetes.io/storage-class` annotation is dropped because it
+/// would override the new class. Why `retention` is a parameter: the live set ran with a
+/// protected (Retain/Retain) policy during the migration; the recreated one gets the user's
+/// original policy back (recorded with [`original_retention_policy`]); `None` removes the field.
 ///
-/// Metadata keeps name, namespace, labels, annotations and ownerReferences (a set owned by a
-/// higher-level operator stays owned); server state (uid, resourceVersion, creationTimestamp,
-/// managedFields, generation, deletion fields), garbage-collector finalizers and status are
-/// dropped. A `template` that names no claim template changes no template (preflight checks it
-/// exists).
+/// Metadata keeps everything but server state (uid, resourceVersion, creationTimestamp,
+/// managedFields, generation, deletion fields, selfLink) and garbage-collector finalizers:
+/// ownerReferences stay (a set owned by a higher-level operator stays owned). Status is dropped.
+/// A `template` that names no claim template changes no template (preflight checks it exists).
+/// Fails only if the edited JSON no longer reads as a StatefulSet (it always does).
 pub fn recreated_statefulset(
-    stashed: &StatefulSet,
+    stashed: &Manifest<StatefulSet>,
     template: &str,
     class: &str,
     size: &Quantity,
     retention: Option<StatefulSetPersistentVolumeClaimRetentionPolicy>,
-) -> StatefulSet {
-    let meta = &stashed.metadata;
-    let finalizers: Vec<String> = meta
-        .finalizers
-        .iter()
-        .flatten()
-        .filter(|f| !GC_FINALIZERS.contains(&f.as_str()))
-        .cloned()
-        .collect();
-    let mut spec = stashed.spec.clone();
-    if let Some(spec) = spec.as_mut() {
-        spec.persistent_volume_claim_retention_policy = retention;
-        for claim in spec.volume_claim_templates.iter_mut().flatten() {
-            if claim.metadata.name.as_deref() != Some(template) {
-                continue;
-            }
-            if let Some(annotations) = claim.metadata.annotations.as_mut() {
-                annotations.remove(BETA_STORAGE_CLASS_ANNOTATION);
-                if annotations.is_empty() {
-                    claim.metadata.annotations = None;
-                }
-            }
-            let claim_spec = claim.spec.get_or_insert_with(Default::default);
-            claim_spec.storage_class_name = Some(class.to_string());
-            claim_spec
-                .resources
-                .get_or_insert_with(Default::default)
-                .requests
-                .get_or_insert_with(Default::default)
-                .insert("storage".to_string(), size.clone());
+) -> Result<Manifest<StatefulSet>, BuildError> {
+    let mut obj = for_create(stashed.raw(), &[]);
+    if let Some(Value::Object(meta)) = obj.get_mut("metadata")
+        && let Some(Value::Array(finalizers)) = meta.get_mut("finalizers")
+    {
+        finalizers.retain(|f| !f.as_str().is_some_and(|f| GC_FINALIZERS.contains(&f)));
+        if finalizers.is_empty() {
+            meta.remove("finalizers");
         }
     }
-    StatefulSet {
-        metadata: ObjectMeta {
-            name: meta.name.clone(),
-            namespace: meta.namespace.clone(),
-            labels: meta.labels.clone(),
-            annotations: meta.annotations.clone(),
-            owner_references: meta.owner_references.clone(),
-            finalizers: (!finalizers.is_empty()).then_some(finalizers),
-            ..Default::default()
-        },
-        spec,
-        status: None,
+    if let Some(Value::Object(spec)) = obj.get_mut("spec") {
+        match retention {
+            Some(policy) => {
+                let policy = serde_json::to_value(policy).map_err(|e| BuildError::Manifest {
+                    kind: "StatefulSet",
+                    reason: e.to_string(),
+                })?;
+                spec.insert(RETENTION_FIELD.to_string(), policy);
+            }
+            None => {
+                spec.remove(RETENTION_FIELD);
+            }
+        }
+        let templates = spec
+            .get_mut("volumeClaimTemplates")
+            .and_then(Value::as_array_mut);
+        for claim in templates.into_iter().flatten() {
+            let Some(claim) = claim.as_object_mut() else {
+                continue;
+            };
+            let name = claim.get("metadata").and_then(|m| m.get("name"));
+            if name.and_then(Value::as_str) != Some(template) {
+                continue;
+            }
+            let meta = object_at(claim, "metadata");
+            if let Some(Value::Object(annotations)) = meta.get_mut("annotations")
+                && annotations.remove(BETA_STORAGE_CLASS_ANNOTATION).is_some()
+                && annotations.is_empty()
+            {
+                meta.remove("annotations");
+            }
+            let claim_spec = object_at(claim, "spec");
+            claim_spec.insert("storageClassName".to_string(), Value::from(class));
+            let requests = object_at(object_at(claim_spec, "resources"), "requests");
+            requests.insert("storage".to_string(), Value::from(size.0.as_str()));
+        }
     }
+    Manifest::from_raw(Value::Object(obj))
 }
 
 /// True when the set's retention policy can delete claims (`whenDeleted` or `whenScaled` is
@@ -150,7 +159,7 @@ pub fn parse_retention_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::testdata;
+    use crate::build::{stash_decode, stash_encode, testdata};
 
     fn policy(deleted: &str, scaled: &str) -> StatefulSetPersistentVolumeClaimRetentionPolicy {
         StatefulSetPersistentVolumeClaimRetentionPolicy {
@@ -161,35 +170,44 @@ mod tests {
 
     #[test]
     fn recreated_statefulset_snapshot() {
-        let stashed = testdata::statefulset();
+        let stashed = testdata::statefulset_manifest();
         let sts = recreated_statefulset(
             &stashed,
             "data",
             "fast",
             &Quantity("1Gi".into()),
             Some(policy("Delete", "Retain")),
-        );
+        )
+        .unwrap();
         insta::assert_yaml_snapshot!(sts);
     }
 
     #[test]
     fn recreated_statefulset_keeps_the_template_byte_for_byte() {
-        let stashed = testdata::statefulset();
-        let sts = recreated_statefulset(&stashed, "data", "fast", &Quantity("256Mi".into()), None);
-        let old = stashed.spec.clone().unwrap();
-        let new = sts.spec.clone().unwrap();
+        let stashed = testdata::statefulset_manifest();
+        let sts = recreated_statefulset(&stashed, "data", "fast", &Quantity("256Mi".into()), None)
+            .unwrap();
+        let (old, new) = (stashed.raw(), sts.raw());
+        for field in [
+            "template",
+            "selector",
+            "serviceName",
+            "replicas",
+            "updateStrategy",
+            "podManagementPolicy",
+            "revisionHistoryLimit",
+        ] {
+            assert_eq!(new["spec"][field], old["spec"][field], "spec.{field}");
+        }
         assert_eq!(
-            serde_json::to_value(&new.template).unwrap(),
-            serde_json::to_value(&old.template).unwrap()
+            new["spec"]["template"]["metadata"]["creationTimestamp"],
+            Value::Null,
+            "kept as the server returned it"
         );
-        assert_eq!(new.selector, old.selector);
-        assert_eq!(new.service_name, old.service_name);
-        assert_eq!(new.replicas, old.replicas);
-        assert_eq!(new.update_strategy, old.update_strategy);
-        assert_eq!(new.pod_management_policy, old.pod_management_policy);
-        assert!(new.persistent_volume_claim_retention_policy.is_none());
+        assert!(new["spec"].get(RETENTION_FIELD).is_none());
 
-        let templates = new.volume_claim_templates.unwrap();
+        let typed = sts.spec.clone().unwrap();
+        let templates = typed.volume_claim_templates.unwrap();
         let data = &templates[0];
         let spec = data.spec.clone().unwrap();
         assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
@@ -201,45 +219,113 @@ mod tests {
             data.metadata.annotations.is_none(),
             "beta class annotation dropped"
         );
+        let old_data = &old["spec"]["volumeClaimTemplates"][0];
+        let new_data = &new["spec"]["volumeClaimTemplates"][0];
         assert_eq!(
-            data.metadata.labels,
-            old.volume_claim_templates.as_ref().unwrap()[0]
-                .metadata
-                .labels
+            new_data["metadata"]["labels"],
+            old_data["metadata"]["labels"]
+        );
+        assert_eq!(new_data["status"], old_data["status"]);
+        assert_eq!(
+            new_data["spec"]["accessModes"],
+            old_data["spec"]["accessModes"]
         );
         // The other template is untouched.
         assert_eq!(
-            serde_json::to_value(&templates[1]).unwrap(),
-            serde_json::to_value(&old.volume_claim_templates.unwrap()[1]).unwrap()
+            new["spec"]["volumeClaimTemplates"][1],
+            old["spec"]["volumeClaimTemplates"][1]
         );
 
         let meta = &sts.metadata;
         assert!(meta.uid.is_none() && meta.resource_version.is_none());
         assert!(meta.creation_timestamp.is_none() && meta.managed_fields.is_none());
         assert!(meta.generation.is_none());
-        assert_eq!(meta.labels, stashed.metadata.labels);
-        assert_eq!(meta.annotations, stashed.metadata.annotations);
-        assert!(sts.status.is_none());
+        assert_eq!(new["metadata"]["labels"], old["metadata"]["labels"]);
+        assert_eq!(
+            new["metadata"]["annotations"],
+            old["metadata"]["annotations"]
+        );
+        assert!(new.get("status").is_none());
+    }
+
+    /// A field of a newer API (unknown to k8s-openapi) in the pod template, in a container and
+    /// in a volume mount survives stash encode → decode → recreation: the template is the
+    /// original's, value for value.
+    #[test]
+    fn unknown_template_fields_survive_the_stash_and_the_recreation() {
+        let live =
+            testdata::with_future_fields(&testdata::statefulset_manifest(), "/spec/template/spec");
+        let mut raw = live.raw().clone();
+        let meta = raw["metadata"].as_object_mut().unwrap();
+        meta.insert("futureMetaField".into(), json!("m"));
+        raw["spec"]
+            .as_object_mut()
+            .unwrap()
+            .insert("futureSetField".into(), json!(7));
+        let live: Manifest<StatefulSet> = Manifest::from_raw(raw).unwrap();
+        // The typed view does not see them: a typed round trip would lose them.
+        let typed = serde_json::to_value(live.typed()).unwrap();
+        assert!(
+            typed["spec"]["template"]["spec"]
+                .get("someFutureField")
+                .is_none()
+        );
+
+        let stashed: Manifest<StatefulSet> = stash_decode(&stash_encode(&live).unwrap()).unwrap();
+        assert_eq!(stashed, live);
+        let sts = recreated_statefulset(
+            &stashed,
+            "data",
+            "fast",
+            &Quantity("2Gi".into()),
+            Some(policy("Delete", "Retain")),
+        )
+        .unwrap();
+        let new = sts.raw();
+        assert_eq!(new["spec"]["template"], live.raw()["spec"]["template"]);
+        assert_eq!(
+            new["spec"]["template"]["spec"]["someFutureField"],
+            json!({"x": 1})
+        );
+        assert_eq!(
+            new["spec"]["template"]["spec"]["containers"][0]["futureContainerField"],
+            json!(["a", {"b": true}])
+        );
+        assert_eq!(new["metadata"]["futureMetaField"], json!("m"));
+        assert_eq!(new["spec"]["futureSetField"], json!(7));
+        // And what goes to the API server is that JSON.
+        let body: Value = serde_json::from_slice(&serde_json::to_vec(&sts).unwrap()).unwrap();
+        assert_eq!(&body, new);
     }
 
     #[test]
     fn recreated_statefulset_drops_gc_finalizers_only() {
-        let mut stashed = testdata::statefulset();
-        stashed.metadata.finalizers = Some(vec!["orphan".into(), "example.com/keep".into()]);
-        let sts = recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), None);
+        let mut raw = testdata::statefulset_manifest().into_raw();
+        raw["metadata"]["finalizers"] = json!(["orphan", "example.com/keep"]);
+        let stashed = Manifest::from_raw(raw).unwrap();
+        let sts =
+            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), None).unwrap();
         assert_eq!(
             sts.metadata.finalizers,
             Some(vec!["example.com/keep".to_string()])
         );
+
+        let mut raw = testdata::statefulset_manifest().into_raw();
+        raw["metadata"]["finalizers"] = json!(["orphan", "foregroundDeletion"]);
+        let stashed = Manifest::from_raw(raw).unwrap();
+        let sts =
+            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), None).unwrap();
+        assert!(sts.raw()["metadata"].get("finalizers").is_none());
     }
 
     #[test]
     fn unknown_template_changes_nothing_but_retention() {
-        let stashed = testdata::statefulset();
-        let sts = recreated_statefulset(&stashed, "nope", "fast", &Quantity("1Gi".into()), None);
+        let stashed = testdata::statefulset_manifest();
+        let sts =
+            recreated_statefulset(&stashed, "nope", "fast", &Quantity("1Gi".into()), None).unwrap();
         assert_eq!(
-            serde_json::to_value(sts.spec.unwrap().volume_claim_templates).unwrap(),
-            serde_json::to_value(stashed.spec.unwrap().volume_claim_templates).unwrap()
+            sts.raw()["spec"]["volumeClaimTemplates"],
+            stashed.raw()["spec"]["volumeClaimTemplates"]
         );
     }
 
@@ -289,15 +375,20 @@ mod tests {
 
     #[test]
     fn restore_round_trip_through_status() {
-        let stashed = testdata::statefulset();
+        let stashed = testdata::statefulset_manifest();
         let recorded = original_retention_policy(&stashed);
         let restored = parse_retention_policy(&recorded).unwrap();
         let sts =
-            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), restored);
+            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), restored)
+                .unwrap();
         assert_eq!(
-            sts.spec.unwrap().persistent_volume_claim_retention_policy,
+            sts.spec
+                .clone()
+                .unwrap()
+                .persistent_volume_claim_retention_policy,
             stashed
                 .spec
+                .clone()
                 .unwrap()
                 .persistent_volume_claim_retention_policy
         );

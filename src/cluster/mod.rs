@@ -9,8 +9,10 @@ use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{
-    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+    Api, DeleteParams, GetParams, ListParams, Patch, PatchParams, PostParams, Preconditions,
+    PropagationPolicy,
 };
+use kube::core::Request;
 use kube::runtime::events::{Event, EventType as KubeEventType, Recorder};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -18,7 +20,7 @@ use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::api::{self, Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
-use crate::build::{self, BuildError};
+use crate::build::{self, BuildError, Manifest};
 use crate::engine::{self, Engine, EngineError};
 use crate::plan::{
     self, Action, EventType, JobOutcome, Kind, Object, Observed, ObservedJob, OtherRequest,
@@ -105,11 +107,9 @@ impl Cluster {
         let status = req.status.clone().unwrap_or_default();
         let set_name = spec.target.name.clone();
 
-        let sets: Api<StatefulSet> = self.ns_api(&ns);
-        let stateful_set = sets
-            .get_opt(&set_name)
-            .await
-            .map_err(kube_err(format!("get StatefulSet {ns}/{set_name}")))?;
+        // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
+        // survive its recreation (see `build::manifest`).
+        let stateful_set = self.get_raw::<StatefulSet>(&ns, &set_name).await?;
 
         let (stash, stash_config_map_exists) = self.stash(&req, &ns, &status).await?;
 
@@ -128,10 +128,10 @@ impl Cluster {
             });
         let mut pods = BTreeMap::new();
         if let Some(selector) = selector {
-            for p in pods_api
-                .list(&ListParams::default().labels(&selector))
-                .await
-                .map_err(kube_err(format!("list pods {selector}")))?
+            // Raw JSON too: a member pod is stashed as returned.
+            for p in self
+                .list_raw::<Pod>(&ns, &ListParams::default().labels(&selector))
+                .await?
             {
                 if !p.labels().contains_key(&request_label()) {
                     pods.insert(p.name_any(), p);
@@ -211,10 +211,10 @@ impl Cluster {
             .collect();
 
         // The engine's view of the members (only where the planner uses it).
-        let expected = expected_members(&status, stateful_set.as_ref(), &set_name);
+        let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
         let member_pods: Vec<Pod> = expected
             .iter()
-            .filter_map(|p| pods.get(p).cloned())
+            .filter_map(|p| pods.get(p).map(|p| p.typed().clone()))
             .collect();
         let wants_health =
             !status.phase.is_final() && matches!(status.stage, Stage::Preflight | Stage::Migrating);
@@ -261,6 +261,96 @@ impl Cluster {
             health,
             final_hash,
         })
+    }
+
+    /// GET one object as the raw JSON the API server returned, with its typed view (`None` when
+    /// it does not exist). Unlike `Api::<K>::get`, nothing k8s-openapi does not know is lost.
+    async fn get_raw<K>(&self, ns: &str, name: &str) -> Result<Option<Manifest<K>>, ClusterError>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + k8s_openapi::Resource
+            + DeserializeOwned,
+    {
+        let err = kube_err(format!(
+            "get {} {ns}/{name}",
+            <K as k8s_openapi::Resource>::KIND
+        ));
+        let url = <K as Resource>::url_path(&(), Some(ns));
+        let mut req = match Request::new(url).get(name, &GetParams::default()) {
+            Ok(req) => req,
+            Err(e) => return Err(err(kube::Error::BuildRequest(e))),
+        };
+        req.extensions_mut().insert("get");
+        match self.client.request::<Value>(req).await {
+            Ok(raw) => Ok(Some(Manifest::from_raw(raw)?)),
+            Err(e) if is_status(&e, 404) => Ok(None),
+            Err(e) => Err(err(e)),
+        }
+    }
+
+    /// LIST objects as the raw JSON the API server returned, each with its typed view.
+    async fn list_raw<K>(&self, ns: &str, lp: &ListParams) -> Result<Vec<Manifest<K>>, ClusterError>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+            + k8s_openapi::Resource
+            + DeserializeOwned,
+    {
+        /// A list response, its items kept as JSON.
+        #[derive(serde::Deserialize)]
+        struct RawList {
+            #[serde(default)]
+            items: Vec<Value>,
+        }
+        let err = kube_err(format!(
+            "list {} in {ns} ({})",
+            <K as k8s_openapi::Resource>::KIND,
+            lp.label_selector.as_deref().unwrap_or("all")
+        ));
+        let url = <K as Resource>::url_path(&(), Some(ns));
+        let mut req = match Request::new(url).list(lp) {
+            Ok(req) => req,
+            Err(e) => return Err(err(kube::Error::BuildRequest(e))),
+        };
+        req.extensions_mut().insert("list");
+        let list: RawList = self.client.request(req).await.map_err(err)?;
+        Ok(list
+            .items
+            .into_iter()
+            .map(Manifest::from_raw)
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// CREATE from raw JSON, so that nothing is dropped on the way out; an existing object of
+    /// that name is a success.
+    async fn create_raw<K>(
+        &self,
+        ns: &str,
+        obj: &Manifest<K>,
+        what: &str,
+    ) -> Result<(), ClusterError>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        let name = obj.raw()["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let err = kube_err(format!("create {what} {name}"));
+        let body = serde_json::to_vec(obj.raw()).map_err(|e| ClusterError::Invalid {
+            what: format!("{what} {name}"),
+            reason: e.to_string(),
+        })?;
+        let url = <K as Resource>::url_path(&(), Some(ns));
+        let mut req = match Request::new(url).create(&PostParams::default(), body) {
+            Ok(req) => req,
+            Err(e) => return Err(err(kube::Error::BuildRequest(e))),
+        };
+        req.extensions_mut().insert("create");
+        match self.client.request::<Value>(req).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) => Err(err(e)),
+        }
     }
 
     /// Decodes the stash from the request's annotations and the stash ConfigMap.
@@ -422,15 +512,13 @@ impl Cluster {
             },
             Action::Create(obj) => match obj {
                 Object::Claim(c) => create(&self.ns_api(&ns), c.as_ref(), "claim").await?,
-                Object::Pod(p) => create(&self.ns_api(&ns), p.as_ref(), "pod").await?,
+                Object::Pod(p) => self.create_raw(&ns, p.as_ref(), "pod").await?,
                 Object::Job(j) => {
                     let mut job = j.as_ref().clone();
                     inject_copy_failure(&mut job);
                     create(&self.ns_api(&ns), &job, "Job").await?
                 }
-                Object::StatefulSet(s) => {
-                    create(&self.ns_api(&ns), s.as_ref(), "StatefulSet").await?
-                }
+                Object::StatefulSet(s) => self.create_raw(&ns, s.as_ref(), "StatefulSet").await?,
                 Object::ConfigMap(c) => create(&self.ns_api(&ns), c.as_ref(), "ConfigMap").await?,
             },
             Action::Delete {

@@ -30,7 +30,7 @@ use crate::api::{
     MemberStep, Phase, ShrinkSpec, StorageClassChangeSpec, StorageMigrationRequest,
     StorageMigrationRequestSpec, TargetKind, TargetRef,
 };
-use crate::build;
+use crate::build::{self, Manifest};
 use crate::engine::{HealthReport, MemberHealth};
 
 pub const NS: &str = "demo";
@@ -284,8 +284,16 @@ pub fn volume(name: &str, class: &str, size: &str, claim: &str, node: &str) -> P
     }
 }
 
+/// `obj` with its raw JSON (what the cluster layer gathers).
+pub fn manifest<K>(obj: K) -> Manifest<K>
+where
+    K: k8s_openapi::Resource + serde::Serialize + serde::de::DeserializeOwned,
+{
+    Manifest::from_typed(obj).unwrap()
+}
+
 /// A generic engine's report: healthy when the pod is Ready.
-pub fn generic_report(pods: &BTreeMap<String, Pod>) -> HealthReport {
+pub fn generic_report(pods: &BTreeMap<String, Manifest<Pod>>) -> HealthReport {
     HealthReport {
         members: pods
             .values()
@@ -307,7 +315,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
     for (i, node) in NODES.iter().enumerate() {
         let claim = format!("data-etcd-{i}");
         let pv = format!("pv-old-{i}");
-        pods.insert(format!("etcd-{i}"), member_pod(i));
+        pods.insert(format!("etcd-{i}"), manifest(member_pod(i)));
         claims.insert(claim.clone(), bound_claim(&claim, "standard", "1Gi", &pv));
         volumes.insert(pv.clone(), volume(&pv, "standard", "1Gi", &claim, node));
     }
@@ -315,7 +323,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
     Observed {
         request: request(spec),
         now: t(10),
-        stateful_set: Some(stateful_set(3)),
+        stateful_set: Some(manifest(stateful_set(3))),
         stash: Stash::default(),
         stash_config_map_exists: false,
         pods,
@@ -528,10 +536,12 @@ impl Sim {
             }
             Action::PatchRetentionPolicy { policy, .. } => {
                 if let Some(set) = self.o.stateful_set.as_mut() {
-                    set.spec
-                        .get_or_insert_with(Default::default)
-                        .persistent_volume_claim_retention_policy =
-                        serde_json::from_str(policy).unwrap();
+                    set.update(|set| {
+                        set.spec
+                            .get_or_insert_with(Default::default)
+                            .persistent_volume_claim_retention_policy =
+                            serde_json::from_str(policy).unwrap();
+                    });
                 }
             }
             Action::TransferLeadership { to, .. } => {
@@ -575,7 +585,7 @@ impl Sim {
                 .insert(claim.to_string(), build::stash_decode(value).unwrap());
             return;
         }
-        let pod: Pod = build::stash_decode(value).unwrap();
+        let pod: Manifest<Pod> = build::stash_decode(value).unwrap();
         assert_eq!(build::stash_pod_annotation(&pod.name_any()), key);
         self.o.stash.pods.insert(pod.name_any(), pod);
     }
@@ -596,9 +606,10 @@ impl Sim {
             }
             Object::Pod(mut p) => {
                 let name = p.name_any();
-                p.metadata.uid = Some(self.uid(&name));
+                let uid = self.uid(&name);
+                p.update(|p| p.metadata.uid = Some(uid));
                 if p.labels().contains_key(build::MEMBER_LABEL) {
-                    self.o.helper_pods.entry(name).or_insert(*p);
+                    self.o.helper_pods.entry(name).or_insert(p.typed().clone());
                 } else {
                     self.o.pods.entry(name).or_insert(*p);
                 }
@@ -615,8 +626,11 @@ impl Sim {
                 if self.o.stateful_set.is_some() {
                     return;
                 }
-                s.metadata.uid = Some(self.uid("etcd"));
-                s.metadata.generation = Some(1);
+                let uid = self.uid("etcd");
+                s.update(|s| {
+                    s.metadata.uid = Some(uid);
+                    s.metadata.generation = Some(1);
+                });
                 self.o.stateful_set = Some(*s);
             }
             Object::ConfigMap(_) => self.o.stash_config_map_exists = true,
@@ -650,7 +664,7 @@ impl Sim {
                 assert_eq!(propagation, Propagation::Orphan);
                 self.o.stateful_set = None;
                 for p in self.o.pods.values_mut() {
-                    p.metadata.owner_references = None;
+                    p.update(|p| p.metadata.owner_references = None);
                 }
             }
             Kind::ConfigMap => self.o.stash_config_map_exists = false,
@@ -755,17 +769,19 @@ impl Sim {
         let now = self.o.now;
         for p in self.o.pods.values_mut() {
             if p.status.is_none() {
-                p.status = Some(ready_status(now));
+                p.update(|p| p.status = Some(ready_status(now)));
             }
         }
         if let Some(set) = self.o.stateful_set.as_mut()
             && set.status.is_none()
         {
             let want = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            set.status = Some(StatefulSetStatus {
-                observed_generation: Some(1),
-                replicas: want,
-                ..Default::default()
+            set.update(|set| {
+                set.status = Some(StatefulSetStatus {
+                    observed_generation: Some(1),
+                    replicas: want,
+                    ..Default::default()
+                });
             });
         }
         let leader = self.o.health.as_ref().ok().and_then(|h| h.leader.clone());

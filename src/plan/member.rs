@@ -253,7 +253,8 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         _ => {
             if wffc && !cx.o.helper_pods.contains_key(&mounter) {
-                let pod = build::mounter_pod(&cx.req, m);
+                let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, m))
+                    .map_err(|e| Failure(format!("cannot build the mounter pod: {e}")))?;
                 cx.act(Action::Create(Object::Pod(Box::new(pod))));
             }
             cx.wait(Duration::from_secs(1));
@@ -371,7 +372,9 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let pod = cx.o.pods.get(&m.pod).cloned();
     if !cx.o.stash.pods.contains_key(&m.pod) {
         return match pod {
-            Some(p) if !is_terminating(&p) => stash(cx, StashKey::Pod(m.pod.clone()), &p),
+            // The raw JSON as the API server returned it: recreated from it, the pod keeps
+            // every field, also those our API structs do not know.
+            Some(p) if !is_terminating(p.typed()) => stash(cx, StashKey::Pod(m.pod.clone()), &p),
             _ => Err(Failure(format!(
                 "pod {} disappeared before its manifest was stashed",
                 m.pod
@@ -379,7 +382,7 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         };
     }
     match pod {
-        Some(p) if !is_terminating(&p) => {
+        Some(p) if !is_terminating(p.typed()) => {
             let now = cx.now.clone();
             if mb.ms.pod_deleted_at.is_none()
                 && let Some(ms) = ms_mut(cx, mb)
@@ -748,12 +751,14 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member, mode: Mode) -> Result<(), Failure> 
             stuck(cx, &format!("the stash of pod {} is missing", m.pod));
             return Ok(());
         };
-        let pod = build::recreated_pod(stashed);
-        cx.act(Action::Create(Object::Pod(Box::new(pod))));
+        match build::recreated_pod(stashed) {
+            Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
+            Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
+        }
         cx.wait(Duration::from_secs(1));
         return Ok(());
     };
-    if is_terminating(&pod) {
+    if is_terminating(pod.typed()) {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
@@ -857,12 +862,14 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         }
     }
     match cx.o.pods.get(&m.pod) {
-        Some(p) if is_terminating(p) => pending = true,
+        Some(p) if is_terminating(p.typed()) => pending = true,
         Some(_) => {}
         None => {
             if let Some(stashed) = cx.o.stash.pods.get(&m.pod) {
-                let pod = build::recreated_pod(stashed);
-                cx.act(Action::Create(Object::Pod(Box::new(pod))));
+                match build::recreated_pod(stashed) {
+                    Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
+                    Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
+                }
                 pending = true;
             }
         }

@@ -27,6 +27,7 @@ use crate::api::{
     MemberStep, Phase, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
     StorageMigrationRequestStatus,
 };
+use crate::build::Manifest;
 use crate::engine::HealthReport;
 
 pub mod member;
@@ -67,14 +68,16 @@ pub struct Observed {
     /// The request, fresh from the API server (spec, status, annotations, deletionTimestamp).
     pub request: StorageMigrationRequest,
     pub now: Timestamp,
-    /// The target StatefulSet, if it exists.
-    pub stateful_set: Option<StatefulSet>,
+    /// The target StatefulSet, if it exists: its raw JSON as the API server returned it (what
+    /// gets stashed) with the typed view the planner reads.
+    pub stateful_set: Option<Manifest<StatefulSet>>,
     /// Manifests stashed on the request (annotations) or in its stash ConfigMap, decoded.
     pub stash: Stash,
     /// Whether the stash ConfigMap (`status.stashConfigMap`) exists.
     pub stash_config_map_exists: bool,
-    /// Pods of the target (by the StatefulSet's selector), by name.
-    pub pods: BTreeMap<String, Pod>,
+    /// Pods of the target (by the StatefulSet's selector), by name, raw JSON and typed view
+    /// (a member pod is stashed as the API server returned it).
+    pub pods: BTreeMap<String, Manifest<Pod>>,
     /// Our helper pods (mounters) and Job pods, by name.
     pub helper_pods: BTreeMap<String, Pod>,
     /// Claims of the namespace that matter: the members' claims and our temporary claims.
@@ -92,11 +95,13 @@ pub struct Observed {
     pub final_hash: Option<Result<Option<String>, String>>,
 }
 
-/// Manifests stashed before they are deleted.
+/// Manifests stashed before they are deleted. The StatefulSet and the pods are kept as the raw
+/// JSON the API server returned (see [`Manifest`]): they are recreated from it, so fields our
+/// API structs do not know survive; claims are only read, so they are typed.
 #[derive(Debug, Clone, Default)]
 pub struct Stash {
-    pub stateful_set: Option<StatefulSet>,
-    pub pods: BTreeMap<String, Pod>,
+    pub stateful_set: Option<Manifest<StatefulSet>>,
+    pub pods: BTreeMap<String, Manifest<Pod>>,
     pub claims: BTreeMap<String, PersistentVolumeClaim>,
     /// Stash entries that exist but cannot be decoded (key, reason).
     pub errors: Vec<(String, String)>,
@@ -152,13 +157,14 @@ pub enum EventType {
     Warning,
 }
 
-/// An object the operator creates.
+/// An object the operator creates. Pods and StatefulSets are created from their raw JSON (a
+/// recreated member pod or StatefulSet carries fields our API structs may not know).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Object {
     Claim(Box<PersistentVolumeClaim>),
-    Pod(Box<Pod>),
+    Pod(Box<Manifest<Pod>>),
     Job(Box<Job>),
-    StatefulSet(Box<StatefulSet>),
+    StatefulSet(Box<Manifest<StatefulSet>>),
     ConfigMap(Box<ConfigMap>),
 }
 

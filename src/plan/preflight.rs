@@ -180,7 +180,12 @@ fn check(cx: &mut Ctx, measuring: bool) -> Verdict {
         return Verdict::Deny(d);
     }
     let set_name = spec.target.name.clone();
-    let Some(set) = cx.o.stateful_set.as_ref().filter(|s| !is_terminating(*s)) else {
+    let Some(set) =
+        cx.o.stateful_set
+            .as_ref()
+            .map(|s| s.typed())
+            .filter(|s| !is_terminating(*s))
+    else {
         return Verdict::Deny(denial(
             "TargetNotFound",
             format!("StatefulSet {set_name} not found in namespace {}", ns(cx)),
@@ -251,7 +256,12 @@ fn check(cx: &mut Ctx, measuring: bool) -> Verdict {
     for ordinal in start..start + replicas {
         let pod_name = format!("{set_name}-{ordinal}");
         let claim_name = format!("{template_name}-{set_name}-{ordinal}");
-        let Some(pod) = cx.o.pods.get(&pod_name).filter(|p| !is_terminating(*p)) else {
+        let Some(pod) =
+            cx.o.pods
+                .get(&pod_name)
+                .map(|p| p.typed())
+                .filter(|p| !is_terminating(*p))
+        else {
             return Verdict::Deny(denial(
                 "MemberMissing",
                 format!(

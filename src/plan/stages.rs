@@ -17,7 +17,7 @@ use super::{
 };
 use crate::api::conditions;
 use crate::api::{MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage};
-use crate::build;
+use crate::build::{self, Manifest};
 use crate::engine;
 
 /// The retention policy that cannot delete claims (JSON of the policy object).
@@ -92,7 +92,10 @@ fn plan(cx: &Ctx) -> Result<Plan, Failure> {
 /// unable to delete a claim, orphan-delete it, wait until it is gone.
 pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
-    let live = cx.o.stateful_set.clone().filter(|s| !is_terminating(s));
+    let live =
+        cx.o.stateful_set
+            .clone()
+            .filter(|s| !is_terminating(s.typed()));
     if cx.o.stash.stateful_set.is_none() {
         let Some(set) = &live else {
             return Err(Failure(format!(
@@ -105,7 +108,7 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
     if cx.status.original_retention_policy.is_none() {
         let from = live.as_ref().or(cx.o.stash.stateful_set.as_ref());
         cx.status.original_retention_policy = Some(
-            from.map(build::original_retention_policy)
+            from.map(|s| build::original_retention_policy(s))
                 .unwrap_or_else(|| "null".into()),
         );
         return Ok(());
@@ -125,7 +128,7 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
         return Ok(());
     }
     match &cx.o.stateful_set {
-        Some(set) if !is_terminating(set) => {
+        Some(set) if !is_terminating(set.typed()) => {
             cx.event(
                 EventType::Normal,
                 "OrphaningStatefulSet",
@@ -257,7 +260,11 @@ fn template_fit(cx: &Ctx, plan: &Plan, stashed: &StatefulSet) -> (String, Quanti
     (class, size)
 }
 
-fn recreate_stateful_set(cx: &mut Ctx, plan: &Plan, stashed: &StatefulSet) -> Result<(), Failure> {
+fn recreate_stateful_set(
+    cx: &mut Ctx,
+    plan: &Plan,
+    stashed: &Manifest<StatefulSet>,
+) -> Result<(), Failure> {
     let (class, size) = template_fit(cx, plan, stashed);
     let retention = match cx.status.original_retention_policy.as_deref() {
         Some(json) => build::parse_retention_policy(json)
@@ -267,13 +274,22 @@ fn recreate_stateful_set(cx: &mut Ctx, plan: &Plan, stashed: &StatefulSet) -> Re
             .as_ref()
             .and_then(|s| s.persistent_volume_claim_retention_policy.clone()),
     };
-    let set = build::recreated_statefulset(
+    let set = match build::recreated_statefulset(
         stashed,
         &plan.volume_claim_template,
         &class,
         &size,
         retention,
-    );
+    ) {
+        Ok(set) => set,
+        Err(e) => {
+            stuck(
+                cx,
+                &format!("StatefulSet {} cannot be recreated: {e}", plan.stateful_set),
+            );
+            return Ok(());
+        }
+    };
     cx.event(
         EventType::Normal,
         "StatefulSetRecreated",
@@ -302,7 +318,7 @@ pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
             recreate_stateful_set(cx, &plan, &stashed)?;
             cx.wait(Duration::from_secs(1));
         }
-        Some(set) if is_terminating(&set) => cx.wait(Duration::from_secs(1)),
+        Some(set) if is_terminating(set.typed()) => cx.wait(Duration::from_secs(1)),
         Some(set) => {
             if adopted(&set) {
                 cx.status.stage = Stage::Finalizing;
@@ -523,7 +539,7 @@ pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
 
     // The StatefulSet: restore the original when it was never deleted, else recreate it.
     match cx.o.stateful_set.clone() {
-        Some(set) if is_terminating(&set) => {
+        Some(set) if is_terminating(set.typed()) => {
             cx.wait(Duration::from_secs(1));
             return Ok(());
         }

@@ -33,12 +33,13 @@ fn denial_reason(d: &Decision) -> (String, String) {
 }
 
 fn not_ready(o: &mut Observed, pod: &str) {
-    let p = o.pods.get_mut(pod).unwrap();
-    p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
-        type_: "Ready".into(),
-        status: "False".into(),
-        ..Default::default()
-    }]);
+    o.pods.get_mut(pod).unwrap().update(|p| {
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "False".into(),
+            ..Default::default()
+        }]);
+    });
     o.health = Ok(generic_report(&o.pods));
 }
 
@@ -85,10 +86,12 @@ fn denials_name_the_problem() {
         (
             "two templates",
             |o| {
-                let spec = o.stateful_set.as_mut().unwrap().spec.as_mut().unwrap();
-                let mut logs = claim_template("standard", "1Gi");
-                logs.metadata.name = Some("logs".into());
-                spec.volume_claim_templates.as_mut().unwrap().push(logs);
+                o.stateful_set.as_mut().unwrap().update(|s| {
+                    let spec = s.spec.as_mut().unwrap();
+                    let mut logs = claim_template("standard", "1Gi");
+                    logs.metadata.name = Some("logs".into());
+                    spec.volume_claim_templates.as_mut().unwrap().push(logs);
+                });
             },
             "TemplateRequired",
             "data, logs",
@@ -96,12 +99,14 @@ fn denials_name_the_problem() {
         (
             "block volume",
             |o| {
-                let spec = o.stateful_set.as_mut().unwrap().spec.as_mut().unwrap();
-                spec.volume_claim_templates.as_mut().unwrap()[0]
-                    .spec
-                    .as_mut()
-                    .unwrap()
-                    .volume_mode = Some("Block".into());
+                o.stateful_set.as_mut().unwrap().update(|s| {
+                    let spec = s.spec.as_mut().unwrap();
+                    spec.volume_claim_templates.as_mut().unwrap()[0]
+                        .spec
+                        .as_mut()
+                        .unwrap()
+                        .volume_mode = Some("Block".into());
+                });
             },
             "UnsupportedVolumeMode",
             "Block",
@@ -673,13 +678,12 @@ fn retention_policy_and_claim_owner_references_are_neutralised_then_restored() {
         when_deleted: Some("Delete".into()),
         when_scaled: Some("Delete".into()),
     };
-    o.stateful_set
-        .as_mut()
-        .unwrap()
-        .spec
-        .as_mut()
-        .unwrap()
-        .persistent_volume_claim_retention_policy = Some(policy.clone());
+    o.stateful_set.as_mut().unwrap().update(|s| {
+        s.spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_claim_retention_policy = Some(policy.clone());
+    });
     for (i, c) in o.claims.values_mut().enumerate() {
         c.metadata.owner_references = Some(vec![
             OwnerReference {
@@ -870,7 +874,7 @@ fn resume_copying_reads_the_finished_jobs() {
 #[test]
 fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
     let mut o = at_step(MemberStep::Copying);
-    o.pods.insert("etcd-0".into(), member_pod(0));
+    o.pods.insert("etcd-0".into(), manifest(member_pod(0)));
     let d = decide(&o);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
@@ -947,5 +951,102 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
         d.actions
             .iter()
             .any(|a| matches!(a, Action::AnnotateClaim { value: None, .. }))
+    );
+}
+
+/// The set and member pods as a cluster newer than our API structs returns them: fields
+/// k8s-openapi does not know in the pod template / pod spec and their first container, and the
+/// template's `creationTimestamp: null` that a typed round trip drops.
+fn with_future_fields(o: &mut Observed) {
+    let set = o.stateful_set.as_ref().unwrap();
+    let mut raw = build::testdata::with_future_fields(set, "/spec/template/spec").into_raw();
+    raw["spec"]["template"]["metadata"]["creationTimestamp"] = serde_json::Value::Null;
+    o.stateful_set = Some(build::Manifest::from_raw(raw).unwrap());
+    for p in o.pods.values_mut() {
+        *p = build::testdata::with_future_fields(p, "/spec");
+    }
+}
+
+/// Asserts that every StatefulSet and member pod the planner created kept the unknown fields:
+/// the set's template equal to `template`, each pod's spec with the original's fields.
+fn assert_created_with_future_fields(
+    sim: &Sim,
+    template: &serde_json::Value,
+    pods: &BTreeMap<String, serde_json::Value>,
+) -> (usize, usize) {
+    let (mut sets, mut members) = (0, 0);
+    for a in &sim.log {
+        match a {
+            Action::Create(Object::StatefulSet(s)) => {
+                sets += 1;
+                assert_eq!(&s.raw()["spec"]["template"], template);
+            }
+            Action::Create(Object::Pod(p)) if pods.contains_key(&p.name_any()) => {
+                members += 1;
+                let (old, new) = (&pods[&p.name_any()], &p.raw()["spec"]);
+                assert_eq!(new["someFutureField"], serde_json::json!({"x": 1}));
+                assert_eq!(new["containers"], old["containers"]);
+                assert!(new.get("nodeName").is_none());
+            }
+            _ => {}
+        }
+    }
+    (sets, members)
+}
+
+#[test]
+fn unknown_fields_survive_a_whole_migration() {
+    let mut o = observed(spec_class_change("fast"));
+    with_future_fields(&mut o);
+    let template = o.stateful_set.as_ref().unwrap().raw()["spec"]["template"].clone();
+    let pods: BTreeMap<String, serde_json::Value> = o
+        .pods
+        .iter()
+        .map(|(n, p)| (n.clone(), p.raw()["spec"].clone()))
+        .collect();
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    assert_eq!(
+        assert_created_with_future_fields(&sim, &template, &pods),
+        (1, 3)
+    );
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    assert_eq!(set.raw()["spec"]["template"], template, "byte for byte");
+    assert_eq!(
+        set.raw()["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"],
+        "fast"
+    );
+    for (name, spec) in &pods {
+        let now = &sim.o.pods[name].raw()["spec"];
+        assert_eq!(now["someFutureField"], spec["someFutureField"]);
+        assert_eq!(now["containers"], spec["containers"]);
+    }
+}
+
+#[test]
+fn unknown_fields_survive_a_rollback() {
+    let mut o = observed(spec_class_change("fast"));
+    with_future_fields(&mut o);
+    let template = o.stateful_set.as_ref().unwrap().raw()["spec"]["template"].clone();
+    let pods: BTreeMap<String, serde_json::Value> = o
+        .pods
+        .iter()
+        .map(|(n, p)| (n.clone(), p.raw()["spec"].clone()))
+        .collect();
+    let mut sim = Sim::new(o);
+    sim.jobs.fail = vec!["copy".into()];
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Failed);
+    assert_eq!(
+        assert_created_with_future_fields(&sim, &template, &pods),
+        (1, 1),
+        "the set and the stopped member are recreated from their stash"
+    );
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    assert_eq!(set.raw()["spec"]["template"], template);
+    assert_eq!(
+        set.raw()["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"],
+        "standard"
     );
 }
