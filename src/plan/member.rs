@@ -15,7 +15,7 @@ use super::{
 };
 use crate::api::conditions;
 use crate::api::{MemberStatus, MemberStep, PlannedMember};
-use crate::build::{self, JobKind};
+use crate::build::{self, JobKind, JobResult};
 use crate::engine::{self, Gate};
 
 /// Annotation written on a recreated claim that stays Pending, to make the PV controller look at
@@ -100,6 +100,33 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     let job = build::job(&cx.req, &mb.m, kind, deadline);
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
+}
+
+/// Drives the member's Job of `kind`: creates it when missing, waits while it runs. `Ok(None)`:
+/// not finished yet; `Ok(Some(result))`: it succeeded, with its parsed result when its pod
+/// reported one; `Err`: it failed, with `failed(reason)` as the request's failure.
+fn run_job(
+    cx: &mut Ctx,
+    mb: &Member,
+    kind: JobKind,
+    failed: impl FnOnce(&str) -> String,
+) -> Result<Option<Option<JobResult>>, Failure> {
+    match job_outcome(cx, mb, kind).cloned() {
+        None => {
+            create_job(cx, mb, kind);
+            Ok(None)
+        }
+        Some(JobOutcome::Running) => {
+            cx.wait(Duration::from_secs(1));
+            Ok(None)
+        }
+        Some(JobOutcome::Failed { reason }) => Err(Failure(failed(&reason))),
+        Some(JobOutcome::Succeeded { message }) => Ok(Some(
+            message
+                .as_deref()
+                .and_then(|msg| build::parse_job_result(msg).ok()),
+        )),
+    }
 }
 
 /// Deletes the member's Jobs of these kinds that still exist.
@@ -265,39 +292,31 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 
 /// First rsync pass while the member serves.
 fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
-    match job_outcome(cx, mb, JobKind::PreCopy).cloned() {
-        None => create_job(cx, mb, JobKind::PreCopy),
-        Some(JobOutcome::Running) => cx.wait(Duration::from_secs(1)),
-        Some(JobOutcome::Failed { reason }) => {
-            return Err(Failure(format!(
-                "pre-copy of member {} failed: {reason}",
-                mb.m.pod
-            )));
-        }
-        Some(JobOutcome::Succeeded { message }) => {
-            let result = message
-                .as_deref()
-                .and_then(|m| build::parse_job_result(m).ok());
-            let note = match result.as_ref().and_then(|r| r.bytes) {
-                Some(bytes) => format!(
-                    "pre-copied {} ({} files) while the member served",
-                    super::quantity::human(i128::from(bytes)),
-                    result.as_ref().and_then(|r| r.files).unwrap_or_default()
-                ),
-                None => "pre-copied while the member served".to_string(),
-            };
-            if let Some(ms) = ms_mut(cx, mb) {
-                ms.message = Some(note.clone());
-            }
-            advance(cx, mb, MemberStep::GatingStop);
-            cx.event(
-                EventType::Normal,
-                "PreCopied",
-                format!("member {}: {note}", mb.m.pod),
-            );
-            delete_jobs(cx, mb, &[JobKind::PreCopy]);
-        }
+    let pod = mb.m.pod.clone();
+    let Some(result) = run_job(cx, mb, JobKind::PreCopy, |reason| {
+        format!("pre-copy of member {pod} failed: {reason}")
+    })?
+    else {
+        return Ok(());
+    };
+    let note = match result.as_ref().and_then(|r| r.bytes) {
+        Some(bytes) => format!(
+            "pre-copied {} ({} files) while the member served",
+            super::quantity::human(i128::from(bytes)),
+            result.as_ref().and_then(|r| r.files).unwrap_or_default()
+        ),
+        None => "pre-copied while the member served".to_string(),
+    };
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.message = Some(note.clone());
     }
+    advance(cx, mb, MemberStep::GatingStop);
+    cx.event(
+        EventType::Normal,
+        "PreCopied",
+        format!("member {}: {note}", mb.m.pod),
+    );
+    delete_jobs(cx, mb, &[JobKind::PreCopy]);
     Ok(())
 }
 
@@ -425,24 +444,14 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             m.pod
         )));
     }
-    let copied = match job_outcome(cx, mb, JobKind::Copy).cloned() {
-        None => {
-            create_job(cx, mb, JobKind::Copy);
-            return Ok(());
-        }
-        Some(JobOutcome::Running) => {
-            cx.wait(Duration::from_secs(1));
-            return Ok(());
-        }
-        Some(JobOutcome::Failed { reason }) => {
-            return Err(Failure(format!(
-                "copy of claim {} to {} failed: {reason}",
-                m.claim, m.temp_claim
-            )));
-        }
-        Some(JobOutcome::Succeeded { message }) => message
-            .as_deref()
-            .and_then(|msg| build::parse_job_result(msg).ok()),
+    let Some(copied) = run_job(cx, mb, JobKind::Copy, |reason| {
+        format!(
+            "copy of claim {} to {} failed: {reason}",
+            m.claim, m.temp_claim
+        )
+    })?
+    else {
+        return Ok(());
     };
     if mb.ms.bytes_copied.is_none() {
         let bytes = copied.as_ref().and_then(|r| r.bytes).unwrap_or(0);
@@ -464,48 +473,32 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         );
     }
     if cx.spec().copy.verify {
-        match job_outcome(cx, mb, JobKind::Verify).cloned() {
-            None => {
-                create_job(cx, mb, JobKind::Verify);
-                return Ok(());
-            }
-            Some(JobOutcome::Running) => {
-                cx.wait(Duration::from_secs(1));
-                return Ok(());
-            }
-            Some(JobOutcome::Failed { reason }) => {
+        let Some(verified) = run_job(cx, mb, JobKind::Verify, |reason| {
+            format!("verification of member {} failed: {reason}", m.pod)
+        })?
+        else {
+            return Ok(());
+        };
+        match verified.as_ref().and_then(|r| r.differences) {
+            Some(0) => cx.event(
+                EventType::Normal,
+                "Verified",
+                format!(
+                    "member {}: {} and {} match in content and metadata",
+                    m.pod, m.claim, m.temp_claim
+                ),
+            ),
+            Some(n) => {
                 return Err(Failure(format!(
-                    "verification of member {} failed: {reason}",
-                    m.pod
+                    "verification of member {} found {n} differences between {} and {}",
+                    m.pod, m.claim, m.temp_claim
                 )));
             }
-            Some(JobOutcome::Succeeded { message }) => {
-                let differences = message
-                    .as_deref()
-                    .and_then(|msg| build::parse_job_result(msg).ok())
-                    .and_then(|r| r.differences);
-                match differences {
-                    Some(0) => cx.event(
-                        EventType::Normal,
-                        "Verified",
-                        format!(
-                            "member {}: {} and {} match in content and metadata",
-                            m.pod, m.claim, m.temp_claim
-                        ),
-                    ),
-                    Some(n) => {
-                        return Err(Failure(format!(
-                            "verification of member {} found {n} differences between {} and {}",
-                            m.pod, m.claim, m.temp_claim
-                        )));
-                    }
-                    None => {
-                        return Err(Failure(format!(
-                            "verification of member {} reported no result ({message:?})",
-                            m.pod
-                        )));
-                    }
-                }
+            None => {
+                return Err(Failure(format!(
+                    "verification of member {} reported no result ({verified:?})",
+                    m.pod
+                )));
             }
         }
     }
