@@ -88,13 +88,15 @@ pub enum MigrationType {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
-    /// Only `StatefulSet` is supported.
+    /// Only `StatefulSet` is supported (the default).
+    #[serde(default)]
     pub kind: TargetKind,
     pub name: String,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum TargetKind {
+    #[default]
     StatefulSet,
 }
 
@@ -453,7 +455,7 @@ kind: StorageMigrationRequest
 metadata: {name: etcd-to-fast, namespace: db}
 spec:
   type: StorageClassChange
-  target: {kind: StatefulSet, name: etcd}
+  target: {name: etcd}
   storageClassChange: {storageClassName: fast}
   timeout: 30m
   oldPVReclaimPolicy: Retain
@@ -461,6 +463,7 @@ spec:
         let req: StorageMigrationRequest = serde_norway::from_str(yaml).unwrap();
         let spec = &req.spec;
         assert_eq!(spec.type_, MigrationType::StorageClassChange);
+        assert_eq!(spec.target.kind, TargetKind::StatefulSet, "kind defaults");
         assert_eq!(spec.old_pv_reclaim_policy, Some(OldPvReclaimPolicy::Retain));
         assert_eq!(spec.apply, ApplyPolicy::IfReady);
         assert!(spec.copy.pre_copy && spec.copy.verify);
