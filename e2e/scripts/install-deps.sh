@@ -8,7 +8,7 @@ set -euo pipefail
 
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
 CACHE_REV="r1"
-CACHE_ROOT="${STORAGE_MIGRATOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/storage-migrator}"
+CACHE_ROOT="${STORAGE_MIGRATOR_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/storage-migrator}"
 BIN_DIR="$CACHE_ROOT/kubernetes-1.20.2-${CACHE_REV}/bin"
 
 log() { echo "install-deps: $*" >&2; }
