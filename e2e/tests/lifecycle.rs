@@ -1,0 +1,441 @@
+//! End-to-end scenarios about a request's life cycle, against the cluster `KUBECONFIG` points
+//! at, each in its own namespace with its own operator process watching only that namespace
+//! (`storage-migrator run --namespace NS`):
+//!
+//! - a request deleted while it is `Progressing`: the finalizer keeps it until the member in
+//!   flight is rolled back and the StatefulSet recreated; then it goes, leaving the workload
+//!   as it was and nothing of its own behind;
+//! - engine `Generic` with `leaderLabel`: the labelled pod is migrated last.
+//!
+//! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
+//! `<workspace>/target/debug/storage-migrator`).
+//!
+//! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test lifecycle -- --test-threads=2`
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use e2e::testing::{TestCluster, TestNamespace, etcd, init_tracing, set_template_class};
+use etcd_client::GetOptions;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use serde_json::json;
+use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
+use tokio::process::{Child, Command};
+use tracing::info;
+
+const ETCD_READY: Duration = Duration::from_secs(300);
+const MIGRATION: Duration = Duration::from_secs(600);
+const SET: &str = "etcd";
+const FINALIZER: &str = "storagemigrator.io/finalizer";
+const REQUEST_LABEL: &str = "storagemigrator.io/request";
+const CRD: &str = include_str!("../../crds/storagemigrationrequests.yaml");
+
+fn operator_bin() -> PathBuf {
+    std::env::var_os("STORAGE_MIGRATOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/storage-migrator")
+        })
+}
+
+/// One operator process watching one namespace (killed on drop).
+struct Operator {
+    _child: Child,
+}
+
+impl Operator {
+    fn start(ns: &str) -> Operator {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-logs");
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join(format!("{ns}-operator.log"));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = Command::new(operator_bin())
+            .args(["run", "--namespace", ns])
+            .env(
+                "RUST_LOG",
+                std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+            )
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", operator_bin().display()));
+        info!(ns, log = %log.display(), "operator started");
+        Operator { _child: child }
+    }
+}
+
+/// The CRD, then the etcd fixture (claims on the cluster's Immediate class), 3/3 Ready.
+async fn setup(test: &str) -> (TestCluster, TestNamespace) {
+    init_tracing();
+    let cluster = TestCluster::from_env()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
+    let ns = cluster.namespace(test).await.unwrap();
+    ns.apply_yaml(CRD).await.unwrap();
+    let yaml = std::fs::read_to_string(e2e::testing::fixture_path("etcd.yaml")).unwrap();
+    let class = cluster.storage_class.clone();
+    ns.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
+        .await
+        .unwrap();
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    (cluster, ns)
+}
+
+async fn create_request(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
+    let yaml = serde_json::to_string(&json!({
+        "apiVersion": "storagemigrator.io/v1alpha1",
+        "kind": "StorageMigrationRequest",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap();
+    ns.apply_yaml(&yaml).await.unwrap();
+}
+
+fn summary(req: &StorageMigrationRequest) -> String {
+    let s = req.status.clone().unwrap_or_default();
+    let members: Vec<String> = s
+        .members
+        .iter()
+        .map(|m| format!("{} {:?}", m.pod, m.step))
+        .collect();
+    format!(
+        "phase {:?}, stage {:?}, message {:?}, failure {:?}, members [{}]",
+        s.phase,
+        s.stage,
+        s.message,
+        s.failure,
+        members.join("; ")
+    )
+}
+
+/// Waits until the request's status satisfies `pred`; returns the request.
+async fn wait_request(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&storage_migrator::api::StorageMigrationRequestStatus) -> bool + Send + 'static,
+) -> StorageMigrationRequest {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let cond = move |r: Option<&StorageMigrationRequest>| {
+        r.and_then(|r| r.status.as_ref()).is_some_and(&pred)
+    };
+    ns.wait_for(api, name, what, timeout, cond, summary)
+        .await
+        .unwrap()
+        .unwrap()
+}
+
+/// `claim → (volume, class)` of the set's claims; each must be Bound.
+async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String)> {
+    let api: Api<PersistentVolumeClaim> = ns.api();
+    let mut out = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("data-{SET}-{i}");
+        let c = api.get(&name).await.unwrap();
+        assert_eq!(
+            c.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Bound"),
+            "claim {name}"
+        );
+        let spec = c.spec.unwrap_or_default();
+        out.insert(
+            name,
+            (
+                spec.volume_name.unwrap_or_default(),
+                spec.storage_class_name.unwrap_or_default(),
+            ),
+        );
+    }
+    out
+}
+
+/// Writes `n` keys `seed/<i>` through one member; returns them.
+async fn seed(ns: &TestNamespace, n: usize) -> BTreeSet<String> {
+    let mut m = etcd::member(ns, &format!("{SET}-0")).await.unwrap();
+    let mut keys = BTreeSet::new();
+    for i in 0..n {
+        let k = format!("seed/{i:04}");
+        m.put(&k, &"x".repeat(100)).await.unwrap();
+        keys.insert(k);
+    }
+    keys
+}
+
+/// Through every member (one client each): every key of `expected` is there (linearizable
+/// read), the key count is equal everywhere, and `hash_kv` at one revision is equal
+/// everywhere. Returns (key count, hash).
+async fn check_etcd(ns: &TestNamespace, expected: &BTreeSet<String>) -> (usize, u32) {
+    let mut members = etcd::members(ns, SET, 3).await.unwrap();
+    let mut counts = BTreeSet::new();
+    let mut hashes = BTreeSet::new();
+    let mut rev = None;
+    for m in &mut members {
+        let resp = m
+            .client
+            .get("seed/", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let have: BTreeSet<String> = resp
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap_or_default().to_string())
+            .collect();
+        let missing: Vec<&String> = expected.difference(&have).collect();
+        assert!(
+            missing.is_empty(),
+            "keys missing through {}: {missing:?}",
+            m.pod
+        );
+        counts.insert(have.len());
+        let r = *rev.get_or_insert(resp.header().map(|h| h.revision()).unwrap_or(0));
+        hashes.insert(m.client.hash_kv(r).await.unwrap().hash());
+    }
+    assert_eq!(
+        counts.len(),
+        1,
+        "key counts differ between members: {counts:?}"
+    );
+    assert_eq!(
+        hashes.len(),
+        1,
+        "hash_kv differs between members: {hashes:?}"
+    );
+    (
+        counts.into_iter().next().unwrap_or(0),
+        hashes.into_iter().next().unwrap_or(0),
+    )
+}
+
+/// Names of the objects labelled `storagemigrator.io/request=<request>` of type `K`.
+async fn labelled<K>(ns: &TestNamespace, request: &str) -> Vec<String>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned,
+    <K as kube::Resource>::DynamicType: Default,
+{
+    let lp = ListParams::default().labels(&format!("{REQUEST_LABEL}={request}"));
+    ns.api::<K>()
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| o.name_any())
+        .collect()
+}
+
+/// Waits (bounded) until no claim, Job, pod or ConfigMap of the request is left.
+async fn wait_nothing_left(ns: &TestNamespace, request: &str, timeout: Duration) {
+    let started = Instant::now();
+    loop {
+        let left = [
+            (
+                "claims",
+                labelled::<PersistentVolumeClaim>(ns, request).await,
+            ),
+            ("jobs", labelled::<Job>(ns, request).await),
+            ("pods", labelled::<Pod>(ns, request).await),
+            ("configmaps", labelled::<ConfigMap>(ns, request).await),
+        ];
+        if left.iter().all(|(_, names)| names.is_empty()) {
+            return;
+        }
+        assert!(
+            started.elapsed() < timeout,
+            "objects of request {request} left after {timeout:?}: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Scenarios.
+
+/// The request is deleted while its first member is down and its final copy cannot run (no
+/// pre-copy, a mover image no node has, a long timeout): a deterministic point in the middle
+/// of a member's migration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
+    let (cluster, ns) = setup("smr-delete-progressing").await;
+    let seeded = seed(&ns, 200).await;
+    let before = claims(&ns).await;
+    for (claim, (_, class)) in &before {
+        assert_eq!(class, &cluster.storage_class, "{claim}");
+    }
+    let etcd_before = check_etcd(&ns, &seeded).await;
+    let _op = Operator::start(&ns.name);
+
+    let name = "deleted";
+    create_request(
+        &ns,
+        name,
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "30m",
+            "copy": {"preCopy": false, "moverImage": "registry.invalid/no-such-mover:0"},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await;
+    let req = wait_request(
+        &ns,
+        name,
+        "first member copying",
+        Duration::from_secs(180),
+        |s| {
+            s.phase == Phase::Progressing
+                && s.members
+                    .first()
+                    .is_some_and(|m| m.step == MemberStep::Copying)
+        },
+    )
+    .await;
+    info!(status = %summary(&req), "deleting the request while it progresses");
+    let in_flight = req.status.as_ref().unwrap().members[0].pod.clone();
+    let uid = req.uid().unwrap();
+    assert!(req.finalizers().iter().any(|f| f == FINALIZER));
+
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let deleted_at = Instant::now();
+    let still = api
+        .delete(name, &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("the finalizer keeps the request after the delete");
+    assert!(still.metadata.deletion_timestamp.is_some());
+    assert!(still.finalizers().iter().any(|f| f == FINALIZER));
+    // Still there a moment later: the operator rolls back before it lets go.
+    let again = api.get_opt(name).await.unwrap();
+    assert!(again.is_some(), "the request vanished at once");
+
+    ns.wait_deleted(api.clone(), name, &uid, MIGRATION)
+        .await
+        .unwrap();
+    info!(took = ?deleted_at.elapsed(), "request gone after its rollback");
+
+    let events = ns.events_for(name).await.unwrap();
+    for reason in ["RollingBack", "MemberRolledBack", "StatefulSetRecreated"] {
+        assert!(
+            events.iter().any(|e| e.starts_with(reason)),
+            "no {reason} event in {events:?}"
+        );
+    }
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("MemberRolledBack") && e.contains(&in_flight)),
+        "no MemberRolledBack event naming {in_flight}: {events:?}"
+    );
+
+    let set: StatefulSet = ns.api().get(SET).await.unwrap();
+    assert!(set.metadata.deletion_timestamp.is_none());
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    assert_eq!(
+        claims(&ns).await,
+        before,
+        "every claim Bound under its name, on its original volume and class"
+    );
+    assert_eq!(
+        check_etcd(&ns, &seeded).await,
+        etcd_before,
+        "etcd key count and hash unchanged"
+    );
+    wait_nothing_left(&ns, name, Duration::from_secs(60)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generic_engine_migrates_the_labelled_leader_last() {
+    let (cluster, ns) = setup("smr-generic-leader").await;
+    let seeded = seed(&ns, 200).await;
+    let etcd_before = check_etcd(&ns, &seeded).await;
+    let before = claims(&ns).await;
+    let leader = format!("{SET}-0");
+    ns.api::<Pod>()
+        .patch(
+            &leader,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"role": "leader"}}})),
+        )
+        .await
+        .unwrap();
+    let _op = Operator::start(&ns.name);
+
+    let name = "generic";
+    let started = Instant::now();
+    create_request(
+        &ns,
+        name,
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Generic", "generic": {"leaderLabel": "role=leader"}},
+        }),
+    )
+    .await;
+    let req = wait_request(&ns, name, "request final", MIGRATION, |s| {
+        s.phase.is_final()
+    })
+    .await;
+    info!(took = ?started.elapsed(), status = %summary(&req), "generic migration done");
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    let order: Vec<&str> = status.members.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(order.len(), 3, "{order:?}");
+    assert_eq!(
+        order.last(),
+        Some(&leader.as_str()),
+        "the leader goes last: {order:?}"
+    );
+    assert!(
+        status.members.iter().all(|m| m.step == MemberStep::Done),
+        "{}",
+        summary(&req)
+    );
+    let plan = status.plan.clone().unwrap();
+    let roles: Vec<(String, Option<String>)> = plan
+        .members
+        .iter()
+        .map(|m| (m.pod.clone(), m.role.clone()))
+        .collect();
+    for (pod, role) in &roles {
+        let want = if *pod == leader { "leader" } else { "follower" };
+        assert_eq!(role.as_deref(), Some(want), "role of {pod}: {roles:?}");
+    }
+
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    let after = claims(&ns).await;
+    assert_eq!(
+        after.keys().collect::<Vec<_>>(),
+        before.keys().collect::<Vec<_>>()
+    );
+    for (claim, (volume, class)) in &after {
+        assert_eq!(class, &cluster.wffc_storage_class, "{claim}");
+        assert_ne!(volume, &before[claim].0, "{claim} is on a new volume");
+    }
+    assert_eq!(
+        check_etcd(&ns, &seeded).await,
+        etcd_before,
+        "etcd key count and hash unchanged"
+    );
+    wait_nothing_left(&ns, name, Duration::from_secs(60)).await;
+}
