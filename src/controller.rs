@@ -210,6 +210,10 @@ pub async fn run(client: Client, namespace: Option<String>) {
         .for_each(|result| async move {
             match result {
                 Ok((obj, _)) => tracing::debug!(request = %obj, "reconciled"),
+                // A request deleted between being queued and reconciled: nothing to do.
+                Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                    tracing::debug!(request = %obj, "request is gone")
+                }
                 Err(e) => error!(error = %e, "controller"),
             }
         })
