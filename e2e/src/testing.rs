@@ -6,6 +6,7 @@
 //! - [`TestNamespace`]: a unique namespace per test, deleted on drop; YAML apply, waits, claims,
 //!   one-off mover pods and Jobs.
 //! - [`etcd`]: one etcd client per member endpoint, member list, leader, put/get.
+//! - [`operator`]: the operator as a child process, the CRD, creating and awaiting requests.
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
 //! object's last state.
@@ -1134,6 +1135,8 @@ impl Drop for TestNamespace {
 
 /// etcd helpers: one client per member endpoint (a multi-endpoint client answers `status` from
 /// any one of them).
+pub mod operator;
+
 pub mod etcd {
     use std::time::Duration;
 

@@ -10,167 +10,57 @@
 //! between acknowledged writes, per-member downtime, Raft term before/after).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use e2e::testing::operator::{self, Operator, install_crd};
 use e2e::testing::{TestCluster, TestNamespace, init_tracing};
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
+use storage_migrator::api::StorageMigrationRequest;
 
 const SET: &str = "etcd";
 const REQUEST: &str = "to-target";
 
-fn workspace() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_default()
-}
-
-/// The operator as a child process of the test, watching one namespace; killed (by its PID)
-/// when dropped. Its log goes to a file, kept and its tail printed when the test panicked,
-/// removed otherwise.
-struct Operator {
-    child: Option<std::process::Child>,
-    log: PathBuf,
-}
-
-impl Operator {
-    fn start(namespace: &str) -> Operator {
-        let log = std::env::temp_dir().join(format!("storage-migrator-{namespace}.log"));
-        if std::env::var("E2E_OPERATOR").is_ok_and(|v| v == "external") {
-            return Operator { child: None, log };
-        }
-        let bin = std::env::var_os("STORAGE_MIGRATOR_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| workspace().join("target/debug/storage-migrator"));
-        assert!(
-            bin.exists(),
-            "operator binary {} missing: `cargo build -p storage-migrator` or set \
-             STORAGE_MIGRATOR_BIN",
-            bin.display()
-        );
-        let out = std::fs::File::create(&log).expect("operator log file");
-        let err = out.try_clone().expect("operator log file");
-        let child = std::process::Command::new(&bin)
-            .args(["run", "--namespace", namespace])
-            .env(
-                "RUST_LOG",
-                std::env::var("E2E_OPERATOR_LOG").unwrap_or_else(|_| "info".to_string()),
-            )
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .expect("start the operator");
-        eprintln!(
-            "operator pid {} for namespace {namespace}, log {}",
-            child.id(),
-            log.display()
-        );
-        Operator {
-            child: Some(child),
-            log,
-        }
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if self.child.is_none() {
-            return;
-        }
-        if std::thread::panicking() {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            let tail = lines[lines.len().saturating_sub(60)..].join("\n");
-            eprintln!(
-                "--- operator log tail (whole log kept: {}) ---\n{tail}",
-                self.log.display()
-            );
-        } else {
-            let _ = std::fs::remove_file(&self.log);
-        }
-    }
-}
-
-fn request_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("storagemigrator.io", "v1alpha1", "StorageMigrationRequest"),
-        "storagemigrationrequests",
-    )
-}
-
-/// Applies the CRD from `crds/` and waits until the API serves the kind.
-async fn install_crd(ns: &TestNamespace) {
-    let yaml = std::fs::read_to_string(workspace().join("crds/storagemigrationrequests.yaml"))
-        .expect("crds/storagemigrationrequests.yaml");
-    ns.apply_yaml(&yaml).await.expect("apply the CRD");
-    let api: Api<DynamicObject> = Api::namespaced_with(ns.client(), &ns.name, &request_resource());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while api.list(&ListParams::default()).await.is_err() {
-        assert!(Instant::now() < deadline, "CRD not served after 30 s");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 /// Creates the request: the set's volumes to `class`, engine Etcd.
 async fn create_request(ns: &TestNamespace, class: &str, apply: &str) {
-    let yaml = format!(
-        "apiVersion: storagemigrator.io/v1alpha1
-kind: StorageMigrationRequest
-metadata:
-  name: {REQUEST}
-spec:
-  type: StorageClassChange
-  target: {{kind: StatefulSet, name: {SET}}}
-  storageClassChange: {{storageClassName: {class}}}
-  timeout: 20m
-  apply: {apply}
-  database:
-    engine: Etcd
-    etcd: {{clientPort: 2379}}
-"
-    );
-    ns.apply_yaml(&yaml).await.expect("create the request");
-}
-
-async fn request_status(ns: &TestNamespace) -> Value {
-    let api: Api<DynamicObject> = Api::namespaced_with(ns.client(), &ns.name, &request_resource());
-    match api.get_opt(REQUEST).await {
-        Ok(Some(obj)) => obj.data.get("status").cloned().unwrap_or(Value::Null),
-        _ => Value::Null,
-    }
+    let spec = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": SET},
+        "storageClassChange": {"storageClassName": class},
+        "timeout": "20m",
+        "apply": apply,
+        "database": {"engine": "Etcd", "etcd": {"clientPort": 2379}},
+    });
+    operator::create_request(ns, REQUEST, spec)
+        .await
+        .expect("create the request");
 }
 
 fn phase(status: &Value) -> &str {
     status["phase"].as_str().unwrap_or("")
 }
 
-/// Polls the request until its phase is final; returns its status.
-async fn wait_final(ns: &TestNamespace, timeout: Duration) -> Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let status = request_status(ns).await;
-        if matches!(phase(&status), "Successful" | "Failed" | "Denied") {
-            return status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "request not final after {timeout:?}: {status:#}; events: {:?}",
-            ns.events_for(REQUEST).await.unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
+/// The request's status as JSON (Null while it has none or is absent).
+async fn request_status(ns: &TestNamespace) -> Value {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    match api.get_opt(REQUEST).await {
+        Ok(Some(req)) => serde_json::to_value(req.status).unwrap_or(Value::Null),
+        _ => Value::Null,
     }
+}
+
+/// Waits until the request's phase is final; returns its status as JSON.
+async fn wait_final(ns: &TestNamespace, timeout: Duration) -> Value {
+    let req = operator::wait_final(ns, REQUEST, timeout)
+        .await
+        .expect("request final");
+    serde_json::to_value(req.status).expect("status as JSON")
 }
 
 /// Pod names of the members in the order the operator migrated them.
@@ -473,12 +363,21 @@ fn fixture(n: usize) -> String {
     out
 }
 
+/// The operator for `ns`: started here, or none with `E2E_OPERATOR=external` (one already runs
+/// in the cluster).
+fn start_operator(ns: &TestNamespace) -> Option<Operator> {
+    if std::env::var("E2E_OPERATOR").is_ok_and(|v| v == "external") {
+        return None;
+    }
+    Some(Operator::start(&ns.name, 0, None).expect("start the operator"))
+}
+
 /// An etcd set of `n` members in a fresh namespace, healthy, with the operator running.
-async fn setup(test: &str, n: usize) -> (TestCluster, TestNamespace, Operator) {
+async fn setup(test: &str, n: usize) -> (TestCluster, TestNamespace, Option<Operator>) {
     init_tracing();
     let cluster = TestCluster::from_env().await.expect("cluster");
     let ns = cluster.namespace(test).await.expect("namespace");
-    install_crd(&ns).await;
+    install_crd(&ns).await.expect("install the CRD");
     let class = cluster.storage_class.clone();
     ns.apply_yaml_with(&fixture(n), |obj| {
         e2e::testing::set_template_class(obj, "standard", &class)
@@ -489,7 +388,7 @@ async fn setup(test: &str, n: usize) -> (TestCluster, TestNamespace, Operator) {
         .await
         .expect("etcd ready");
     wait_etcd(&ns, n).await;
-    let operator = Operator::start(&ns.name);
+    let operator = start_operator(&ns);
     (cluster, ns, operator)
 }
 

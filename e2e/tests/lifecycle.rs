@@ -13,10 +13,11 @@
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test lifecycle -- --test-threads=2`
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use e2e::testing::operator::{
+    Operator, create_request, install_crd, summary, wait_final, wait_status,
+};
 use e2e::testing::{TestCluster, TestNamespace, etcd, init_tracing, set_template_class};
 use etcd_client::GetOptions;
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -26,7 +27,6 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
-use tokio::process::{Child, Command};
 use tracing::info;
 
 const ETCD_READY: Duration = Duration::from_secs(300);
@@ -34,45 +34,6 @@ const MIGRATION: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
 const FINALIZER: &str = "storagemigrator.io/finalizer";
 const REQUEST_LABEL: &str = "storagemigrator.io/request";
-const CRD: &str = include_str!("../../crds/storagemigrationrequests.yaml");
-
-fn operator_bin() -> PathBuf {
-    std::env::var_os("STORAGE_MIGRATOR_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/storage-migrator")
-        })
-}
-
-/// One operator process watching one namespace (killed on drop).
-struct Operator {
-    _child: Child,
-}
-
-impl Operator {
-    fn start(ns: &str) -> Operator {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-logs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{ns}-operator.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let err = out.try_clone().unwrap();
-        let child = Command::new(operator_bin())
-            .args(["run", "--namespace", ns])
-            .env(
-                "RUST_LOG",
-                std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
-            )
-            .env_remove("FAILPOINTS")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", operator_bin().display()));
-        info!(ns, log = %log.display(), "operator started");
-        Operator { _child: child }
-    }
-}
 
 /// The CRD, then the etcd fixture (claims on the cluster's Immediate class), 3/3 Ready.
 async fn setup(test: &str) -> (TestCluster, TestNamespace) {
@@ -81,7 +42,7 @@ async fn setup(test: &str) -> (TestCluster, TestNamespace) {
         .await
         .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
     let ns = cluster.namespace(test).await.unwrap();
-    ns.apply_yaml(CRD).await.unwrap();
+    install_crd(&ns).await.unwrap();
     let yaml = std::fs::read_to_string(e2e::testing::fixture_path("etcd.yaml")).unwrap();
     let class = cluster.storage_class.clone();
     ns.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
@@ -89,52 +50,6 @@ async fn setup(test: &str) -> (TestCluster, TestNamespace) {
         .unwrap();
     ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
     (cluster, ns)
-}
-
-async fn create_request(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
-    let yaml = serde_json::to_string(&json!({
-        "apiVersion": "storagemigrator.io/v1alpha1",
-        "kind": "StorageMigrationRequest",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .unwrap();
-    ns.apply_yaml(&yaml).await.unwrap();
-}
-
-fn summary(req: &StorageMigrationRequest) -> String {
-    let s = req.status.clone().unwrap_or_default();
-    let members: Vec<String> = s
-        .members
-        .iter()
-        .map(|m| format!("{} {:?}", m.pod, m.step))
-        .collect();
-    format!(
-        "phase {:?}, stage {:?}, message {:?}, failure {:?}, members [{}]",
-        s.phase,
-        s.stage,
-        s.message,
-        s.failure,
-        members.join("; ")
-    )
-}
-
-/// Waits until the request's status satisfies `pred`; returns the request.
-async fn wait_request(
-    ns: &TestNamespace,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    pred: impl Fn(&storage_migrator::api::StorageMigrationRequestStatus) -> bool + Send + 'static,
-) -> StorageMigrationRequest {
-    let api: Api<StorageMigrationRequest> = ns.api();
-    let cond = move |r: Option<&StorageMigrationRequest>| {
-        r.and_then(|r| r.status.as_ref()).is_some_and(&pred)
-    };
-    ns.wait_for(api, name, what, timeout, cond, summary)
-        .await
-        .unwrap()
-        .unwrap()
 }
 
 /// `claim → (volume, class)` of the set's claims; each must be Bound.
@@ -277,7 +192,7 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
         assert_eq!(class, &cluster.storage_class, "{claim}");
     }
     let etcd_before = check_etcd(&ns, &seeded).await;
-    let _op = Operator::start(&ns.name);
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
 
     let name = "deleted";
     create_request(
@@ -292,8 +207,9 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
-    let req = wait_request(
+    .await
+    .unwrap();
+    let req = wait_status(
         &ns,
         name,
         "first member copying",
@@ -305,7 +221,8 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
                     .is_some_and(|m| m.step == MemberStep::Copying)
         },
     )
-    .await;
+    .await
+    .unwrap();
     info!(status = %summary(&req), "deleting the request while it progresses");
     let in_flight = req.status.as_ref().unwrap().members[0].pod.clone();
     let uid = req.uid().unwrap();
@@ -375,7 +292,7 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         )
         .await
         .unwrap();
-    let _op = Operator::start(&ns.name);
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
 
     let name = "generic";
     let started = Instant::now();
@@ -391,11 +308,9 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
             "database": {"engine": "Generic", "generic": {"leaderLabel": "role=leader"}},
         }),
     )
-    .await;
-    let req = wait_request(&ns, name, "request final", MIGRATION, |s| {
-        s.phase.is_final()
-    })
-    .await;
+    .await
+    .unwrap();
+    let req = wait_final(&ns, name, MIGRATION).await.unwrap();
     info!(took = ?started.elapsed(), status = %summary(&req), "generic migration done");
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));

@@ -15,11 +15,12 @@
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test migration -- --test-threads=2`
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use e2e::testing::operator::{
+    Operator, create_request, install_crd, summary, wait_final, wait_status,
+};
 use e2e::testing::{TestCluster, TestNamespace, init_tracing, node_satisfies, set_template_class};
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -28,72 +29,14 @@ use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
-use tokio::process::{Child, Command};
 use tracing::{info, warn};
 
 const ETCD_READY: Duration = Duration::from_secs(300);
 const MIGRATION: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
-const CRD: &str = include_str!("../../crds/storagemigrationrequests.yaml");
 
 // ------------------------------------------------------------------------------------------
 // Harness: operator process, etcd fixture, writer, checks.
-
-fn operator_bin() -> PathBuf {
-    std::env::var_os("STORAGE_MIGRATOR_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/storage-migrator")
-        })
-}
-
-/// One operator process (killed on drop).
-struct Operator {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Operator {
-    /// Starts `storage-migrator run --namespace NS`, with `FAILPOINTS` when given.
-    fn start(ns: &str, run: usize, failpoints: Option<&str>) -> Operator {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/e2e-logs");
-        std::fs::create_dir_all(&dir).unwrap();
-        let log = dir.join(format!("{ns}-operator-{run}.log"));
-        let out = std::fs::File::create(&log).unwrap();
-        let err = out.try_clone().unwrap();
-        let mut cmd = Command::new(operator_bin());
-        cmd.args(["run", "--namespace", ns])
-            .env(
-                "RUST_LOG",
-                std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
-            )
-            .env_remove("FAILPOINTS")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
-        if let Some(fp) = failpoints {
-            cmd.env("FAILPOINTS", fp);
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", operator_bin().display()));
-        info!(ns, run, ?failpoints, log = %log.display(), "operator started");
-        Operator { child, log }
-    }
-
-    /// Waits until the process exits by itself (a failpoint); its exit code.
-    async fn wait_exit(&mut self, timeout: Duration) -> i32 {
-        match tokio::time::timeout(timeout, self.child.wait()).await {
-            Ok(Ok(status)) => status.code().unwrap_or(-1),
-            Ok(Err(e)) => panic!("waiting for the operator: {e}"),
-            Err(_) => panic!(
-                "the operator did not hit its failpoint within {timeout:?}; log {}",
-                self.log.display()
-            ),
-        }
-    }
-}
 
 /// The CRD, then the etcd fixture with its claim template on `class`, 3/3 Ready.
 async fn setup(test: &str, class: Option<&str>) -> (TestCluster, TestNamespace) {
@@ -102,7 +45,7 @@ async fn setup(test: &str, class: Option<&str>) -> (TestCluster, TestNamespace) 
         .await
         .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
     let ns = cluster.namespace(test).await.unwrap();
-    ns.apply_yaml(CRD).await.unwrap();
+    install_crd(&ns).await.unwrap();
     let path = e2e::testing::fixture_path("etcd.yaml");
     let yaml = std::fs::read_to_string(&path).unwrap();
     let class = class.unwrap_or(&cluster.storage_class).to_string();
@@ -111,52 +54,6 @@ async fn setup(test: &str, class: Option<&str>) -> (TestCluster, TestNamespace) 
         .unwrap();
     ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
     (cluster, ns)
-}
-
-fn request_yaml(name: &str, spec: serde_json::Value) -> String {
-    serde_json::to_string(&json!({
-        "apiVersion": "storagemigrator.io/v1alpha1",
-        "kind": "StorageMigrationRequest",
-        "metadata": {"name": name},
-        "spec": spec,
-    }))
-    .unwrap()
-}
-
-async fn create_request(ns: &TestNamespace, name: &str, spec: serde_json::Value) {
-    ns.apply_yaml(&request_yaml(name, spec)).await.unwrap();
-}
-
-/// Waits until the request's phase is final; returns it.
-async fn wait_final(ns: &TestNamespace, name: &str, timeout: Duration) -> StorageMigrationRequest {
-    let api: Api<StorageMigrationRequest> = ns.api();
-    let cond = |r: Option<&StorageMigrationRequest>| {
-        r.and_then(|r| r.status.as_ref())
-            .is_some_and(|s| s.phase.is_final())
-    };
-    let describe = |r: &StorageMigrationRequest| format!("{:?}", r.status);
-    ns.wait_for(api, name, "request final", timeout, cond, describe)
-        .await
-        .unwrap()
-        .unwrap()
-}
-
-/// Waits until the request's status shows at least the stage/step `pred` asks for.
-async fn wait_status(
-    ns: &TestNamespace,
-    name: &str,
-    what: &str,
-    timeout: Duration,
-    pred: impl Fn(&storage_migrator::api::StorageMigrationRequestStatus) -> bool + Send + 'static,
-) {
-    let api: Api<StorageMigrationRequest> = ns.api();
-    let cond = move |r: Option<&StorageMigrationRequest>| {
-        r.and_then(|r| r.status.as_ref()).is_some_and(&pred)
-    };
-    let describe = |r: &StorageMigrationRequest| format!("{:?}", r.status);
-    ns.wait_for(api, name, what, timeout, cond, describe)
-        .await
-        .unwrap();
 }
 
 /// `claim → (volume, class, requested size)` of the set's claims.
@@ -388,30 +285,6 @@ async fn pod_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
     uids
 }
 
-fn summary(req: &StorageMigrationRequest) -> String {
-    let s = req.status.clone().unwrap_or_default();
-    let members: Vec<String> = s
-        .members
-        .iter()
-        .map(|m| {
-            format!(
-                "{} {:?} downtime {:?}s copied {:?}B",
-                m.pod, m.step, m.downtime_seconds, m.bytes_copied
-            )
-        })
-        .collect();
-    format!(
-        "phase {:?}, message {:?}, members [{}], finalHash {:?}",
-        s.phase,
-        s.message,
-        members.join("; "),
-        s.final_hash
-    )
-}
-
-// ------------------------------------------------------------------------------------------
-// Scenarios.
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_class_change_while_a_client_writes() {
     let (cluster, ns) = setup("smr-class-change", None).await;
@@ -420,7 +293,7 @@ async fn storage_class_change_while_a_client_writes() {
     let writer = start_writer(&ns, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let _op = Operator::start(&ns.name, 0, None);
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
     let started = Instant::now();
     create_request(
         &ns,
@@ -434,8 +307,9 @@ async fn storage_class_change_while_a_client_writes() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
-    let req = wait_final(&ns, "to-fast", MIGRATION).await;
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "to-fast", MIGRATION).await.unwrap();
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -535,7 +409,7 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
         .await
         .unwrap()
         .uid();
-    let _op = Operator::start(&ns.name, 0, None);
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
 
     // etcd preallocates 64 MiB WAL files: far more than 32Mi is in use.
     create_request(
@@ -550,8 +424,11 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
-    let req = wait_final(&ns, "too-small", Duration::from_secs(180)).await;
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "too-small", Duration::from_secs(180))
+        .await
+        .unwrap();
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
     let accepted = status
@@ -594,9 +471,10 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
+    .await
+    .unwrap();
     let started = Instant::now();
-    let req = wait_final(&ns, "shrink", MIGRATION).await;
+    let req = wait_final(&ns, "shrink", MIGRATION).await.unwrap();
     info!(took = ?started.elapsed(), summary = %summary(&req), "shrink done");
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
@@ -677,7 +555,8 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
+    .await
+    .unwrap();
     // Each run exits (code 86) at its failpoint, right after the status write or action named.
     let points = [
         "stage-Migrating=return",         // the set is orphaned
@@ -692,19 +571,19 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
         "stage-RecreatingStatefulSet=return", // every member migrated, set not yet recreated
     ];
     for (run, fp) in points.iter().enumerate() {
-        let mut op = Operator::start(&ns.name, run, Some(fp));
-        let code = op.wait_exit(Duration::from_secs(300)).await;
+        let mut op = Operator::start(&ns.name, run, Some(fp)).unwrap();
+        let code = op.wait_exit(Duration::from_secs(300)).await.unwrap();
         assert_eq!(
             code,
             86,
             "run {run} ({fp}) exited {code}; log {}",
-            op.log.display()
+            op.log().display()
         );
         let req: StorageMigrationRequest = ns.api().get("killed").await.unwrap();
         info!(run, fp, status = %summary(&req), "operator killed at failpoint");
     }
-    let _op = Operator::start(&ns.name, points.len(), None);
-    let req = wait_final(&ns, "killed", MIGRATION).await;
+    let _op = Operator::start(&ns.name, points.len(), None).unwrap();
+    let req = wait_final(&ns, "killed", MIGRATION).await.unwrap();
     assert_eq!(
         req.status.as_ref().unwrap().phase,
         Phase::Successful,
@@ -723,7 +602,7 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-copy-fails", None).await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, Some("copy-job-fails=return"));
+    let _op = Operator::start(&ns.name, 0, Some("copy-job-fails=return")).unwrap();
     create_request(
         &ns,
         "copy-fails",
@@ -736,8 +615,9 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
-    let req = wait_final(&ns, "copy-fails", MIGRATION).await;
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "copy-fails", MIGRATION).await.unwrap();
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
     let failure = status.failure.clone().unwrap();
@@ -773,7 +653,7 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-timeout", None).await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, None);
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
     // No pre-copy, and a mover image no node has: the member stops, its copy Job can never
     // start, and the 45 s timeout expires with the member down.
     create_request(
@@ -788,7 +668,8 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
             "database": {"engine": "Etcd"},
         }),
     )
-    .await;
+    .await
+    .unwrap();
     wait_status(
         &ns,
         "times-out",
@@ -796,8 +677,9 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
         Duration::from_secs(120),
         |s| s.members.iter().any(|m| m.step >= MemberStep::Copying),
     )
-    .await;
-    let req = wait_final(&ns, "times-out", MIGRATION).await;
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "times-out", MIGRATION).await.unwrap();
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
     let failure = status.failure.clone().unwrap();

@@ -1,0 +1,256 @@
+//! The operator under test and its requests: `storage-migrator run --namespace NS` as a child
+//! process of the test (binary from `STORAGE_MIGRATOR_BIN`, default
+//! `<workspace>/target/debug/storage-migrator`), the CRD, and creating / waiting for
+//! `StorageMigrationRequest`s in a [`TestNamespace`].
+//!
+//! The operator's log goes to `<workspace>/target/e2e-logs/<namespace>-operator-<run>.log` and
+//! is kept; when the test panics, its tail is printed. `OPERATOR_LOG` sets its `RUST_LOG`
+//! (default `info,kube=warn`).
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use kube::api::{Api, ListParams};
+use serde_json::json;
+use storage_migrator::api::{StorageMigrationRequest, StorageMigrationRequestStatus};
+use tokio::process::{Child, Command};
+use tracing::info;
+
+use super::{TestError, TestNamespace};
+
+/// The CRD of `StorageMigrationRequest`, as the repository ships it.
+pub const CRD: &str = include_str!("../../../crds/storagemigrationrequests.yaml");
+
+/// How long [`install_crd`] waits for the API to serve the kind.
+const CRD_SERVED: Duration = Duration::from_secs(30);
+
+/// How many lines of the operator's log are printed when the test panics.
+const LOG_TAIL: usize = 60;
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("cannot write the operator log {path}: {source}")]
+    Log {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "cannot start the operator {bin}: {source} (`cargo build --all-features --bins` or set \
+         STORAGE_MIGRATOR_BIN)"
+    )]
+    Spawn {
+        bin: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("waiting for the operator (log {log}): {source}")]
+    Wait {
+        log: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the operator did not exit within {timeout:?}; log {log}")]
+    NoExit { timeout: Duration, log: PathBuf },
+    #[error("the {what} is not served after {waited:?}: {source}")]
+    NotServed {
+        what: &'static str,
+        waited: Duration,
+        source: kube::Error,
+    },
+    #[error("request {name} is gone")]
+    Gone { name: String },
+    #[error("cannot encode request {name}: {source}")]
+    Encode {
+        name: String,
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Test(#[from] TestError),
+}
+
+/// The operator binary: `STORAGE_MIGRATOR_BIN`, default `<workspace>/target/debug/storage-migrator`.
+pub fn operator_bin() -> PathBuf {
+    std::env::var_os("STORAGE_MIGRATOR_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace().join("target/debug/storage-migrator"))
+}
+
+fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// One operator process watching one namespace; killed when dropped.
+#[derive(Debug)]
+pub struct Operator {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `storage-migrator run --namespace NS`; `run` numbers the log file of each
+    /// (re)start in a test; `failpoints` becomes the process's `FAILPOINTS` (never inherited).
+    pub fn start(
+        ns: &str,
+        run: usize,
+        failpoints: Option<&str>,
+    ) -> Result<Operator, OperatorError> {
+        let dir = workspace().join("target/e2e-logs");
+        let log = dir.join(format!("{ns}-operator-{run}.log"));
+        let log_error = |source| OperatorError::Log {
+            path: log.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&dir).map_err(log_error)?;
+        let out = std::fs::File::create(&log).map_err(log_error)?;
+        let err = out.try_clone().map_err(log_error)?;
+        let bin = operator_bin();
+        let mut cmd = Command::new(&bin);
+        cmd.args(["run", "--namespace", ns])
+            .env(
+                "RUST_LOG",
+                std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+            )
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
+        if let Some(fp) = failpoints {
+            cmd.env("FAILPOINTS", fp);
+        }
+        let child = cmd
+            .spawn()
+            .map_err(|source| OperatorError::Spawn { bin, source })?;
+        info!(ns, run, ?failpoints, pid = ?child.id(), log = %log.display(), "operator started");
+        Ok(Operator { child, log })
+    }
+
+    /// The file the operator logs to.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Waits until the process exits by itself (e.g. at a failpoint); its exit code (-1 when
+    /// killed by a signal).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<i32, OperatorError> {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => Ok(status.code().unwrap_or(-1)),
+            Ok(Err(source)) => Err(OperatorError::Wait {
+                log: self.log.clone(),
+                source,
+            }),
+            Err(_) => Err(OperatorError::NoExit {
+                timeout,
+                log: self.log.clone(),
+            }),
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+        if std::thread::panicking() {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            let tail = lines[lines.len().saturating_sub(LOG_TAIL)..].join("\n");
+            eprintln!(
+                "--- operator log tail (whole log kept: {}) ---\n{tail}",
+                self.log.display()
+            );
+        }
+    }
+}
+
+/// Applies [`CRD`] and waits until the API serves the kind in `ns`.
+pub async fn install_crd(ns: &TestNamespace) -> Result<(), OperatorError> {
+    ns.apply_yaml(CRD).await?;
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let deadline = Instant::now() + CRD_SERVED;
+    loop {
+        match api.list(&ListParams::default()).await {
+            Ok(_) => return Ok(()),
+            Err(source) if Instant::now() >= deadline => {
+                return Err(OperatorError::NotServed {
+                    what: "StorageMigrationRequest kind",
+                    waited: CRD_SERVED,
+                    source,
+                });
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+}
+
+/// Creates (server-side apply) the request `name` with `spec` (the CRD's `spec`, as JSON).
+pub async fn create_request(
+    ns: &TestNamespace,
+    name: &str,
+    spec: serde_json::Value,
+) -> Result<(), OperatorError> {
+    let manifest = serde_json::to_string(&json!({
+        "apiVersion": "storagemigrator.io/v1alpha1",
+        "kind": "StorageMigrationRequest",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .map_err(|source| OperatorError::Encode {
+        name: name.to_string(),
+        source,
+    })?;
+    ns.apply_yaml(&manifest).await?;
+    Ok(())
+}
+
+/// Waits until the request's phase is final (`Successful`, `Failed`, `Denied`); returns it.
+pub async fn wait_final(
+    ns: &TestNamespace,
+    name: &str,
+    timeout: Duration,
+) -> Result<StorageMigrationRequest, OperatorError> {
+    wait_status(ns, name, "request final", timeout, |s| s.phase.is_final()).await
+}
+
+/// Waits until the request has a status that satisfies `pred`; returns the request. On
+/// timeout the error holds [`summary`] of its last state and its events.
+pub async fn wait_status(
+    ns: &TestNamespace,
+    name: &str,
+    what: &str,
+    timeout: Duration,
+    pred: impl Fn(&StorageMigrationRequestStatus) -> bool + Send + 'static,
+) -> Result<StorageMigrationRequest, OperatorError> {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let cond = move |r: Option<&StorageMigrationRequest>| {
+        r.and_then(|r| r.status.as_ref()).is_some_and(&pred)
+    };
+    ns.wait_for(api, name, what, timeout, cond, summary)
+        .await?
+        .ok_or_else(|| OperatorError::Gone {
+            name: name.to_string(),
+        })
+}
+
+/// The request's status on one line: phase, stage, message, failure, each member's step,
+/// downtime and bytes copied, final hash.
+pub fn summary(req: &StorageMigrationRequest) -> String {
+    let s = req.status.clone().unwrap_or_default();
+    let members: Vec<String> = s
+        .members
+        .iter()
+        .map(|m| {
+            format!(
+                "{} {:?} downtime {:?}s copied {:?}B",
+                m.pod, m.step, m.downtime_seconds, m.bytes_copied
+            )
+        })
+        .collect();
+    format!(
+        "phase {:?}, stage {:?}, message {:?}, failure {:?}, members [{}], finalHash {:?}",
+        s.phase,
+        s.stage,
+        s.message,
+        s.failure,
+        members.join("; "),
+        s.final_hash
+    )
+}
