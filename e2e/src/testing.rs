@@ -96,6 +96,23 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// How long the etcd fixture may take to reach 3/3 Ready.
+pub const ETCD_READY: Duration = Duration::from_secs(300);
+
+/// The start of every scenario: tracing, the cluster `KUBECONFIG` points at, and a fresh
+/// namespace for `test`. Panics with a clear message when the cluster cannot be reached.
+pub async fn scenario(test: &str) -> (TestCluster, TestNamespace) {
+    init_tracing();
+    let cluster = TestCluster::from_env()
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
+    let ns = cluster
+        .namespace(test)
+        .await
+        .unwrap_or_else(|e| panic!("cannot create the namespace of {test}: {e}"));
+    (cluster, ns)
+}
+
 /// A random 6-hex-digit suffix (from std's randomly seeded hasher; no crate needed).
 pub fn random_suffix() -> String {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -628,6 +645,13 @@ impl TestNamespace {
         let class = self.cluster.storage_class.clone();
         self.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
             .await
+    }
+
+    /// Applies the etcd fixture (`e2e/fixtures/etcd.yaml`, claims on the cluster's class) and
+    /// waits until its StatefulSet `etcd` is 3/3 Ready.
+    pub async fn apply_etcd(&self) -> Result<StatefulSet, TestError> {
+        self.apply_fixture("etcd.yaml").await?;
+        self.wait_statefulset_ready("etcd", 3, ETCD_READY).await
     }
 
     /// Waits (watch + timeout) until `cond` holds for the object `name` of `api`; returns the

@@ -9,33 +9,15 @@ use std::time::Duration;
 
 use e2e::provisioner::parse_quantity;
 use e2e::testing::etcd::{self, EtcdMember, MemberView};
-use e2e::testing::{MoverSpec, TestCluster, TestNamespace, init_tracing, node_satisfies};
+use e2e::testing::{MoverSpec, TestCluster, node_satisfies, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 
-const ETCD_READY: Duration = Duration::from_secs(300);
 const CLAIM_BOUND: Duration = Duration::from_secs(90);
 const POD_RUN: Duration = Duration::from_secs(180);
 const SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
-
-async fn setup(test: &str) -> (TestCluster, TestNamespace) {
-    init_tracing();
-    let cluster = TestCluster::from_env()
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
-    let ns = cluster.namespace(test).await.unwrap();
-    (cluster, ns)
-}
-
-/// Applies the etcd fixture and waits for 3/3 Ready.
-async fn etcd_cluster(ns: &TestNamespace) {
-    ns.apply_fixture("etcd.yaml").await.unwrap();
-    ns.wait_statefulset_ready("etcd", 3, ETCD_READY)
-        .await
-        .unwrap();
-}
 
 /// Every member's view, once all agree on one leader that is one of them (polls: a view taken
 /// during an election may still lack the leader).
@@ -64,8 +46,8 @@ async fn agreed_views(members: &mut [EtcdMember], timeout: Duration) -> Vec<Memb
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_statefulset_forms_a_three_member_cluster() {
-    let (_cluster, ns) = setup("etcd-cluster").await;
-    etcd_cluster(&ns).await;
+    let (_cluster, ns) = scenario("etcd-cluster").await;
+    ns.apply_etcd().await.unwrap();
 
     let mut members = etcd::members(&ns, "etcd", 3).await.unwrap();
     let views = agreed_views(&mut members, Duration::from_secs(30)).await;
@@ -119,7 +101,7 @@ async fn etcd_statefulset_forms_a_three_member_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writing_past_a_small_volume_fails_with_enospc() {
-    let (cluster, ns) = setup("enospc").await;
+    let (cluster, ns) = scenario("enospc").await;
     ns.create_pvc("small", &cluster.storage_class, "32Mi")
         .await
         .unwrap();
@@ -153,7 +135,7 @@ async fn writing_past_a_small_volume_fails_with_enospc() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_for_first_consumer_claim_is_provisioned_on_the_pods_node() {
-    let (cluster, ns) = setup("wffc").await;
+    let (cluster, ns) = scenario("wffc").await;
     let created = ns
         .create_pvc("late", &cluster.wffc_storage_class, "64Mi")
         .await
@@ -283,7 +265,7 @@ echo TREES-IDENTICAL
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rsync_job_copies_one_claim_into_another_identically() {
-    let (cluster, ns) = setup("rsync").await;
+    let (cluster, ns) = scenario("rsync").await;
     ns.create_pvc("src", &cluster.storage_class, "64Mi")
         .await
         .unwrap();
@@ -352,8 +334,8 @@ async fn rsync_job_copies_one_claim_into_another_identically() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn orphan_delete_keeps_members_serving_and_one_member_loss_keeps_writes() {
-    let (_cluster, ns) = setup("orphan").await;
-    etcd_cluster(&ns).await;
+    let (_cluster, ns) = scenario("orphan").await;
+    ns.apply_etcd().await.unwrap();
     let pods: Api<Pod> = ns.api();
     let mut uids = Vec::new();
     for i in 0..3 {
@@ -454,7 +436,7 @@ async fn orphan_delete_keeps_members_serving_and_one_member_loss_keeps_writes() 
 /// On the local cluster the image files and mounts are checked too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn released_volumes_follow_their_reclaim_policy() {
-    let (cluster, ns) = setup("reclaim").await;
+    let (cluster, ns) = scenario("reclaim").await;
     let local = TestCluster::local_state();
     let claims: Api<PersistentVolumeClaim> = ns.api();
     let pvs: Api<PersistentVolume> = Api::all(cluster.client.clone());

@@ -21,7 +21,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use e2e::testing::{TestCluster, TestNamespace, init_tracing};
+use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -31,25 +31,7 @@ use storage_migrator::engine::{
     self, DEFAULT_MAX_LAG, Engine, Gate, HealthReport, LEADER_TRANSFER_FIRST,
 };
 
-const ETCD_READY: Duration = Duration::from_secs(300);
 const NAMESPACE_GONE: Duration = Duration::from_secs(120);
-
-async fn setup(test: &str) -> (TestCluster, TestNamespace) {
-    init_tracing();
-    let cluster = TestCluster::from_env()
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
-    let ns = cluster.namespace(test).await.unwrap();
-    (cluster, ns)
-}
-
-/// Applies the etcd fixture and waits for 3/3 Ready.
-async fn etcd_cluster(ns: &TestNamespace) {
-    ns.apply_fixture("etcd.yaml").await.unwrap();
-    ns.wait_statefulset_ready("etcd", 3, ETCD_READY)
-        .await
-        .unwrap();
-}
 
 /// The set's member pods (not terminating).
 async fn pods(ns: &TestNamespace) -> Vec<Pod> {
@@ -107,8 +89,8 @@ async fn settled(engine: &Engine, pods: &[Pod]) -> HealthReport {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_engine_against_a_real_cluster() {
-    let (cluster, ns) = setup("engine-etcd").await;
-    etcd_cluster(&ns).await;
+    let (cluster, ns) = scenario("engine-etcd").await;
+    ns.apply_etcd().await.unwrap();
     let spec = DatabaseSpec {
         engine: DatabaseEngine::Etcd,
         generic: None,
@@ -255,8 +237,8 @@ async fn unused_pod_address(cluster: &TestCluster, ip: &str) -> String {
 /// returns, the after-gate opens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_engine_with_a_stopped_member() {
-    let (cluster, ns) = setup("engine-etcd-stopped").await;
-    etcd_cluster(&ns).await;
+    let (cluster, ns) = scenario("engine-etcd-stopped").await;
+    ns.apply_etcd().await.unwrap();
     let spec = DatabaseSpec {
         engine: DatabaseEngine::Etcd,
         generic: None,
@@ -408,7 +390,7 @@ async fn etcd_engine_with_tls_and_auth() {
         Path::new(ETCD).exists(),
         "{ETCD} missing: install it with e2e/scripts/install-deps.sh"
     );
-    let (cluster, ns) = setup("engine-etcd-tls").await;
+    let (cluster, ns) = scenario("engine-etcd-tls").await;
     let client = cluster.client.clone();
     let scratch = ScratchDir(std::env::temp_dir().join(format!("sm-engine-tls-{}", ns.name)));
     let dir = scratch.0.clone();

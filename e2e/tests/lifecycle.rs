@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{TestCluster, TestNamespace, etcd, init_tracing, set_template_class};
+use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, scenario};
 use etcd_client::GetOptions;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -29,7 +29,6 @@ use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
 use tracing::info;
 
-const ETCD_READY: Duration = Duration::from_secs(300);
 const MIGRATION: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
 const FINALIZER: &str = "storagemigrator.io/finalizer";
@@ -37,18 +36,9 @@ const REQUEST_LABEL: &str = "storagemigrator.io/request";
 
 /// The CRD, then the etcd fixture (claims on the cluster's Immediate class), 3/3 Ready.
 async fn setup(test: &str) -> (TestCluster, TestNamespace) {
-    init_tracing();
-    let cluster = TestCluster::from_env()
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
-    let ns = cluster.namespace(test).await.unwrap();
+    let (cluster, ns) = scenario(test).await;
     install_crd(&ns).await.unwrap();
-    let yaml = std::fs::read_to_string(e2e::testing::fixture_path("etcd.yaml")).unwrap();
-    let class = cluster.storage_class.clone();
-    ns.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
-        .await
-        .unwrap();
-    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    ns.apply_etcd().await.unwrap();
     (cluster, ns)
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{TestCluster, TestNamespace, init_tracing, node_satisfies, set_template_class};
+use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, node_satisfies, scenario};
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -31,7 +31,6 @@ use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
 use tracing::{info, warn};
 
-const ETCD_READY: Duration = Duration::from_secs(300);
 const MIGRATION: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
 
@@ -39,20 +38,10 @@ const SET: &str = "etcd";
 // Harness: operator process, etcd fixture, writer, checks.
 
 /// The CRD, then the etcd fixture with its claim template on `class`, 3/3 Ready.
-async fn setup(test: &str, class: Option<&str>) -> (TestCluster, TestNamespace) {
-    init_tracing();
-    let cluster = TestCluster::from_env()
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach the cluster under test: {e}"));
-    let ns = cluster.namespace(test).await.unwrap();
+async fn setup(test: &str) -> (TestCluster, TestNamespace) {
+    let (cluster, ns) = scenario(test).await;
     install_crd(&ns).await.unwrap();
-    let path = e2e::testing::fixture_path("etcd.yaml");
-    let yaml = std::fs::read_to_string(&path).unwrap();
-    let class = class.unwrap_or(&cluster.storage_class).to_string();
-    ns.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
-        .await
-        .unwrap();
-    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    ns.apply_etcd().await.unwrap();
     (cluster, ns)
 }
 
@@ -287,7 +276,7 @@ async fn pod_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn storage_class_change_while_a_client_writes() {
-    let (cluster, ns) = setup("smr-class-change", None).await;
+    let (cluster, ns) = setup("smr-class-change").await;
     let seeded = seed(&ns, 200).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = start_writer(&ns, stop.clone());
@@ -389,7 +378,7 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     // The fixture as it is: claims on the Immediate class (`standard`). A Shrink keeps the
     // class; the operator puts `volume.kubernetes.io/selected-node` on its temporary claims so
     // that each new volume is provisioned on its member's node.
-    let (cluster, ns) = setup("smr-shrink", None).await;
+    let (cluster, ns) = setup("smr-shrink").await;
     let seeded = seed(&ns, 200).await;
     let before = claims(&ns).await;
     for (claim, (_, class, size)) in &before {
@@ -541,7 +530,7 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_killed_at_step_boundaries_finishes_after_restart() {
-    let (cluster, ns) = setup("smr-killed", None).await;
+    let (cluster, ns) = setup("smr-killed").await;
     let seeded = seed(&ns, 100).await;
     create_request(
         &ns,
@@ -599,7 +588,7 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_copy_rolls_back_with_the_workload_serving() {
-    let (cluster, ns) = setup("smr-copy-fails", None).await;
+    let (cluster, ns) = setup("smr-copy-fails").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
     let _op = Operator::start(&ns.name, 0, Some("copy-job-fails=return")).unwrap();
@@ -650,7 +639,7 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_timeout_rolls_back_with_the_workload_serving() {
-    let (cluster, ns) = setup("smr-timeout", None).await;
+    let (cluster, ns) = setup("smr-timeout").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
     let _op = Operator::start(&ns.name, 0, None).unwrap();
