@@ -22,6 +22,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::api::{MemberStep, StorageMigrationRequest};
 use crate::cluster::{Cluster, ClusterError, action_name, failpoint_hit};
+use crate::labels;
 use crate::plan::{self, Action};
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
@@ -42,7 +43,7 @@ impl Context {
         Self {
             client,
             reporter: Reporter {
-                controller: "storage-migrator".to_string(),
+                controller: labels::EVENT_REPORTER.to_string(),
                 instance,
             },
             failures: Mutex::new(HashMap::new()),
@@ -196,7 +197,7 @@ pub async fn run(client: Client, namespace: Option<String>) {
             Api::all(client.clone()),
         ),
     };
-    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=storage-migrator");
+    let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     info!(
         namespace = namespace.as_deref().unwrap_or("<all>"),
         "starting controller"

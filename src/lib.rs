@@ -4,6 +4,7 @@
 //! - [`api`]: the `StorageMigrationRequest` types (no dependency on the rest).
 //! - [`build`]: one pure function per object the operator creates.
 //! - [`engine`]: database health and leadership (generic, etcd).
+//! - [`labels`]: every label, annotation, finalizer and field-manager name.
 //! - [`plan`]: the pure state machine (observed snapshot in, actions out).
 //! - [`cluster`]: the only code that talks to the API server (gather, execute).
 //! - [`controller`]: kube-runtime wiring, error policy, failpoints.
@@ -13,4 +14,5 @@ pub mod build;
 pub mod cluster;
 pub mod controller;
 pub mod engine;
+pub mod labels;
 pub mod plan;

@@ -3,8 +3,6 @@
 //! The CRD YAML in `crds/` is generated from these types (`storage-migrator crd`); CI fails when
 //! it is stale.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -14,10 +12,6 @@ use serde::{Deserialize, Serialize};
 
 pub mod conditions;
 
-/// API group of every object this operator defines.
-pub const GROUP: &str = "storagemigrator.io";
-/// Field manager used for every write the operator makes.
-pub const FIELD_MANAGER: &str = "storage-migrator";
 /// Default image of the copy/verify/measure Jobs (rsync and a POSIX shell).
 pub const DEFAULT_MOVER_IMAGE: &str = "ghcr.io/storage-migrator/storage-migrator-mover:0.1.0";
 
@@ -429,17 +423,6 @@ pub struct MemberStatus {
     pub downtime_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
-}
-
-/// Labels put on every object the operator creates, and on old PVs after success.
-pub fn owned_labels(request_name: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            "storage-migrator".to_string(),
-        ),
-        (format!("{GROUP}/request"), request_name.to_string()),
-    ])
 }
 
 #[cfg(test)]

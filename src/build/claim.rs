@@ -13,28 +13,11 @@ use serde_json::{Value, json};
 use crate::api::{Plan, PlannedMember, StorageMigrationRequest};
 
 use super::member_meta;
-
-/// Annotations the control plane writes while binding or provisioning a claim. They describe the
-/// old binding and must not be carried to a claim bound to another volume.
-pub const BINDING_ANNOTATIONS: [&str; 7] = [
-    "pv.kubernetes.io/bind-completed",
-    "pv.kubernetes.io/bound-by-controller",
-    "pv.kubernetes.io/migrated-to",
-    "volume.beta.kubernetes.io/storage-provisioner",
-    "volume.kubernetes.io/storage-provisioner",
-    "volume.kubernetes.io/selected-node",
-    // The pre-1.6 form of `spec.storageClassName`: when present it takes precedence over the
-    // field in the PV controller, so a stale value would keep the claim on the old class.
-    "volume.beta.kubernetes.io/storage-class",
-];
+use crate::labels::{BINDING_ANNOTATIONS, GC_FINALIZERS, PVC_PROTECTION_FINALIZER};
 
 /// Finalizers the control plane adds on create; copying them is pointless and a stale
 /// `foregroundDeletion`/`orphan` would be wrong.
-const SYSTEM_FINALIZERS: [&str; 3] = [
-    "kubernetes.io/pvc-protection",
-    "foregroundDeletion",
-    "orphan",
-];
+const SYSTEM_FINALIZERS: [&str; 3] = [PVC_PROTECTION_FINALIZER, GC_FINALIZERS[0], GC_FINALIZERS[1]];
 
 /// The temporary claim for `member`: target class and size, the original's access modes and
 /// volume mode, labelled [`super::member_labels`], named `member.temp_claim`.

@@ -15,10 +15,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PlannedMember, StorageMigrationRequest};
+use crate::labels::JOB_KIND_LABEL;
 
-use super::{
-    BuildError, JOB_KIND_LABEL, job_name, member_meta, pinned_to_node, req_name, tolerate_all,
-};
+use super::{BuildError, job_name, member_meta, pinned_to_node, req_name, tolerate_all};
 
 /// Name of the single container of every Job's pod.
 pub const JOB_CONTAINER: &str = "mover";

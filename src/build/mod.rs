@@ -25,7 +25,8 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::{Resource, ResourceExt};
 
-use crate::api::{self, StorageMigrationRequest};
+use crate::api::StorageMigrationRequest;
+use crate::labels::{self, MEMBER_LABEL};
 
 pub mod claim;
 pub mod job;
@@ -56,19 +57,6 @@ pub use statefulset::{
 };
 pub use volume::{claim_ref_patch, migrated_by_label_patch, reclaim_policy_patch};
 
-/// Label on every object created for one member (temporary claim, mounter pod, Jobs).
-pub const MEMBER_LABEL: &str = "storagemigrator.io/member";
-/// Label on the Jobs (and their pods) naming the [`JobKind`].
-pub const JOB_KIND_LABEL: &str = "storagemigrator.io/job-kind";
-/// Label put on old PersistentVolumes once the request succeeded.
-pub const MIGRATED_BY_LABEL: &str = "storagemigrator.io/migrated-by";
-/// Annotation on the request holding the stashed StatefulSet ([`stash_encode`]d).
-pub const STASH_STATEFULSET_ANNOTATION: &str = "storagemigrator.io/stash-statefulset";
-/// Prefix of the annotations on the request holding stashed pods; see [`stash_pod_annotation`].
-pub const STASH_POD_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-pod-";
-/// Node label the scheduler and volume topology use for a single node.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
-
 /// Errors of the pure builders (only decoding can fail: building never does).
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -89,9 +77,9 @@ fn req_name(req: &StorageMigrationRequest) -> String {
     req.metadata.name.clone().unwrap_or_default()
 }
 
-/// The labels of an object created for one member: [`api::owned_labels`] plus [`MEMBER_LABEL`].
+/// The labels of an object created for one member: [`labels::owned_labels`] plus [`MEMBER_LABEL`].
 pub fn member_labels(req_name: &str, pod: &str) -> BTreeMap<String, String> {
-    let mut labels = api::owned_labels(req_name);
+    let mut labels = labels::owned_labels(req_name);
     labels.insert(MEMBER_LABEL.to_string(), pod.to_string());
     labels
 }
@@ -128,7 +116,7 @@ fn member_meta(req: &StorageMigrationRequest, name: String, pod: &str, owned: bo
 /// Why: `spec.nodeName` bypasses the scheduler, so a WaitForFirstConsumer claim would never get
 /// its `volume.kubernetes.io/selected-node` and stay Pending; going through the scheduler also
 /// lets it honour the volumes' node affinity. `matchFields` on the name rather than
-/// `matchExpressions` on [`HOSTNAME_LABEL`]: the hostname label is not the node name on every
+/// `matchExpressions` on [`labels::HOSTNAME_LABEL`]: the hostname label is not the node name on every
 /// cloud (e.g. AWS names nodes `ip-….ec2.internal`, labels them `ip-…`), while the member's node
 /// is known by name (`pod.spec.nodeName`).
 pub fn pinned_to_node(node: &str) -> Affinity {

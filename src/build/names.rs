@@ -121,7 +121,7 @@ pub fn stash_config_map_name(req_name: &str) -> String {
 /// `stash-pod-` plus a long pod name (up to 63) would exceed it: the apiserver would refuse the
 /// whole status/metadata update. Long names become `stash-pod-<prefix>-<hash6>`.
 pub fn stash_pod_annotation(pod: &str) -> String {
-    let prefix = super::STASH_POD_ANNOTATION_PREFIX;
+    let prefix = crate::labels::STASH_POD_ANNOTATION_PREFIX;
     let name_part_prefix = "stash-pod-";
     if name_part_prefix.len() + pod.len() <= MAX_LABEL {
         return format!("{prefix}{pod}");

@@ -20,7 +20,8 @@ use kube::ResourceExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::api::{self, StorageMigrationRequest};
+use crate::api::StorageMigrationRequest;
+use crate::labels;
 
 use super::{BuildError, req_name, stash_config_map_name};
 
@@ -100,12 +101,12 @@ where
 /// name part (`stash-statefulset`, `stash-pod-<pod>`), which is a valid ConfigMap key.
 pub fn stash_config_map_key(annotation: &str) -> &str {
     annotation
-        .strip_prefix(&format!("{}/", api::GROUP))
+        .strip_prefix(&format!("{}/", labels::GROUP))
         .unwrap_or(annotation)
 }
 
 /// The ConfigMap `<req>-stash` holding `entries` (annotation key → encoded value; stored under
-/// [`stash_config_map_key`]), labelled [`api::owned_labels`].
+/// [`stash_config_map_key`]), labelled [`labels::owned_labels`].
 ///
 /// Why no ownerReference: if the request is deleted mid-flight, the stash is the only copy of
 /// stopped pods' manifests and of the orphan-deleted StatefulSet; it must survive for a human to
@@ -119,7 +120,7 @@ pub fn stash_config_map(
         metadata: ObjectMeta {
             name: Some(stash_config_map_name(&name)),
             namespace: req.namespace(),
-            labels: Some(api::owned_labels(&name)),
+            labels: Some(labels::owned_labels(&name)),
             ..Default::default()
         },
         data: Some(
@@ -135,7 +136,8 @@ pub fn stash_config_map(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::{Manifest, STASH_STATEFULSET_ANNOTATION, stash_pod_annotation, testdata};
+    use crate::build::{Manifest, stash_pod_annotation, testdata};
+    use crate::labels::STASH_STATEFULSET_ANNOTATION;
     use k8s_openapi::api::apps::v1::StatefulSet;
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 

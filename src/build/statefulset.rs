@@ -7,13 +7,7 @@ use serde_json::{Value, json};
 
 use super::BuildError;
 use super::manifest::{Manifest, for_create, object_at};
-
-/// Finalizers the garbage collector adds while deleting; a stash taken during the orphan delete
-/// may carry them, and on a new object they would block or cascade its next deletion.
-const GC_FINALIZERS: [&str; 2] = ["orphan", "foregroundDeletion"];
-
-/// The pre-1.6 annotation form of a claim template's `storageClassName`; it overrides the field.
-const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
+use crate::labels::{BETA_STORAGE_CLASS_ANNOTATION, GC_FINALIZERS};
 
 /// `spec.persistentVolumeClaimRetentionPolicy` of a StatefulSet.
 const RETENTION_FIELD: &str = "persistentVolumeClaimRetentionPolicy";

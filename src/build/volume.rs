@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::MIGRATED_BY_LABEL;
+use crate::labels::MIGRATED_BY_LABEL;
 
 /// Sets a PV's `persistentVolumeReclaimPolicy` (`Retain`, `Delete`).
 ///

@@ -22,9 +22,10 @@ use tracing::{debug, info, warn};
 use crate::api::{self, Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::build::{self, BuildError, Manifest};
 use crate::engine::{self, Engine, EngineError};
+use crate::labels;
 use crate::plan::{
     self, Action, EventType, JobOutcome, Kind, Object, Observed, ObservedJob, OtherRequest,
-    Propagation, STASH_CLAIM_ANNOTATION_PREFIX, Stash, StashTarget,
+    Propagation, Stash, StashTarget,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -133,14 +134,14 @@ impl Cluster {
                 .list_raw::<Pod>(&ns, &ListParams::default().labels(&selector))
                 .await?
             {
-                if !p.labels().contains_key(&request_label()) {
+                if !p.labels().contains_key(labels::REQUEST_LABEL) {
                     pods.insert(p.name_any(), p);
                 }
             }
         }
         // Jobs before their pods: a Job seen Complete then has its pod's final status (and
         // termination message) in the pod list taken after it.
-        let owned = format!("{}={name}", request_label());
+        let owned = labels::request_selector(&name);
         let job_list = self
             .ns_api::<Job>(&ns)
             .list(&ListParams::default().labels(&owned))
@@ -371,17 +372,17 @@ impl Cluster {
         {
             exists = true;
             for (k, v) in cm.data.unwrap_or_default() {
-                entries.insert(format!("{}/{k}", api::GROUP), v);
+                entries.insert(format!("{}/{k}", labels::GROUP), v);
             }
         }
         let mut stash = Stash::default();
         let decode = |key: &str| -> Option<String> { entries.get(key).cloned() };
-        if let Some(v) = decode(build::STASH_STATEFULSET_ANNOTATION) {
+        if let Some(v) = decode(labels::STASH_STATEFULSET_ANNOTATION) {
             match build::stash_decode(&v) {
                 Ok(s) => stash.stateful_set = Some(s),
                 Err(e) => stash
                     .errors
-                    .push((build::STASH_STATEFULSET_ANNOTATION.into(), e.to_string())),
+                    .push((labels::STASH_STATEFULSET_ANNOTATION.into(), e.to_string())),
             }
         }
         for m in status.plan.iter().flat_map(|p| p.members.iter()) {
@@ -394,7 +395,7 @@ impl Cluster {
                     Err(e) => stash.errors.push((key, e.to_string())),
                 }
             }
-            let key = format!("{STASH_CLAIM_ANNOTATION_PREFIX}{}", m.claim);
+            let key = format!("{}{}", labels::STASH_CLAIM_ANNOTATION_PREFIX, m.claim);
             if let Some(v) = decode(&key) {
                 match build::stash_decode(&v) {
                     Ok(c) => {
@@ -432,7 +433,7 @@ impl Cluster {
                 });
                 reqs.patch_status(
                     &name,
-                    &PatchParams::apply(api::FIELD_MANAGER).force(),
+                    &PatchParams::apply(labels::FIELD_MANAGER).force(),
                     &Patch::Apply(&body),
                 )
                 .await
@@ -444,10 +445,10 @@ impl Cluster {
                     return Ok(());
                 };
                 let mut finalizers = current.finalizers().to_vec();
-                let has = finalizers.iter().any(|f| f == plan::FINALIZER);
+                let has = finalizers.iter().any(|f| f == labels::FINALIZER);
                 match action {
-                    Action::AddFinalizer if !has => finalizers.push(plan::FINALIZER.into()),
-                    Action::RemoveFinalizer if has => finalizers.retain(|f| f != plan::FINALIZER),
+                    Action::AddFinalizer if !has => finalizers.push(labels::FINALIZER.into()),
+                    Action::RemoveFinalizer if has => finalizers.retain(|f| f != labels::FINALIZER),
                     _ => return Ok(()),
                 }
                 let patch = json!({"metadata": {
@@ -647,7 +648,7 @@ pub fn failpoint_hit(name: &str) -> bool {
 /// Test fault injection (failpoint `copy-job-fails`): the copy Job's script is replaced by one
 /// that reports an error and exits 23, so the Job really fails on the cluster.
 fn inject_copy_failure(job: &mut Job) {
-    let is_copy = job.labels().get(build::JOB_KIND_LABEL).map(String::as_str)
+    let is_copy = job.labels().get(labels::JOB_KIND_LABEL).map(String::as_str)
         == Some(build::JobKind::Copy.as_str());
     if !is_copy || !failpoint_hit("copy-job-fails") {
         return;
@@ -689,10 +690,6 @@ fn fnv(s: &str) -> u32 {
     s.bytes().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })
-}
-
-fn request_label() -> String {
-    format!("{}/request", api::GROUP)
 }
 
 /// The spec the request runs with: the accepted one once accepted.

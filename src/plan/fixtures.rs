@@ -32,6 +32,7 @@ use crate::api::{
 };
 use crate::build::{self, Manifest};
 use crate::engine::{HealthReport, MemberHealth};
+use crate::labels;
 
 pub const NS: &str = "demo";
 pub const REQ: &str = "move";
@@ -474,10 +475,10 @@ impl Sim {
                 .metadata
                 .finalizers
                 .get_or_insert_with(Vec::new)
-                .push(super::FINALIZER.to_string()),
+                .push(labels::FINALIZER.to_string()),
             Action::RemoveFinalizer => {
                 if let Some(f) = self.o.request.metadata.finalizers.as_mut() {
-                    f.retain(|f| f != super::FINALIZER);
+                    f.retain(|f| f != labels::FINALIZER);
                 }
             }
             Action::Event {
@@ -567,18 +568,18 @@ impl Sim {
             Action::LabelVolume { volume } => {
                 if let Some(pv) = self.o.volumes.get_mut(volume) {
                     pv.labels_mut()
-                        .insert(build::MIGRATED_BY_LABEL.to_string(), REQ.to_string());
+                        .insert(labels::MIGRATED_BY_LABEL.to_string(), REQ.to_string());
                 }
             }
         }
     }
 
     fn decode_stash(&mut self, key: &str, value: &str) {
-        if key == build::STASH_STATEFULSET_ANNOTATION {
+        if key == labels::STASH_STATEFULSET_ANNOTATION {
             self.o.stash.stateful_set = Some(build::stash_decode(value).unwrap());
             return;
         }
-        if let Some(claim) = key.strip_prefix(super::STASH_CLAIM_ANNOTATION_PREFIX) {
+        if let Some(claim) = key.strip_prefix(labels::STASH_CLAIM_ANNOTATION_PREFIX) {
             self.o
                 .stash
                 .claims
@@ -608,7 +609,7 @@ impl Sim {
                 let name = p.name_any();
                 let uid = self.uid(&name);
                 p.update(|p| p.metadata.uid = Some(uid));
-                if p.labels().contains_key(build::MEMBER_LABEL) {
+                if p.labels().contains_key(labels::MEMBER_LABEL) {
                     self.o.helper_pods.entry(name).or_insert(p.typed().clone());
                 } else {
                     self.o.pods.entry(name).or_insert(*p);
@@ -723,13 +724,13 @@ impl Sim {
                         })
                 });
                 let Some(consumer) = consumer else { continue };
-                let member = consumer.labels()[build::MEMBER_LABEL].clone();
+                let member = consumer.labels()[labels::MEMBER_LABEL].clone();
                 let ordinal: usize = member.rsplit('-').next().unwrap().parse().unwrap();
                 NODES[ordinal % 3].to_string()
             } else {
                 claim
                     .annotations()
-                    .get(super::member::SELECTED_NODE_ANNOTATION)
+                    .get(labels::SELECTED_NODE_ANNOTATION)
                     .cloned()
                     .unwrap_or_else(|| NODES[0].to_string())
             };
@@ -750,7 +751,7 @@ impl Sim {
             if job.outcome != JobOutcome::Running || self.jobs.hang {
                 continue;
             }
-            let kind = job.job.labels()[build::JOB_KIND_LABEL].clone();
+            let kind = job.job.labels()[labels::JOB_KIND_LABEL].clone();
             job.outcome = if self.jobs.fail.contains(&kind) {
                 JobOutcome::Failed {
                     reason: format!("{kind} exited 23"),
@@ -857,6 +858,6 @@ pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob)
         ..Default::default()
     };
     job.labels_mut()
-        .insert(build::JOB_KIND_LABEL.to_string(), kind.to_string());
+        .insert(labels::JOB_KIND_LABEL.to_string(), kind.to_string());
     (name.to_string(), ObservedJob { job, outcome })
 }

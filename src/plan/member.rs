@@ -17,15 +17,10 @@ use crate::api::conditions;
 use crate::api::{MemberStatus, MemberStep, PlannedMember};
 use crate::build::{self, JobKind, JobResult};
 use crate::engine::{self, Gate};
+use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
 
-/// Annotation written on a recreated claim that stays Pending, to make the PV controller look at
-/// it again (value: unix seconds of the nudge); removed once the claim is bound.
-pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
 /// Seconds a recreated claim may stay Pending before (and between) nudges.
 pub const BIND_NUDGE_AFTER_SECONDS: i64 = 2;
-
-/// Annotation a provisioner reads to place a volume on a node.
-pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
 
 /// Forward (the normal flow) or carrying a swapped member forward during a rollback (no health
 /// gates, no waiting for readiness: the rollback must end).
@@ -174,7 +169,7 @@ pub(crate) fn volume_reachable_from(pv: &PersistentVolume, node: &str) -> bool {
         let fields = t.match_fields.as_deref().unwrap_or_default();
         exprs
             .iter()
-            .filter(|e| e.key == build::HOSTNAME_LABEL && e.operator == "In")
+            .filter(|e| e.key == labels::HOSTNAME_LABEL && e.operator == "In")
             .chain(
                 fields
                     .iter()

@@ -29,6 +29,7 @@ use crate::api::{
 };
 use crate::build::Manifest;
 use crate::engine::HealthReport;
+use crate::labels;
 
 pub mod member;
 pub mod preflight;
@@ -40,10 +41,6 @@ pub(crate) mod fixtures;
 #[cfg(test)]
 mod tests;
 
-/// Finalizer that lets a deleted, still progressing request roll back before it goes.
-pub const FINALIZER: &str = "storagemigrator.io/finalizer";
-/// Annotation on the request holding a stashed claim (prefix; the claim name follows).
-pub const STASH_CLAIM_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-claim-";
 /// Condition set when the spec changed after acceptance (the accepted spec is kept).
 pub const SPEC_CHANGE_IGNORED: &str = "SpecChangeIgnored";
 
@@ -400,7 +397,11 @@ pub fn timeout_seconds(s: &str) -> Result<i64, PlanError> {
 pub fn decide(o: &Observed) -> Decision {
     let mut cx = Ctx::new(o);
     let deleting = o.request.metadata.deletion_timestamp.is_some();
-    let has_finalizer = o.request.finalizers().iter().any(|f| f == FINALIZER);
+    let has_finalizer = o
+        .request
+        .finalizers()
+        .iter()
+        .any(|f| f == labels::FINALIZER);
 
     if cx.status.phase.is_final() {
         if deleting && has_finalizer {

@@ -22,6 +22,7 @@ use crate::api::{
 };
 use crate::build::{self, JobKind};
 use crate::engine;
+use crate::labels;
 
 /// Minimum free headroom a shrunk volume keeps above the used bytes.
 pub const MIN_HEADROOM_BYTES: i128 = 16 << 20;
@@ -584,7 +585,7 @@ fn delete_measure_jobs(cx: &mut Ctx) {
             .filter(|(_, j)| {
                 j.job
                     .labels()
-                    .get(build::JOB_KIND_LABEL)
+                    .get(labels::JOB_KIND_LABEL)
                     .map(String::as_str)
                     == Some(JobKind::Measure.as_str())
             })
@@ -662,7 +663,7 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         .request
         .finalizers()
         .iter()
-        .any(|f| f == super::FINALIZER)
+        .any(|f| f == labels::FINALIZER)
     {
         cx.act(Action::AddFinalizer);
     }

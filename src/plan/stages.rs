@@ -19,6 +19,7 @@ use crate::api::conditions;
 use crate::api::{MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage};
 use crate::build::{self, Manifest};
 use crate::engine;
+use crate::labels;
 
 /// The retention policy that cannot delete claims (JSON of the policy object).
 pub const PROTECTED_RETENTION_POLICY: &str = r#"{"whenDeleted":"Retain","whenScaled":"Retain"}"#;
@@ -34,9 +35,9 @@ pub(crate) enum StashKey {
 impl StashKey {
     pub fn annotation(&self) -> String {
         match self {
-            StashKey::StatefulSet => build::STASH_STATEFULSET_ANNOTATION.to_string(),
+            StashKey::StatefulSet => labels::STASH_STATEFULSET_ANNOTATION.to_string(),
             StashKey::Pod(pod) => build::stash_pod_annotation(pod),
-            StashKey::Claim(claim) => format!("{}{claim}", super::STASH_CLAIM_ANNOTATION_PREFIX),
+            StashKey::Claim(claim) => format!("{}{claim}", labels::STASH_CLAIM_ANNOTATION_PREFIX),
         }
     }
 
@@ -413,7 +414,7 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
             continue;
         };
         if let Some(old) = cx.o.volumes.get(&m.old_volume) {
-            if old.labels().get(build::MIGRATED_BY_LABEL) != Some(&req_name) {
+            if old.labels().get(labels::MIGRATED_BY_LABEL) != Some(&req_name) {
                 cx.act(Action::LabelVolume {
                     volume: m.old_volume.clone(),
                 });
@@ -491,7 +492,7 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         .request
         .finalizers()
         .iter()
-        .any(|f| f == super::FINALIZER)
+        .any(|f| f == labels::FINALIZER)
     {
         cx.act(Action::RemoveFinalizer);
     }
@@ -574,7 +575,7 @@ pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
         restore_new_volume_policy(cx, &ms);
         if let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod)
             && let Some(old) = cx.o.volumes.get(&m.old_volume)
-            && old.labels().get(build::MIGRATED_BY_LABEL) != Some(&req_name)
+            && old.labels().get(labels::MIGRATED_BY_LABEL) != Some(&req_name)
         {
             cx.act(Action::LabelVolume {
                 volume: m.old_volume.clone(),
@@ -613,7 +614,7 @@ pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
         .request
         .finalizers()
         .iter()
-        .any(|f| f == super::FINALIZER)
+        .any(|f| f == labels::FINALIZER)
     {
         cx.act(Action::RemoveFinalizer);
     }

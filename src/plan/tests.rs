@@ -11,6 +11,7 @@ use super::fixtures::*;
 use super::*;
 use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
 use crate::build::{self, JobKind};
+use crate::labels;
 
 fn first_status(d: &Decision) -> &StorageMigrationRequestStatus {
     match d.actions.first() {
@@ -304,7 +305,7 @@ fn storage_class_change_runs_to_success() {
         let pv = &sim.o.volumes[v];
         assert_eq!(volume_policy(pv), "Delete");
         let old = &sim.o.volumes[&format!("pv-old-{i}")];
-        assert_eq!(old.labels()[build::MIGRATED_BY_LABEL], REQ);
+        assert_eq!(old.labels()[labels::MIGRATED_BY_LABEL], REQ);
         assert_eq!(volume_policy(old), "Delete", "original policy restored");
         assert!(sim.o.pods.contains_key(&format!("etcd-{i}")));
         let ms = &s
@@ -769,7 +770,7 @@ fn read_write_once_pod_skips_the_pre_copy() {
         !sim.log
             .iter()
             .any(|a| matches!(a, Action::Create(Object::Job(j))
-        if j.labels()[build::JOB_KIND_LABEL] == JobKind::PreCopy.as_str()))
+        if j.labels()[labels::JOB_KIND_LABEL] == JobKind::PreCopy.as_str()))
     );
 }
 

@@ -1,0 +1,123 @@
+//! Every label, annotation, finalizer and field-manager name the operator reads or writes, in one
+//! place. Names of our own start with [`GROUP`]; the others belong to Kubernetes and are listed
+//! here so that a reader sees every key the operator depends on.
+
+use std::collections::BTreeMap;
+
+/// API group of every object this operator defines, and the prefix of its own keys.
+pub const GROUP: &str = "storagemigrator.io";
+/// Field manager of every write the operator makes.
+pub const FIELD_MANAGER: &str = "storage-migrator";
+/// `reportingController` of the operator's Events.
+pub const EVENT_REPORTER: &str = "storage-migrator";
+
+// ---- our own keys ------------------------------------------------------------------------------
+
+/// Finalizer that lets a deleted, still progressing request roll back before it goes.
+pub const FINALIZER: &str = "storagemigrator.io/finalizer";
+/// Label naming the request on every object created for it (and on old PVs after success).
+pub const REQUEST_LABEL: &str = "storagemigrator.io/request";
+/// Label on every object created for one member (temporary claim, mounter pod, Jobs).
+pub const MEMBER_LABEL: &str = "storagemigrator.io/member";
+/// Label on the Jobs (and their pods) naming the `JobKind`.
+pub const JOB_KIND_LABEL: &str = "storagemigrator.io/job-kind";
+/// Label put on old PersistentVolumes once the request succeeded.
+pub const MIGRATED_BY_LABEL: &str = "storagemigrator.io/migrated-by";
+/// Annotation on the request holding the stashed StatefulSet.
+pub const STASH_STATEFULSET_ANNOTATION: &str = "storagemigrator.io/stash-statefulset";
+/// Prefix of the annotations on the request holding stashed pods (the pod name follows).
+pub const STASH_POD_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-pod-";
+/// Prefix of the annotations on the request holding stashed claims (the claim name follows).
+pub const STASH_CLAIM_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-claim-";
+/// Annotation written on a recreated claim that stays Pending, to make the PV controller look at
+/// it again (value: unix seconds of the nudge); removed once the claim is bound.
+pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
+
+// ---- recommended labels ------------------------------------------------------------------------
+
+/// `app.kubernetes.io/managed-by`, set to [`MANAGED_BY_VALUE`] on everything we create.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`] on our objects.
+pub const MANAGED_BY_VALUE: &str = "storage-migrator";
+
+// ---- Kubernetes' own keys ----------------------------------------------------------------------
+
+/// Node label the scheduler and volume topology use for a single node.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+/// Annotation on a claim naming the node a WaitForFirstConsumer volume is provisioned for.
+pub const SELECTED_NODE_ANNOTATION: &str = "volume.kubernetes.io/selected-node";
+/// The pre-1.6 annotation form of a claim's `storageClassName`; it overrides the field.
+pub const BETA_STORAGE_CLASS_ANNOTATION: &str = "volume.beta.kubernetes.io/storage-class";
+/// Label the Job controller puts on a Job's pods (the legacy and the current spelling).
+pub const JOB_NAME_LABELS: [&str; 2] = ["job-name", "batch.kubernetes.io/job-name"];
+
+/// Annotations the control plane writes while binding or provisioning a claim. They describe the
+/// old binding and must not be carried to a claim bound to another volume.
+pub const BINDING_ANNOTATIONS: [&str; 7] = [
+    "pv.kubernetes.io/bind-completed",
+    "pv.kubernetes.io/bound-by-controller",
+    "pv.kubernetes.io/migrated-to",
+    "volume.beta.kubernetes.io/storage-provisioner",
+    "volume.kubernetes.io/storage-provisioner",
+    SELECTED_NODE_ANNOTATION,
+    // When present it takes precedence over the field in the PV controller, so a stale value
+    // would keep the claim on the old class.
+    BETA_STORAGE_CLASS_ANNOTATION,
+];
+
+/// The claim-protection finalizer the control plane adds to every claim.
+pub const PVC_PROTECTION_FINALIZER: &str = "kubernetes.io/pvc-protection";
+/// Finalizers the garbage collector adds while deleting; on a new object they would block or
+/// cascade its next deletion.
+pub const GC_FINALIZERS: [&str; 2] = ["orphan", "foregroundDeletion"];
+
+/// Labels put on every object the operator creates for a request.
+pub fn owned_labels(request_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY_VALUE.to_string()),
+        (REQUEST_LABEL.to_string(), request_name.to_string()),
+    ])
+}
+
+/// Label selector of every object the operator manages.
+pub fn managed_by_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
+}
+
+/// Label selector of the objects created for one request.
+pub fn request_selector(request_name: &str) -> String {
+    format!("{REQUEST_LABEL}={request_name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_keys_live_under_the_api_group() {
+        for key in [
+            FINALIZER,
+            REQUEST_LABEL,
+            MEMBER_LABEL,
+            JOB_KIND_LABEL,
+            MIGRATED_BY_LABEL,
+            STASH_STATEFULSET_ANNOTATION,
+            STASH_POD_ANNOTATION_PREFIX,
+            STASH_CLAIM_ANNOTATION_PREFIX,
+            BIND_NUDGE_ANNOTATION,
+        ] {
+            assert_eq!(key.split_once('/').map(|(g, _)| g), Some(GROUP), "{key}");
+        }
+    }
+
+    #[test]
+    fn selectors_match_the_owned_labels() {
+        let labels = owned_labels("move");
+        assert_eq!(labels[REQUEST_LABEL], "move");
+        assert_eq!(request_selector("move"), "storagemigrator.io/request=move");
+        assert_eq!(
+            managed_by_selector(),
+            format!("{MANAGED_BY_LABEL}={}", labels[MANAGED_BY_LABEL])
+        );
+    }
+}
