@@ -2,8 +2,8 @@
 //!
 //! Nothing here does I/O: every function takes what the planner observed and returns an object
 //! (or a JSON patch body) for the cluster layer to send. Each builder's rustdoc says which
-//! Kubernetes pitfall (see `shared/notes/kubernetes-pitfalls.md`) its shape avoids, because most
-//! of these shapes exist only to avoid one:
+//! Kubernetes pitfall its shape avoids (a lost field, an empty volume, a stuck deletion), because
+//! most of these shapes exist only to avoid one:
 //!
 //! - [`names`]: deterministic, DNS-1123, ≤63-character names for everything we create.
 //! - [`claim`]: the temporary claim, the claim recreated on the new volume, claim ownerReference
