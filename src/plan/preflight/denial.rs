@@ -114,3 +114,110 @@ impl Denial {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::DenialReason;
+
+    /// The user documentation of the request API.
+    const API_DOC: &str = include_str!("../../../docs/api.md");
+
+    /// The rows of the table of reasons in docs/api.md's preflight section.
+    fn doc_rows() -> Vec<&'static str> {
+        let section = API_DOC
+            .split("\n## ")
+            .find(|s| s.starts_with("Preflight"))
+            .expect("docs/api.md has a Preflight section");
+        section
+            .lines()
+            .skip_while(|l| !l.starts_with("| reason |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .collect()
+    }
+
+    /// The reasons named (in backticks) in the first column of the table.
+    fn doc_reasons() -> BTreeSet<&'static str> {
+        doc_rows()
+            .iter()
+            .filter_map(|row| row.split('|').nth(1))
+            .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+            .collect()
+    }
+
+    /// The table docs/api.md must show: one row per reason, its doc comment as the text.
+    fn expected_rows() -> Vec<String> {
+        DenialReason::ALL
+            .iter()
+            .map(|r| {
+                let text = r.description().split_whitespace().collect::<Vec<_>>();
+                format!("| `{}` | {} |", r.as_str(), text.join(" "))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn api_doc_lists_every_reason_and_no_other() {
+        let documented = doc_reasons();
+        let reasons: BTreeSet<&str> = DenialReason::ALL.iter().map(|r| r.as_str()).collect();
+        let missing: Vec<_> = reasons.difference(&documented).collect();
+        let unknown: Vec<_> = documented.difference(&reasons).collect();
+        assert!(
+            missing.is_empty() && unknown.is_empty(),
+            "docs/api.md misses reasons {missing:?} and lists unknown reasons {unknown:?}"
+        );
+    }
+
+    #[test]
+    fn api_doc_table_is_the_reasons_doc_comments() {
+        let expected = expected_rows();
+        assert_eq!(
+            doc_rows(),
+            expected,
+            "docs/api.md's table of Denied reasons must be, in the order the checks run:\n{}",
+            expected.join("\n")
+        );
+    }
+
+    #[test]
+    fn reasons_are_the_strings_users_see() {
+        let strings: Vec<&str> = DenialReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            strings,
+            [
+                "InvalidSpec",
+                "TargetNotFound",
+                "TemplateNotFound",
+                "TemplateRequired",
+                "UnsupportedVolumeMode",
+                "ConcurrentRequest",
+                "NoMembers",
+                "MemberMissing",
+                "MemberNotScheduled",
+                "ClaimNotFound",
+                "ClaimNotBound",
+                "VolumeNotFound",
+                "InvalidClaim",
+                "MixedStorageClasses",
+                "StorageClassNotFound",
+                "SameStorageClass",
+                "BindingModeMismatch",
+                "NotSmaller",
+                "NotHealthy",
+                "CannotMeasure",
+                "MeasureFailed",
+                "InsufficientSize",
+            ]
+        );
+        assert_eq!(DenialReason::NotHealthy.to_string(), "NotHealthy");
+    }
+
+    #[test]
+    fn every_reason_has_a_description() {
+        for r in DenialReason::ALL {
+            assert!(r.description().trim().len() > 10, "{r}");
+        }
+    }
+}
