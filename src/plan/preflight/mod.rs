@@ -41,6 +41,8 @@ enum Verdict {
     Accept(Plan),
 }
 
+/// Preflight of a new request: the checks, then (Shrink) the measuring; the request ends
+/// `Denied`, waits for the measure Jobs, or is accepted with its plan.
 pub(crate) fn run(cx: &mut Ctx) {
     let verdict = match check(cx) {
         Ok(plan) => measured(cx, plan),
