@@ -179,43 +179,8 @@ pub fn job(
     kind: JobKind,
     deadline_seconds: i64,
 ) -> Job {
-    let name = job_name(&req_name(req), &member.pod, kind);
-    let mut metadata = member_meta(req, name, &member.pod, true);
-    let labels = metadata.labels.get_or_insert_with(Default::default);
-    labels.insert(JOB_KIND_LABEL.to_string(), kind.as_str().to_string());
-    let pod_labels = labels.clone();
-
-    let mut volumes = vec![Volume {
-        name: "source".to_string(),
-        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-            claim_name: member.claim.clone(),
-            read_only: Some(true),
-        }),
-        ..Default::default()
-    }];
-    let mut mounts = vec![VolumeMount {
-        name: "source".to_string(),
-        mount_path: SOURCE_PATH.to_string(),
-        read_only: Some(true),
-        ..Default::default()
-    }];
-    if kind.mounts_target() {
-        volumes.push(Volume {
-            name: "target".to_string(),
-            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                claim_name: member.temp_claim.clone(),
-                read_only: Some(false),
-            }),
-            ..Default::default()
-        });
-        mounts.push(VolumeMount {
-            name: "target".to_string(),
-            mount_path: TARGET_PATH.to_string(),
-            read_only: Some(false),
-            ..Default::default()
-        });
-    }
-
+    let metadata = job_metadata(req, member, kind);
+    let pod_labels = metadata.labels.clone();
     Job {
         metadata,
         spec: Some(JobSpec {
@@ -225,49 +190,111 @@ pub fn job(
             active_deadline_seconds: Some(deadline_seconds.max(1)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
-                    labels: Some(pod_labels),
+                    labels: pod_labels,
                     ..Default::default()
                 }),
-                spec: Some(PodSpec {
-                    affinity: Some(pinned_to_node(&member.node)),
-                    tolerations: Some(tolerate_all()),
-                    restart_policy: Some("Never".to_string()),
-                    automount_service_account_token: Some(false),
-                    enable_service_links: Some(false),
-                    termination_grace_period_seconds: Some(10),
-                    security_context: Some(PodSecurityContext {
-                        run_as_user: Some(0),
-                        run_as_group: Some(0),
-                        run_as_non_root: Some(false),
-                        ..Default::default()
-                    }),
-                    containers: vec![Container {
-                        name: JOB_CONTAINER.to_string(),
-                        image: Some(req.spec.copy.mover_image().to_string()),
-                        image_pull_policy: Some("IfNotPresent".to_string()),
-                        command: Some(vec![
-                            "sh".to_string(),
-                            "-c".to_string(),
-                            kind.script().to_string(),
-                        ]),
-                        env: Some(vec![EnvVar {
-                            name: "LC_ALL".to_string(),
-                            value: Some("C".to_string()),
-                            value_from: None,
-                        }]),
-                        resources: req.spec.copy.resources.clone(),
-                        volume_mounts: Some(mounts),
-                        termination_message_path: Some(TERMINATION_MESSAGE_PATH.to_string()),
-                        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
-                        ..Default::default()
-                    }],
-                    volumes: Some(volumes),
-                    ..Default::default()
-                }),
+                spec: Some(job_pod_spec(req, member, kind)),
             },
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// The Job's name, owner and labels (the member's, plus the Job's kind); its pod gets the same
+/// labels.
+fn job_metadata(
+    req: &StorageMigrationRequest,
+    member: &PlannedMember,
+    kind: JobKind,
+) -> ObjectMeta {
+    let name = job_name(&req_name(req), &member.pod, kind);
+    let mut metadata = member_meta(req, name, &member.pod, true);
+    let labels = metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(JOB_KIND_LABEL.to_string(), kind.as_str().to_string());
+    metadata
+}
+
+/// The pod of the Job: pinned to the member's node, root, no API access, never restarted.
+fn job_pod_spec(req: &StorageMigrationRequest, member: &PlannedMember, kind: JobKind) -> PodSpec {
+    let (volumes, mounts) = job_volumes(member, kind);
+    PodSpec {
+        affinity: Some(pinned_to_node(&member.node)),
+        tolerations: Some(tolerate_all()),
+        restart_policy: Some("Never".to_string()),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        termination_grace_period_seconds: Some(10),
+        security_context: Some(PodSecurityContext {
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            run_as_non_root: Some(false),
+            ..Default::default()
+        }),
+        containers: vec![job_container(req, kind, mounts)],
+        volumes: Some(volumes),
+        ..Default::default()
+    }
+}
+
+/// The old claim at `/source`, read-only in both the volume source and the mount; for kinds
+/// that write, the temporary claim at `/target`.
+fn job_volumes(member: &PlannedMember, kind: JobKind) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let mut volumes = vec![claim_volume("source", &member.claim, true)];
+    let mut mounts = vec![volume_mount("source", SOURCE_PATH, true)];
+    if kind.mounts_target() {
+        volumes.push(claim_volume("target", &member.temp_claim, false));
+        mounts.push(volume_mount("target", TARGET_PATH, false));
+    }
+    (volumes, mounts)
+}
+
+fn claim_volume(name: &str, claim: &str, read_only: bool) -> Volume {
+    Volume {
+        name: name.to_string(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.to_string(),
+            read_only: Some(read_only),
+        }),
+        ..Default::default()
+    }
+}
+
+fn volume_mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: Some(read_only),
+        ..Default::default()
+    }
+}
+
+/// The single container: the kind's constant script under `sh -c` in the mover image, C
+/// locale, the request's resources, the result in the termination message.
+fn job_container(
+    req: &StorageMigrationRequest,
+    kind: JobKind,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    Container {
+        name: JOB_CONTAINER.to_string(),
+        image: Some(req.spec.copy.mover_image().to_string()),
+        image_pull_policy: Some("IfNotPresent".to_string()),
+        command: Some(vec![
+            "sh".to_string(),
+            "-c".to_string(),
+            kind.script().to_string(),
+        ]),
+        env: Some(vec![EnvVar {
+            name: "LC_ALL".to_string(),
+            value: Some("C".to_string()),
+            value_from: None,
+        }]),
+        resources: req.spec.copy.resources.clone(),
+        volume_mounts: Some(mounts),
+        termination_message_path: Some(TERMINATION_MESSAGE_PATH.to_string()),
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+        ..Default::default()
     }
 }
 

@@ -1,0 +1,223 @@
+//! Why a request is denied: a [`DenialReason`] (the condition reason) and a message naming the
+//! problem.
+//!
+//! The reasons are declared once, with a doc comment each; `docs/api.md` lists them with the
+//! same words (a unit test compares the two).
+
+/// Declares [`DenialReason`] with [`DenialReason::ALL`], [`DenialReason::as_str`] (the
+/// variant's name) and [`DenialReason::description`] (its doc comment), so that none of them
+/// can miss a variant.
+macro_rules! denial_reasons {
+    ($($(#[doc = $doc:literal])+ $variant:ident,)+) => {
+        /// Why preflight denies a request, in the order the checks run. Written as the reason
+        /// of the `Accepted=False` condition; `as_str` is the variant's name.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum DenialReason {
+            $($(#[doc = $doc])+ $variant,)+
+        }
+
+        impl DenialReason {
+            /// Every reason, in the order the checks run.
+            pub const ALL: &[DenialReason] = &[$(DenialReason::$variant,)+];
+
+            /// The condition reason: the variant's name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $(DenialReason::$variant => stringify!($variant),)+
+                }
+            }
+
+            /// When the reason is given: the variant's doc comment (one line of it per line).
+            pub fn description(self) -> &'static str {
+                match self {
+                    $(DenialReason::$variant => concat!($($doc, "\n"),+),)+
+                }
+            }
+        }
+    };
+}
+
+denial_reasons! {
+    /// The spec is incomplete or malformed: the type's block is missing or empty, the other
+    /// type's block is given, `shrink.size` is not a positive quantity, `timeout` does not
+    /// parse, or `target.name` is empty.
+    InvalidSpec,
+    /// The target StatefulSet does not exist in the request's namespace (or is being deleted).
+    TargetNotFound,
+    /// The named `volumeClaimTemplate` does not exist, or the set has no volumeClaimTemplates.
+    TemplateNotFound,
+    /// The set has several volumeClaimTemplates and `spec.volumeClaimTemplate` names none.
+    TemplateRequired,
+    /// The template or a member's claim is not `volumeMode: Filesystem` (e.g. `Block`).
+    UnsupportedVolumeMode,
+    /// Another unfinished request on the same target is `Progressing` or is older (the older
+    /// one wins).
+    ConcurrentRequest,
+    /// The StatefulSet has 0 replicas.
+    NoMembers,
+    /// A member pod does not exist (or is being deleted).
+    MemberMissing,
+    /// A member pod is not scheduled on a node.
+    MemberNotScheduled,
+    /// A member's claim does not exist, or its pod does not mount it.
+    ClaimNotFound,
+    /// A member's claim is not `Bound` to a volume (or is being deleted).
+    ClaimNotBound,
+    /// The volume a member's claim is bound to does not exist.
+    VolumeNotFound,
+    /// A member's claim or the template has no storage request, or a claim's request is not a
+    /// quantity.
+    InvalidClaim,
+    /// A Shrink whose members' claims are on different StorageClasses.
+    MixedStorageClasses,
+    /// The target StorageClass does not exist.
+    StorageClassNotFound,
+    /// A StorageClassChange to a class the claims are already on.
+    SameStorageClass,
+    /// A StorageClassChange from a `WaitForFirstConsumer` class to one that is not: the new
+    /// volumes could be provisioned away from the members' nodes.
+    BindingModeMismatch,
+    /// A Shrink size that is not below a member claim's current request.
+    NotSmaller,
+    /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
+    /// be read (the message names the member and why).
+    NotHealthy,
+    /// A Shrink of `ReadWriteOncePod` claims: their used bytes cannot be measured while the
+    /// members run.
+    CannotMeasure,
+    /// A measure Job failed or reported no used bytes.
+    MeasureFailed,
+    /// A member's used bytes (measured by a Job on its node) plus headroom (10%, at least 16
+    /// MiB) exceed the shrink size.
+    InsufficientSize,
+}
+
+impl std::fmt::Display for DenialReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a request is denied: a condition reason and a message naming the problem.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct Denial {
+    pub reason: DenialReason,
+    pub message: String,
+}
+
+impl Denial {
+    pub fn new(reason: DenialReason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::DenialReason;
+
+    /// The user documentation of the request API.
+    const API_DOC: &str = include_str!("../../../docs/api.md");
+
+    /// The rows of the table of reasons in docs/api.md's preflight section.
+    fn doc_rows() -> Vec<&'static str> {
+        let section = API_DOC
+            .split("\n## ")
+            .find(|s| s.starts_with("Preflight"))
+            .expect("docs/api.md has a Preflight section");
+        section
+            .lines()
+            .skip_while(|l| !l.starts_with("| reason |"))
+            .skip(2)
+            .take_while(|l| l.starts_with('|'))
+            .collect()
+    }
+
+    /// The reasons named (in backticks) in the first column of the table.
+    fn doc_reasons() -> BTreeSet<&'static str> {
+        doc_rows()
+            .iter()
+            .filter_map(|row| row.split('|').nth(1))
+            .flat_map(|cell| cell.split('`').skip(1).step_by(2))
+            .collect()
+    }
+
+    /// The table docs/api.md must show: one row per reason, its doc comment as the text.
+    fn expected_rows() -> Vec<String> {
+        DenialReason::ALL
+            .iter()
+            .map(|r| {
+                let text = r.description().split_whitespace().collect::<Vec<_>>();
+                format!("| `{}` | {} |", r.as_str(), text.join(" "))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn api_doc_lists_every_reason_and_no_other() {
+        let documented = doc_reasons();
+        let reasons: BTreeSet<&str> = DenialReason::ALL.iter().map(|r| r.as_str()).collect();
+        let missing: Vec<_> = reasons.difference(&documented).collect();
+        let unknown: Vec<_> = documented.difference(&reasons).collect();
+        assert!(
+            missing.is_empty() && unknown.is_empty(),
+            "docs/api.md misses reasons {missing:?} and lists unknown reasons {unknown:?}"
+        );
+    }
+
+    #[test]
+    fn api_doc_table_is_the_reasons_doc_comments() {
+        let expected = expected_rows();
+        assert_eq!(
+            doc_rows(),
+            expected,
+            "docs/api.md's table of Denied reasons must be, in the order the checks run:\n{}",
+            expected.join("\n")
+        );
+    }
+
+    #[test]
+    fn reasons_are_the_strings_users_see() {
+        let strings: Vec<&str> = DenialReason::ALL.iter().map(|r| r.as_str()).collect();
+        assert_eq!(
+            strings,
+            [
+                "InvalidSpec",
+                "TargetNotFound",
+                "TemplateNotFound",
+                "TemplateRequired",
+                "UnsupportedVolumeMode",
+                "ConcurrentRequest",
+                "NoMembers",
+                "MemberMissing",
+                "MemberNotScheduled",
+                "ClaimNotFound",
+                "ClaimNotBound",
+                "VolumeNotFound",
+                "InvalidClaim",
+                "MixedStorageClasses",
+                "StorageClassNotFound",
+                "SameStorageClass",
+                "BindingModeMismatch",
+                "NotSmaller",
+                "NotHealthy",
+                "CannotMeasure",
+                "MeasureFailed",
+                "InsufficientSize",
+            ]
+        );
+        assert_eq!(DenialReason::NotHealthy.to_string(), "NotHealthy");
+    }
+
+    #[test]
+    fn every_reason_has_a_description() {
+        for r in DenialReason::ALL {
+            assert!(r.description().trim().len() > 10, "{r}");
+        }
+    }
+}

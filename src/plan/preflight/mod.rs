@@ -1,0 +1,247 @@
+//! Preflight: everything is checked before anything is touched. Every failed check ends the
+//! request `Denied` (condition `Accepted=False` with a [`DenialReason`], a message naming the
+//! problem, an Event); success accepts it with a fixed plan.
+//!
+//! [`check`] is the list of checks, in the order they run: the first one that fails decides the
+//! denial. Each check is a small pure function returning `Result<_, Denial>`.
+//!
+//! The only objects preflight creates are the Shrink measure Jobs (read-only mounts of the old
+//! claims, owned by the request).
+
+use kube::ResourceExt;
+
+use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_WAITING};
+use crate::api::conditions;
+use crate::api::{MemberStatus, MigrationType, Phase, Plan, Stage};
+use crate::build::JobKind;
+use crate::labels;
+
+mod classes;
+mod denial;
+mod health;
+mod measure;
+mod members;
+mod spec;
+mod target;
+#[cfg(test)]
+mod tests;
+
+pub use denial::{Denial, DenialReason};
+pub use measure::MIN_HEADROOM_BYTES;
+pub use spec::validate_spec;
+pub use target::choose_template;
+
+use measure::Measurement;
+
+/// What preflight found.
+enum Verdict {
+    Deny(Denial),
+    /// Still measuring; the message says what is awaited.
+    Wait(String),
+    Accept(Plan),
+}
+
+/// Preflight of a new request: the checks, then (Shrink) the measuring; the request ends
+/// `Denied`, waits for the measure Jobs, or is accepted with its plan.
+pub(crate) fn run(cx: &mut Ctx) {
+    let verdict = match check(cx) {
+        Ok(plan) => measured(cx, plan),
+        Err(d) => Verdict::Deny(d),
+    };
+    match verdict {
+        Verdict::Deny(d) => deny(cx, d),
+        Verdict::Wait(message) => {
+            if cx.status.message.as_deref() != Some(message.as_str()) {
+                cx.status.message = Some(message);
+            }
+            cx.wait(REQUEUE_WAITING);
+        }
+        Verdict::Accept(plan) => accept(cx, plan),
+    }
+}
+
+/// What preflight would decide for a new request, without creating anything (no measure Jobs:
+/// a Shrink plan then has no `usedBytes`). For `storage-migrator plan`.
+pub fn dry_run(o: &super::Observed) -> Result<Plan, Denial> {
+    check(&Ctx::new(o))
+}
+
+/// Every check but the measuring, in order; the plan when all pass.
+fn check(cx: &Ctx) -> Result<Plan, Denial> {
+    let o = cx.o;
+    let spec = cx.spec();
+    validate_spec(spec)?;
+    let set_name = spec.target.name.as_str();
+    let namespace = o.request.namespace().unwrap_or_default();
+    let set = target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)?;
+    let template = choose_template(set, spec.volume_claim_template.as_deref())?;
+    target::check_template_volume_mode(&template)?;
+    let me_created = o.request.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    target::check_other_requests(&cx.name(), me_created, &o.other_requests, set_name)?;
+
+    // Members: every pod exists, runs on a node, and is bound to its claim.
+    let names = members::Names {
+        request: cx.name(),
+        set: set_name.to_string(),
+        template: template.name_any(),
+    };
+    let mut members = Vec::new();
+    let mut claim_classes = Vec::new();
+    for ordinal in members::check_ordinals(set, set_name)? {
+        let (member, class) = members::check_member(o, &names, ordinal)?;
+        members.push(member);
+        claim_classes.push(class);
+    }
+
+    // Classes and sizes.
+    let source_classes = classes::distinct(claim_classes);
+    let target_class = classes::check_target_class(spec, &source_classes)?;
+    let target = classes::check_storage_class(&o.storage_classes, &target_class)?;
+    let target_size = match spec.type_ {
+        MigrationType::StorageClassChange => {
+            classes::check_not_same_class(&source_classes, &target_class)?;
+            classes::check_binding_mode(
+                &o.storage_classes,
+                &source_classes,
+                target,
+                &target_class,
+            )?;
+            classes::check_template_size(&template)?
+        }
+        MigrationType::Shrink => {
+            let size = classes::check_shrink_size(spec, &members)?;
+            members.iter_mut().for_each(|m| m.new_size = size.clone());
+            size
+        }
+    };
+
+    // Health (IfReady), then the order: followers first (stable by ordinal), leader last.
+    health::assign_roles(&o.health, &mut members);
+    health::check_engine_health(spec.apply, &o.health, &members)?;
+    members::order(&mut members);
+
+    Ok(Plan {
+        stateful_set: names.set,
+        volume_claim_template: names.template,
+        source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
+        target_storage_class: target_class,
+        target_size,
+        members,
+    })
+}
+
+/// Shrink: every member's used bytes must fit with headroom (measured on its node); the plan
+/// waits for the measure Jobs. Other types are accepted as checked.
+fn measured(cx: &mut Ctx, mut plan: Plan) -> Verdict {
+    if cx.spec().type_ != MigrationType::Shrink {
+        return Verdict::Accept(plan);
+    }
+    match measure::measure(cx, &mut plan.members, &plan.target_size) {
+        Ok(Measurement::Complete) => Verdict::Accept(plan),
+        Ok(Measurement::Running) => Verdict::Wait(format!(
+            "preflight: measuring the used bytes of {} members",
+            plan.members.len()
+        )),
+        Err(d) => Verdict::Deny(d),
+    }
+}
+
+/// Deletes the measure Jobs left by preflight.
+fn delete_measure_jobs(cx: &mut Ctx) {
+    let jobs: Vec<String> =
+        cx.o.jobs
+            .iter()
+            .filter(|(_, j)| {
+                j.job
+                    .labels()
+                    .get(labels::JOB_KIND_LABEL)
+                    .map(String::as_str)
+                    == Some(JobKind::Measure.as_str())
+            })
+            .map(|(n, _)| n.clone())
+            .collect();
+    for name in jobs {
+        cx.act(Action::Delete {
+            kind: Kind::Job,
+            name,
+            propagation: Propagation::Background,
+            uid: None,
+        });
+    }
+}
+
+fn deny(cx: &mut Ctx, d: Denial) {
+    let generation = cx.o.request.metadata.generation;
+    cx.status.phase = Phase::Denied;
+    cx.status.stage = Stage::Done;
+    cx.status.observed_generation = generation;
+    cx.status.message = Some(d.message.clone());
+    cx.status.completion_time = Some(cx.now.clone());
+    cx.set_condition(conditions::ACCEPTED, false, d.reason.as_str(), &d.message);
+    cx.set_condition(conditions::READY, false, "Denied", &d.message);
+    cx.event(EventType::Warning, "Denied", d.message);
+    delete_measure_jobs(cx);
+    cx.requeue = super::REQUEUE_FINAL;
+}
+
+fn accept(cx: &mut Ctx, plan: Plan) {
+    let generation = cx.o.request.metadata.generation;
+    let message = accepted_message(&plan);
+    cx.status.phase = Phase::Progressing;
+    cx.status.stage = Stage::OrphaningStatefulSet;
+    cx.status.observed_generation = generation;
+    cx.status.accepted_spec = Some(Box::new(cx.spec().clone()));
+    cx.status.start_time = Some(cx.now.clone());
+    cx.status.members = plan
+        .members
+        .iter()
+        .map(|m| MemberStatus {
+            pod: m.pod.clone(),
+            ..Default::default()
+        })
+        .collect();
+    cx.status.plan = Some(plan);
+    cx.status.progress = Some(super::progress(&cx.status));
+    cx.status.message = Some(message.clone());
+    cx.set_condition(conditions::ACCEPTED, true, "Accepted", &message);
+    cx.set_condition(
+        conditions::READY,
+        false,
+        "Progressing",
+        "migration in progress",
+    );
+    cx.set_condition(
+        conditions::PROGRESSING,
+        true,
+        "OrphaningStatefulSet",
+        "stashing and orphaning the StatefulSet",
+    );
+    if !cx
+        .o
+        .request
+        .finalizers()
+        .iter()
+        .any(|f| f == labels::FINALIZER)
+    {
+        cx.act(Action::AddFinalizer);
+    }
+    cx.event(EventType::Normal, "Accepted", message);
+    delete_measure_jobs(cx);
+    cx.requeue = std::time::Duration::ZERO;
+}
+
+/// The `Accepted` message: the members, the target class and size, the order.
+fn accepted_message(plan: &Plan) -> String {
+    format!(
+        "accepted: {} members of StatefulSet {} move to StorageClass {} ({}), order {}",
+        plan.members.len(),
+        plan.stateful_set,
+        plan.target_storage_class,
+        plan.target_size.0,
+        plan.members
+            .iter()
+            .map(|m| m.pod.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}

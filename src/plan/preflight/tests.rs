@@ -1,0 +1,821 @@
+//! Unit tests of each preflight check on pure inputs: `Ok`, or the expected [`DenialReason`]
+//! with a message naming the problem. The whole preflight (through `decide`) is covered in
+//! `plan::tests`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::ResourceExt;
+
+use super::*;
+use crate::api::{ApplyPolicy, PlannedMember};
+use crate::engine::MemberHealth;
+use crate::plan::fixtures::*;
+use crate::plan::{JobOutcome, Object, ObservedJob, OtherRequest};
+
+/// The reason of a denial; panics on `Ok`.
+fn reason<T: std::fmt::Debug>(r: Result<T, Denial>) -> DenialReason {
+    r.expect_err("expected a denial").reason
+}
+
+/// The denial; panics on `Ok`.
+fn denied<T: std::fmt::Debug>(r: Result<T, Denial>) -> Denial {
+    r.expect_err("expected a denial")
+}
+
+fn terminating<K: kube::Resource>(mut obj: K) -> K {
+    obj.meta_mut().deletion_timestamp = Some(Time(t(5)));
+    obj
+}
+
+fn planned(ordinal: i32, size: &str) -> PlannedMember {
+    PlannedMember {
+        ordinal,
+        pod: format!("etcd-{ordinal}"),
+        node: NODES[ordinal as usize % 3].to_string(),
+        claim: format!("data-etcd-{ordinal}"),
+        old_volume: format!("pv-old-{ordinal}"),
+        temp_claim: format!("temp-{ordinal}"),
+        old_size: Quantity(size.to_string()),
+        new_size: Quantity(size.to_string()),
+        used_bytes: None,
+        role: None,
+    }
+}
+
+// ---- spec ----------------------------------------------------------------------------------
+
+#[test]
+fn class_change_spec_needs_a_class_and_no_shrink() {
+    assert!(spec::check_class_change_spec(&spec_class_change("fast")).is_ok());
+    let mut s = spec_class_change("fast");
+    s.storage_class_change = None;
+    assert_eq!(
+        denied(spec::check_class_change_spec(&s)).message,
+        "type StorageClassChange needs spec.storageClassChange.storageClassName"
+    );
+    let s = spec_class_change("  ");
+    assert_eq!(
+        denied(spec::check_class_change_spec(&s)).message,
+        "spec.storageClassChange.storageClassName is empty"
+    );
+    let mut s = spec_class_change("fast");
+    s.shrink = spec_shrink("1Mi").shrink;
+    let d = denied(spec::check_class_change_spec(&s));
+    assert_eq!(d.reason, DenialReason::InvalidSpec);
+    assert_eq!(
+        d.message,
+        "type StorageClassChange does not take spec.shrink"
+    );
+}
+
+#[test]
+fn shrink_spec_needs_a_positive_size_and_no_class() {
+    assert!(spec::check_shrink_spec(&spec_shrink("256Mi")).is_ok());
+    let mut s = spec_shrink("1Mi");
+    s.shrink = None;
+    assert_eq!(
+        denied(spec::check_shrink_spec(&s)).message,
+        "type Shrink needs spec.shrink.size"
+    );
+    assert_eq!(
+        denied(spec::check_shrink_spec(&spec_shrink("0"))).message,
+        "spec.shrink.size must be positive"
+    );
+    assert_eq!(
+        denied(spec::check_shrink_spec(&spec_shrink("small"))).message,
+        "spec.shrink.size \"small\" is not a quantity"
+    );
+    let mut s = spec_shrink("1Mi");
+    s.storage_class_change = spec_class_change("fast").storage_class_change;
+    let d = denied(spec::check_shrink_spec(&s));
+    assert_eq!(d.reason, DenialReason::InvalidSpec);
+    assert_eq!(
+        d.message,
+        "type Shrink does not take spec.storageClassChange"
+    );
+}
+
+#[test]
+fn timeout_and_target_name() {
+    assert!(spec::check_timeout("1h30m").is_ok());
+    let d = denied(spec::check_timeout("soon"));
+    assert_eq!(d.reason, DenialReason::InvalidSpec);
+    assert!(d.message.starts_with("spec.timeout: "), "{}", d.message);
+    assert!(
+        d.message.ends_with(" (use e.g. 30m or 1h30m)"),
+        "{}",
+        d.message
+    );
+    assert_eq!(reason(spec::check_timeout("0s")), DenialReason::InvalidSpec);
+    assert!(spec::check_target_name("etcd").is_ok());
+    assert_eq!(
+        denied(spec::check_target_name(" ")).message,
+        "spec.target.name is empty"
+    );
+}
+
+#[test]
+fn validate_spec_reports_the_type_before_the_timeout() {
+    assert!(validate_spec(&spec_class_change("fast")).is_ok());
+    let mut s = spec_class_change("");
+    s.timeout = "soon".into();
+    s.target.name = String::new();
+    assert_eq!(
+        denied(validate_spec(&s)).message,
+        "spec.storageClassChange.storageClassName is empty"
+    );
+    s.storage_class_change = spec_class_change("fast").storage_class_change;
+    assert!(
+        denied(validate_spec(&s))
+            .message
+            .starts_with("spec.timeout")
+    );
+    s.timeout = "30m".into();
+    assert_eq!(
+        denied(validate_spec(&s)).message,
+        "spec.target.name is empty"
+    );
+}
+
+// ---- target --------------------------------------------------------------------------------
+
+#[test]
+fn target_exists_unless_missing_or_terminating() {
+    let set = manifest(stateful_set(3));
+    let found = target::check_target_exists(Some(&set), "etcd", NS).unwrap();
+    assert_eq!(found.name_any(), "etcd");
+    let d = denied(target::check_target_exists(None, "etcd", NS));
+    assert_eq!(d.reason, DenialReason::TargetNotFound);
+    assert_eq!(d.message, "StatefulSet etcd not found in namespace demo");
+    let gone = manifest(terminating(stateful_set(3)));
+    assert_eq!(
+        reason(target::check_target_exists(Some(&gone), "etcd", NS)),
+        DenialReason::TargetNotFound
+    );
+}
+
+#[test]
+fn template_is_the_named_one_or_the_only_one() {
+    let mut set = stateful_set(3);
+    assert_eq!(choose_template(&set, None).unwrap().name_any(), "data");
+    assert_eq!(
+        choose_template(&set, Some("data")).unwrap().name_any(),
+        "data"
+    );
+    let d = denied(choose_template(&set, Some("logs")));
+    assert_eq!(d.reason, DenialReason::TemplateNotFound);
+    assert_eq!(
+        d.message,
+        "StatefulSet etcd has no volumeClaimTemplate \"logs\""
+    );
+
+    let mut logs = claim_template("standard", "1Gi");
+    logs.metadata.name = Some("logs".into());
+    let templates = set.spec.as_mut().unwrap().volume_claim_templates.as_mut();
+    templates.unwrap().push(logs);
+    let d = denied(choose_template(&set, None));
+    assert_eq!(d.reason, DenialReason::TemplateRequired);
+    assert_eq!(
+        d.message,
+        "StatefulSet etcd has 2 volumeClaimTemplates (data, logs); set spec.volumeClaimTemplate"
+    );
+    assert_eq!(
+        choose_template(&set, Some("logs")).unwrap().name_any(),
+        "logs"
+    );
+
+    set.spec.as_mut().unwrap().volume_claim_templates = None;
+    let d = denied(choose_template(&set, None));
+    assert_eq!(d.reason, DenialReason::TemplateNotFound);
+    assert!(d.message.contains("nothing to migrate"), "{}", d.message);
+}
+
+#[test]
+fn template_must_be_a_filesystem_volume() {
+    let mut template = claim_template("standard", "1Gi");
+    assert!(target::check_template_volume_mode(&template).is_ok());
+    template.spec.as_mut().unwrap().volume_mode = None;
+    assert!(target::check_template_volume_mode(&template).is_ok());
+    template.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    let d = denied(target::check_template_volume_mode(&template));
+    assert_eq!(d.reason, DenialReason::UnsupportedVolumeMode);
+    assert_eq!(
+        d.message,
+        "volumeClaimTemplate data has volumeMode Block; only Filesystem volumes can be copied"
+    );
+}
+
+#[test]
+fn other_requests_older_or_progressing_win() {
+    let other = |name: &str, created: Option<i64>, phase| OtherRequest {
+        name: name.into(),
+        created: created.map(t),
+        phase,
+    };
+    let check =
+        |others: &[OtherRequest]| target::check_other_requests("move", Some(t(0)), others, "etcd");
+    assert!(check(&[]).is_ok());
+    // Newer and pending, or finished: not in the way.
+    assert!(check(&[other("later", Some(10), Phase::Pending)]).is_ok());
+    assert!(check(&[other("first", Some(-10), Phase::Successful)]).is_ok());
+    assert!(check(&[other("first", Some(-10), Phase::Denied)]).is_ok());
+    // Older, or already progressing.
+    let d = denied(check(&[other("first", Some(-10), Phase::Pending)]));
+    assert_eq!(d.reason, DenialReason::ConcurrentRequest);
+    assert_eq!(
+        d.message,
+        "request first is already running on StatefulSet etcd; wait for it to finish"
+    );
+    let d = denied(check(&[other("later", Some(10), Phase::Progressing)]));
+    assert!(d.message.contains("later"), "{}", d.message);
+    // Same creation time: the name decides; no creation time: the name alone.
+    assert!(check(&[other("zzz", Some(0), Phase::Pending)]).is_ok());
+    assert_eq!(
+        reason(check(&[other("aaa", Some(0), Phase::Pending)])),
+        DenialReason::ConcurrentRequest
+    );
+    assert_eq!(
+        reason(check(&[other("aaa", None, Phase::Pending)])),
+        DenialReason::ConcurrentRequest
+    );
+    assert!(check(&[other("zzz", Some(-10), Phase::Pending)]).is_err());
+    let none = target::check_other_requests(
+        "move",
+        None,
+        &[other("zzz", Some(-10), Phase::Pending)],
+        "etcd",
+    );
+    assert!(none.is_ok(), "by name alone: zzz is after move");
+}
+
+// ---- members -------------------------------------------------------------------------------
+
+#[test]
+fn ordinals_come_from_replicas_and_start() {
+    let mut set = stateful_set(3);
+    assert_eq!(members::check_ordinals(&set, "etcd").unwrap(), 0..3);
+    set.spec.as_mut().unwrap().ordinals = Some(Default::default());
+    set.spec.as_mut().unwrap().ordinals.as_mut().unwrap().start = Some(5);
+    assert_eq!(members::check_ordinals(&set, "etcd").unwrap(), 5..8);
+    set.spec.as_mut().unwrap().replicas = None;
+    assert_eq!(members::check_ordinals(&set, "etcd").unwrap(), 5..6);
+    let d = denied(members::check_ordinals(&stateful_set(0), "etcd"));
+    assert_eq!(d.reason, DenialReason::NoMembers);
+    assert_eq!(
+        d.message,
+        "StatefulSet etcd has 0 replicas: nothing to migrate"
+    );
+}
+
+#[test]
+fn member_pod_exists_and_is_scheduled() {
+    let mut pods = BTreeMap::from([("etcd-0".to_string(), manifest(member_pod(0)))]);
+    let pod = members::check_pod_exists(&pods, "etcd-0").unwrap();
+    assert_eq!(members::check_scheduled(pod, "etcd-0").unwrap(), "node-a");
+    let d = denied(members::check_pod_exists(&pods, "etcd-1"));
+    assert_eq!(d.reason, DenialReason::MemberMissing);
+    assert_eq!(
+        d.message,
+        "member pod etcd-1 does not exist; every member must run before a migration"
+    );
+    pods.insert("etcd-0".into(), manifest(terminating(member_pod(0))));
+    assert_eq!(
+        reason(members::check_pod_exists(&pods, "etcd-0")),
+        DenialReason::MemberMissing
+    );
+
+    let mut pod = member_pod(0);
+    pod.spec.as_mut().unwrap().node_name = Some(String::new());
+    let d = denied(members::check_scheduled(&pod, "etcd-0"));
+    assert_eq!(d.reason, DenialReason::MemberNotScheduled);
+    assert_eq!(d.message, "member pod etcd-0 is not scheduled on a node");
+    pod.spec.as_mut().unwrap().node_name = None;
+    assert_eq!(
+        reason(members::check_scheduled(&pod, "etcd-0")),
+        DenialReason::MemberNotScheduled
+    );
+}
+
+#[test]
+fn member_claim_exists_and_is_mounted() {
+    let claims = BTreeMap::from([(
+        "data-etcd-0".to_string(),
+        bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0"),
+    )]);
+    assert!(members::check_claim_exists(&claims, "data-etcd-0", "etcd-0").is_ok());
+    let d = denied(members::check_claim_exists(
+        &claims,
+        "data-etcd-1",
+        "etcd-1",
+    ));
+    assert_eq!(d.reason, DenialReason::ClaimNotFound);
+    assert_eq!(
+        d.message,
+        "claim data-etcd-1 of member etcd-1 does not exist"
+    );
+
+    let pod = member_pod(0);
+    assert!(members::check_pod_mounts_claim(&pod, "data-etcd-0", "etcd-0").is_ok());
+    let d = denied(members::check_pod_mounts_claim(
+        &pod,
+        "data-etcd-1",
+        "etcd-0",
+    ));
+    assert_eq!(d.reason, DenialReason::ClaimNotFound);
+    assert_eq!(
+        d.message,
+        "member pod etcd-0 does not mount claim data-etcd-1"
+    );
+}
+
+#[test]
+fn member_claim_is_bound_to_an_existing_volume() {
+    let claim = bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0");
+    assert_eq!(
+        members::check_claim_bound(&claim, "data-etcd-0", "etcd-0").unwrap(),
+        "pv-old-0"
+    );
+    let mut pending = claim.clone();
+    pending.status.as_mut().unwrap().phase = Some("Pending".into());
+    let d = denied(members::check_claim_bound(
+        &pending,
+        "data-etcd-0",
+        "etcd-0",
+    ));
+    assert_eq!(d.reason, DenialReason::ClaimNotBound);
+    assert_eq!(
+        d.message,
+        "claim data-etcd-0 of member etcd-0 is Pending, not Bound"
+    );
+    let mut no_volume = claim.clone();
+    no_volume.spec.as_mut().unwrap().volume_name = Some(String::new());
+    let d = denied(members::check_claim_bound(
+        &no_volume,
+        "data-etcd-0",
+        "etcd-0",
+    ));
+    assert_eq!(
+        d.message,
+        "claim data-etcd-0 of member etcd-0 is Bound, not Bound"
+    );
+    assert_eq!(
+        reason(members::check_claim_bound(&terminating(claim), "c", "p")),
+        DenialReason::ClaimNotBound
+    );
+
+    let volumes = BTreeMap::from([(
+        "pv-old-0".to_string(),
+        volume("pv-old-0", "standard", "1Gi", "data-etcd-0", "node-a"),
+    )]);
+    assert!(members::check_volume_exists(&volumes, "pv-old-0", "data-etcd-0").is_ok());
+    let d = denied(members::check_volume_exists(
+        &volumes,
+        "pv-x",
+        "data-etcd-0",
+    ));
+    assert_eq!(d.reason, DenialReason::VolumeNotFound);
+    assert_eq!(d.message, "volume pv-x of claim data-etcd-0 does not exist");
+}
+
+#[test]
+fn member_claim_is_a_filesystem_volume_with_a_request() {
+    let mut claim = bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0");
+    assert!(members::check_claim_volume_mode(&claim, "data-etcd-0").is_ok());
+    assert_eq!(
+        members::check_claim_request(&claim, "data-etcd-0").unwrap(),
+        Quantity("1Gi".into())
+    );
+    claim.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    let d = denied(members::check_claim_volume_mode(&claim, "data-etcd-0"));
+    assert_eq!(d.reason, DenialReason::UnsupportedVolumeMode);
+    assert_eq!(
+        d.message,
+        "claim data-etcd-0 has volumeMode Block; only Filesystem volumes can be copied"
+    );
+
+    let requests = |c: &mut k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.spec
+            .as_mut()
+            .unwrap()
+            .resources
+            .as_mut()
+            .unwrap()
+            .requests = None;
+    };
+    let mut no_request = claim.clone();
+    requests(&mut no_request);
+    let d = denied(members::check_claim_request(&no_request, "data-etcd-0"));
+    assert_eq!(d.reason, DenialReason::InvalidClaim);
+    assert_eq!(d.message, "claim data-etcd-0 has no storage request");
+    let mut bad = bound_claim("data-etcd-0", "standard", "lots", "pv-old-0");
+    let d = denied(members::check_claim_request(&bad, "data-etcd-0"));
+    assert_eq!(d.reason, DenialReason::InvalidClaim);
+    assert_eq!(
+        d.message,
+        "claim data-etcd-0 requests \"lots\", not a quantity"
+    );
+    bad.spec.as_mut().unwrap().volume_mode = None;
+    assert!(members::check_claim_volume_mode(&bad, "data-etcd-0").is_ok());
+}
+
+fn names() -> members::Names {
+    members::Names {
+        request: REQ.into(),
+        set: "etcd".into(),
+        template: "data".into(),
+    }
+}
+
+#[test]
+fn member_is_planned_from_its_pod_claim_and_volume() {
+    let o = observed(spec_class_change("fast"));
+    let (m, class) = members::check_member(&o, &names(), 1).unwrap();
+    assert_eq!(class, "standard");
+    assert_eq!(
+        m,
+        PlannedMember {
+            ordinal: 1,
+            pod: "etcd-1".into(),
+            node: "node-b".into(),
+            claim: "data-etcd-1".into(),
+            old_volume: "pv-old-1".into(),
+            temp_claim: crate::build::temp_claim_name(REQ, "data-etcd-1"),
+            old_size: Quantity("1Gi".into()),
+            new_size: Quantity("1Gi".into()),
+            used_bytes: None,
+            role: None,
+        }
+    );
+}
+
+#[test]
+fn member_checks_run_in_order() {
+    // Pod missing and claim missing: the pod is reported.
+    let mut o = observed(spec_class_change("fast"));
+    o.pods.remove("etcd-2");
+    o.claims.remove("data-etcd-2");
+    assert_eq!(
+        reason(members::check_member(&o, &names(), 2)),
+        DenialReason::MemberMissing
+    );
+    // Claim missing and volume missing: the claim.
+    let mut o = observed(spec_class_change("fast"));
+    o.claims.remove("data-etcd-2");
+    o.volumes.remove("pv-old-2");
+    assert_eq!(
+        reason(members::check_member(&o, &names(), 2)),
+        DenialReason::ClaimNotFound
+    );
+    // Volume missing and a Block claim: the volume.
+    let mut o = observed(spec_class_change("fast"));
+    o.volumes.remove("pv-old-2");
+    let claim = o.claims.get_mut("data-etcd-2").unwrap();
+    claim.spec.as_mut().unwrap().volume_mode = Some("Block".into());
+    assert_eq!(
+        reason(members::check_member(&o, &names(), 2)),
+        DenialReason::VolumeNotFound
+    );
+}
+
+#[test]
+fn leader_goes_last_followers_by_ordinal() {
+    let mut ms: Vec<PlannedMember> = (0..4).map(|i| planned(i, "1Gi")).collect();
+    ms[1].role = Some("leader".into());
+    ms[0].role = Some("follower".into());
+    ms.reverse();
+    members::order(&mut ms);
+    let order: Vec<i32> = ms.iter().map(|m| m.ordinal).collect();
+    assert_eq!(order, [0, 2, 3, 1]);
+}
+
+// ---- classes and sizes ---------------------------------------------------------------------
+
+#[test]
+fn source_classes_are_sorted_and_distinct() {
+    let classes = ["b", "a", "b", ""].map(String::from).to_vec();
+    assert_eq!(classes::distinct(classes), ["", "a", "b"]);
+}
+
+#[test]
+fn target_class_is_the_requested_one_or_the_one_shrunk() {
+    let one = vec!["standard".to_string()];
+    let two = vec!["fast".to_string(), "standard".to_string()];
+    let change = spec_class_change("fast");
+    assert_eq!(classes::check_target_class(&change, &two).unwrap(), "fast");
+    let shrink = spec_shrink("256Mi");
+    assert_eq!(
+        classes::check_target_class(&shrink, &one).unwrap(),
+        "standard"
+    );
+    assert_eq!(classes::check_target_class(&shrink, &[]).unwrap(), "");
+    let d = denied(classes::check_target_class(&shrink, &two));
+    assert_eq!(d.reason, DenialReason::MixedStorageClasses);
+    assert_eq!(
+        d.message,
+        "the members' claims are on different StorageClasses (fast, standard); migrate them to \
+         one class first"
+    );
+}
+
+#[test]
+fn target_class_exists_and_differs() {
+    let o = observed(spec_class_change("fast"));
+    assert!(classes::check_storage_class(&o.storage_classes, "fast").is_ok());
+    let d = denied(classes::check_storage_class(&o.storage_classes, "gold"));
+    assert_eq!(d.reason, DenialReason::StorageClassNotFound);
+    assert_eq!(d.message, "StorageClass \"gold\" does not exist");
+
+    let sources = vec!["slow".to_string(), "standard".to_string()];
+    assert!(classes::check_not_same_class(&sources, "fast").is_ok());
+    let d = denied(classes::check_not_same_class(&sources, "standard"));
+    assert_eq!(d.reason, DenialReason::SameStorageClass);
+    assert_eq!(d.message, "the claims are already on StorageClass standard");
+}
+
+#[test]
+fn wait_for_first_consumer_source_needs_such_a_target() {
+    let all = observed(spec_class_change("fast")).storage_classes;
+    let check = |sources: &[&str], target: &str| {
+        let sources: Vec<String> = sources.iter().map(|s| s.to_string()).collect();
+        classes::check_binding_mode(&all, &sources, &all[target], target)
+    };
+    // fast: WaitForFirstConsumer; standard, slow: Immediate.
+    assert!(check(&["standard"], "fast").is_ok());
+    assert!(check(&["standard"], "slow").is_ok());
+    assert!(check(&["fast"], "fast").is_ok());
+    assert!(
+        check(&["gone"], "slow").is_ok(),
+        "unknown sources are not compared"
+    );
+    let d = denied(check(&["standard", "fast"], "slow"));
+    assert_eq!(d.reason, DenialReason::BindingModeMismatch);
+    assert_eq!(
+        d.message,
+        "source StorageClass fast is WaitForFirstConsumer but target slow is not: the new \
+         volumes could be provisioned away from the members' nodes"
+    );
+}
+
+#[test]
+fn template_size_is_its_storage_request() {
+    let mut template = claim_template("standard", "2Gi");
+    assert_eq!(
+        classes::check_template_size(&template).unwrap(),
+        Quantity("2Gi".into())
+    );
+    template.spec.as_mut().unwrap().resources = None;
+    let d = denied(classes::check_template_size(&template));
+    assert_eq!(d.reason, DenialReason::InvalidClaim);
+    assert_eq!(d.message, "volumeClaimTemplate data has no storage request");
+}
+
+#[test]
+fn shrink_size_is_below_every_request() {
+    let ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
+    assert_eq!(
+        classes::check_shrink_size(&spec_shrink("256Mi"), &ms).unwrap(),
+        Quantity("256Mi".into())
+    );
+    let d = denied(classes::check_shrink_size(&spec_shrink("512Mi"), &ms));
+    assert_eq!(d.reason, DenialReason::NotSmaller);
+    assert_eq!(
+        d.message,
+        "shrink size 512Mi is not below claim data-etcd-1's request 512Mi"
+    );
+}
+
+// ---- health --------------------------------------------------------------------------------
+
+fn health(members: &[(&str, bool, bool)]) -> Result<crate::engine::HealthReport, String> {
+    Ok(crate::engine::HealthReport {
+        members: members
+            .iter()
+            .map(|&(pod, healthy, leader)| MemberHealth {
+                pod: pod.into(),
+                healthy,
+                leader,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    })
+}
+
+#[test]
+fn roles_come_from_the_report() {
+    let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
+    health::assign_roles(
+        &health(&[("etcd-0", true, false), ("etcd-1", true, true)]),
+        &mut ms,
+    );
+    let roles: Vec<Option<&str>> = ms.iter().map(|m| m.role.as_deref()).collect();
+    assert_eq!(roles, [Some("follower"), Some("leader"), None]);
+    let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
+    health::assign_roles(&Err("down".into()), &mut ms);
+    assert!(ms.iter().all(|m| m.role.is_none()));
+}
+
+#[test]
+fn if_ready_needs_every_member_healthy() {
+    let ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
+    let good = health(&[("etcd-0", true, false), ("etcd-1", true, true)]);
+    assert!(health::check_engine_health(ApplyPolicy::IfReady, &good, &ms).is_ok());
+
+    let sick = health(&[("etcd-0", true, false), ("etcd-1", false, true)]);
+    let d = denied(health::check_engine_health(
+        ApplyPolicy::IfReady,
+        &sick,
+        &ms,
+    ));
+    assert_eq!(d.reason, DenialReason::NotHealthy);
+    assert!(
+        d.message
+            .starts_with("apply is IfReady and the database is not healthy: "),
+        "{}",
+        d.message
+    );
+    assert!(d.message.contains("etcd-1"), "{}", d.message);
+
+    let missing = health(&[("etcd-0", true, false)]);
+    let d = denied(health::check_engine_health(
+        ApplyPolicy::IfReady,
+        &missing,
+        &ms,
+    ));
+    assert!(d.message.contains("etcd-1"), "{}", d.message);
+
+    let unreadable = Err("connection refused".to_string());
+    let d = denied(health::check_engine_health(
+        ApplyPolicy::IfReady,
+        &unreadable,
+        &ms,
+    ));
+    assert_eq!(d.reason, DenialReason::NotHealthy);
+    assert_eq!(
+        d.message,
+        "apply is IfReady and the database's health cannot be read: connection refused"
+    );
+}
+
+#[test]
+fn always_starts_whatever_the_health() {
+    let ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
+    let sick = health(&[("etcd-0", false, false)]);
+    assert!(health::check_engine_health(ApplyPolicy::Always, &sick, &ms).is_ok());
+    let unreadable = Err("connection refused".to_string());
+    assert!(health::check_engine_health(ApplyPolicy::Always, &unreadable, &ms).is_ok());
+}
+
+// ---- measuring -----------------------------------------------------------------------------
+
+#[test]
+fn read_write_once_pod_claims_cannot_be_measured() {
+    let m = planned(0, "1Gi");
+    let mut claim = bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0");
+    assert!(measure::check_measurable(Some(&claim), &m).is_ok());
+    assert!(measure::check_measurable(None, &m).is_ok());
+    claim.spec.as_mut().unwrap().access_modes = Some(vec!["ReadWriteOncePod".into()]);
+    let d = denied(measure::check_measurable(Some(&claim), &m));
+    assert_eq!(d.reason, DenialReason::CannotMeasure);
+    assert_eq!(
+        d.message,
+        "claim data-etcd-0 is ReadWriteOncePod: its used bytes cannot be measured while member \
+         etcd-0 runs"
+    );
+}
+
+#[test]
+fn measured_bytes_come_from_the_termination_message() {
+    let m = planned(0, "1Gi");
+    assert_eq!(
+        measure::check_measured_bytes(&m, Some(r#"{"usedBytes":1048576}"#)).unwrap(),
+        1 << 20
+    );
+    let d = denied(measure::check_measured_bytes(&m, None));
+    assert_eq!(d.reason, DenialReason::MeasureFailed);
+    assert_eq!(
+        d.message,
+        "the measure Job of data-etcd-0 reported no used bytes (None)"
+    );
+    let d = denied(measure::check_measured_bytes(&m, Some(r#"{"bytes":1}"#)));
+    assert_eq!(
+        d.message,
+        "the measure Job of data-etcd-0 reported no used bytes (Some(\"{\\\"bytes\\\":1}\"))"
+    );
+    assert_eq!(
+        reason(measure::check_measured_bytes(&m, Some("garbage"))),
+        DenialReason::MeasureFailed
+    );
+}
+
+#[test]
+fn used_bytes_fit_with_headroom() {
+    let m = planned(0, "1Gi");
+    let size = Quantity("256Mi".into());
+    // Below 160 MiB used, the headroom is the 16 MiB minimum; above, a tenth.
+    assert!(measure::check_fits(&m, 100 << 20, &size).is_ok());
+    assert!(measure::check_fits(&m, 232 << 20, &size).is_ok());
+    assert!(measure::check_fits(&m, 240 << 20, &size).is_err());
+    let d = denied(measure::check_fits(&m, 250 << 20, &size));
+    assert_eq!(d.reason, DenialReason::InsufficientSize);
+    assert_eq!(
+        d.message,
+        "member etcd-0 uses 250Mi on claim data-etcd-0: with headroom it needs 275Mi, more than \
+         the shrink size 256Mi"
+    );
+    let small = Quantity("32Mi".into());
+    assert!(measure::check_fits(&m, 16 << 20, &small).is_ok());
+    assert_eq!(
+        reason(measure::check_fits(&m, (16 << 20) + 1, &small)),
+        DenialReason::InsufficientSize
+    );
+}
+
+/// The measure Job of `pod`, as observed.
+fn measure_job(pod: &str, outcome: JobOutcome) -> (String, ObservedJob) {
+    let name = crate::build::job_name(REQ, pod, crate::build::JobKind::Measure);
+    job(&name, "measure", outcome)
+}
+
+#[test]
+fn measuring_creates_jobs_then_waits_then_completes() {
+    let size = Quantity("256Mi".into());
+    let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
+
+    let o = observed(spec_shrink("256Mi"));
+    let mut cx = Ctx::new(&o);
+    let got = measure::measure(&mut cx, &mut ms, &size).unwrap();
+    assert_eq!(got, Measurement::Running);
+    let created: Vec<String> = cx
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Create(Object::Job(j)) => Some(j.name_any()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created.len(), 2, "{:?}", cx.actions);
+
+    let mut o = observed(spec_shrink("256Mi"));
+    let done = JobOutcome::Succeeded {
+        message: Some(r#"{"usedBytes":104857600}"#.into()),
+    };
+    let (name, j) = measure_job("etcd-0", done.clone());
+    o.jobs.insert(name, j);
+    let (name, j) = measure_job("etcd-1", JobOutcome::Running);
+    o.jobs.insert(name, j);
+    let mut cx = Ctx::new(&o);
+    assert_eq!(
+        measure::measure(&mut cx, &mut ms, &size).unwrap(),
+        Measurement::Running
+    );
+    assert!(cx.actions.is_empty(), "{:?}", cx.actions);
+    assert_eq!(ms[0].used_bytes, Some(100 << 20));
+
+    let (name, j) = measure_job("etcd-1", done);
+    o.jobs.insert(name, j);
+    let mut cx = Ctx::new(&o);
+    assert_eq!(
+        measure::measure(&mut cx, &mut ms, &size).unwrap(),
+        Measurement::Complete
+    );
+    assert!(ms.iter().all(|m| m.used_bytes == Some(100 << 20)));
+}
+
+#[test]
+fn a_failed_measure_job_denies() {
+    let mut o = observed(spec_shrink("256Mi"));
+    let failed = JobOutcome::Failed {
+        reason: "BackoffLimitExceeded".into(),
+    };
+    let (name, j) = measure_job("etcd-0", failed);
+    o.jobs.insert(name, j);
+    let mut ms = vec![planned(0, "1Gi")];
+    let d = denied(measure::measure(
+        &mut Ctx::new(&o),
+        &mut ms,
+        &Quantity("256Mi".into()),
+    ));
+    assert_eq!(d.reason, DenialReason::MeasureFailed);
+    assert_eq!(
+        d.message,
+        "measuring the used bytes of data-etcd-0 failed: BackoffLimitExceeded"
+    );
+}
+
+// ---- the list ------------------------------------------------------------------------------
+
+#[test]
+fn dry_run_plans_without_measuring() {
+    let plan = dry_run(&observed(spec_shrink("256Mi"))).unwrap();
+    assert_eq!(plan.target_storage_class, "standard");
+    assert_eq!(plan.source_storage_class.as_deref(), Some("standard"));
+    assert_eq!(plan.target_size, Quantity("256Mi".into()));
+    assert!(plan.members.iter().all(|m| m.new_size.0 == "256Mi"));
+    assert!(plan.members.iter().all(|m| m.used_bytes.is_none()));
+    let mut o = observed(spec_class_change("fast"));
+    o.stateful_set = None;
+    assert_eq!(reason(dry_run(&o)), DenialReason::TargetNotFound);
+}
