@@ -146,10 +146,17 @@ const FIRST_STEP: MemberStep = MemberStep::Pending;
 const LAST_STAGES: &[Stage] = &[Stage::Done];
 const LAST_STEPS: &[MemberStep] = &[MemberStep::Done, MemberStep::RolledBack];
 
+/// The step from which a member's swap has begun (`MemberStep::swap_begun`): the first one the
+/// normal flow of [`STEPS`] reaches.
+fn first_swap_step() -> Option<MemberStep> {
+    STEPS.iter().map(|t| t.to).find(|s| s.swap_begun())
+}
+
 fn state_diagram<S: std::fmt::Debug + Copy>(
     first: S,
     table: &[Transition<S>],
     last: &[S],
+    notes: &[(S, &str)],
 ) -> String {
     let mut out = String::from("stateDiagram-v2\n");
     let _ = writeln!(out, "    [*] --> {first:?}");
@@ -159,16 +166,23 @@ fn state_diagram<S: std::fmt::Debug + Copy>(
     for s in last {
         let _ = writeln!(out, "    {s:?} --> [*]");
     }
+    for (s, note) in notes {
+        let _ = writeln!(out, "    note right of {s:?} : {note}");
+    }
     out
 }
 
 /// The two diagrams of `docs/architecture.md` (stages, then member steps) as Markdown: what
 /// stands there between the `BEGIN`/`END` comments generated from [`STAGES`] and [`STEPS`].
 pub fn mermaid() -> String {
+    let swap_note: Vec<(MemberStep, &str)> = first_swap_step()
+        .map(|s| (s, "swap begun, carried forward to Done on rollback"))
+        .into_iter()
+        .collect();
     format!(
         "### Stages of a request\n\n```mermaid\n{}```\n\n### Steps of a member\n\n```mermaid\n{}```\n",
-        state_diagram(FIRST_STAGE, STAGES, LAST_STAGES),
-        state_diagram(FIRST_STEP, STEPS, LAST_STEPS),
+        state_diagram(FIRST_STAGE, STAGES, LAST_STAGES, &[]),
+        state_diagram(FIRST_STEP, STEPS, LAST_STEPS, &swap_note),
     )
 }
 
@@ -360,6 +374,7 @@ mod tests {
             let rolled_back = advance(&mut member, MemberStep::RolledBack);
             assert_eq!(rolled_back.is_ok(), in_flight && !step.swap_begun());
         }
+        assert_eq!(first_swap_step(), Some(MemberStep::RetainingVolumes));
         // Carried forward: from every swap-begun step the normal transitions reach Done.
         for step in ALL_STEPS.into_iter().filter(|s| s.swap_begun()) {
             let mut at = step;
@@ -428,6 +443,9 @@ mod tests {
         ));
         assert!(text.contains("    Copying --> RolledBack : rollback\n"));
         assert!(text.contains("    RolledBack --> [*]\n"));
+        assert!(text.contains(
+            "    note right of RetainingVolumes : swap begun, carried forward to Done on rollback\n"
+        ));
         let arrows = text.lines().filter(|l| l.contains(" --> ")).count();
         let ends = 2 + LAST_STAGES.len() + LAST_STEPS.len();
         assert_eq!(arrows, STAGES.len() + STEPS.len() + ends);
