@@ -170,7 +170,10 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
         .unwrap_or(cx.status.members.len());
     cx.status.members.insert(to, ms);
     cx.advance_member(to, MemberStep::CreatingClaim);
-    cx.status.members[to].started = Some(cx.now.clone());
+    let now = cx.now.clone();
+    if let Some(ms) = cx.status.members.get_mut(to) {
+        ms.started = Some(now);
+    }
     let n = cx.status.members.len();
     let message = format!("migrating member {next} ({}/{n})", to + 1);
     cx.set_condition(conditions::PROGRESSING, true, "Migrating", &message);
