@@ -139,11 +139,13 @@ pub fn advance(member: &mut MemberStatus, to: MemberStep) -> Result<(), Transiti
     Ok(())
 }
 
-/// The first stage of a request and of a member.
+/// The stage a request starts in.
 const FIRST_STAGE: Stage = Stage::Preflight;
+/// The step a member starts in.
 const FIRST_STEP: MemberStep = MemberStep::Pending;
-/// The stages and steps a request or a member ends in.
+/// The stages a request ends in (no transition leaves them).
 const LAST_STAGES: &[Stage] = &[Stage::Done];
+/// The steps a member ends in (no transition leaves them).
 const LAST_STEPS: &[MemberStep] = &[MemberStep::Done, MemberStep::RolledBack];
 
 /// The step from which a member's swap has begun (`MemberStep::swap_begun`): the first one the

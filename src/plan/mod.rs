@@ -292,7 +292,7 @@ pub(crate) struct Ctx<'a> {
     pub requeue: Duration,
     pub now: Time,
     /// The first transition this decision tried that [`machine`] refused (see [`Ctx::finish`]).
-    pub rejected: Option<machine::TransitionError>,
+    rejected: Option<machine::TransitionError>,
 }
 
 impl<'a> Ctx<'a> {
