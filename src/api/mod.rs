@@ -247,7 +247,8 @@ impl Phase {
 }
 
 /// Where the whole request stands. Recorded before the step's destructive action is taken, so a
-/// restarted operator resumes from it.
+/// restarted operator resumes from it. The allowed transitions are listed in
+/// `plan::machine::STAGES`.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum Stage {
     /// Checking the request against the cluster; nothing touched yet.
@@ -261,14 +262,17 @@ pub enum Stage {
     RecreatingStatefulSet,
     /// Applying the old-PV policy, labelling old PVs, removing temporary objects.
     Finalizing,
-    /// Failure or timeout: undoing the member in flight, recreating the StatefulSet to fit.
+    /// Failure, timeout or deletion: undoing the member in flight, recreating the StatefulSet to
+    /// fit.
     RollingBack,
+    /// Ended; the phase says how (`Successful`, `Failed` or `Denied`).
     Done,
 }
 
 /// Where one member stands: the step in progress. Entering a step is recorded in the status
 /// before the step's action is taken, and every action is idempotent, so a restarted operator
-/// carries on with the recorded step.
+/// carries on with the recorded step. The allowed transitions are listed in
+/// `plan::machine::STEPS`.
 #[derive(
     Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
 )]

@@ -1,20 +1,21 @@
 //! One member's migration, one function per [`MemberStep`]. Each function looks at what the
 //! cluster shows for its step and either acts (idempotently), waits, advances to the next step
-//! (status first), or fails (before the swap only: the request then rolls back).
+//! (status first, through [`super::machine`]), or fails (before the swap only: the request then
+//! rolls back).
 
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 
-use super::stages::{StashKey, stash, stuck};
+use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
-    claim_volume, class_is_wffc, is_terminating, pod_ready, pod_ready_since, progress,
+    claim_volume, class_is_wffc, is_terminating, pod_ready, pod_ready_since, progress, stuck,
     volume_policy,
 };
 use crate::api::conditions;
-use crate::api::{MemberStatus, MemberStep, PlannedMember};
+use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember};
 use crate::build::{self, JobKind, JobResult};
 use crate::engine::{self, Gate};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
@@ -43,14 +44,16 @@ fn member(cx: &Ctx, i: usize) -> Result<Member, Failure> {
         .members
         .get(i)
         .cloned()
-        .ok_or_else(|| Failure(format!("no member status #{i}")))?;
+        .ok_or(Failure::NoMemberStatus { index: i })?;
     let m = cx
         .status
         .plan
         .as_ref()
         .and_then(|p| p.members.iter().find(|m| m.pod == ms.pod))
         .cloned()
-        .ok_or_else(|| Failure(format!("member {} is not in the plan", ms.pod)))?;
+        .ok_or_else(|| Failure::NotInPlan {
+            pod: ms.pod.clone(),
+        })?;
     Ok(Member { i, m, ms })
 }
 
@@ -75,9 +78,7 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
 
 /// Records the member's next step (the next decision carries it out).
 fn advance(cx: &mut Ctx, mb: &Member, next: MemberStep) {
-    if let Some(ms) = cx.status.members.get_mut(mb.i) {
-        ms.step = next;
-    }
+    cx.advance_member(mb.i, next);
     cx.requeue = Duration::ZERO;
 }
 
@@ -104,7 +105,7 @@ fn run_job(
     cx: &mut Ctx,
     mb: &Member,
     kind: JobKind,
-    failed: impl FnOnce(&str) -> String,
+    failed: impl FnOnce(String) -> Failure,
 ) -> Result<Option<Option<JobResult>>, Failure> {
     match job_outcome(cx, mb, kind).cloned() {
         None => {
@@ -115,7 +116,7 @@ fn run_job(
             cx.wait(Duration::from_secs(1));
             Ok(None)
         }
-        Some(JobOutcome::Failed { reason }) => Err(Failure(failed(&reason))),
+        Some(JobOutcome::Failed { reason }) => Err(failed(reason)),
         Some(JobOutcome::Succeeded { message }) => Ok(Some(
             message
                 .as_deref()
@@ -195,88 +196,27 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let wffc = target.is_some_and(class_is_wffc);
     let mounter = build::mounter_name(&cx.name(), &m.pod);
     let Some(temp) = cx.o.claims.get(&m.temp_claim) else {
-        let Some(original) = cx.o.claims.get(&m.claim) else {
-            return Err(Failure(format!(
-                "claim {} of member {} disappeared",
-                m.claim, m.pod
-            )));
-        };
-        let mut claim = build::temp_claim(&cx.req, &plan, m, original);
-        if !wffc {
-            // An Immediate class may place the volume on any node; provisioners that honour
-            // the selected-node annotation put it where the member's data is.
-            claim
-                .annotations_mut()
-                .insert(SELECTED_NODE_ANNOTATION.to_string(), m.node.clone());
-        }
-        cx.event(
-            EventType::Normal,
-            "ClaimCreated",
-            format!(
-                "created temporary claim {} on StorageClass {} ({}) for member {}",
-                m.temp_claim, plan.target_storage_class, m.new_size.0, m.pod
-            ),
-        );
-        cx.act(Action::Create(Object::Claim(Box::new(claim))));
-        cx.wait(Duration::from_secs(1));
-        return Ok(());
+        return create_temp_claim(cx, mb, &plan, wffc);
     };
     if is_terminating(temp) {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
     match (claim_phase(temp), claim_volume(temp)) {
-        ("Bound", Some(volume)) => {
-            if mb.ms.new_volume.as_deref() != Some(volume) {
-                if let Some(ms) = ms_mut(cx, mb) {
-                    ms.new_volume = Some(volume.to_string());
-                }
-                cx.requeue = Duration::ZERO;
-                return Ok(());
-            }
-            if let Some(pv) = cx.o.volumes.get(volume)
-                && !volume_reachable_from(pv, &m.node)
-            {
-                return Err(Failure(format!(
-                    "new volume {volume} was provisioned where node {} (member {}) cannot reach it",
-                    m.node, m.pod
-                )));
-            }
-            if let Some(pod) = cx.o.helper_pods.get(&mounter) {
-                if !is_terminating(pod) {
-                    let uid = pod.uid();
-                    cx.act(Action::Delete {
-                        kind: Kind::Pod,
-                        name: mounter,
-                        propagation: Propagation::Background,
-                        uid,
-                    });
-                }
-                cx.wait(Duration::from_secs(1));
-                return Ok(());
-            }
-            let original = cx.o.claims.get(&m.claim);
-            let pre_copy = cx.spec().copy.pre_copy && !original.is_some_and(is_rwop);
-            advance(
-                cx,
-                mb,
-                if pre_copy {
-                    MemberStep::PreCopying
-                } else {
-                    MemberStep::GatingStop
-                },
-            );
-        }
+        ("Bound", Some(volume)) => temp_claim_bound(cx, mb, volume, mounter)?,
         ("Lost", _) => {
-            return Err(Failure(format!(
-                "temporary claim {} lost its volume",
-                m.temp_claim
-            )));
+            return Err(Failure::TempClaimLost {
+                claim: m.temp_claim.clone(),
+            });
         }
         _ => {
             if wffc && !cx.o.helper_pods.contains_key(&mounter) {
-                let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, m))
-                    .map_err(|e| Failure(format!("cannot build the mounter pod: {e}")))?;
+                let pod =
+                    build::Manifest::from_typed(build::mounter_pod(&cx.req, m)).map_err(|e| {
+                        Failure::MounterPod {
+                            error: e.to_string(),
+                        }
+                    })?;
                 cx.act(Action::Create(Object::Pod(Box::new(pod))));
             }
             cx.wait(Duration::from_secs(1));
@@ -285,11 +225,95 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Creates the temporary claim from the member's original claim.
+fn create_temp_claim(cx: &mut Ctx, mb: &Member, plan: &Plan, wffc: bool) -> Result<(), Failure> {
+    let m = &mb.m;
+    let Some(original) = cx.o.claims.get(&m.claim) else {
+        return Err(Failure::ClaimDisappeared {
+            claim: m.claim.clone(),
+            pod: m.pod.clone(),
+        });
+    };
+    let mut claim = build::temp_claim(&cx.req, plan, m, original);
+    if !wffc {
+        // An Immediate class may place the volume on any node; provisioners that honour
+        // the selected-node annotation put it where the member's data is.
+        claim
+            .annotations_mut()
+            .insert(SELECTED_NODE_ANNOTATION.to_string(), m.node.clone());
+    }
+    cx.event(
+        EventType::Normal,
+        "ClaimCreated",
+        format!(
+            "created temporary claim {} on StorageClass {} ({}) for member {}",
+            m.temp_claim, plan.target_storage_class, m.new_size.0, m.pod
+        ),
+    );
+    cx.act(Action::Create(Object::Claim(Box::new(claim))));
+    cx.wait(Duration::from_secs(1));
+    Ok(())
+}
+
+/// The temporary claim is bound to `volume`: record the volume, check the member's node reaches
+/// it, remove the mounter pod, then go on with the pre-copy, or straight to the gate before the
+/// stop when the pre-copy is off or the original claim is ReadWriteOncePod (no second mount).
+fn temp_claim_bound(
+    cx: &mut Ctx,
+    mb: &Member,
+    volume: &str,
+    mounter: String,
+) -> Result<(), Failure> {
+    let m = &mb.m;
+    if mb.ms.new_volume.as_deref() != Some(volume) {
+        if let Some(ms) = ms_mut(cx, mb) {
+            ms.new_volume = Some(volume.to_string());
+        }
+        cx.requeue = Duration::ZERO;
+        return Ok(());
+    }
+    if let Some(pv) = cx.o.volumes.get(volume)
+        && !volume_reachable_from(pv, &m.node)
+    {
+        return Err(Failure::VolumeUnreachable {
+            volume: volume.to_string(),
+            node: m.node.clone(),
+            pod: m.pod.clone(),
+        });
+    }
+    if let Some(pod) = cx.o.helper_pods.get(&mounter) {
+        if !is_terminating(pod) {
+            let uid = pod.uid();
+            cx.act(Action::Delete {
+                kind: Kind::Pod,
+                name: mounter,
+                propagation: Propagation::Background,
+                uid,
+            });
+        }
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+    let original = cx.o.claims.get(&m.claim);
+    let pre_copy = cx.spec().copy.pre_copy && !original.is_some_and(is_rwop);
+    advance(
+        cx,
+        mb,
+        if pre_copy {
+            MemberStep::PreCopying
+        } else {
+            MemberStep::GatingStop
+        },
+    );
+    Ok(())
+}
+
 /// First rsync pass while the member serves.
 fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let pod = mb.m.pod.clone();
-    let Some(result) = run_job(cx, mb, JobKind::PreCopy, |reason| {
-        format!("pre-copy of member {pod} failed: {reason}")
+    let Some(result) = run_job(cx, mb, JobKind::PreCopy, |reason| Failure::PreCopyFailed {
+        pod,
+        reason,
     })?
     else {
         return Ok(());
@@ -389,10 +413,7 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             // The raw JSON as the API server returned it: recreated from it, the pod keeps
             // every field, also those our API structs do not know.
             Some(p) if !is_terminating(p.typed()) => stash(cx, StashKey::Pod(m.pod.clone()), &p),
-            _ => Err(Failure(format!(
-                "pod {} disappeared before its manifest was stashed",
-                m.pod
-            ))),
+            _ => Err(Failure::PodDisappeared { pod: m.pod.clone() }),
         };
     }
     match pod {
@@ -434,16 +455,12 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
     if cx.o.pods.contains_key(&m.pod) {
-        return Err(Failure(format!(
-            "member pod {} came back during its copy (something else recreated it)",
-            m.pod
-        )));
+        return Err(Failure::PodCameBack { pod: m.pod.clone() });
     }
-    let Some(copied) = run_job(cx, mb, JobKind::Copy, |reason| {
-        format!(
-            "copy of claim {} to {} failed: {reason}",
-            m.claim, m.temp_claim
-        )
+    let Some(copied) = run_job(cx, mb, JobKind::Copy, |reason| Failure::CopyFailed {
+        claim: m.claim.clone(),
+        temp_claim: m.temp_claim.clone(),
+        reason,
     })?
     else {
         return Ok(());
@@ -468,8 +485,9 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         );
     }
     if cx.spec().copy.verify {
-        let Some(verified) = run_job(cx, mb, JobKind::Verify, |reason| {
-            format!("verification of member {} failed: {reason}", m.pod)
+        let Some(verified) = run_job(cx, mb, JobKind::Verify, |reason| Failure::VerifyFailed {
+            pod: m.pod.clone(),
+            reason,
         })?
         else {
             return Ok(());
@@ -484,16 +502,18 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 ),
             ),
             Some(n) => {
-                return Err(Failure(format!(
-                    "verification of member {} found {n} differences between {} and {}",
-                    m.pod, m.claim, m.temp_claim
-                )));
+                return Err(Failure::Differences {
+                    pod: m.pod.clone(),
+                    differences: n,
+                    claim: m.claim.clone(),
+                    temp_claim: m.temp_claim.clone(),
+                });
             }
             None => {
-                return Err(Failure(format!(
-                    "verification of member {} reported no result ({verified:?})",
-                    m.pod
-                )));
+                return Err(Failure::NoVerification {
+                    pod: m.pod.clone(),
+                    result: verified.map(Box::new),
+                });
             }
         }
     }
@@ -778,8 +798,8 @@ fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jif
         let back = ready_since.filter(|t| t >= &deleted.0).unwrap_or(now.0);
         (back.as_millisecond() - deleted.0.as_millisecond()) as f64 / 1000.0
     });
+    cx.advance_member(mb.i, MemberStep::Done);
     if let Some(ms) = ms_mut(cx, mb) {
-        ms.step = MemberStep::Done;
         ms.finished = Some(now);
         ms.downtime_seconds = downtime;
     }
@@ -873,8 +893,8 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         m.old_volume,
         plan.source_storage_class.as_deref().unwrap_or("?")
     );
+    cx.advance_member(i, MemberStep::RolledBack);
     if let Some(ms) = cx.status.members.get_mut(i) {
-        ms.step = MemberStep::RolledBack;
         ms.message = Some(message.clone());
     }
     cx.event(

@@ -6,10 +6,13 @@
 //! successes), and the request's status records a step *before* the step's destructive action,
 //! so a decision re-derived after a crash at any point continues where the last one stopped.
 //!
-//! The planner reads top to bottom like the flow of the issue:
+//! The planner reads top to bottom in the order of the flow:
+//! - [`machine`]: the request's stages and a member's steps with every allowed transition; the
+//!   only writer of `status.stage` and `status.members[].step`;
 //! - [`preflight`]: checks, measuring (Shrink), then `Denied` or accepted with a plan;
 //! - [`stages`]: orphaning the StatefulSet, recreating it, finalizing, rolling back;
-//! - [`member`]: one function per [`MemberStep`] of the member in flight.
+//! - [`member`]: one function per [`MemberStep`] of the member in flight;
+//! - [`failure`]: why a request rolls back; [`stash`]: where manifests are saved.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -31,10 +34,15 @@ use crate::build::Manifest;
 use crate::engine::HealthReport;
 use crate::labels;
 
+pub mod failure;
+pub mod machine;
 pub mod member;
 pub mod preflight;
 pub mod quantity;
 pub mod stages;
+pub mod stash;
+
+pub use failure::Failure;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -283,11 +291,9 @@ pub(crate) struct Ctx<'a> {
     pub actions: Vec<Action>,
     pub requeue: Duration,
     pub now: Time,
+    /// The first transition this decision tried that [`machine`] refused (see [`Ctx::finish`]).
+    rejected: Option<machine::TransitionError>,
 }
-
-/// A reason to stop and roll back.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Failure(pub String);
 
 impl<'a> Ctx<'a> {
     pub(crate) fn new(o: &'a Observed) -> Self {
@@ -303,7 +309,33 @@ impl<'a> Ctx<'a> {
             actions: Vec::new(),
             requeue: REQUEUE_PROGRESSING,
             now: Time(o.now),
+            rejected: None,
         }
+    }
+
+    /// Moves the request to stage `to` through [`machine::enter_stage`]. A transition the
+    /// machine refuses leaves the stage as it is and turns the whole decision into "stuck" (see
+    /// [`Ctx::finish`]).
+    pub fn enter_stage(&mut self, to: Stage) {
+        if let Err(e) = machine::enter_stage(&mut self.status, to) {
+            self.reject(e);
+        }
+    }
+
+    /// Moves member `i` to step `to` through [`machine::advance`]; a refused transition is
+    /// handled like one of [`Ctx::enter_stage`].
+    pub fn advance_member(&mut self, i: usize, to: MemberStep) {
+        let result = match self.status.members.get_mut(i) {
+            Some(ms) => machine::advance(ms, to),
+            None => Err(machine::TransitionError::NoMember { index: i }),
+        };
+        if let Err(e) = result {
+            self.reject(e);
+        }
+    }
+
+    fn reject(&mut self, e: machine::TransitionError) {
+        self.rejected.get_or_insert(e);
     }
 
     pub fn spec(&self) -> &StorageMigrationRequestSpec {
@@ -362,7 +394,19 @@ impl<'a> Ctx<'a> {
         (total - elapsed).max(1)
     }
 
+    /// The decision: the status first when it changed, then the actions. When a transition was
+    /// refused, nothing of this decision is kept: the request is reported stuck instead (a
+    /// refused transition is a bug in the planner, and half a decision is not safe to carry
+    /// out).
     fn finish(self) -> Decision {
+        if let Some(e) = &self.rejected {
+            let mut fresh = Ctx::new(self.o);
+            stuck(
+                &mut fresh,
+                &format!("the planner tried a transition its state machine does not allow: {e}"),
+            );
+            return fresh.finish();
+        }
         let original = self.o.request.status.clone().unwrap_or_default();
         let mut actions = Vec::with_capacity(self.actions.len() + 1);
         if self.status != original {
@@ -436,15 +480,12 @@ pub fn decide(o: &Observed) -> Decision {
         Stage::OrphaningStatefulSet | Stage::Migrating
     ) && cx.status.failure.is_none()
     {
-        if let Some(reason) = expired(&cx) {
-            start_rollback(&mut cx, Failure(reason));
+        if let Some(failure) = expired(&cx) {
+            start_rollback(&mut cx, failure);
             return cx.finish();
         }
         if deleting {
-            start_rollback(
-                &mut cx,
-                Failure("the request was deleted while progressing".to_string()),
-            );
+            start_rollback(&mut cx, Failure::Deleted);
             return cx.finish();
         }
     }
@@ -463,7 +504,9 @@ pub fn decide(o: &Observed) -> Decision {
             Ok(())
         }
     };
-    if let Err(failure) = result {
+    if let Err(failure) = result
+        && cx.rejected.is_none()
+    {
         let mut fresh = Ctx::new(o);
         spec_change(&mut fresh);
         start_rollback(&mut fresh, failure);
@@ -472,25 +515,37 @@ pub fn decide(o: &Observed) -> Decision {
     cx.finish()
 }
 
-/// `Some(reason)` once the request's timeout has expired.
-fn expired(cx: &Ctx) -> Option<String> {
+/// `Some(Failure::TimedOut)` once the request's timeout has expired.
+fn expired(cx: &Ctx) -> Option<Failure> {
     let start = cx.status.start_time.as_ref()?;
     let total = timeout_seconds(&cx.spec().timeout).ok()?;
     let elapsed = cx.o.now.as_second() - start.0.as_second();
-    (elapsed > total).then(|| format!("the request's timeout of {} expired", cx.spec().timeout))
+    (elapsed > total).then(|| Failure::TimedOut {
+        timeout: cx.spec().timeout.clone(),
+    })
 }
 
 /// Records the failure and moves to RollingBack (status first: the rollback's actions follow on
 /// the next decision).
 pub(crate) fn start_rollback(cx: &mut Ctx, failure: Failure) {
-    let Failure(reason) = failure;
+    let reason = failure.to_string();
     cx.actions.clear();
     cx.status.failure = Some(reason.clone());
-    cx.status.stage = Stage::RollingBack;
+    cx.enter_stage(Stage::RollingBack);
     cx.status.message = Some(format!("rolling back: {reason}"));
     cx.set_condition(conditions::PROGRESSING, true, "RollingBack", &reason);
     cx.event(EventType::Warning, "RollingBack", reason);
     cx.requeue = Duration::ZERO;
+}
+
+/// Something is broken in a way the operator cannot fix by itself: say so and keep looking.
+pub(crate) fn stuck(cx: &mut Ctx, reason: &str) {
+    let message = format!("stuck: {reason}");
+    if cx.status.message.as_deref() != Some(message.as_str()) {
+        cx.status.message = Some(message.clone());
+        cx.event(EventType::Warning, "Stuck", message);
+    }
+    cx.wait(REQUEUE_WAITING);
 }
 
 /// A spec changed after acceptance is ignored, once said in a condition and an Event.

@@ -1,22 +1,23 @@
 //! The request's stages after acceptance, in the order of the flow: orphaning the StatefulSet,
 //! migrating members (one at a time, see [`super::member`]), recreating the StatefulSet,
-//! finalizing; and rolling back on failure or timeout.
+//! finalizing; and rolling back on failure or timeout. Stage changes go through
+//! [`super::machine`] (`Ctx::enter_stage`).
 
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
-use serde::Serialize;
 
 use super::member::{self, Mode};
 use super::preflight::choose_template;
+use super::stash::{StashKey, stash};
 use super::{
-    Action, Ctx, EventType, Failure, Kind, Object, Propagation, REQUEUE_WAITING, StashTarget,
-    claim_class, claim_request, in_flight, is_terminating, progress, volume_policy,
+    Action, Ctx, EventType, Failure, Kind, Object, Propagation, claim_class, claim_request,
+    in_flight, is_terminating, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
-use crate::api::{MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage};
+use crate::api::{MemberStatus, MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage};
 use crate::build::{self, Manifest};
 use crate::engine;
 use crate::labels;
@@ -24,72 +25,11 @@ use crate::labels;
 /// The retention policy that cannot delete claims (JSON of the policy object).
 pub const PROTECTED_RETENTION_POLICY: &str = r#"{"whenDeleted":"Retain","whenScaled":"Retain"}"#;
 
-/// A stashed manifest's key.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum StashKey {
-    StatefulSet,
-    Pod(String),
-    Claim(String),
-}
-
-impl StashKey {
-    pub fn annotation(&self) -> String {
-        match self {
-            StashKey::StatefulSet => labels::STASH_STATEFULSET_ANNOTATION.to_string(),
-            StashKey::Pod(pod) => build::stash_pod_annotation(pod),
-            StashKey::Claim(claim) => format!("{}{claim}", labels::STASH_CLAIM_ANNOTATION_PREFIX),
-        }
-    }
-
-    /// The key in the stash ConfigMap: the annotation without its prefix (ConfigMap keys allow
-    /// no `/`).
-    pub fn config_map_key(&self) -> String {
-        build::stash::stash_config_map_key(&self.annotation()).to_string()
-    }
-}
-
-/// Stores `obj` in the stash: on the request while the annotation budget allows, else in the
-/// stash ConfigMap (recorded in the status first).
-pub(crate) fn stash<T: Serialize>(cx: &mut Ctx, key: StashKey, obj: &T) -> Result<(), Failure> {
-    let value = build::stash_encode(obj)
-        .map_err(|e| Failure(format!("cannot stash {}: {e}", key.annotation())))?;
-    let annotation = key.annotation();
-    let name_part = annotation
-        .rsplit_once('/')
-        .map_or(annotation.as_str(), |(_, n)| n);
-    let target = match &cx.status.stash_config_map {
-        Some(cm) => StashTarget::ConfigMap {
-            name: cm.clone(),
-            key: key.config_map_key(),
-        },
-        None => {
-            let current = cx.o.request.annotations();
-            if name_part.len() <= 63
-                && build::stash_fits_in_annotations(current, [(&annotation, &value)])
-            {
-                StashTarget::Annotation(annotation)
-            } else {
-                let cm = build::stash_config_map_name(&cx.name());
-                cx.status.stash_config_map = Some(cm.clone());
-                StashTarget::ConfigMap {
-                    name: cm,
-                    key: key.config_map_key(),
-                }
-            }
-        }
-    };
-    cx.act(Action::Stash { target, value });
-    Ok(())
-}
-
 fn plan(cx: &Ctx) -> Result<Plan, Failure> {
-    cx.status
-        .plan
-        .clone()
-        .ok_or_else(|| Failure("the status has no plan".to_string()))
+    cx.status.plan.clone().ok_or(Failure::NoPlan)
 }
 
-/// Step 2: stash the StatefulSet, make its retention policy and the claims' ownerReferences
+/// Stash the StatefulSet, make its retention policy and the claims' ownerReferences
 /// unable to delete a claim, orphan-delete it, wait until it is gone.
 pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
@@ -99,10 +39,9 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
             .filter(|s| !is_terminating(s.typed()));
     if cx.o.stash.stateful_set.is_none() {
         let Some(set) = &live else {
-            return Err(Failure(format!(
-                "StatefulSet {} disappeared before it was stashed",
-                plan.stateful_set
-            )));
+            return Err(Failure::StatefulSetDisappeared {
+                name: plan.stateful_set.clone(),
+            });
         };
         return stash(cx, StashKey::StatefulSet, set);
     }
@@ -148,7 +87,7 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
         }
         Some(_) => cx.wait(Duration::from_secs(1)),
         None => {
-            cx.status.stage = Stage::Migrating;
+            cx.enter_stage(Stage::Migrating);
             cx.set_condition(
                 conditions::PROGRESSING,
                 true,
@@ -189,7 +128,7 @@ fn protect_claim(cx: &mut Ctx, m: &PlannedMember) {
     }
 }
 
-/// Step 3: one member at a time, the member in flight first, then the engine's choice.
+/// One member at a time, the member in flight first, then the engine's choice.
 pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
     if let Some(i) = in_flight(&cx.status) {
         return member::step(cx, i, Mode::Forward);
@@ -202,7 +141,7 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
         .map(|m| m.pod.clone())
         .collect();
     if remaining.is_empty() {
-        cx.status.stage = Stage::RecreatingStatefulSet;
+        cx.enter_stage(Stage::RecreatingStatefulSet);
         cx.set_condition(
             conditions::PROGRESSING,
             true,
@@ -222,16 +161,19 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
     let Some(from) = cx.status.members.iter().position(|m| m.pod == next) else {
         return Ok(());
     };
-    let mut ms = cx.status.members.remove(from);
+    let ms = cx.status.members.remove(from);
     let to = cx
         .status
         .members
         .iter()
         .position(|m| m.step == MemberStep::Pending)
         .unwrap_or(cx.status.members.len());
-    ms.step = MemberStep::CreatingClaim;
-    ms.started = Some(cx.now.clone());
     cx.status.members.insert(to, ms);
+    cx.advance_member(to, MemberStep::CreatingClaim);
+    let now = cx.now.clone();
+    if let Some(ms) = cx.status.members.get_mut(to) {
+        ms.started = Some(now);
+    }
     let n = cx.status.members.len();
     let message = format!("migrating member {next} ({}/{n})", to + 1);
     cx.set_condition(conditions::PROGRESSING, true, "Migrating", &message);
@@ -268,8 +210,11 @@ fn recreate_stateful_set(
 ) -> Result<(), Failure> {
     let (class, size) = template_fit(cx, plan, stashed);
     let retention = match cx.status.original_retention_policy.as_deref() {
-        Some(json) => build::parse_retention_policy(json)
-            .map_err(|e| Failure(format!("cannot restore the retention policy: {e}")))?,
+        Some(json) => {
+            build::parse_retention_policy(json).map_err(|e| Failure::RetentionPolicy {
+                error: e.to_string(),
+            })?
+        }
         None => stashed
             .spec
             .as_ref()
@@ -303,7 +248,7 @@ fn recreate_stateful_set(
     Ok(())
 }
 
-/// Step 4a: recreate the StatefulSet from the stash with the new template; wait until it has
+/// Recreate the StatefulSet from the stash with the new template; wait until it has
 /// adopted its pods.
 pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
@@ -322,7 +267,7 @@ pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
         Some(set) if is_terminating(set.typed()) => cx.wait(Duration::from_secs(1)),
         Some(set) => {
             if adopted(&set) {
-                cx.status.stage = Stage::Finalizing;
+                cx.enter_stage(Stage::Finalizing);
                 cx.set_condition(
                     conditions::PROGRESSING,
                     true,
@@ -401,11 +346,9 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
     pending
 }
 
-/// Step 4b: old-volume policy, labels, cleanup, `Successful`.
+/// Old-volume policy, labels, cleanup, `Successful`.
 pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
-    let req_name = cx.name();
-    let explicit = cx.spec().old_pv_reclaim_policy;
     for ms in cx.status.members.clone() {
         if ms.step != MemberStep::Done {
             continue;
@@ -413,27 +356,7 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
             continue;
         };
-        if let Some(old) = cx.o.volumes.get(&m.old_volume) {
-            if old.labels().get(labels::MIGRATED_BY_LABEL) != Some(&req_name) {
-                cx.act(Action::LabelVolume {
-                    volume: m.old_volume.clone(),
-                });
-            }
-            let desired = match explicit {
-                Some(OldPvReclaimPolicy::Retain) => "Retain".to_string(),
-                Some(OldPvReclaimPolicy::Delete) => "Delete".to_string(),
-                None => ms
-                    .old_volume_original_policy
-                    .clone()
-                    .unwrap_or_else(|| "Retain".to_string()),
-            };
-            if volume_policy(old) != desired && !is_terminating(old) {
-                cx.act(Action::PatchReclaimPolicy {
-                    volume: m.old_volume.clone(),
-                    policy: desired,
-                });
-            }
-        }
+        settle_old_volume(cx, m, &ms);
         restore_new_volume_policy(cx, &ms);
     }
     let pending = clean_up(cx, &plan);
@@ -441,22 +364,67 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
-    let mut hash_note = String::new();
+    let hash_note = final_hash_note(cx);
+    succeed(cx, &plan, &hash_note);
+    Ok(())
+}
+
+/// A migrated member's old volume: labelled `migrated-by`, and given the policy the request asks
+/// for (by default the one it had before the swap).
+fn settle_old_volume(cx: &mut Ctx, m: &PlannedMember, ms: &MemberStatus) {
+    let Some(old) = cx.o.volumes.get(&m.old_volume) else {
+        return;
+    };
+    label_old_volume(cx, m);
+    let desired = match cx.spec().old_pv_reclaim_policy {
+        Some(OldPvReclaimPolicy::Retain) => "Retain".to_string(),
+        Some(OldPvReclaimPolicy::Delete) => "Delete".to_string(),
+        None => ms
+            .old_volume_original_policy
+            .clone()
+            .unwrap_or_else(|| "Retain".to_string()),
+    };
+    if volume_policy(old) != desired && !is_terminating(old) {
+        cx.act(Action::PatchReclaimPolicy {
+            volume: m.old_volume.clone(),
+            policy: desired,
+        });
+    }
+}
+
+/// Labels a migrated member's old volume `migrated-by=<request>` unless it already is.
+fn label_old_volume(cx: &mut Ctx, m: &PlannedMember) {
+    let req_name = cx.name();
+    if let Some(old) = cx.o.volumes.get(&m.old_volume)
+        && old.labels().get(labels::MIGRATED_BY_LABEL) != Some(&req_name)
+    {
+        cx.act(Action::LabelVolume {
+            volume: m.old_volume.clone(),
+        });
+    }
+}
+
+/// Records the engine's final hash (when it computes one); the note for the final message.
+fn final_hash_note(cx: &mut Ctx) -> String {
     match &cx.o.final_hash {
         Some(Ok(Some(hash))) => {
             cx.status.final_hash = Some(hash.clone());
-            hash_note = format!("; every member's hash_kv is {hash}");
+            format!("; every member's hash_kv is {hash}")
         }
-        Some(Ok(None)) | None => {}
+        Some(Ok(None)) | None => String::new(),
         Some(Err(e)) => {
             cx.event(
                 EventType::Warning,
                 "FinalCheckFailed",
                 format!("the final consistency check failed: {e}"),
             );
-            hash_note = format!("; final consistency check failed: {e}");
+            format!("; final consistency check failed: {e}")
         }
     }
+}
+
+/// The request ends `Successful`: status, conditions, Event, finalizer removed.
+fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
     let downtimes: Vec<String> = cx
         .status
         .members
@@ -480,13 +448,19 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         downtimes.join(", ")
     );
     cx.status.phase = Phase::Successful;
-    cx.status.stage = Stage::Done;
+    cx.enter_stage(Stage::Done);
     cx.status.completion_time = Some(cx.now.clone());
     cx.status.progress = Some(progress(&cx.status));
     cx.status.message = Some(message.clone());
     cx.set_condition(conditions::READY, true, "Successful", &message);
     cx.set_condition(conditions::PROGRESSING, false, "Done", "migration finished");
     cx.event(EventType::Normal, "Successful", message);
+    remove_finalizer(cx);
+    cx.requeue = super::REQUEUE_FINAL;
+}
+
+/// Removes the request's finalizer when it has it (the request has ended).
+fn remove_finalizer(cx: &mut Ctx) {
     if cx
         .o
         .request
@@ -496,13 +470,11 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
     {
         cx.act(Action::RemoveFinalizer);
     }
-    cx.requeue = super::REQUEUE_FINAL;
-    Ok(())
 }
 
 /// The new volume was set to Retain for the swap; it is now the member's live volume and gets
 /// back the policy its class gave it.
-fn restore_new_volume_policy(cx: &mut Ctx, ms: &crate::api::MemberStatus) {
+fn restore_new_volume_policy(cx: &mut Ctx, ms: &MemberStatus) {
     let (Some(name), Some(original)) = (&ms.new_volume, &ms.new_volume_original_policy) else {
         return;
     };
@@ -521,28 +493,60 @@ fn restore_new_volume_policy(cx: &mut Ctx, ms: &crate::api::MemberStatus) {
 /// is carried forward; then the StatefulSet is recreated with a template that fits; `Failed`.
 pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
+    if roll_back_member_in_flight(cx) {
+        return Ok(());
+    }
+    if restore_stateful_set(cx, &plan)? {
+        return Ok(());
+    }
+    // Migrated members keep their new volume: its policy goes back to the class's.
+    for ms in cx.status.members.clone() {
+        if ms.step != MemberStep::Done {
+            continue;
+        }
+        restore_new_volume_policy(cx, &ms);
+        if let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) {
+            label_old_volume(cx, m);
+        }
+    }
+    let pending = clean_up(cx, &plan);
+    if !cx.actions.is_empty() || pending {
+        cx.wait(Duration::from_secs(1));
+        return Ok(());
+    }
+    fail(cx, &plan);
+    Ok(())
+}
+
+/// The first member in flight: undone before its swap, carried forward after it begun. True when
+/// there was one (the rest of the rollback waits for it).
+fn roll_back_member_in_flight(cx: &mut Ctx) -> bool {
     for i in 0..cx.status.members.len() {
         let step = cx.status.members[i].step;
         match step {
             MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => continue,
             s if s.swap_begun() => {
-                if let Err(Failure(reason)) = member::step(cx, i, Mode::Rollback) {
-                    stuck(cx, &reason);
+                if let Err(failure) = member::step(cx, i, Mode::Rollback) {
+                    stuck(cx, &failure.to_string());
                 }
-                return Ok(());
+                return true;
             }
             _ => {
                 member::undo(cx, i);
-                return Ok(());
+                return true;
             }
         }
     }
+    false
+}
 
-    // The StatefulSet: restore the original when it was never deleted, else recreate it.
+/// The StatefulSet: the original's retention policy restored when it was never deleted, else
+/// recreated from the stash. True while that is under way.
+fn restore_stateful_set(cx: &mut Ctx, plan: &Plan) -> Result<bool, Failure> {
     match cx.o.stateful_set.clone() {
         Some(set) if is_terminating(set.typed()) => {
             cx.wait(Duration::from_secs(1));
-            return Ok(());
+            Ok(true)
         }
         Some(set) => {
             if cx.o.stash.stateful_set.is_some()
@@ -554,49 +558,32 @@ pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
                     stateful_set: set.name_any(),
                     policy: original,
                 });
-                return Ok(());
+                return Ok(true);
             }
+            Ok(false)
         }
         None => {
             if let Some(stashed) = cx.o.stash.stateful_set.clone() {
-                recreate_stateful_set(cx, &plan, &stashed)?;
+                recreate_stateful_set(cx, plan, &stashed)?;
                 cx.wait(Duration::from_secs(1));
-                return Ok(());
+                return Ok(true);
             }
+            Ok(false)
         }
     }
+}
 
-    // Migrated members keep their new volume: its policy goes back to the class's.
-    let req_name = cx.name();
-    for ms in cx.status.members.clone() {
-        if ms.step != MemberStep::Done {
-            continue;
-        }
-        restore_new_volume_policy(cx, &ms);
-        if let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod)
-            && let Some(old) = cx.o.volumes.get(&m.old_volume)
-            && old.labels().get(labels::MIGRATED_BY_LABEL) != Some(&req_name)
-        {
-            cx.act(Action::LabelVolume {
-                volume: m.old_volume.clone(),
-            });
-        }
-    }
-    let pending = clean_up(cx, &plan);
-    if !cx.actions.is_empty() || pending {
-        cx.wait(Duration::from_secs(1));
-        return Ok(());
-    }
-
+/// The request ends `Failed`, saying where each member's data is.
+fn fail(cx: &mut Ctx, plan: &Plan) {
     let failure = cx
         .status
         .failure
         .clone()
         .unwrap_or_else(|| "unknown failure".to_string());
-    let locations = data_locations(cx, &plan);
+    let locations = data_locations(cx, plan);
     let message = format!("failed: {failure}. Data: {locations}");
     cx.status.phase = Phase::Failed;
-    cx.status.stage = Stage::Done;
+    cx.enter_stage(Stage::Done);
     cx.status.completion_time = Some(cx.now.clone());
     cx.status.progress = Some(progress(&cx.status));
     cx.status.message = Some(message.clone());
@@ -609,17 +596,8 @@ pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
         "rollback finished",
     );
     cx.event(EventType::Warning, "Failed", message);
-    if cx
-        .o
-        .request
-        .finalizers()
-        .iter()
-        .any(|f| f == labels::FINALIZER)
-    {
-        cx.act(Action::RemoveFinalizer);
-    }
+    remove_finalizer(cx);
     cx.requeue = super::REQUEUE_FINAL;
-    Ok(())
 }
 
 /// For each member: which claim, volume and class hold its data now.
@@ -648,14 +626,4 @@ fn data_locations(cx: &Ctx, plan: &Plan) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
-}
-
-/// Something is broken in a way the operator cannot fix by itself: say so and keep looking.
-pub(crate) fn stuck(cx: &mut Ctx, reason: &str) {
-    let message = format!("stuck: {reason}");
-    if cx.status.message.as_deref() != Some(message.as_str()) {
-        cx.status.message = Some(message.clone());
-        cx.event(EventType::Warning, "Stuck", message);
-    }
-    cx.wait(REQUEUE_WAITING);
 }

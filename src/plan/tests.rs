@@ -33,6 +33,34 @@ fn denial_reason(d: &Decision) -> (String, String) {
     (c.reason.clone(), c.message.clone())
 }
 
+/// Every status the planner wrote during the run moved the stage and each member's step only
+/// along the transitions of [`machine`].
+fn assert_machine_transitions(sim: &Sim) {
+    let mut stage = Stage::Preflight;
+    let mut steps: std::collections::BTreeMap<String, MemberStep> = Default::default();
+    for a in &sim.log {
+        let Action::SetStatus(s) = a else {
+            continue;
+        };
+        assert!(
+            s.stage == stage || machine::stage_allowed(stage, s.stage),
+            "stage {stage:?} -> {:?} is not in machine::STAGES",
+            s.stage
+        );
+        stage = s.stage;
+        for m in &s.members {
+            let from = steps.get(&m.pod).copied().unwrap_or_default();
+            assert!(
+                m.step == from || machine::step_allowed(from, m.step),
+                "member {}: {from:?} -> {:?} is not in machine::STEPS",
+                m.pod,
+                m.step
+            );
+            steps.insert(m.pod.clone(), m.step);
+        }
+    }
+}
+
 fn not_ready(o: &mut Observed, pod: &str) {
     o.pods.get_mut(pod).unwrap().update(|p| {
         p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
@@ -296,6 +324,7 @@ fn storage_class_change_runs_to_success() {
     );
     assert_eq!(s.progress.as_deref(), Some("3/3"));
     assert!(sim.o.request.finalizers().is_empty());
+    assert_machine_transitions(&sim);
     for i in 0..3 {
         let claim = &sim.o.claims[&format!("data-etcd-{i}")];
         assert_eq!(claim_class(claim), Some("fast"));
@@ -357,6 +386,7 @@ fn shrink_measures_then_runs_to_success() {
     sim.run(400);
     let s = sim.o.request.status.clone().unwrap();
     assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert_machine_transitions(&sim);
     let plan = s.plan.unwrap();
     assert!(plan.members.iter().all(|m| m.used_bytes == Some(100 << 20)));
     for (i, node) in NODES.iter().enumerate() {
@@ -462,6 +492,7 @@ fn crash_at_any_point_resumes_to_the_same_end() {
                 sim.log.contains(&Action::AddFinalizer),
                 "crash at {crash_at}/{keep}: the finalizer was never added"
             );
+            assert_machine_transitions(&sim);
             assert_eq!(sim.o.pods.len(), 3);
         }
     }
@@ -510,6 +541,7 @@ fn failed_copy_rolls_back_the_member_and_restores_the_set() {
     assert!(sim.reasons().contains(&"RollingBack"));
     assert!(sim.reasons().contains(&"MemberRolledBack"));
     assert!(sim.o.request.finalizers().is_empty());
+    assert_machine_transitions(&sim);
 }
 
 #[test]
@@ -520,6 +552,7 @@ fn verify_differences_fail_before_the_swap() {
     let s = sim.o.request.status.clone().unwrap();
     assert_eq!(s.phase, Phase::Failed);
     assert!(s.failure.unwrap().contains("2 differences"));
+    assert_machine_transitions(&sim);
     assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
     assert_eq!(claim_volume(&sim.o.claims["data-etcd-0"]), Some("pv-old-0"));
 }
@@ -544,6 +577,7 @@ fn timeout_after_the_swap_began_carries_the_member_forward() {
     let s = sim.o.request.status.clone().unwrap();
     assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
     assert!(s.failure.unwrap().contains("timeout of 30m expired"));
+    assert_machine_transitions(&sim);
     assert_eq!(sim.step_of("etcd-0"), MemberStep::Done);
     assert_eq!(sim.step_of("etcd-1"), MemberStep::Done, "carried forward");
     assert_eq!(sim.step_of("etcd-2"), MemberStep::Pending);
@@ -577,6 +611,7 @@ fn timeout_while_jobs_hang_rolls_back() {
     let s = sim.o.request.status.clone().unwrap();
     assert_eq!(s.phase, Phase::Failed);
     assert!(s.failure.unwrap().contains("timeout"));
+    assert_machine_transitions(&sim);
     assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
     assert!(sim.o.jobs.is_empty());
     assert_eq!(sim.o.claims.len(), 3);
@@ -600,6 +635,7 @@ fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
     let s = sim.o.request.status.clone().unwrap();
     assert_eq!(s.phase, Phase::Failed);
     assert!(s.failure.unwrap().contains("deleted"));
+    assert_machine_transitions(&sim);
     assert!(sim.o.request.finalizers().is_empty());
     assert_eq!(sim.o.pods.len(), 3, "etcd-0 recreated from its stash");
     assert!(sim.o.stateful_set.is_some());
@@ -1049,5 +1085,183 @@ fn unknown_fields_survive_a_rollback() {
     assert_eq!(
         set.raw()["spec"]["volumeClaimTemplates"][0]["spec"]["storageClassName"],
         "standard"
+    );
+}
+
+/// A transition the state machine refuses drops the whole decision: the status says stuck, the
+/// stage and steps stay where they were, no other action runs.
+#[test]
+fn a_refused_transition_turns_the_decision_into_stuck() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(3);
+    let before = sim.o.request.status.clone().unwrap();
+    assert_eq!(before.stage, Stage::OrphaningStatefulSet);
+    let o = sim.o.clone();
+    let mut cx = Ctx::new(&o);
+    cx.act(Action::AddFinalizer);
+    cx.advance_member(0, MemberStep::Done);
+    cx.enter_stage(Stage::Preflight);
+    let d = cx.finish();
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::OrphaningStatefulSet);
+    assert_eq!(s.members, before.members);
+    assert_eq!(
+        s.message.as_deref(),
+        Some(
+            "stuck: the planner tried a transition its state machine does not allow: member \
+             etcd-0 cannot go from step Pending to Done"
+        ),
+        "the first refusal is the one reported"
+    );
+    assert_eq!(d.actions.len(), 2, "{:?}", d.actions);
+    assert!(matches!(
+        &d.actions[1],
+        Action::Event { type_: EventType::Warning, reason, .. } if reason == "Stuck"
+    ));
+    assert_eq!(d.requeue, REQUEUE_WAITING);
+}
+
+#[test]
+fn a_refused_stage_transition_is_reported() {
+    let sim = Sim::new(observed(spec_class_change("fast")));
+    let o = sim.o.clone();
+    let mut cx = Ctx::new(&o);
+    cx.enter_stage(Stage::RollingBack);
+    let d = cx.finish();
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::Preflight);
+    assert_eq!(
+        s.message.as_deref(),
+        Some(
+            "stuck: the planner tried a transition its state machine does not allow: the \
+             request cannot go from stage Preflight to RollingBack"
+        )
+    );
+}
+
+/// The failure messages are user-visible (status, conditions, Events): they stay as they were.
+#[test]
+fn failure_messages() {
+    let s = |f: Failure| f.to_string();
+    assert_eq!(
+        s(Failure::TimedOut {
+            timeout: "30m".into()
+        }),
+        "the request's timeout of 30m expired"
+    );
+    assert_eq!(
+        s(Failure::Deleted),
+        "the request was deleted while progressing"
+    );
+    assert_eq!(
+        s(Failure::PreCopyFailed {
+            pod: "etcd-0".into(),
+            reason: "BackoffLimitExceeded".into()
+        }),
+        "pre-copy of member etcd-0 failed: BackoffLimitExceeded"
+    );
+    assert_eq!(
+        s(Failure::CopyFailed {
+            claim: "data-etcd-0".into(),
+            temp_claim: "tmp".into(),
+            reason: "x".into()
+        }),
+        "copy of claim data-etcd-0 to tmp failed: x"
+    );
+    assert_eq!(
+        s(Failure::VerifyFailed {
+            pod: "etcd-0".into(),
+            reason: "x".into()
+        }),
+        "verification of member etcd-0 failed: x"
+    );
+    assert_eq!(
+        s(Failure::Differences {
+            pod: "etcd-0".into(),
+            differences: 2,
+            claim: "a".into(),
+            temp_claim: "b".into()
+        }),
+        "verification of member etcd-0 found 2 differences between a and b"
+    );
+    assert_eq!(
+        s(Failure::NoVerification {
+            pod: "etcd-0".into(),
+            result: None
+        }),
+        "verification of member etcd-0 reported no result (None)"
+    );
+    assert_eq!(
+        s(Failure::NoVerification {
+            pod: "etcd-0".into(),
+            result: Some(Box::new(build::JobResult {
+                bytes: Some(1),
+                ..Default::default()
+            }))
+        }),
+        format!(
+            "verification of member etcd-0 reported no result ({:?})",
+            Some(build::JobResult {
+                bytes: Some(1),
+                ..Default::default()
+            })
+        )
+    );
+    assert_eq!(s(Failure::NoPlan), "the status has no plan");
+    assert_eq!(
+        s(Failure::NoMemberStatus { index: 4 }),
+        "no member status #4"
+    );
+    assert_eq!(
+        s(Failure::NotInPlan { pod: "p".into() }),
+        "member p is not in the plan"
+    );
+    assert_eq!(
+        s(Failure::StatefulSetDisappeared {
+            name: "etcd".into()
+        }),
+        "StatefulSet etcd disappeared before it was stashed"
+    );
+    assert_eq!(
+        s(Failure::ClaimDisappeared {
+            claim: "c".into(),
+            pod: "p".into()
+        }),
+        "claim c of member p disappeared"
+    );
+    assert_eq!(
+        s(Failure::PodDisappeared { pod: "p".into() }),
+        "pod p disappeared before its manifest was stashed"
+    );
+    assert_eq!(
+        s(Failure::PodCameBack { pod: "p".into() }),
+        "member pod p came back during its copy (something else recreated it)"
+    );
+    assert_eq!(
+        s(Failure::TempClaimLost { claim: "t".into() }),
+        "temporary claim t lost its volume"
+    );
+    assert_eq!(
+        s(Failure::VolumeUnreachable {
+            volume: "v".into(),
+            node: "n".into(),
+            pod: "p".into()
+        }),
+        "new volume v was provisioned where node n (member p) cannot reach it"
+    );
+    assert_eq!(
+        s(Failure::MounterPod { error: "e".into() }),
+        "cannot build the mounter pod: e"
+    );
+    assert_eq!(
+        s(Failure::Stash {
+            key: "k".into(),
+            error: "e".into()
+        }),
+        "cannot stash k: e"
+    );
+    assert_eq!(
+        s(Failure::RetentionPolicy { error: "e".into() }),
+        "cannot restore the retention policy: e"
     );
 }

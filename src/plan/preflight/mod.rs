@@ -173,7 +173,7 @@ fn delete_measure_jobs(cx: &mut Ctx) {
 fn deny(cx: &mut Ctx, d: Denial) {
     let generation = cx.o.request.metadata.generation;
     cx.status.phase = Phase::Denied;
-    cx.status.stage = Stage::Done;
+    cx.enter_stage(Stage::Done);
     cx.status.observed_generation = generation;
     cx.status.message = Some(d.message.clone());
     cx.status.completion_time = Some(cx.now.clone());
@@ -188,7 +188,7 @@ fn accept(cx: &mut Ctx, plan: Plan) {
     let generation = cx.o.request.metadata.generation;
     let message = accepted_message(&plan);
     cx.status.phase = Phase::Progressing;
-    cx.status.stage = Stage::OrphaningStatefulSet;
+    cx.enter_stage(Stage::OrphaningStatefulSet);
     cx.status.observed_generation = generation;
     cx.status.accepted_spec = Some(Box::new(cx.spec().clone()));
     cx.status.start_time = Some(cx.now.clone());

@@ -1,0 +1,88 @@
+//! Why a request stops and rolls back. The message of each kind is the text written to
+//! `status.failure`, the `RollingBack` condition and Event, and the final `Failed` message.
+
+use crate::build::JobResult;
+
+/// A reason to stop and roll back (see `machine::STAGES`: the transitions to `RollingBack`).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Failure {
+    /// `spec.timeout` expired while the request was orphaning or migrating.
+    #[error("the request's timeout of {timeout} expired")]
+    TimedOut { timeout: String },
+    /// The request was deleted while orphaning or migrating.
+    #[error("the request was deleted while progressing")]
+    Deleted,
+
+    /// The pre-copy Job of a member failed.
+    #[error("pre-copy of member {pod} failed: {reason}")]
+    PreCopyFailed { pod: String, reason: String },
+    /// The final copy Job of a member failed.
+    #[error("copy of claim {claim} to {temp_claim} failed: {reason}")]
+    CopyFailed {
+        claim: String,
+        temp_claim: String,
+        reason: String,
+    },
+    /// The verification Job of a member failed.
+    #[error("verification of member {pod} failed: {reason}")]
+    VerifyFailed { pod: String, reason: String },
+    /// The verification found the copy different from the original.
+    #[error(
+        "verification of member {pod} found {differences} differences between {claim} and {temp_claim}"
+    )]
+    Differences {
+        pod: String,
+        differences: i64,
+        claim: String,
+        temp_claim: String,
+    },
+    /// The verification Job succeeded without reporting how many differences it found (its
+    /// result, when it reported one, is shown as it was parsed).
+    #[error("verification of member {pod} reported no result ({result:?})")]
+    NoVerification {
+        pod: String,
+        result: Option<Box<JobResult>>,
+    },
+
+    /// The status has no plan (it is written at acceptance).
+    #[error("the status has no plan")]
+    NoPlan,
+    /// `status.members` has no entry at this index.
+    #[error("no member status #{index}")]
+    NoMemberStatus { index: usize },
+    /// A member of the status is missing from the plan.
+    #[error("member {pod} is not in the plan")]
+    NotInPlan { pod: String },
+    /// The StatefulSet is gone and was not stashed.
+    #[error("StatefulSet {name} disappeared before it was stashed")]
+    StatefulSetDisappeared { name: String },
+    /// A member's original claim is gone before its temporary claim was created.
+    #[error("claim {claim} of member {pod} disappeared")]
+    ClaimDisappeared { claim: String, pod: String },
+    /// A member's pod is gone (or terminating) and was not stashed.
+    #[error("pod {pod} disappeared before its manifest was stashed")]
+    PodDisappeared { pod: String },
+    /// Something else recreated the member's pod while its data was being copied.
+    #[error("member pod {pod} came back during its copy (something else recreated it)")]
+    PodCameBack { pod: String },
+    /// The temporary claim is `Lost`.
+    #[error("temporary claim {claim} lost its volume")]
+    TempClaimLost { claim: String },
+    /// The new volume's node affinity excludes the member's node.
+    #[error("new volume {volume} was provisioned where node {node} (member {pod}) cannot reach it")]
+    VolumeUnreachable {
+        volume: String,
+        node: String,
+        pod: String,
+    },
+
+    /// The mounter pod's manifest could not be built.
+    #[error("cannot build the mounter pod: {error}")]
+    MounterPod { error: String },
+    /// A manifest could not be encoded for the stash.
+    #[error("cannot stash {key}: {error}")]
+    Stash { key: String, error: String },
+    /// The recorded retention policy of the StatefulSet cannot be read back.
+    #[error("cannot restore the retention policy: {error}")]
+    RetentionPolicy { error: String },
+}
