@@ -27,9 +27,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use storage_migrator::api::{DatabaseEngine, DatabaseSpec, EtcdSpec};
-use storage_migrator::engine::{
-    self, DEFAULT_MAX_LAG, Engine, Gate, HealthReport, LEADER_TRANSFER_FIRST,
-};
+use storage_migrator::engine::{self, DEFAULT_MAX_LAG, Engine, Gate, HealthReport};
 
 const NAMESPACE_GONE: Duration = Duration::from_secs(120);
 
@@ -140,7 +138,7 @@ async fn etcd_engine_against_a_real_cluster() {
     );
     assert_eq!(
         engine::gate_before_stop(&report, &leader, DEFAULT_MAX_LAG),
-        Gate::Wait(LEADER_TRANSFER_FIRST.to_string())
+        Gate::TransferLeadershipFirst
     );
     assert_eq!(
         engine::gate_after_return(&report, &first, DEFAULT_MAX_LAG),

@@ -4,9 +4,12 @@
 //! - [`generic`]: pod readiness, and an optional pod label that marks the leader.
 //! - [`etcd`]: Raft-aware (one client per member endpoint, leader, raft index, alarms, MoveLeader).
 
+use std::fmt;
+
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
+pub use crate::api::Role;
 use crate::api::{DatabaseEngine, DatabaseSpec};
 
 pub mod etcd;
@@ -15,11 +18,6 @@ pub mod generic;
 /// Default bound on how far (in Raft log entries) a member's applied index may trail the
 /// leader's before a gate waits.
 pub const DEFAULT_MAX_LAG: u64 = 1000;
-
-/// The verdict of [`gate_before_stop`] when the member about to stop is the Raft leader: the
-/// caller hands leadership over ([`transfer_target`], [`Engine::transfer_leadership`]) and looks
-/// again.
-pub const LEADER_TRANSFER_FIRST: &str = "leader: transfer first";
 
 /// What one member looks like to the database engine at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -44,6 +42,17 @@ pub struct MemberHealth {
     pub endpoint: Option<String>,
 }
 
+impl MemberHealth {
+    /// Leader or follower, as the engine sees this member now.
+    pub fn role(&self) -> Role {
+        if self.leader {
+            Role::Leader
+        } else {
+            Role::Follower
+        }
+    }
+}
+
 /// The database as seen by the engine: one entry per member pod that exists and has an IP,
 /// plus cluster-wide problems (alarms, members that match no pod, learners...).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -62,11 +71,61 @@ pub struct HealthReport {
     pub quorum_based: bool,
 }
 
-/// A gate's verdict: go on, or wait with a reason (shown in an Event and a condition).
+/// A gate's verdict: go on, hand leadership over first, or wait with a reason (shown in an
+/// Event and a condition; the planner only displays it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gate {
     Open,
+    /// The member about to stop is the Raft leader of a quorum-based database: the caller hands
+    /// leadership over ([`transfer_target`]) and looks again.
+    TransferLeadershipFirst,
+    /// Not now; the message says why.
     Wait(String),
+}
+
+impl fmt::Display for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Gate::Open => f.write_str("open"),
+            Gate::TransferLeadershipFirst => f.write_str("leader: transfer first"),
+            Gate::Wait(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Why the planner has no [`HealthReport`]. The texts are what status and Events show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HealthUnavailable {
+    /// Health is gathered only while preflighting and migrating.
+    #[error("not observed in this stage")]
+    NotObservedInStage,
+    /// The request's engine could not be set up (e.g. a Secret it names cannot be read).
+    #[error("{0}")]
+    NoEngine(String),
+    /// The engine failed while observing.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// Why the final digest of the data is not known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FinalHashError {
+    /// Members disagree where they must agree (etcd: `hash_kv` at a common revision).
+    #[error("members are inconsistent: {0}")]
+    Inconsistent(String),
+    /// The engine could not compute it (a member unreachable, no revision...).
+    #[error("{0}")]
+    Engine(String),
+}
+
+impl From<EngineError> for FinalHashError {
+    /// For the planner: the same words, typed by whether members disagree.
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::Inconsistent(message) => FinalHashError::Inconsistent(message),
+            other => FinalHashError::Engine(other.to_string()),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -222,7 +281,7 @@ pub fn note_missing_pods(report: &mut HealthReport, expected: &[String]) {
 /// May `pod` be stopped now? Every member answers and is healthy, no cluster problem (alarms,
 /// learners, unmatched members); for a quorum-based engine also: a leader is agreed on, every
 /// member's raft index is within `max_lag` of the leader's, the voting quorum still holds with
-/// `pod` gone, and `pod` is not the leader (else [`LEADER_TRANSFER_FIRST`]).
+/// `pod` gone, and `pod` is not the leader (else [`Gate::TransferLeadershipFirst`]).
 pub fn gate_before_stop(report: &HealthReport, pod: &str, max_lag: u64) -> Gate {
     if !report.problems.is_empty() {
         return Gate::Wait(report.problems.join("; "));
@@ -260,7 +319,7 @@ pub fn gate_before_stop(report: &HealthReport, pod: &str, max_lag: u64) -> Gate 
         ));
     }
     if leader == pod {
-        return Gate::Wait(LEADER_TRANSFER_FIRST.to_string());
+        return Gate::TransferLeadershipFirst;
     }
     Gate::Open
 }
@@ -303,6 +362,7 @@ pub fn must_transfer_before_stop(report: &HealthReport, pod: &str) -> bool {
 
 /// Is `pod` back after its migration? It is in the report, healthy, no cluster problem (alarms,
 /// unmatched members); quorum-based: a leader is agreed on and `pod` is within `max_lag` of it.
+/// Never [`Gate::TransferLeadershipFirst`].
 pub fn gate_after_return(report: &HealthReport, pod: &str, max_lag: u64) -> Gate {
     let Some(m) = member(report, pod) else {
         return Gate::Wait(format!("{pod} is not back yet (no running pod with an IP)"));
@@ -503,7 +563,7 @@ mod tests {
         let r = raft(3, "etcd-0");
         assert_eq!(
             gate_before_stop(&r, "etcd-0", DEFAULT_MAX_LAG),
-            Gate::Wait(LEADER_TRANSFER_FIRST.to_string())
+            Gate::TransferLeadershipFirst
         );
         assert!(must_transfer_before_stop(&r, "etcd-0"));
         assert!(!must_transfer_before_stop(&r, "etcd-1"));
@@ -703,6 +763,69 @@ mod tests {
         );
         assert!(
             matches!(gate_before_stop(&r, "etcd-1", 10), Gate::Wait(w) if w.contains("etcd-2"))
+        );
+    }
+
+    #[test]
+    fn role_keeps_its_json_values() {
+        assert_eq!(serde_json::to_value(Role::Leader).unwrap(), "leader");
+        assert_eq!(serde_json::to_value(Role::Follower).unwrap(), "follower");
+        let m: crate::api::PlannedMember = serde_json::from_value(serde_json::json!({
+            "ordinal": 1, "pod": "etcd-1", "node": "n", "claim": "c", "oldVolume": "v",
+            "tempClaim": "t", "oldSize": "1Gi", "newSize": "1Gi", "role": "follower"
+        }))
+        .unwrap();
+        assert_eq!(m.role, Some(Role::Follower));
+        assert!(serde_json::from_value::<Role>(serde_json::json!("Leader")).is_err());
+        let r = raft(3, "etcd-1");
+        let roles: Vec<Role> = r.members.iter().map(MemberHealth::role).collect();
+        assert_eq!(roles, [Role::Follower, Role::Leader, Role::Follower]);
+    }
+
+    #[test]
+    fn gate_verdicts_read_as_before() {
+        assert_eq!(
+            Gate::TransferLeadershipFirst.to_string(),
+            "leader: transfer first"
+        );
+        assert_eq!(Gate::Wait("x is down".to_string()).to_string(), "x is down");
+        // Only the leader of a quorum-based database is asked to hand over.
+        let r = raft(3, "etcd-0");
+        for pod in ["etcd-0", "etcd-1", "etcd-2"] {
+            let transfer =
+                gate_before_stop(&r, pod, DEFAULT_MAX_LAG) == Gate::TransferLeadershipFirst;
+            assert_eq!(transfer, must_transfer_before_stop(&r, pod), "{pod}");
+        }
+        let mut generic = r.clone();
+        generic.quorum_based = false;
+        assert_eq!(
+            gate_before_stop(&generic, "etcd-0", DEFAULT_MAX_LAG),
+            Gate::Open
+        );
+    }
+
+    #[test]
+    fn unavailable_health_and_hash_read_as_before() {
+        assert_eq!(
+            HealthUnavailable::NotObservedInStage.to_string(),
+            "not observed in this stage"
+        );
+        assert_eq!(
+            HealthUnavailable::NoEngine("database engine: cannot read secret s: gone".into())
+                .to_string(),
+            "database engine: cannot read secret s: gone"
+        );
+        assert_eq!(
+            HealthUnavailable::Engine("connection refused".into()).to_string(),
+            "connection refused"
+        );
+        assert_eq!(
+            FinalHashError::Inconsistent("hash_kv differs".into()).to_string(),
+            "members are inconsistent: hash_kv differs"
+        );
+        assert_eq!(
+            FinalHashError::Engine("no member pod to hash".into()).to_string(),
+            "no member pod to hash"
         );
     }
 }

@@ -21,7 +21,7 @@ use crate::api::{
     StorageMigrationRequestSpec,
 };
 use crate::build::{self, JobKind};
-use crate::engine;
+use crate::engine::{self, Role};
 use crate::labels;
 
 /// Minimum free headroom a shrunk volume keeps above the used bytes.
@@ -446,7 +446,7 @@ fn check(cx: &mut Ctx, measuring: bool) -> Verdict {
         Ok(report) => {
             for m in &mut members {
                 if let Some(h) = report.members.iter().find(|h| h.pod == m.pod) {
-                    m.role = Some(if h.leader { "leader" } else { "follower" }.to_string());
+                    m.role = Some(h.role());
                 }
             }
             if spec.apply == ApplyPolicy::IfReady {
@@ -470,7 +470,7 @@ fn check(cx: &mut Ctx, measuring: bool) -> Verdict {
         Err(_) => {}
     }
     // Followers first (stable by ordinal), leader last.
-    members.sort_by_key(|m| (m.role.as_deref() == Some("leader"), m.ordinal));
+    members.sort_by_key(|m| (m.role == Some(Role::Leader), m.ordinal));
 
     // Shrink: every member's used bytes must fit with headroom (measured on its node).
     if spec.type_ == MigrationType::Shrink && measuring {
