@@ -21,12 +21,16 @@ use tracing::{debug, info, warn};
 
 use crate::api::{self, Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::build::{self, BuildError, Manifest};
-use crate::engine::{self, Engine, EngineError, HealthUnavailable};
+use crate::engine::{self, HealthUnavailable};
 use crate::labels;
 use crate::plan::{
     self, Action, EventType, JobOutcome, Kind, Object, Observed, ObservedJob, OtherRequest,
     Propagation, Stash, StashTarget,
 };
+
+pub mod database;
+
+pub use database::{Engine, EngineError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {

@@ -1,16 +1,16 @@
-//! Database health and leadership: what the planner needs to order members and gate each stop
-//! and return. `observe` talks to the database (I/O); the gate and ordering functions are pure.
+//! Database health and leadership, pure: the [`HealthReport`] the planner decides on, the gates
+//! before a member stops and after it returns, and the order of the members. No I/O: the
+//! clients that ask the database live in the cluster layer and hand their answers here.
 //!
 //! - [`generic`]: pod readiness, and an optional pod label that marks the leader.
-//! - [`etcd`]: Raft-aware (one client per member endpoint, leader, raft index, alarms, MoveLeader).
+//! - [`etcd`]: Raft-aware assessment of what every member answered (leader, raft index, alarms,
+//!   member-to-pod mapping).
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 pub use crate::api::Role;
-use crate::api::{DatabaseEngine, DatabaseSpec};
 
 pub mod etcd;
 pub mod generic;
@@ -37,7 +37,7 @@ pub struct MemberHealth {
     /// Why the member is not healthy, in words a human can act on.
     pub problem: Option<String>,
     /// Where the engine reached the member (etcd: `http(s)://<podIP>:<clientPort>`), so a later
-    /// call ([`Engine::transfer_leadership`]) talks to the same endpoint.
+    /// call (a leadership transfer) talks to the same endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
 }
@@ -118,113 +118,10 @@ pub enum FinalHashError {
     Engine(String),
 }
 
-impl From<EngineError> for FinalHashError {
-    /// For the planner: the same words, typed by whether members disagree.
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::Inconsistent(message) => FinalHashError::Inconsistent(message),
-            other => FinalHashError::Engine(other.to_string()),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("cannot reach member {pod} at {endpoint}: {message}")]
-    Unreachable {
-        pod: String,
-        endpoint: String,
-        message: String,
-    },
-    #[error("leadership transfer from {from} to {to} failed: {message}")]
-    LeaderTransfer {
-        from: String,
-        to: String,
-        message: String,
-    },
-    #[error("cannot read secret {name}: {message}")]
-    Secret { name: String, message: String },
-    /// The request's `spec.database` cannot be used (e.g. a malformed leader label).
-    #[error("invalid database settings: {0}")]
-    Config(String),
-    /// Members disagree where they must agree (etcd: `hash_kv` at a common revision).
-    #[error("members are inconsistent: {0}")]
-    Inconsistent(String),
-    #[error("{0}")]
-    Other(String),
-}
-
-/// The database logic a request uses, chosen by `spec.database.engine`.
-#[derive(Debug)]
-pub enum Engine {
-    Generic(generic::Generic),
-    Etcd(etcd::Etcd),
-}
-
-impl Engine {
-    /// Builds the engine of a request. Etcd: reads the TLS Secret (`ca.crt`, `tls.crt`,
-    /// `tls.key`) and the auth Secret (`username`, `password`) when they are named.
-    pub async fn from_spec(
-        client: &kube::Client,
-        namespace: &str,
-        spec: &DatabaseSpec,
-    ) -> Result<Engine, EngineError> {
-        match spec.engine {
-            DatabaseEngine::Generic => Ok(Engine::Generic(generic::Generic::new(
-                spec.generic.as_ref(),
-            )?)),
-            DatabaseEngine::Etcd => Ok(Engine::Etcd(
-                etcd::Etcd::from_spec(client, namespace, spec.etcd.as_ref()).await?,
-            )),
-        }
-    }
-
-    /// Short name for logs and Events.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Engine::Generic(_) => "Generic",
-            Engine::Etcd(_) => "Etcd",
-        }
-    }
-
-    /// Looks at every member pod. Members that do not answer are reported unhealthy in the
-    /// report (not as an error); an error means the engine itself could not work.
-    pub async fn observe(&self, pods: &[Pod]) -> Result<HealthReport, EngineError> {
-        match self {
-            Engine::Generic(g) => Ok(g.observe(pods)),
-            Engine::Etcd(e) => Ok(e.observe(pods).await),
-        }
-    }
-
-    /// Hands leadership from `from` (the current leader) to `to`, and waits until every member
-    /// reports the new leader. Idempotent: Ok when `to` already leads. Generic: an error (a
-    /// label-marked leader cannot be moved by us; the generic gates never ask for it).
-    pub async fn transfer_leadership(
-        &self,
-        report: &HealthReport,
-        from: &str,
-        to: &str,
-    ) -> Result<(), EngineError> {
-        match self {
-            Engine::Generic(_) => Err(EngineError::LeaderTransfer {
-                from: from.to_string(),
-                to: to.to_string(),
-                message: "the Generic engine cannot transfer leadership".to_string(),
-            }),
-            Engine::Etcd(e) => e.transfer_leadership(report, from, to).await,
-        }
-    }
-
-    /// A digest of the data all members agree on, once every member is migrated. Etcd:
-    /// `hash_kv` at a common revision on every member, as `"<hash>@<revision>"`; an error when
-    /// members differ. Generic: `None`.
-    pub async fn final_hash(&self, pods: &[Pod]) -> Result<Option<String>, EngineError> {
-        match self {
-            Engine::Generic(_) => Ok(None),
-            Engine::Etcd(e) => e.final_hash(pods).await.map(Some),
-        }
-    }
-}
+/// The request's `spec.database` cannot be used (e.g. a malformed leader label).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid database settings: {0}")]
+pub struct InvalidSettings(pub String);
 
 /// Ordinal of a StatefulSet pod name (`etcd-2` → 2).
 pub fn pod_ordinal(pod: &str) -> Option<u32> {
@@ -826,6 +723,10 @@ mod tests {
         assert_eq!(
             FinalHashError::Engine("no member pod to hash".into()).to_string(),
             "no member pod to hash"
+        );
+        assert_eq!(
+            InvalidSettings("bad label".into()).to_string(),
+            "invalid database settings: bad label"
         );
     }
 }
