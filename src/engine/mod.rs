@@ -14,6 +14,8 @@ pub use crate::api::Role;
 
 pub mod etcd;
 pub mod generic;
+#[cfg(test)]
+mod purity;
 
 /// Default bound on how far (in Raft log entries) a member's applied index may trail the
 /// leader's before a gate waits.
