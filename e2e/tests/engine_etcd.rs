@@ -1,4 +1,5 @@
-//! The operator's etcd engine (`storage_migrator::engine`) against real etcd members.
+//! The operator's etcd engine (the client `storage_migrator::cluster::database::Engine` and the
+//! pure gates of `storage_migrator::engine`) against real etcd members.
 //!
 //! Needs a cluster in `KUBECONFIG` whose pod IPs the test process can reach (the local cluster
 //! from `localcluster up`). Each test creates its own namespace, applies the etcd fixture where
@@ -27,9 +28,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use storage_migrator::api::{DatabaseEngine, DatabaseSpec, EtcdSpec};
-use storage_migrator::engine::{
-    self, DEFAULT_MAX_LAG, Engine, Gate, HealthReport, LEADER_TRANSFER_FIRST,
-};
+use storage_migrator::cluster::database::{Engine, EngineError};
+use storage_migrator::engine::{self, DEFAULT_MAX_LAG, Gate, HealthReport};
 
 const NAMESPACE_GONE: Duration = Duration::from_secs(120);
 
@@ -140,7 +140,7 @@ async fn etcd_engine_against_a_real_cluster() {
     );
     assert_eq!(
         engine::gate_before_stop(&report, &leader, DEFAULT_MAX_LAG),
-        Gate::Wait(LEADER_TRANSFER_FIRST.to_string())
+        Gate::TransferLeadershipFirst
     );
     assert_eq!(
         engine::gate_after_return(&report, &first, DEFAULT_MAX_LAG),
@@ -631,7 +631,7 @@ async fn etcd_engine_with_tls_and_auth() {
     // A missing Secret is a clear error.
     let missing = Engine::from_spec(&client, &ns.name, &spec("no-such-secret")).await;
     assert!(
-        matches!(&missing, Err(engine::EngineError::Secret { name, .. }) if name == "no-such-secret"),
+        matches!(&missing, Err(EngineError::Secret { name, .. }) if name == "no-such-secret"),
         "{missing:?}"
     );
 

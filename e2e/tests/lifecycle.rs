@@ -26,7 +26,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
-use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
+use storage_migrator::api::{MemberStep, Phase, Role, StorageMigrationRequest};
 use tracing::info;
 
 const MIGRATION: Duration = Duration::from_secs(600);
@@ -317,14 +317,18 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         summary(&req)
     );
     let plan = status.plan.clone().unwrap();
-    let roles: Vec<(String, Option<String>)> = plan
+    let roles: Vec<(String, Option<Role>)> = plan
         .members
         .iter()
-        .map(|m| (m.pod.clone(), m.role.clone()))
+        .map(|m| (m.pod.clone(), m.role))
         .collect();
     for (pod, role) in &roles {
-        let want = if *pod == leader { "leader" } else { "follower" };
-        assert_eq!(role.as_deref(), Some(want), "role of {pod}: {roles:?}");
+        let want = if *pod == leader {
+            Role::Leader
+        } else {
+            Role::Follower
+        };
+        assert_eq!(*role, Some(want), "role of {pod}: {roles:?}");
     }
 
     ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();

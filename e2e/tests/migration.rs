@@ -28,7 +28,7 @@ use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, 
 use kube::ResourceExt;
 use kube::api::Api;
 use serde_json::json;
-use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
+use storage_migrator::api::{MemberStep, Phase, Role, StorageMigrationRequest};
 use tracing::{info, warn};
 
 const MIGRATION: Duration = Duration::from_secs(600);
@@ -323,10 +323,7 @@ async fn storage_class_change_while_a_client_writes() {
     // The leader went last and every member reports a downtime.
     let plan = status.plan.clone().unwrap();
     let last = status.members.last().unwrap();
-    let leader = plan
-        .members
-        .iter()
-        .find(|m| m.role.as_deref() == Some("leader"));
+    let leader = plan.members.iter().find(|m| m.role == Some(Role::Leader));
     if let Some(leader) = leader {
         assert_eq!(last.pod, leader.pod, "the leader is migrated last");
     }

@@ -395,7 +395,27 @@ pub struct PlannedMember {
     pub used_bytes: Option<i64>,
     /// `leader` or `follower` when the engine knows (at planning time).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub role: Option<String>,
+    #[schemars(schema_with = "role_schema")]
+    pub role: Option<Role>,
+}
+
+/// The schema of the optional `role`: a nullable string enum, without the `null` enum value the
+/// derived schema of an `Option<enum>` lists (see [`old_pv_reclaim_policy_schema`]).
+fn role_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "string",
+        "enum": ["leader", "follower"],
+        "nullable": true,
+        "description": "`leader` or `follower` when the engine knows (at planning time).",
+    })
+}
+
+/// A member's part in the database, as the engine sees it.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Leader,
+    Follower,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

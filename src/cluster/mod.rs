@@ -21,12 +21,16 @@ use tracing::{debug, info, warn};
 
 use crate::api::{self, Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::build::{self, BuildError, Manifest};
-use crate::engine::{self, Engine, EngineError};
+use crate::engine::{self, HealthUnavailable};
 use crate::labels;
 use crate::plan::{
     self, Action, EventType, JobOutcome, Kind, Object, Observed, ObservedJob, OtherRequest,
     Propagation, Stash, StashTarget,
 };
+
+pub mod database;
+
+pub use database::{Engine, EngineError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
@@ -220,14 +224,14 @@ impl Cluster {
         let wants_health =
             !status.phase.is_final() && matches!(status.stage, Stage::Preflight | Stage::Migrating);
         let health = match engine {
-            Err(e) => Err(e.clone()),
-            Ok(_) if !wants_health => Err("not observed in this stage".to_string()),
+            Err(e) => Err(HealthUnavailable::NoEngine(e.clone())),
+            Ok(_) if !wants_health => Err(HealthUnavailable::NotObservedInStage),
             Ok(engine) => match engine.observe(&member_pods).await {
                 Ok(mut report) => {
                     engine::note_missing_pods(&mut report, &expected);
                     Ok(report)
                 }
-                Err(e) => Err(e.to_string()),
+                Err(e) => Err(HealthUnavailable::Engine(e.to_string())),
             },
         };
         let final_hash = match engine {
@@ -240,7 +244,7 @@ impl Cluster {
                     engine
                         .final_hash(&member_pods)
                         .await
-                        .map_err(|e| e.to_string()),
+                        .map_err(engine::FinalHashError::from),
                 )
             }
             _ => None,

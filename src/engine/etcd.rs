@@ -1,36 +1,13 @@
-//! The etcd engine: Raft-aware health, leader, lag, alarms and leadership transfer.
-//!
-//! Split in two: a thin I/O layer ([`Etcd`]) asks every member on its own endpoint
-//! (`http(s)://<podIP>:<clientPort>`, one client per endpoint, no cluster DNS) for `status`,
-//! `member list` and `alarm list`, and records the answers as plain data ([`MemberView`]);
-//! [`assess`] turns those views into a [`HealthReport`] (member-to-pod mapping, leader agreement,
-//! problems). The logic is tested on hand-built views.
+//! The etcd engine, pure: turns what every member answered (`status`, `member list`,
+//! `alarm list`, recorded as plain data in [`MemberView`]s) into a [`HealthReport`]: member-to-pod
+//! mapping, leader agreement, raft index, alarms, learners and cluster-wide problems. The client
+//! that asks the members lives in the cluster layer; the logic here is tested on hand-built views.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use backon::{ConstantBuilder, Retryable};
-use etcd_client::{
-    AlarmAction, AlarmType, Certificate, Client, ConnectOptions, Identity, TlsOptions,
-};
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::Api;
-use tracing::{debug, info, instrument, warn};
+use k8s_openapi::api::core::v1::Pod;
 
-use super::{EngineError, HealthReport, MemberHealth, ordinal_key};
-use crate::api::EtcdSpec;
-
-/// Bound on establishing a connection to one member.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bound on one request to one member.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
-/// Bound on MoveLeader (the server waits for the transfer, up to about an election timeout).
-const MOVE_LEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often, and how many times, to look for the new leader after a transfer.
-const LEADER_POLL: Duration = Duration::from_millis(200);
-const LEADER_POLLS: usize = 75;
+use super::{FinalHashError, HealthReport, MemberHealth, ordinal_key};
 
 /// One member's answer to `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -110,8 +87,15 @@ impl PodInfo {
         }
     }
 
+    /// The pods' infos in ordinal order (the order reports list members in).
+    pub fn in_ordinal_order(pods: &[Pod]) -> Vec<Self> {
+        let mut infos: Vec<Self> = pods.iter().map(Self::from_pod).collect();
+        infos.sort_by(|a, b| ordinal_key(&a.name).cmp(&ordinal_key(&b.name)));
+        infos
+    }
+
     /// `<hostname>.<subdomain>` when both are set.
-    fn dns_prefix(&self) -> Option<String> {
+    pub fn dns_prefix(&self) -> Option<String> {
         Some(format!(
             "{}.{}",
             self.hostname.as_deref()?,
@@ -148,7 +132,8 @@ fn url_host(url: &str) -> Option<&str> {
     (!host.is_empty()).then_some(host)
 }
 
-fn hex(id: u64) -> String {
+/// An etcd member id as etcd prints it (lower-case hex).
+pub fn hex(id: u64) -> String {
     format!("{id:x}")
 }
 
@@ -256,6 +241,19 @@ fn member_label(m: &MemberInfo) -> String {
     }
 }
 
+/// The member id a pod is mapped to.
+fn id_of(by_id: &BTreeMap<u64, String>, pod: &str) -> Option<u64> {
+    by_id.iter().find(|(_, p)| *p == pod).map(|(id, _)| *id)
+}
+
+/// A member id in words: its pod, else `<prefix><hex id>`.
+fn pod_or_id(by_id: &BTreeMap<u64, String>, id: u64, prefix: &str) -> String {
+    by_id
+        .get(&id)
+        .cloned()
+        .unwrap_or_else(|| format!("{prefix}{}", hex(id)))
+}
+
 /// Turns the views of every member pod into a health report. `pods` and `views` are in the
 /// same order (one view per pod).
 pub fn assess(pods: &[PodInfo], views: &[MemberView]) -> HealthReport {
@@ -268,11 +266,43 @@ pub fn assess(pods: &[PodInfo], views: &[MemberView]) -> HealthReport {
     }
     let (by_id, mapping_problems) = map_members(pods, &list, views);
     problems.extend(mapping_problems);
-    let pod_of = |id: u64| by_id.get(&id).cloned();
-    let id_of = |pod: &str| by_id.iter().find(|(_, p)| *p == pod).map(|(id, _)| *id);
+    problems.extend(membership_problems(&list, &by_id));
+    problems.extend(cluster_id_problem(views));
+    let alarms = raised_alarms(views);
+    problems.extend(alarm_problems(&alarms, &by_id));
+    let (leader, leader_problem) = agreed_leader(views, &by_id);
+    problems.extend(leader_problem);
 
-    // Members without a pod, learners.
-    for m in &list {
+    let listed = !list.is_empty();
+    let mut members: Vec<MemberHealth> = Vec::new();
+    for (pod, view) in pods.iter().zip(views) {
+        let id = id_of(&by_id, &pod.name);
+        if id.is_none() && listed {
+            problems.push(format!("pod {} is not an etcd member", pod.name));
+        }
+        let context = MemberContext {
+            id,
+            listed,
+            alarms: &alarms,
+            leader: leader.as_deref(),
+        };
+        members.push(member_health(pod, view, &context));
+    }
+    members.sort_by(|a, b| ordinal_key(&a.pod).cmp(&ordinal_key(&b.pod)));
+    let voting = list.iter().filter(|m| !m.is_learner).count();
+    HealthReport {
+        members,
+        leader,
+        problems,
+        voting_members: listed.then_some(voting),
+        quorum_based: true,
+    }
+}
+
+/// Members of the agreed list that match no pod, and learners (in list order).
+fn membership_problems(list: &[MemberInfo], by_id: &BTreeMap<u64, String>) -> Vec<String> {
+    let mut problems = Vec::new();
+    for m in list {
         if !by_id.contains_key(&m.id) {
             problems.push(format!(
                 "etcd member {} matches no pod of the StatefulSet",
@@ -283,623 +313,188 @@ pub fn assess(pods: &[PodInfo], views: &[MemberView]) -> HealthReport {
             problems.push(format!("etcd member {} is a learner", member_label(m)));
         }
     }
-    // Cluster ids.
+    problems
+}
+
+/// A problem when the answering members belong to more than one etcd cluster.
+fn cluster_id_problem(views: &[MemberView]) -> Option<String> {
     let cluster_ids: BTreeSet<u64> = views
         .iter()
         .filter_map(|v| v.status.as_ref().ok().map(|s| s.cluster_id))
         .collect();
-    if cluster_ids.len() > 1 {
+    (cluster_ids.len() > 1).then(|| {
         let ids: Vec<String> = cluster_ids.iter().map(|i| hex(*i)).collect();
-        problems.push(format!(
+        format!(
             "members belong to different etcd clusters: {}",
             ids.join(", ")
-        ));
-    }
-    // Alarms (cluster-wide list, from every member that answered).
-    let alarms: BTreeSet<(u64, String)> = views
+        )
+    })
+}
+
+/// Every alarm any answering member lists, as (member id, alarm), deduplicated.
+fn raised_alarms(views: &[MemberView]) -> BTreeSet<(u64, String)> {
+    views
         .iter()
         .filter_map(|v| v.alarms.as_ref().ok())
         .flatten()
         .map(|a| (a.member_id, a.alarm.clone()))
-        .collect();
-    for (id, alarm) in &alarms {
-        let who = pod_of(*id).unwrap_or_else(|| format!("member id {}", hex(*id)));
-        problems.push(format!("alarm {alarm} raised on {who}"));
-    }
-    // Leader agreement.
+        .collect()
+}
+
+fn alarm_problems(alarms: &BTreeSet<(u64, String)>, by_id: &BTreeMap<u64, String>) -> Vec<String> {
+    alarms
+        .iter()
+        .map(|(id, alarm)| {
+            let who = pod_or_id(by_id, *id, "member id ");
+            format!("alarm {alarm} raised on {who}")
+        })
+        .collect()
+}
+
+/// The pod of the leader every answering member names, or the problem: nobody knows a leader,
+/// members name different leaders, or the leader matches no pod.
+fn agreed_leader(
+    views: &[MemberView],
+    by_id: &BTreeMap<u64, String>,
+) -> (Option<String>, Option<String>) {
     let seen: Vec<(&str, u64)> = views
         .iter()
         .filter_map(|v| v.status.as_ref().ok().map(|s| (v.pod.as_str(), s.leader)))
         .filter(|(_, l)| *l != 0)
         .collect();
     let leader_ids: BTreeSet<u64> = seen.iter().map(|(_, l)| *l).collect();
-    let name = |id: u64| pod_of(id).unwrap_or_else(|| format!("id {}", hex(id)));
-    let leader = match leader_ids.len() {
-        0 => {
-            if views.iter().any(|v| v.status.is_ok()) {
-                problems.push(
-                    "no member knows a leader (election in progress or quorum lost)".to_string(),
-                );
-            }
-            None
+    match (leader_ids.len(), leader_ids.first()) {
+        (0, _) => {
+            let problem = views.iter().any(|v| v.status.is_ok()).then(|| {
+                "no member knows a leader (election in progress or quorum lost)".to_string()
+            });
+            (None, problem)
         }
-        1 => {
-            let id = *leader_ids.first().unwrap_or(&0);
-            let p = pod_of(id);
-            if p.is_none() {
-                problems.push(format!("the leader (id {}) matches no pod", hex(id)));
-            }
-            p
-        }
+        (1, Some(id)) => match by_id.get(id) {
+            Some(pod) => (Some(pod.clone()), None),
+            None => (
+                None,
+                Some(format!("the leader (id {}) matches no pod", hex(*id))),
+            ),
+        },
         _ => {
             let parts: Vec<String> = seen
                 .iter()
-                .map(|(pod, l)| format!("{pod} sees {}", name(*l)))
+                .map(|(pod, l)| format!("{pod} sees {}", pod_or_id(by_id, *l, "id ")))
                 .collect();
-            problems.push(format!(
-                "members disagree on the leader: {}",
-                parts.join(", ")
-            ));
+            let problem = format!("members disagree on the leader: {}", parts.join(", "));
+            (None, Some(problem))
+        }
+    }
+}
+
+/// What [`member_health`] needs to know about the cluster as a whole.
+struct MemberContext<'a> {
+    /// The member id the pod is mapped to.
+    id: Option<u64>,
+    /// Some member answered the member list (so a pod without a member id is no member).
+    listed: bool,
+    alarms: &'a BTreeSet<(u64, String)>,
+    /// The agreed leader's pod.
+    leader: Option<&'a str>,
+}
+
+/// One pod's health: why it is not healthy (unreachable, being deleted, a learner, sees no
+/// leader, reports errors, is no member, has alarms), its raft index and role.
+fn member_health(pod: &PodInfo, view: &MemberView, cx: &MemberContext<'_>) -> MemberHealth {
+    let mut why: Vec<String> = Vec::new();
+    let status = match &view.status {
+        Ok(s) => Some(s),
+        Err(e) => {
+            why.push(match &view.endpoint {
+                Some(ep) => format!("cannot be queried at {ep}: {e}"),
+                None => e.clone(),
+            });
             None
         }
     };
-
-    let mut members: Vec<MemberHealth> = pods
-        .iter()
-        .zip(views)
-        .map(|(pod, view)| {
-            let id = id_of(&pod.name);
-            let mut why: Vec<String> = Vec::new();
-            let status = match &view.status {
-                Ok(s) => Some(s),
-                Err(e) => {
-                    why.push(match &view.endpoint {
-                        Some(ep) => format!("cannot be queried at {ep}: {e}"),
-                        None => e.clone(),
-                    });
-                    None
-                }
-            };
-            if pod.terminating {
-                why.push("pod is being deleted".to_string());
-            }
-            if let Some(s) = status {
-                if s.is_learner {
-                    why.push("is a learner".to_string());
-                }
-                if s.leader == 0 {
-                    why.push("sees no leader".to_string());
-                }
-                if !s.errors.is_empty() {
-                    why.push(format!("reports errors: {}", s.errors.join(", ")));
-                }
-            }
-            if id.is_none() && !list.is_empty() {
-                why.push("is not in the etcd member list".to_string());
-                problems.push(format!("pod {} is not an etcd member", pod.name));
-            }
-            if let Some(id) = id {
-                for (_, alarm) in alarms.iter().filter(|(a, _)| *a == id) {
-                    why.push(format!("alarm {alarm}"));
-                }
-            }
-            let raft_index = status.map(|s| {
-                if s.raft_applied_index > 0 {
-                    s.raft_applied_index
-                } else {
-                    s.raft_index
-                }
-            });
-            MemberHealth {
-                pod: pod.name.clone(),
-                healthy: why.is_empty(),
-                leader: leader.as_deref() == Some(pod.name.as_str()),
-                raft_index,
-                raft_term: status.map(|s| s.raft_term),
-                member_id: id.map(hex),
-                problem: (!why.is_empty()).then(|| why.join("; ")),
-                endpoint: view.endpoint.clone(),
-            }
-        })
-        .collect();
-    members.sort_by(|a, b| ordinal_key(&a.pod).cmp(&ordinal_key(&b.pod)));
-    let voting = list.iter().filter(|m| !m.is_learner).count();
-    HealthReport {
-        members,
-        leader,
-        problems,
-        voting_members: (!list.is_empty()).then_some(voting),
-        quorum_based: true,
+    if pod.terminating {
+        why.push("pod is being deleted".to_string());
+    }
+    if let Some(s) = status {
+        why.extend(status_problems(s));
+    }
+    if cx.id.is_none() && cx.listed {
+        why.push("is not in the etcd member list".to_string());
+    }
+    if let Some(id) = cx.id {
+        for (_, alarm) in cx.alarms.iter().filter(|(a, _)| *a == id) {
+            why.push(format!("alarm {alarm}"));
+        }
+    }
+    MemberHealth {
+        pod: pod.name.clone(),
+        healthy: why.is_empty(),
+        leader: cx.leader == Some(pod.name.as_str()),
+        raft_index: status.map(applied_index),
+        raft_term: status.map(|s| s.raft_term),
+        member_id: cx.id.map(hex),
+        problem: (!why.is_empty()).then(|| why.join("; ")),
+        endpoint: view.endpoint.clone(),
     }
 }
 
-/// Client TLS material read from the request's Secret.
-#[derive(Clone)]
-struct TlsMaterial {
-    ca: Vec<u8>,
-    /// Client certificate and key (PEM), when the Secret has them.
-    identity: Option<(Vec<u8>, Vec<u8>)>,
+/// What a member's own `status` says is wrong with it.
+fn status_problems(s: &StatusView) -> Vec<String> {
+    let mut why = Vec::new();
+    if s.is_learner {
+        why.push("is a learner".to_string());
+    }
+    if s.leader == 0 {
+        why.push("sees no leader".to_string());
+    }
+    if !s.errors.is_empty() {
+        why.push(format!("reports errors: {}", s.errors.join(", ")));
+    }
+    why
 }
 
-/// The etcd engine of one request.
-#[derive(Clone)]
-pub struct Etcd {
-    client_port: u16,
-    tls: Option<TlsMaterial>,
-    auth: Option<(String, String)>,
-    /// Endpoint URL → name the member's server certificate is checked against (TLS), learned
-    /// by `observe`, so later calls given only a report's endpoints verify the same name.
-    tls_names: Arc<Mutex<BTreeMap<String, String>>>,
-}
-
-impl fmt::Debug for Etcd {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Etcd")
-            .field("client_port", &self.client_port)
-            .field("tls", &self.tls.is_some())
-            .field("auth_user", &self.auth.as_ref().map(|(u, _)| u))
-            .finish()
+/// The index lag is judged on: the applied index, or the raft index when the member does not
+/// report the applied one.
+pub fn applied_index(s: &StatusView) -> u64 {
+    if s.raft_applied_index > 0 {
+        s.raft_applied_index
+    } else {
+        s.raft_index
     }
 }
 
-/// A connection target: one member pod.
-struct Target {
-    pod: String,
-    url: String,
+/// One member's answer to `hash_kv`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberHash {
+    pub pod: String,
+    pub hash: u32,
+    /// The revision the member's store is compacted at.
+    pub compact_revision: i64,
 }
 
-fn secret_bytes(secret: &Secret, key: &str) -> Option<Vec<u8>> {
-    secret
-        .data
-        .as_ref()
-        .and_then(|d| d.get(key))
-        .map(|v| v.0.clone())
-}
-
-fn required(secret: &Secret, name: &str, key: &str) -> Result<Vec<u8>, EngineError> {
-    secret_bytes(secret, key).ok_or_else(|| EngineError::Secret {
-        name: name.to_string(),
-        message: format!("key {key} is missing"),
-    })
-}
-
-/// An etcd client error in one line: for gRPC errors the status message, its code and the
-/// innermost cause (e.g. `tcp connect error (Unavailable): deadline has elapsed`).
-fn describe(e: &etcd_client::Error) -> String {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => {
-            let mut text = format!("{} ({:?})", status.message(), status.code());
-            let mut cause = std::error::Error::source(status);
-            let mut innermost = None;
-            while let Some(c) = cause {
-                innermost = Some(c);
-                cause = c.source();
-            }
-            if let Some(c) = innermost {
-                let c = c.to_string();
-                if !c.is_empty() && !text.contains(&c) {
-                    text = format!("{text}: {c}");
-                }
-            }
-            text
-        }
-        other => other.to_string(),
-    }
-}
-
-/// Bounds one request (beyond the client's own timeout, which does not cover waiting for a
-/// connection) and turns its error into words.
-async fn bounded<T>(
-    limit: Duration,
-    f: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(limit, f).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(describe(&e)),
-        Err(_) => Err(format!("no answer within {} ms", limit.as_millis())),
-    }
-}
-
-fn status_view(s: &etcd_client::StatusResponse) -> StatusView {
-    let header = s.header();
-    StatusView {
-        cluster_id: header.map_or(0, |h| h.cluster_id()),
-        member_id: header.map_or(0, |h| h.member_id()),
-        leader: s.leader(),
-        raft_index: s.raft_index(),
-        raft_applied_index: s.raft_applied_index(),
-        raft_term: s.raft_term(),
-        is_learner: s.is_learner(),
-        errors: s.errors().to_vec(),
-        revision: header.map_or(0, |h| h.revision()),
-    }
-}
-
-fn member_info(m: &etcd_client::Member) -> MemberInfo {
-    MemberInfo {
-        id: m.id(),
-        name: m.name().to_string(),
-        peer_urls: m.peer_urls().to_vec(),
-        client_urls: m.client_urls().to_vec(),
-        is_learner: m.is_learner(),
-    }
-}
-
-fn alarm_infos(r: &etcd_client::AlarmResponse) -> Vec<AlarmInfo> {
-    r.alarms()
-        .iter()
-        .filter(|a| a.alarm() != AlarmType::None)
-        .map(|a| AlarmInfo {
-            member_id: a.member_id(),
-            alarm: a.alarm().as_str_name().to_string(),
-        })
-        .collect()
-}
-
-impl Etcd {
-    /// An engine without TLS or auth.
-    pub fn new(client_port: u16) -> Self {
-        Self {
-            client_port,
-            tls: None,
-            auth: None,
-            tls_names: Arc::default(),
-        }
-    }
-
-    /// Reads the Secrets the spec names, in the request's namespace: TLS `ca.crt` (required)
-    /// with `tls.crt` + `tls.key` (both or neither); auth `username` + `password`.
-    pub async fn from_spec(
-        client: &kube::Client,
-        namespace: &str,
-        spec: Option<&EtcdSpec>,
-    ) -> Result<Self, EngineError> {
-        let spec = spec.cloned().unwrap_or_default();
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let read = |name: String| {
-            let secrets = secrets.clone();
-            async move {
-                match secrets.get(&name).await {
-                    Ok(s) => Ok((name, s)),
-                    Err(e) => Err(EngineError::Secret {
-                        name,
-                        message: e.to_string(),
-                    }),
-                }
-            }
-        };
-        let tls = match spec.tls_secret_name {
-            None => None,
-            Some(name) => {
-                let (name, s) = read(name).await?;
-                let ca = required(&s, &name, "ca.crt")?;
-                let identity = match (secret_bytes(&s, "tls.crt"), secret_bytes(&s, "tls.key")) {
-                    (Some(c), Some(k)) => Some((c, k)),
-                    (None, None) => None,
-                    _ => {
-                        return Err(EngineError::Secret {
-                            name,
-                            message: "tls.crt and tls.key must be both present or both absent"
-                                .to_string(),
-                        });
-                    }
-                };
-                Some(TlsMaterial { ca, identity })
-            }
-        };
-        let auth = match spec.auth_secret_name {
-            None => None,
-            Some(name) => {
-                let (name, s) = read(name).await?;
-                let text = |key: &str| -> Result<String, EngineError> {
-                    String::from_utf8(required(&s, &name, key)?).map_err(|_| EngineError::Secret {
-                        name: name.clone(),
-                        message: format!("key {key} is not UTF-8"),
-                    })
-                };
-                Some((text("username")?, text("password")?))
-            }
-        };
-        Ok(Self {
-            client_port: spec.client_port,
-            tls,
-            auth,
-            tls_names: Arc::default(),
-        })
-    }
-
-    /// The member's endpoint `http(s)://<podIP>:<clientPort>`; with TLS, remembers the name
-    /// its certificate is checked against: `<hostname>.<subdomain>.<namespace>.svc.cluster.local`
-    /// when the pod has them (StatefulSet members do), else the IP.
-    fn target(&self, pod: &PodInfo) -> Option<Target> {
-        let ip = pod.ip.as_deref()?;
-        let scheme = if self.tls.is_some() { "https" } else { "http" };
-        let host = if ip.contains(':') {
-            format!("[{ip}]")
-        } else {
-            ip.to_string()
-        };
-        let url = format!("{scheme}://{host}:{}", self.client_port);
-        if self.tls.is_some() {
-            let name = match (pod.dns_prefix(), &pod.namespace) {
-                (Some(prefix), Some(ns)) => format!("{prefix}.{ns}.svc.cluster.local"),
-                _ => ip.to_string(),
-            };
-            if let Ok(mut names) = self.tls_names.lock() {
-                names.insert(url.clone(), name);
-            }
-        }
-        Some(Target {
-            pod: pod.name.clone(),
-            url,
-        })
-    }
-
-    async fn connect(&self, target: &Target, request_timeout: Duration) -> Result<Client, String> {
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(request_timeout);
-        if let Some(tls) = &self.tls {
-            let mut t = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca));
-            if let Some((cert, key)) = &tls.identity {
-                t = t.identity(Identity::from_pem(cert, key));
-            }
-            let name = self
-                .tls_names
-                .lock()
-                .ok()
-                .and_then(|names| names.get(&target.url).cloned());
-            if let Some(name) = name {
-                t = t.domain_name(name);
-            }
-            options = options.with_tls(t);
-        }
-        if let Some((user, password)) = &self.auth {
-            options = options.with_user(user.clone(), password.clone());
-        }
-        bounded(
-            CONNECT_TIMEOUT + request_timeout,
-            Client::connect([target.url.as_str()], Some(options)),
-        )
-        .await
-        .map_err(|e| format!("connect: {e}"))
-    }
-
-    /// Asks one member for status, member list and alarms (concurrently, each bounded).
-    async fn view(&self, pod: &PodInfo) -> MemberView {
-        let Some(target) = self.target(pod) else {
-            let why = "pod has no IP (not running)".to_string();
-            return MemberView {
-                pod: pod.name.clone(),
-                endpoint: None,
-                status: Err(why.clone()),
-                members: Err(why.clone()),
-                alarms: Err(why),
-            };
-        };
-        let client = match self.connect(&target, REQUEST_TIMEOUT).await {
-            Ok(c) => c,
-            Err(e) => {
-                return MemberView {
-                    pod: pod.name.clone(),
-                    endpoint: Some(target.url),
-                    status: Err(e.clone()),
-                    members: Err(e.clone()),
-                    alarms: Err(e),
-                };
-            }
-        };
-        let limit = REQUEST_TIMEOUT + Duration::from_millis(500);
-        let (mut c1, mut c2, mut c3) = (client.clone(), client.clone(), client);
-        let (status, members, alarms) = tokio::join!(
-            bounded(
-                limit,
-                async move { c1.status().await.map(|s| status_view(&s)) }
-            ),
-            bounded(limit, async move {
-                c2.member_list()
-                    .await
-                    .map(|r| r.members().iter().map(member_info).collect::<Vec<_>>())
-            }),
-            bounded(limit, async move {
-                c3.alarm(AlarmAction::Get, AlarmType::None, None)
-                    .await
-                    .map(|r| alarm_infos(&r))
-            }),
-        );
-        let view = MemberView {
-            pod: pod.name.clone(),
-            endpoint: Some(target.url),
-            status,
-            members,
-            alarms,
-        };
-        debug!(member = %view.pod, ?view, "etcd member view");
-        view
-    }
-
-    /// Observes every member pod on its own endpoint and assesses the answers.
-    #[instrument(skip_all, fields(pods = pods.len()))]
-    pub async fn observe(&self, pods: &[Pod]) -> HealthReport {
-        let mut infos: Vec<PodInfo> = pods.iter().map(PodInfo::from_pod).collect();
-        infos.sort_by(|a, b| ordinal_key(&a.name).cmp(&ordinal_key(&b.name)));
-        let views = futures::future::join_all(infos.iter().map(|p| self.view(p))).await;
-        let report = assess(&infos, &views);
-        debug!(leader = ?report.leader, problems = ?report.problems, "etcd health");
-        report
-    }
-
-    /// MoveLeader sent to the current leader's endpoint (from the report), then wait (bounded)
-    /// until every member of the report sees the new leader. Ok at once when `to` already leads;
-    /// an error when `from` no longer leads (observe again).
-    #[instrument(skip(self, report))]
-    pub async fn transfer_leadership(
-        &self,
-        report: &HealthReport,
-        from: &str,
-        to: &str,
-    ) -> Result<(), EngineError> {
-        let fail = |message: String| EngineError::LeaderTransfer {
-            from: from.to_string(),
-            to: to.to_string(),
-            message,
-        };
-        let find = |pod: &str| {
-            report
-                .members
-                .iter()
-                .find(|m| m.pod == pod)
-                .ok_or_else(|| fail(format!("{pod} is not in the health report")))
-        };
-        let id_of = |m: &MemberHealth| {
-            m.member_id
-                .as_deref()
-                .and_then(|id| u64::from_str_radix(id, 16).ok())
-                .ok_or_else(|| fail(format!("no etcd member id known for {}", m.pod)))
-        };
-        let (source, dest) = (find(from)?, find(to)?);
-        let (from_id, to_id) = (id_of(source)?, id_of(dest)?);
-        let target = Target {
-            pod: from.to_string(),
-            url: source
-                .endpoint
-                .clone()
-                .ok_or_else(|| fail(format!("no endpoint known for {from}")))?,
-        };
-        let mut client = self
-            .connect(&target, MOVE_LEADER_TIMEOUT)
-            .await
-            .map_err(|e| fail(format!("cannot reach {from} at {}: {e}", target.url)))?;
-        let status = bounded(REQUEST_TIMEOUT, client.status())
-            .await
-            .map_err(|e| fail(format!("status of {from}: {e}")))?;
-        if status.leader() == to_id {
-            info!("{to} already leads");
-        } else if status.leader() != from_id {
-            return Err(fail(format!(
-                "{from} is not the leader any more (it sees leader id {}); observe again",
-                hex(status.leader())
-            )));
-        } else {
-            info!("moving etcd leadership");
-            bounded(
-                MOVE_LEADER_TIMEOUT + Duration::from_secs(1),
-                client.move_leader(to_id),
-            )
-            .await
-            .map_err(|e| fail(format!("MoveLeader: {e}")))?;
-        }
-        (|| self.all_see_leader(report, to_id))
-            .retry(
-                ConstantBuilder::default()
-                    .with_delay(LEADER_POLL)
-                    .with_max_times(LEADER_POLLS),
-            )
-            .await
-            .map_err(|e| {
-                fail(format!(
-                    "the new leader is not confirmed by every member: {e}"
-                ))
-            })?;
-        info!("every member sees {to} as leader");
-        Ok(())
-    }
-
-    /// Ok when every member of the report that has an endpoint sees `leader_id` as leader.
-    async fn all_see_leader(&self, report: &HealthReport, leader_id: u64) -> Result<(), String> {
-        let checks = report.members.iter().filter_map(|m| {
-            let url = m.endpoint.clone()?;
-            Some(async move {
-                let target = Target {
-                    pod: m.pod.clone(),
-                    url,
-                };
-                let mut client = self.connect(&target, REQUEST_TIMEOUT).await?;
-                let s = bounded(REQUEST_TIMEOUT, client.status()).await?;
-                if s.leader() == leader_id {
-                    Ok(())
-                } else {
-                    Err(format!("{} sees leader id {}", target.pod, hex(s.leader())))
-                }
-            })
-        });
-        let errors: Vec<String> = futures::future::join_all(checks)
-            .await
-            .into_iter()
-            .filter_map(Result::err)
-            .collect();
-        if errors.is_empty() {
-            Ok(())
-        } else {
-            Err(errors.join("; "))
-        }
-    }
-
-    /// `hash_kv` at a common revision (the lowest current revision among the members) on
-    /// every member: `"<hash>@<revision>"` when all agree, [`EngineError::Inconsistent`] when not.
-    #[instrument(skip_all, fields(pods = pods.len()))]
-    pub async fn final_hash(&self, pods: &[Pod]) -> Result<String, EngineError> {
-        let mut infos: Vec<PodInfo> = pods.iter().map(PodInfo::from_pod).collect();
-        infos.sort_by(|a, b| ordinal_key(&a.name).cmp(&ordinal_key(&b.name)));
-        if infos.is_empty() {
-            return Err(EngineError::Other("no member pod to hash".to_string()));
-        }
-        let unreachable = |t: &Target, message: String| EngineError::Unreachable {
-            pod: t.pod.clone(),
-            endpoint: t.url.clone(),
-            message,
-        };
-        let mut clients = Vec::new();
-        for info in &infos {
-            let target = self.target(info).ok_or_else(|| EngineError::Unreachable {
-                pod: info.name.clone(),
-                endpoint: String::new(),
-                message: "pod has no IP (not running)".to_string(),
-            })?;
-            let client = self
-                .connect(&target, REQUEST_TIMEOUT)
-                .await
-                .map_err(|e| unreachable(&target, e))?;
-            clients.push((target, client));
-        }
-        let mut revision = i64::MAX;
-        for (t, c) in &mut clients {
-            let s = bounded(REQUEST_TIMEOUT, c.status())
-                .await
-                .map_err(|e| unreachable(t, e))?;
-            revision = revision.min(status_view(&s).revision);
-        }
-        if revision < 1 {
-            return Err(EngineError::Other(
-                "a member reports no key-value revision".to_string(),
-            ));
-        }
-        let mut hashes: Vec<(String, u32, i64)> = Vec::new();
-        for (t, c) in &mut clients {
-            let h = bounded(REQUEST_TIMEOUT, c.hash_kv(revision))
-                .await
-                .map_err(|e| unreachable(t, e))?;
-            hashes.push((t.pod.clone(), h.hash(), h.compact_version()));
-        }
-        compare_hashes(&hashes, revision)
-    }
+/// The revision every member can hash at: the lowest current revision among them; `None` when
+/// there is no member or one reports no revision.
+pub fn common_revision(revisions: &[i64]) -> Option<i64> {
+    revisions.iter().copied().min().filter(|r| *r >= 1)
 }
 
 /// `"<hash>@<revision>"` when every member's `hash_kv` is the same; else which member has what.
-fn compare_hashes(hashes: &[(String, u32, i64)], revision: i64) -> Result<String, EngineError> {
-    let distinct: BTreeSet<u32> = hashes.iter().map(|h| h.1).collect();
+pub fn agreed_hash(hashes: &[MemberHash], revision: i64) -> Result<String, FinalHashError> {
+    let distinct: BTreeSet<u32> = hashes.iter().map(|h| h.hash).collect();
     match (distinct.len(), distinct.first()) {
-        (1, Some(hash)) => {
-            info!(hash, revision, "all members agree on hash_kv");
-            Ok(format!("{hash}@{revision}"))
-        }
+        (1, Some(hash)) => Ok(format!("{hash}@{revision}")),
         _ => {
             let parts: Vec<String> = hashes
                 .iter()
-                .map(|(pod, h, compact)| format!("{pod}: {h} (compacted at revision {compact})"))
+                .map(|h| {
+                    format!(
+                        "{}: {} (compacted at revision {})",
+                        h.pod, h.hash, h.compact_revision
+                    )
+                })
                 .collect();
-            warn!(revision, ?parts, "members differ on hash_kv");
-            Err(EngineError::Inconsistent(format!(
+            Err(FinalHashError::Inconsistent(format!(
                 "hash_kv at revision {revision} differs: {}",
                 parts.join(", ")
             )))
@@ -1271,39 +866,137 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_and_tls_names() {
-        let e = Etcd::new(2379);
-        let t = e.target(&pod(1)).unwrap();
-        assert_eq!(t.url, "http://198.18.0.11:2379");
-        assert!(e.target(&PodInfo::default()).is_none());
-        let mut e = Etcd::new(12379);
-        e.tls = Some(TlsMaterial {
-            ca: vec![],
-            identity: None,
-        });
-        let t = e.target(&pod(2)).unwrap();
-        assert_eq!(t.url, "https://198.18.0.12:12379");
+    fn hashes_must_agree() {
+        let h = |pod: &str, hash: u32| MemberHash {
+            pod: pod.to_string(),
+            hash,
+            compact_revision: 0,
+        };
         assert_eq!(
-            e.tls_names.lock().unwrap().get(&t.url).map(String::as_str),
-            Some("etcd-2.etcd.db.svc.cluster.local")
+            agreed_hash(&[h("etcd-0", 7), h("etcd-1", 7)], 42).unwrap(),
+            "7@42"
         );
-        let mut v6 = pod(3);
-        v6.ip = Some("fd00::3".to_string());
-        v6.hostname = None;
-        let t = e.target(&v6).unwrap();
-        assert_eq!(t.url, "https://[fd00::3]:12379");
+        let err = agreed_hash(&[h("etcd-0", 7), h("etcd-1", 8)], 42).unwrap_err();
         assert_eq!(
-            e.tls_names.lock().unwrap().get(&t.url).map(String::as_str),
-            Some("fd00::3")
+            err,
+            FinalHashError::Inconsistent(
+                "hash_kv at revision 42 differs: etcd-0: 7 (compacted at revision 0), etcd-1: 8 \
+                 (compacted at revision 0)"
+                    .to_string()
+            )
+        );
+        assert!(
+            err.to_string()
+                .starts_with("members are inconsistent: hash_kv")
         );
     }
 
     #[test]
-    fn hashes_must_agree() {
-        let same = vec![("etcd-0".to_string(), 7, 0), ("etcd-1".to_string(), 7, 0)];
-        assert_eq!(compare_hashes(&same, 42).unwrap(), "7@42");
-        let differ = vec![("etcd-0".to_string(), 7, 0), ("etcd-1".to_string(), 8, 0)];
-        let err = compare_hashes(&differ, 42).unwrap_err().to_string();
-        assert!(err.contains("etcd-1: 8"), "{err}");
+    fn common_revision_is_the_lowest_and_positive() {
+        assert_eq!(common_revision(&[80, 77, 90]), Some(77));
+        assert_eq!(common_revision(&[80, 0]), None);
+        assert_eq!(common_revision(&[]), None);
+    }
+
+    #[test]
+    fn quorum_counts_a_voting_member_without_a_pod() {
+        // Three voting members, but the pod of etcd-2 is gone: the report has two pods, the
+        // member list still counts three, so stopping another member would lose quorum.
+        let members: Vec<MemberInfo> = (0..3).map(member).collect();
+        let pods: Vec<PodInfo> = (0..2).map(pod).collect();
+        let views: Vec<MemberView> = (0..2).map(|i| view(i, 0, &members)).collect();
+        let r = assess(&pods, &views);
+        assert_eq!(r.voting_members, Some(3));
+        assert_eq!(r.members.len(), 2);
+        assert_eq!(
+            r.problems,
+            vec!["etcd member etcd-2 (id 1002) matches no pod of the StatefulSet"]
+        );
+        // Without the cluster-wide problem, the quorum rule alone closes the gate.
+        let mut quorum_only = r.clone();
+        quorum_only.problems.clear();
+        assert_eq!(
+            gate_before_stop(&quorum_only, "etcd-1", DEFAULT_MAX_LAG),
+            Gate::Wait(
+                "stopping etcd-1 would leave 1 of 3 voting members up; quorum needs 2".to_string()
+            )
+        );
+        assert!(
+            matches!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("matches no pod"))
+        );
+    }
+
+    #[test]
+    fn leader_matching_no_pod_is_a_problem() {
+        let members: Vec<MemberInfo> = (0..3).map(member).collect();
+        let pods: Vec<PodInfo> = (0..2).map(pod).collect();
+        let views: Vec<MemberView> = (0..2).map(|i| view(i, 2, &members)).collect();
+        let r = assess(&pods, &views);
+        assert_eq!(r.leader, None);
+        assert!(
+            r.problems
+                .contains(&"the leader (id 1002) matches no pod".to_string()),
+            "{:?}",
+            r.problems
+        );
+    }
+
+    #[test]
+    fn the_leader_leads_and_must_hand_over_first() {
+        let (pods, views) = cluster(3, 2);
+        let r = assess(&pods, &views);
+        assert_eq!(r.leader.as_deref(), Some("etcd-2"));
+        assert_eq!(r.members[2].role(), super::super::Role::Leader);
+        assert_eq!(r.members[0].role(), super::super::Role::Follower);
+        assert_eq!(
+            gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG),
+            Gate::TransferLeadershipFirst
+        );
+    }
+
+    #[test]
+    fn unstarted_member_without_pod() {
+        let mut unstarted = member(3);
+        unstarted.name = String::new();
+        unstarted.peer_urls = vec!["http://198.18.0.99:2380".to_string()];
+        unstarted.client_urls = vec![];
+        let mut members: Vec<MemberInfo> = (0..3).map(member).collect();
+        members.push(unstarted);
+        let (by_id, _) = map_members(&(0..3).map(pod).collect::<Vec<_>>(), &members, &[]);
+        assert_eq!(
+            membership_problems(&members, &by_id),
+            vec!["etcd member (unstarted, id 1003) matches no pod of the StatefulSet"]
+        );
+    }
+
+    #[test]
+    fn alarm_on_an_unknown_member_names_its_id() {
+        let (pods, mut views) = cluster(3, 0);
+        views[0].alarms = Ok(vec![AlarmInfo {
+            member_id: 0xdead,
+            alarm: "CORRUPT".to_string(),
+        }]);
+        let r = assess(&pods, &views);
+        assert_eq!(r.problems, vec!["alarm CORRUPT raised on member id dead"]);
+        assert!(r.members.iter().all(|m| m.healthy));
+    }
+
+    #[test]
+    fn member_health_of_an_unreachable_pod_without_ip() {
+        let mut v = view(0, 0, &[]);
+        v.endpoint = None;
+        down(&mut v, "pod has no IP (not running)");
+        let alarms = BTreeSet::new();
+        let cx = MemberContext {
+            id: Some(id(0)),
+            listed: true,
+            alarms: &alarms,
+            leader: None,
+        };
+        let h = member_health(&pod(0), &v, &cx);
+        assert!(!h.healthy);
+        assert_eq!(h.problem.as_deref(), Some("pod has no IP (not running)"));
+        assert_eq!(h.raft_index, None);
+        assert_eq!(h.member_id.as_deref(), Some("1000"));
     }
 }

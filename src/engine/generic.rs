@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{EngineError, HealthReport, MemberHealth, ordinal_key};
+use super::{HealthReport, InvalidSettings, MemberHealth, ordinal_key};
 use crate::api::GenericSpec;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -15,7 +15,7 @@ pub struct Generic {
 
 impl Generic {
     /// Parses `spec.database.generic` (`leaderLabel: key=value`).
-    pub fn new(spec: Option<&GenericSpec>) -> Result<Self, EngineError> {
+    pub fn new(spec: Option<&GenericSpec>) -> Result<Self, InvalidSettings> {
         let leader_label = match spec.and_then(|s| s.leader_label.as_deref()) {
             None => None,
             Some(label) => Some(parse_label(label)?),
@@ -25,6 +25,7 @@ impl Generic {
 
     /// One member per pod, in ordinal order: healthy when Ready and not being deleted; the
     /// leader is the one pod carrying the leader label (several carrying it is a problem).
+    /// A pure function of the pods (the cluster layer lists them).
     pub fn observe(&self, pods: &[Pod]) -> HealthReport {
         let mut members: Vec<MemberHealth> = pods
             .iter()
@@ -79,12 +80,12 @@ impl Generic {
     }
 }
 
-fn parse_label(label: &str) -> Result<(String, String), EngineError> {
+fn parse_label(label: &str) -> Result<(String, String), InvalidSettings> {
     match label.split_once('=') {
         Some((key, value)) if !key.trim().is_empty() && !value.contains('=') => {
             Ok((key.trim().to_string(), value.trim().to_string()))
         }
-        _ => Err(EngineError::Config(format!(
+        _ => Err(InvalidSettings(format!(
             "spec.database.generic.leaderLabel must be key=value, got {label:?}"
         ))),
     }
@@ -215,7 +216,7 @@ mod tests {
     fn malformed_label_is_refused() {
         for bad in ["role", "=x", "a=b=c"] {
             assert!(
-                matches!(Generic::new(Some(&spec(bad))), Err(EngineError::Config(_))),
+                matches!(Generic::new(Some(&spec(bad))), Err(InvalidSettings(_))),
                 "{bad}"
             );
         }

@@ -1,25 +1,25 @@
-//! Database health and leadership: what the planner needs to order members and gate each stop
-//! and return. `observe` talks to the database (I/O); the gate and ordering functions are pure.
+//! Database health and leadership, pure: the [`HealthReport`] the planner decides on, the gates
+//! before a member stops and after it returns, and the order of the members. No I/O: the
+//! clients that ask the database live in the cluster layer and hand their answers here.
 //!
 //! - [`generic`]: pod readiness, and an optional pod label that marks the leader.
-//! - [`etcd`]: Raft-aware (one client per member endpoint, leader, raft index, alarms, MoveLeader).
+//! - [`etcd`]: Raft-aware assessment of what every member answered (leader, raft index, alarms,
+//!   member-to-pod mapping).
 
-use k8s_openapi::api::core::v1::Pod;
+use std::fmt;
+
 use serde::{Deserialize, Serialize};
 
-use crate::api::{DatabaseEngine, DatabaseSpec};
+pub use crate::api::Role;
 
 pub mod etcd;
 pub mod generic;
+#[cfg(test)]
+mod purity;
 
 /// Default bound on how far (in Raft log entries) a member's applied index may trail the
 /// leader's before a gate waits.
 pub const DEFAULT_MAX_LAG: u64 = 1000;
-
-/// The verdict of [`gate_before_stop`] when the member about to stop is the Raft leader: the
-/// caller hands leadership over ([`transfer_target`], [`Engine::transfer_leadership`]) and looks
-/// again.
-pub const LEADER_TRANSFER_FIRST: &str = "leader: transfer first";
 
 /// What one member looks like to the database engine at one moment.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -39,9 +39,20 @@ pub struct MemberHealth {
     /// Why the member is not healthy, in words a human can act on.
     pub problem: Option<String>,
     /// Where the engine reached the member (etcd: `http(s)://<podIP>:<clientPort>`), so a later
-    /// call ([`Engine::transfer_leadership`]) talks to the same endpoint.
+    /// call (a leadership transfer) talks to the same endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
+}
+
+impl MemberHealth {
+    /// Leader or follower, as the engine sees this member now.
+    pub fn role(&self) -> Role {
+        if self.leader {
+            Role::Leader
+        } else {
+            Role::Follower
+        }
+    }
 }
 
 /// The database as seen by the engine: one entry per member pod that exists and has an IP,
@@ -62,110 +73,57 @@ pub struct HealthReport {
     pub quorum_based: bool,
 }
 
-/// A gate's verdict: go on, or wait with a reason (shown in an Event and a condition).
+/// A gate's verdict: go on, hand leadership over first, or wait with a reason (shown in an
+/// Event and a condition; the planner only displays it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Gate {
     Open,
+    /// The member about to stop is the Raft leader of a quorum-based database: the caller hands
+    /// leadership over ([`transfer_target`]) and looks again.
+    TransferLeadershipFirst,
+    /// Not now; the message says why.
     Wait(String),
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("cannot reach member {pod} at {endpoint}: {message}")]
-    Unreachable {
-        pod: String,
-        endpoint: String,
-        message: String,
-    },
-    #[error("leadership transfer from {from} to {to} failed: {message}")]
-    LeaderTransfer {
-        from: String,
-        to: String,
-        message: String,
-    },
-    #[error("cannot read secret {name}: {message}")]
-    Secret { name: String, message: String },
-    /// The request's `spec.database` cannot be used (e.g. a malformed leader label).
-    #[error("invalid database settings: {0}")]
-    Config(String),
+impl fmt::Display for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Gate::Open => f.write_str("open"),
+            Gate::TransferLeadershipFirst => f.write_str("leader: transfer first"),
+            Gate::Wait(reason) => f.write_str(reason),
+        }
+    }
+}
+
+/// Why the planner has no [`HealthReport`]. The texts are what status and Events show.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HealthUnavailable {
+    /// Health is gathered only while preflighting and migrating.
+    #[error("not observed in this stage")]
+    NotObservedInStage,
+    /// The request's engine could not be set up (e.g. a Secret it names cannot be read).
+    #[error("{0}")]
+    NoEngine(String),
+    /// The engine failed while observing.
+    #[error("{0}")]
+    Engine(String),
+}
+
+/// Why the final digest of the data is not known.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FinalHashError {
     /// Members disagree where they must agree (etcd: `hash_kv` at a common revision).
     #[error("members are inconsistent: {0}")]
     Inconsistent(String),
+    /// The engine could not compute it (a member unreachable, no revision...).
     #[error("{0}")]
-    Other(String),
+    Engine(String),
 }
 
-/// The database logic a request uses, chosen by `spec.database.engine`.
-#[derive(Debug)]
-pub enum Engine {
-    Generic(generic::Generic),
-    Etcd(etcd::Etcd),
-}
-
-impl Engine {
-    /// Builds the engine of a request. Etcd: reads the TLS Secret (`ca.crt`, `tls.crt`,
-    /// `tls.key`) and the auth Secret (`username`, `password`) when they are named.
-    pub async fn from_spec(
-        client: &kube::Client,
-        namespace: &str,
-        spec: &DatabaseSpec,
-    ) -> Result<Engine, EngineError> {
-        match spec.engine {
-            DatabaseEngine::Generic => Ok(Engine::Generic(generic::Generic::new(
-                spec.generic.as_ref(),
-            )?)),
-            DatabaseEngine::Etcd => Ok(Engine::Etcd(
-                etcd::Etcd::from_spec(client, namespace, spec.etcd.as_ref()).await?,
-            )),
-        }
-    }
-
-    /// Short name for logs and Events.
-    pub fn name(&self) -> &'static str {
-        match self {
-            Engine::Generic(_) => "Generic",
-            Engine::Etcd(_) => "Etcd",
-        }
-    }
-
-    /// Looks at every member pod. Members that do not answer are reported unhealthy in the
-    /// report (not as an error); an error means the engine itself could not work.
-    pub async fn observe(&self, pods: &[Pod]) -> Result<HealthReport, EngineError> {
-        match self {
-            Engine::Generic(g) => Ok(g.observe(pods)),
-            Engine::Etcd(e) => Ok(e.observe(pods).await),
-        }
-    }
-
-    /// Hands leadership from `from` (the current leader) to `to`, and waits until every member
-    /// reports the new leader. Idempotent: Ok when `to` already leads. Generic: an error (a
-    /// label-marked leader cannot be moved by us; the generic gates never ask for it).
-    pub async fn transfer_leadership(
-        &self,
-        report: &HealthReport,
-        from: &str,
-        to: &str,
-    ) -> Result<(), EngineError> {
-        match self {
-            Engine::Generic(_) => Err(EngineError::LeaderTransfer {
-                from: from.to_string(),
-                to: to.to_string(),
-                message: "the Generic engine cannot transfer leadership".to_string(),
-            }),
-            Engine::Etcd(e) => e.transfer_leadership(report, from, to).await,
-        }
-    }
-
-    /// A digest of the data all members agree on, once every member is migrated. Etcd:
-    /// `hash_kv` at a common revision on every member, as `"<hash>@<revision>"`; an error when
-    /// members differ. Generic: `None`.
-    pub async fn final_hash(&self, pods: &[Pod]) -> Result<Option<String>, EngineError> {
-        match self {
-            Engine::Generic(_) => Ok(None),
-            Engine::Etcd(e) => e.final_hash(pods).await.map(Some),
-        }
-    }
-}
+/// The request's `spec.database` cannot be used (e.g. a malformed leader label).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid database settings: {0}")]
+pub struct InvalidSettings(pub String);
 
 /// Ordinal of a StatefulSet pod name (`etcd-2` → 2).
 pub fn pod_ordinal(pod: &str) -> Option<u32> {
@@ -222,7 +180,7 @@ pub fn note_missing_pods(report: &mut HealthReport, expected: &[String]) {
 /// May `pod` be stopped now? Every member answers and is healthy, no cluster problem (alarms,
 /// learners, unmatched members); for a quorum-based engine also: a leader is agreed on, every
 /// member's raft index is within `max_lag` of the leader's, the voting quorum still holds with
-/// `pod` gone, and `pod` is not the leader (else [`LEADER_TRANSFER_FIRST`]).
+/// `pod` gone, and `pod` is not the leader (else [`Gate::TransferLeadershipFirst`]).
 pub fn gate_before_stop(report: &HealthReport, pod: &str, max_lag: u64) -> Gate {
     if !report.problems.is_empty() {
         return Gate::Wait(report.problems.join("; "));
@@ -260,7 +218,7 @@ pub fn gate_before_stop(report: &HealthReport, pod: &str, max_lag: u64) -> Gate 
         ));
     }
     if leader == pod {
-        return Gate::Wait(LEADER_TRANSFER_FIRST.to_string());
+        return Gate::TransferLeadershipFirst;
     }
     Gate::Open
 }
@@ -303,6 +261,7 @@ pub fn must_transfer_before_stop(report: &HealthReport, pod: &str) -> bool {
 
 /// Is `pod` back after its migration? It is in the report, healthy, no cluster problem (alarms,
 /// unmatched members); quorum-based: a leader is agreed on and `pod` is within `max_lag` of it.
+/// Never [`Gate::TransferLeadershipFirst`].
 pub fn gate_after_return(report: &HealthReport, pod: &str, max_lag: u64) -> Gate {
     let Some(m) = member(report, pod) else {
         return Gate::Wait(format!("{pod} is not back yet (no running pod with an IP)"));
@@ -503,7 +462,7 @@ mod tests {
         let r = raft(3, "etcd-0");
         assert_eq!(
             gate_before_stop(&r, "etcd-0", DEFAULT_MAX_LAG),
-            Gate::Wait(LEADER_TRANSFER_FIRST.to_string())
+            Gate::TransferLeadershipFirst
         );
         assert!(must_transfer_before_stop(&r, "etcd-0"));
         assert!(!must_transfer_before_stop(&r, "etcd-1"));
@@ -703,6 +662,73 @@ mod tests {
         );
         assert!(
             matches!(gate_before_stop(&r, "etcd-1", 10), Gate::Wait(w) if w.contains("etcd-2"))
+        );
+    }
+
+    #[test]
+    fn role_keeps_its_json_values() {
+        assert_eq!(serde_json::to_value(Role::Leader).unwrap(), "leader");
+        assert_eq!(serde_json::to_value(Role::Follower).unwrap(), "follower");
+        let m: crate::api::PlannedMember = serde_json::from_value(serde_json::json!({
+            "ordinal": 1, "pod": "etcd-1", "node": "n", "claim": "c", "oldVolume": "v",
+            "tempClaim": "t", "oldSize": "1Gi", "newSize": "1Gi", "role": "follower"
+        }))
+        .unwrap();
+        assert_eq!(m.role, Some(Role::Follower));
+        assert!(serde_json::from_value::<Role>(serde_json::json!("Leader")).is_err());
+        let r = raft(3, "etcd-1");
+        let roles: Vec<Role> = r.members.iter().map(MemberHealth::role).collect();
+        assert_eq!(roles, [Role::Follower, Role::Leader, Role::Follower]);
+    }
+
+    #[test]
+    fn gate_verdicts_read_as_before() {
+        assert_eq!(
+            Gate::TransferLeadershipFirst.to_string(),
+            "leader: transfer first"
+        );
+        assert_eq!(Gate::Wait("x is down".to_string()).to_string(), "x is down");
+        // Only the leader of a quorum-based database is asked to hand over.
+        let r = raft(3, "etcd-0");
+        for pod in ["etcd-0", "etcd-1", "etcd-2"] {
+            let transfer =
+                gate_before_stop(&r, pod, DEFAULT_MAX_LAG) == Gate::TransferLeadershipFirst;
+            assert_eq!(transfer, must_transfer_before_stop(&r, pod), "{pod}");
+        }
+        let mut generic = r.clone();
+        generic.quorum_based = false;
+        assert_eq!(
+            gate_before_stop(&generic, "etcd-0", DEFAULT_MAX_LAG),
+            Gate::Open
+        );
+    }
+
+    #[test]
+    fn unavailable_health_and_hash_read_as_before() {
+        assert_eq!(
+            HealthUnavailable::NotObservedInStage.to_string(),
+            "not observed in this stage"
+        );
+        assert_eq!(
+            HealthUnavailable::NoEngine("database engine: cannot read secret s: gone".into())
+                .to_string(),
+            "database engine: cannot read secret s: gone"
+        );
+        assert_eq!(
+            HealthUnavailable::Engine("connection refused".into()).to_string(),
+            "connection refused"
+        );
+        assert_eq!(
+            FinalHashError::Inconsistent("hash_kv differs".into()).to_string(),
+            "members are inconsistent: hash_kv differs"
+        );
+        assert_eq!(
+            FinalHashError::Engine("no member pod to hash".into()).to_string(),
+            "no member pod to hash"
+        );
+        assert_eq!(
+            InvalidSettings("bad label".into()).to_string(),
+            "invalid database settings: bad label"
         );
     }
 }

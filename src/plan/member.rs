@@ -359,10 +359,7 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             );
             advance(cx, mb, MemberStep::StoppingPod);
         }
-        Gate::Wait(reason)
-            if reason == engine::LEADER_TRANSFER_FIRST
-                && engine::must_transfer_before_stop(&report, &pod) =>
-        {
+        Gate::TransferLeadershipFirst => {
             let migrated: Vec<String> = cx
                 .status
                 .members
@@ -386,7 +383,8 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 None => waiting_for_health(
                     cx,
                     &format!(
-                        "member {pod} is the leader and no healthy, caught-up member can take over ({reason})"
+                        "member {pod} is the leader and no healthy, caught-up member can take over ({})",
+                        Gate::TransferLeadershipFirst
                     ),
                 ),
             }
@@ -787,7 +785,7 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member, mode: Mode) -> Result<(), Failure> 
     };
     match engine::gate_after_return(&report, &m.pod, engine::DEFAULT_MAX_LAG) {
         Gate::Open => finish_member(cx, mb, pod_ready_since(&pod)),
-        Gate::Wait(reason) => waiting_for_health(cx, &reason),
+        closed => waiting_for_health(cx, &closed.to_string()),
     }
     Ok(())
 }

@@ -31,7 +31,7 @@ use crate::api::{
     StorageMigrationRequestStatus,
 };
 use crate::build::Manifest;
-use crate::engine::HealthReport;
+use crate::engine::{FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 
 pub mod failure;
@@ -95,9 +95,9 @@ pub struct Observed {
     /// Other requests in the namespace on the same target.
     pub other_requests: Vec<OtherRequest>,
     /// The database engine's view, or why it could not be had.
-    pub health: Result<HealthReport, String>,
+    pub health: Result<HealthReport, HealthUnavailable>,
     /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
-    pub final_hash: Option<Result<Option<String>, String>>,
+    pub final_hash: Option<Result<Option<String>, FinalHashError>>,
 }
 
 /// Manifests stashed before they are deleted. The StatefulSet and the pods are kept as the raw

@@ -11,6 +11,7 @@ use super::fixtures::*;
 use super::*;
 use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
 use crate::build::{self, JobKind};
+use crate::engine::{HealthUnavailable, Role};
 use crate::labels;
 
 fn first_status(d: &Decision) -> &StorageMigrationRequestStatus {
@@ -223,7 +224,7 @@ fn denials_name_the_problem() {
         ),
         (
             "health unreadable",
-            |o| o.health = Err("connection refused".into()),
+            |o| o.health = Err(HealthUnavailable::Engine("connection refused".into())),
             "NotHealthy",
             "connection refused",
         ),
@@ -686,7 +687,7 @@ fn leader_goes_last_and_hands_over_first() {
             .collect::<Vec<_>>(),
         ["etcd-1", "etcd-2", "etcd-0"]
     );
-    assert_eq!(plan.members[2].role.as_deref(), Some("leader"));
+    assert_eq!(plan.members[2].role, Some(Role::Leader));
     let mut sim = Sim::new(o);
     sim.run(500);
     let s = sim.o.request.status.clone().unwrap();

@@ -4,17 +4,20 @@
 
 use super::{Denial, DenialReason};
 use crate::api::{ApplyPolicy, PlannedMember};
-use crate::engine::{self, HealthReport};
+use crate::engine::{self, HealthReport, HealthUnavailable};
 
 /// Marks each member `leader` or `follower` as the engine reports it (members the report does
 /// not name keep no role; nothing is marked when the health cannot be read).
-pub(super) fn assign_roles(health: &Result<HealthReport, String>, members: &mut [PlannedMember]) {
+pub(super) fn assign_roles(
+    health: &Result<HealthReport, HealthUnavailable>,
+    members: &mut [PlannedMember],
+) {
     let Ok(report) = health else {
         return;
     };
     for m in members {
         if let Some(h) = report.members.iter().find(|h| h.pod == m.pod) {
-            m.role = Some(if h.leader { "leader" } else { "follower" }.to_string());
+            m.role = Some(h.role());
         }
     }
 }
@@ -23,7 +26,7 @@ pub(super) fn assign_roles(health: &Result<HealthReport, String>, members: &mut 
 /// the report counts as unhealthy). `apply: Always` passes.
 pub(super) fn check_engine_health(
     apply: ApplyPolicy,
-    health: &Result<HealthReport, String>,
+    health: &Result<HealthReport, HealthUnavailable>,
     members: &[PlannedMember],
 ) -> Result<(), Denial> {
     if apply != ApplyPolicy::IfReady {

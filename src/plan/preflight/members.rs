@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{Denial, DenialReason};
-use crate::api::PlannedMember;
+use crate::api::{PlannedMember, Role};
 use crate::build::{self, Manifest};
 use crate::plan::{
     Observed, claim_class, claim_phase, claim_request, claim_volume, is_terminating, quantity,
@@ -218,5 +218,5 @@ pub(super) fn check_claim_request(
 
 /// The migration order: followers first (stable by ordinal), leader last.
 pub(super) fn order(members: &mut [PlannedMember]) {
-    members.sort_by_key(|m| (m.role.as_deref() == Some("leader"), m.ordinal));
+    members.sort_by_key(|m| (m.role == Some(Role::Leader), m.ordinal));
 }

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::*;
-use crate::api::{ApplyPolicy, PlannedMember};
-use crate::engine::MemberHealth;
+use crate::api::{ApplyPolicy, PlannedMember, Role};
+use crate::engine::{HealthUnavailable, MemberHealth};
 use crate::plan::fixtures::*;
 use crate::plan::{JobOutcome, Object, ObservedJob, OtherRequest};
 
@@ -482,8 +482,8 @@ fn member_checks_run_in_order() {
 #[test]
 fn leader_goes_last_followers_by_ordinal() {
     let mut ms: Vec<PlannedMember> = (0..4).map(|i| planned(i, "1Gi")).collect();
-    ms[1].role = Some("leader".into());
-    ms[0].role = Some("follower".into());
+    ms[1].role = Some(Role::Leader);
+    ms[0].role = Some(Role::Follower);
     ms.reverse();
     members::order(&mut ms);
     let order: Vec<i32> = ms.iter().map(|m| m.ordinal).collect();
@@ -588,7 +588,9 @@ fn shrink_size_is_below_every_request() {
 
 // ---- health --------------------------------------------------------------------------------
 
-fn health(members: &[(&str, bool, bool)]) -> Result<crate::engine::HealthReport, String> {
+fn health(
+    members: &[(&str, bool, bool)],
+) -> Result<crate::engine::HealthReport, HealthUnavailable> {
     Ok(crate::engine::HealthReport {
         members: members
             .iter()
@@ -610,10 +612,10 @@ fn roles_come_from_the_report() {
         &health(&[("etcd-0", true, false), ("etcd-1", true, true)]),
         &mut ms,
     );
-    let roles: Vec<Option<&str>> = ms.iter().map(|m| m.role.as_deref()).collect();
-    assert_eq!(roles, [Some("follower"), Some("leader"), None]);
+    let roles: Vec<Option<Role>> = ms.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Some(Role::Follower), Some(Role::Leader), None]);
     let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
-    health::assign_roles(&Err("down".into()), &mut ms);
+    health::assign_roles(&Err(HealthUnavailable::Engine("down".into())), &mut ms);
     assert!(ms.iter().all(|m| m.role.is_none()));
 }
 
@@ -646,7 +648,7 @@ fn if_ready_needs_every_member_healthy() {
     ));
     assert!(d.message.contains("etcd-1"), "{}", d.message);
 
-    let unreadable = Err("connection refused".to_string());
+    let unreadable = Err(HealthUnavailable::Engine("connection refused".to_string()));
     let d = denied(health::check_engine_health(
         ApplyPolicy::IfReady,
         &unreadable,
@@ -664,7 +666,7 @@ fn always_starts_whatever_the_health() {
     let ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
     let sick = health(&[("etcd-0", false, false)]);
     assert!(health::check_engine_health(ApplyPolicy::Always, &sick, &ms).is_ok());
-    let unreadable = Err("connection refused".to_string());
+    let unreadable = Err(HealthUnavailable::Engine("connection refused".to_string()));
     assert!(health::check_engine_health(ApplyPolicy::Always, &unreadable, &ms).is_ok());
 }
 
