@@ -30,6 +30,7 @@ use nix::unistd::Pid;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use crate::mountinfo;
 use crate::pki::{self, CertKey, PkiError};
 use crate::state::{ClusterState, NODE_NAMES, StateError};
 
@@ -877,39 +878,6 @@ fn stop(dir: &Path, name: &str, grace: Duration) {
 // ---------------------------------------------------------------------------------------------
 // leftovers
 
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
-            i += 4;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn is_under(path: &Path, dir: &Path) -> bool {
-    path.starts_with(dir)
-}
-
-/// Mount points at or under `dir` in a `/proc/*/mountinfo` text.
-pub fn mounts_under(mountinfo: &str, dir: &Path) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(unescape_mountinfo(m)))
-        .filter(|m| is_under(m, dir))
-        .collect()
-}
-
 /// Loop devices whose backing file is under `dir`: `(device, backing file)`.
 pub fn loops_under(dir: &Path) -> Vec<(String, PathBuf)> {
     let mut out = vec![];
@@ -927,7 +895,7 @@ pub fn loops_under(dir: &Path) -> Vec<(String, PathBuf)> {
         let backing = backing.trim_end_matches('\n');
         let backing = backing.strip_suffix(" (deleted)").unwrap_or(backing);
         let backing = PathBuf::from(backing);
-        if is_under(&backing, dir) {
+        if backing.starts_with(dir) {
             out.push((format!("/dev/{name}"), backing));
         }
     }
@@ -1003,9 +971,9 @@ pub fn leftovers(dir: &Path, state: Option<&ClusterState>) -> Vec<String> {
     for (name, pid) in running_processes(dir) {
         left.push(format!("process {name} (pid {pid}) still running"));
     }
-    match std::fs::read_to_string("/proc/self/mountinfo") {
+    match std::fs::read_to_string(mountinfo::SELF) {
         Ok(mi) => {
-            for m in mounts_under(&mi, dir) {
+            for m in mountinfo::mount_points_under(&mi, dir) {
                 left.push(format!("mount {}", m.display()));
             }
         }
@@ -1692,14 +1660,12 @@ mod tests {
                   91 22 0:5 / /tmp/sm\\040ab/x rw - tmpfs tmpfs rw\n\
                   92 22 0:5 / /tmp/sm\\040a rw - tmpfs tmpfs rw\n";
         assert_eq!(
-            mounts_under(mi, Path::new("/tmp/sm a")),
+            mountinfo::mount_points_under(mi, Path::new("/tmp/sm a")),
             [
                 PathBuf::from("/tmp/sm a/nodes/node-a/volumes/pv1"),
                 PathBuf::from("/tmp/sm a")
             ]
         );
-        assert_eq!(unescape_mountinfo("a\\134b\\011"), "a\\b\t");
-        assert_eq!(unescape_mountinfo("end\\04"), "end\\04");
     }
 
     #[test]

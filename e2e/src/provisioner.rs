@@ -43,6 +43,8 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
+use crate::mountinfo;
+use crate::quantity::{self, QuantityError};
 use crate::state::{ClusterState, NODE_NAMES, PROVISIONER};
 
 /// Claim annotation set by the PV controller (Kubernetes < 1.23) naming the provisioner.
@@ -68,11 +70,8 @@ pub const MIN_IMAGE_BYTES: u64 = 4 * 1024 * 1024;
 pub enum ProvisionerError {
     #[error("Kubernetes API request failed: {0}")]
     Kube(#[from] kube::Error),
-    #[error("invalid quantity {quantity:?}: {reason}")]
-    Quantity {
-        quantity: String,
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    Quantity(#[from] QuantityError),
     #[error("cannot run {program}: {source}")]
     Spawn {
         program: String,
@@ -112,86 +111,6 @@ fn io_err(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> P
 
 fn is_api_status(err: &kube::Error, check: impl Fn(&kube::core::Status) -> bool) -> bool {
     matches!(err, kube::Error::Api(status) if check(status))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Quantities
-// ---------------------------------------------------------------------------------------------
-
-/// Parses a Kubernetes resource quantity (`1Gi`, `512Mi`, `1.5G`, `100k`, `1e9`, `42`) into a
-/// number of bytes, rounding fractions of a byte up.
-pub fn parse_quantity(quantity: &str) -> Result<u64, ProvisionerError> {
-    let err = |reason| ProvisionerError::Quantity {
-        quantity: quantity.to_string(),
-        reason,
-    };
-    let s = quantity.trim();
-    let s = s.strip_prefix('+').unwrap_or(s);
-    if s.starts_with('-') {
-        return Err(err("negative sizes are not allowed"));
-    }
-    let number_len = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(number_len);
-    if number.is_empty() || number == "." {
-        return Err(err("no number"));
-    }
-    let (int_part, frac_part) = match number.split_once('.') {
-        Some((i, f)) => (i, f),
-        None => (number, ""),
-    };
-    if frac_part.contains('.') {
-        return Err(err("more than one decimal point"));
-    }
-    if int_part.len() + frac_part.len() > 30 {
-        return Err(err("too many digits"));
-    }
-    // value = mantissa / 10^frac_digits * num / den
-    let mut mantissa: u128 = 0;
-    for c in int_part.chars().chain(frac_part.chars()) {
-        let digit = u128::from(c.to_digit(10).ok_or_else(|| err("not a number"))?);
-        mantissa = mantissa * 10 + digit;
-    }
-    let frac_digits = u32::try_from(frac_part.len()).map_err(|_| err("too many digits"))?;
-    let (num, den): (u128, u128) = match suffix {
-        "" => (1, 1),
-        "Ki" => (1 << 10, 1),
-        "Mi" => (1 << 20, 1),
-        "Gi" => (1 << 30, 1),
-        "Ti" => (1 << 40, 1),
-        "Pi" => (1 << 50, 1),
-        "Ei" => (1 << 60, 1),
-        "m" => (1, 1000),
-        "k" | "K" => (10u128.pow(3), 1),
-        "M" => (10u128.pow(6), 1),
-        "G" => (10u128.pow(9), 1),
-        "T" => (10u128.pow(12), 1),
-        "P" => (10u128.pow(15), 1),
-        "E" => (10u128.pow(18), 1),
-        _ => {
-            let exp = suffix
-                .strip_prefix('e')
-                .or_else(|| suffix.strip_prefix('E'))
-                .ok_or_else(|| err("unknown suffix"))?;
-            let exp: i32 = exp.parse().map_err(|_| err("unknown suffix"))?;
-            if !(-18..=18).contains(&exp) {
-                return Err(err("exponent out of range"));
-            }
-            if exp >= 0 {
-                (10u128.pow(exp.unsigned_abs()), 1)
-            } else {
-                (1, 10u128.pow(exp.unsigned_abs()))
-            }
-        }
-    };
-    let numerator = mantissa.checked_mul(num).ok_or_else(|| err("too large"))?;
-    let denominator = 10u128
-        .checked_pow(frac_digits)
-        .and_then(|p| p.checked_mul(den))
-        .ok_or_else(|| err("too many digits"))?;
-    let bytes = numerator.div_ceil(denominator);
-    u64::try_from(bytes).map_err(|_| err("too large"))
 }
 
 /// Size of the image file for a request of `bytes`: at least [`MIN_IMAGE_BYTES`], rounded up to
@@ -295,7 +214,7 @@ pub fn decide_claim(claim: &PersistentVolumeClaim, class: Option<&StorageClass>)
     else {
         return ClaimDecision::Refuse("claim has no spec.resources.requests.storage".into());
     };
-    let bytes = match parse_quantity(&quantity.0) {
+    let bytes = match quantity::parse_bytes(&quantity.0) {
         Ok(0) => return ClaimDecision::Refuse("requested storage is zero".into()),
         Ok(b) => b,
         Err(e) => return ClaimDecision::Refuse(e.to_string()),
@@ -538,44 +457,9 @@ fn run_cmd(program: &str, args: &[&str]) -> Result<(), ProvisionerError> {
     }
 }
 
-/// Undoes the octal escapes (`\040` etc.) of `/proc/self/mountinfo` paths.
-fn unescape_mount_path(s: &str) -> PathBuf {
-    use std::os::unix::ffi::OsStringExt;
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'\\'
-            && i + 3 < bytes.len()
-            && bytes[i + 1..i + 4]
-                .iter()
-                .all(|b| (b'0'..=b'7').contains(b))
-        {
-            let v = (bytes[i + 1] - b'0') * 64 + (bytes[i + 2] - b'0') * 8 + (bytes[i + 3] - b'0');
-            out.push(v);
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    PathBuf::from(std::ffi::OsString::from_vec(out))
-}
-
-/// Mount points listed in a mountinfo text, in mount order.
-pub fn parse_mount_points(mountinfo: &str) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|line| line.split(' ').nth(4))
-        .map(unescape_mount_path)
-        .collect()
-}
-
 /// Mount points of this process's mount namespace.
 pub fn mount_points() -> Result<Vec<PathBuf>, ProvisionerError> {
-    let path = Path::new("/proc/self/mountinfo");
-    let text = std::fs::read_to_string(path).map_err(io_err("read", path))?;
-    Ok(parse_mount_points(&text))
+    mountinfo::self_mount_points().map_err(io_err("read", Path::new(mountinfo::SELF)))
 }
 
 fn is_mount_point(dir: &Path) -> Result<bool, ProvisionerError> {
@@ -1161,46 +1045,6 @@ mod tests {
     };
 
     #[test]
-    fn parses_quantities() {
-        let cases = [
-            ("0", 0),
-            ("42", 42),
-            ("1Ki", 1024),
-            ("32Mi", 32 << 20),
-            ("1Gi", 1 << 30),
-            ("2Ti", 2 << 40),
-            ("1Pi", 1 << 50),
-            ("1Ei", 1 << 60),
-            ("1k", 1000),
-            ("1K", 1000),
-            ("5M", 5_000_000),
-            ("1G", 1_000_000_000),
-            ("1T", 1_000_000_000_000),
-            ("1.5Gi", 3 << 29),
-            ("0.5Ki", 512),
-            ("1500m", 2),
-            ("1e3", 1000),
-            ("1E3", 1000),
-            ("12e-1", 2),
-            ("+7", 7),
-            (" 1Mi ", 1 << 20),
-            ("1.", 1),
-        ];
-        for (q, want) in cases {
-            assert_eq!(parse_quantity(q).unwrap(), want, "{q}");
-        }
-    }
-
-    #[test]
-    fn rejects_bad_quantities() {
-        for q in [
-            "", "Gi", "-1Gi", "1Xi", "1.2.3", "1e99", "100Ei", "abc", ".",
-        ] {
-            assert!(parse_quantity(q).is_err(), "{q} should be rejected");
-        }
-    }
-
-    #[test]
     fn image_sizes_round_up() {
         assert_eq!(image_size(32 << 20), 32 << 20);
         assert_eq!(image_size(1), MIN_IMAGE_BYTES);
@@ -1518,7 +1362,7 @@ mod tests {
         assert_eq!(format_bytes(1000), "1000");
         assert_eq!(format_bytes(0), "0");
         for b in [1u64 << 40, 5 << 20, 12 << 10, 7] {
-            assert_eq!(parse_quantity(&format_bytes(b)).unwrap(), b);
+            assert_eq!(quantity::parse_bytes(&format_bytes(b)).unwrap(), b);
         }
     }
 
@@ -1558,19 +1402,6 @@ mod tests {
         assert_eq!(decide_volume(&pv), VolumeDecision::KeepMounted);
         pv.metadata.annotations = None;
         assert_eq!(decide_volume(&pv), VolumeDecision::Ignore);
-    }
-
-    #[test]
-    fn parses_mountinfo() {
-        let text = "36 35 98:0 /mnt1 /mnt/with\\040space rw,noatime master:1 - ext3 /dev/root rw\n\
-                    37 35 7:0 / /s/nodes/node-a/volumes/pvc-1 rw - ext4 /dev/loop0 rw\n";
-        assert_eq!(
-            parse_mount_points(text),
-            vec![
-                PathBuf::from("/mnt/with space"),
-                PathBuf::from("/s/nodes/node-a/volumes/pvc-1")
-            ]
-        );
     }
 
     fn is_root() -> bool {

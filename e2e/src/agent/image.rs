@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 
+use crate::quantity;
+
 /// PATH of a container that sets none (what common base images set).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -363,42 +365,18 @@ pub fn resource_value(
         ("requests", None) => "0".to_string(),
         (_, None) => default.to_string(),
     };
-    let v = parse_quantity(&value).ok_or_else(|| EnvError::Resource(value.clone()))?;
+    let v = quantity_value(&value).ok_or_else(|| EnvError::Resource(value.clone()))?;
     let d = divisor
-        .map(|d| parse_quantity(d).ok_or_else(|| EnvError::Resource(d.to_string())))
+        .map(|d| quantity_value(d).ok_or_else(|| EnvError::Resource(d.to_string())))
         .transpose()?
         .filter(|d| *d > 0.0)
         .unwrap_or(1.0);
     Ok(format!("{}", (v / d).ceil() as i64))
 }
 
-/// Parses a Kubernetes quantity (`500m`, `2`, `1Gi`, `3M`, `1e3`) into its value.
-pub fn parse_quantity(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0f64.powi(2),
-        "Gi" => 1024.0f64.powi(3),
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
-        "Ei" => 1024.0f64.powi(6),
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(n * mult)
+/// The value of a Kubernetes quantity (`500m`, `2`, `1Gi`, `3M`, `1e3`).
+fn quantity_value(q: &str) -> Option<f64> {
+    quantity::parse(q).ok().map(|q| q.as_f64())
 }
 
 fn is_env_name(s: &str) -> bool {
@@ -787,9 +765,9 @@ mod tests {
             "app=\"etcd\"\nb=\"x\\\"y\"\n"
         );
         assert!(field_value(&pod, &ctx(), "spec.bogus").is_err());
-        assert_eq!(parse_quantity("500m"), Some(0.5));
-        assert_eq!(parse_quantity("2Gi"), Some(2.0 * 1024.0 * 1024.0 * 1024.0));
-        assert_eq!(parse_quantity("1e3"), Some(1000.0));
-        assert_eq!(parse_quantity("x"), None);
+        assert_eq!(quantity_value("500m"), Some(0.5));
+        assert_eq!(quantity_value("2Gi"), Some(2.0 * 1024.0 * 1024.0 * 1024.0));
+        assert_eq!(quantity_value("1e3"), Some(1000.0));
+        assert_eq!(quantity_value("x"), None);
     }
 }
