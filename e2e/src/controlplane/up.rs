@@ -187,16 +187,52 @@ async fn bring_up(
     started: &mut Vec<Started>,
     timings: &mut Vec<(&'static str, Duration)>,
 ) -> Result<()> {
-    let dir = &state.dir;
     let t = Instant::now();
     let bundle = pki::generate(state)?;
     pki::write(state, &bundle)?;
     write_kubeconfigs(state, &bundle)?;
     timings.push(("pki+kubeconfigs", t.elapsed()));
 
-    // etcd
     let t = Instant::now();
-    started.push(spawn(dir, ETCD, Path::new(ETCD_BIN), &etcd_args(state))?);
+    start_etcd(state, started).await?;
+    timings.push(("etcd", t.elapsed()));
+
+    let t = Instant::now();
+    let client = start_apiserver(state, started).await?;
+    timings.push(("kube-apiserver", t.elapsed()));
+
+    let t = Instant::now();
+    start_controllers(state, started, &client).await?;
+    timings.push(("controllers", t.elapsed()));
+
+    if let Some(agent_exe) = &opts.agent_exe {
+        let t = Instant::now();
+        start_agent(state, agent_exe, started, &client).await?;
+        timings.push(("agent", t.elapsed()));
+    }
+    Ok(())
+}
+
+/// `GET path` through `client`; any answer but an error status is success.
+async fn get_ok(client: &kube::Client, path: &str) -> std::result::Result<(), String> {
+    let req = http::Request::get(path)
+        .body(vec![])
+        .map_err(|e| e.to_string())?;
+    client
+        .request_text(req)
+        .await
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// Starts etcd and waits until it answers `status`.
+async fn start_etcd(state: &ClusterState, started: &mut Vec<Started>) -> Result<()> {
+    started.push(spawn(
+        &state.dir,
+        ETCD,
+        Path::new(ETCD_BIN),
+        &etcd_args(state),
+    )?);
     let endpoint = format!("http://127.0.0.1:{}", state.etcd_client_port);
     wait_for(started, ETCD, "etcd healthy", ETCD_TIMEOUT, || {
         let endpoint = endpoint.clone();
@@ -210,13 +246,13 @@ async fn bring_up(
             c.status().await.map(drop).map_err(|e| e.to_string())
         }
     })
-    .await?;
-    timings.push(("etcd", t.elapsed()));
+    .await
+}
 
-    // kube-apiserver
-    let t = Instant::now();
+/// Starts kube-apiserver and waits for `/readyz`; returns the admin client.
+async fn start_apiserver(state: &ClusterState, started: &mut Vec<Started>) -> Result<kube::Client> {
     started.push(spawn(
-        dir,
+        &state.dir,
         APISERVER,
         &state.bin_dir.join(APISERVER),
         &apiserver_args(state),
@@ -224,34 +260,26 @@ async fn bring_up(
     let client = client_from_kubeconfig(&state.kubeconfig()).await?;
     wait_for(started, APISERVER, "/readyz ok", APISERVER_TIMEOUT, || {
         let client = client.clone();
-        async move {
-            let req = http::Request::get("/readyz")
-                .body(vec![])
-                .map_err(|e| e.to_string())?;
-            client
-                .request_text(req)
-                .await
-                .map(drop)
-                .map_err(|e| e.to_string())
-        }
+        async move { get_ok(&client, "/readyz").await }
     })
     .await?;
-    timings.push(("kube-apiserver", t.elapsed()));
+    Ok(client)
+}
 
-    // controller-manager and scheduler
-    let t = Instant::now();
-    started.push(spawn(
-        dir,
-        CONTROLLER_MANAGER,
-        &state.bin_dir.join(CONTROLLER_MANAGER),
-        &controller_manager_args(state),
-    )?);
-    started.push(spawn(
-        dir,
-        SCHEDULER,
-        &state.bin_dir.join(SCHEDULER),
-        &scheduler_args(state),
-    )?);
+/// Starts kube-controller-manager and kube-scheduler, waits for their `/healthz`, then for the
+/// ServiceAccount `default/default` (the controllers are working).
+async fn start_controllers(
+    state: &ClusterState,
+    started: &mut Vec<Started>,
+    client: &kube::Client,
+) -> Result<()> {
+    for (component, args) in [
+        (CONTROLLER_MANAGER, controller_manager_args(state)),
+        (SCHEDULER, scheduler_args(state)),
+    ] {
+        let program = state.bin_dir.join(component);
+        started.push(spawn(&state.dir, component, &program, &args)?);
+    }
     for (component, port) in [
         (SCHEDULER, state.scheduler_port),
         (CONTROLLER_MANAGER, state.controller_manager_port),
@@ -264,16 +292,7 @@ async fn bring_up(
             CONTROLLERS_TIMEOUT,
             || {
                 let health = health.clone();
-                async move {
-                    let req = http::Request::get("/healthz")
-                        .body(vec![])
-                        .map_err(|e| e.to_string())?;
-                    health
-                        .request_text(req)
-                        .await
-                        .map(drop)
-                        .map_err(|e| e.to_string())
-                }
+                async move { get_ok(&health, "/healthz").await }
             },
         )
         .await?;
@@ -295,62 +314,64 @@ async fn bring_up(
             }
         },
     )
-    .await?;
-    timings.push(("controllers", t.elapsed()));
+    .await
+}
 
-    // node agent
-    if let Some(agent_exe) = &opts.agent_exe {
-        let t = Instant::now();
-        let args = vec![
-            "agent".to_string(),
-            "--state-dir".to_string(),
-            dir.display().to_string(),
-        ];
-        started.push(spawn(dir, AGENT, agent_exe, &args)?);
-        let nodes: Api<Node> = Api::all(client.clone());
-        wait_for(started, AGENT, "3 nodes Ready", AGENT_TIMEOUT, || {
-            let nodes = nodes.clone();
-            async move {
-                let list = nodes
-                    .list(&Default::default())
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let not_ready = not_ready_nodes(&list.items);
-                if not_ready.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!("not Ready: {}", not_ready.join(", ")))
-                }
+/// Starts the node agent and waits until the three nodes are Ready and the StorageClasses exist.
+async fn start_agent(
+    state: &ClusterState,
+    agent_exe: &Path,
+    started: &mut Vec<Started>,
+    client: &kube::Client,
+) -> Result<()> {
+    let dir = &state.dir;
+    let args = vec![
+        "agent".to_string(),
+        "--state-dir".to_string(),
+        dir.display().to_string(),
+    ];
+    started.push(spawn(dir, AGENT, agent_exe, &args)?);
+    let nodes: Api<Node> = Api::all(client.clone());
+    wait_for(started, AGENT, "3 nodes Ready", AGENT_TIMEOUT, || {
+        let nodes = nodes.clone();
+        async move {
+            let list = nodes
+                .list(&Default::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let not_ready = not_ready_nodes(&list.items);
+            if not_ready.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not Ready: {}", not_ready.join(", ")))
             }
-        })
-        .await?;
-        let scs: Api<StorageClass> = Api::all(client.clone());
-        wait_for(
-            started,
-            AGENT,
-            "StorageClasses standard and fast",
-            AGENT_TIMEOUT,
-            || {
-                let scs = scs.clone();
-                async move {
-                    for name in ["standard", "fast"] {
-                        if scs
-                            .get_opt(name)
-                            .await
-                            .map_err(|e| e.to_string())?
-                            .is_none()
-                        {
-                            return Err(format!("StorageClass {name} missing"));
-                        }
+        }
+    })
+    .await?;
+    let scs: Api<StorageClass> = Api::all(client.clone());
+    wait_for(
+        started,
+        AGENT,
+        "StorageClasses standard and fast",
+        AGENT_TIMEOUT,
+        || {
+            let scs = scs.clone();
+            async move {
+                for name in ["standard", "fast"] {
+                    if scs
+                        .get_opt(name)
+                        .await
+                        .map_err(|e| e.to_string())?
+                        .is_none()
+                    {
+                        return Err(format!("StorageClass {name} missing"));
                     }
-                    Ok(())
                 }
-            },
-        )
-        .await?;
-        timings.push(("agent", t.elapsed()));
-    }
-    Ok(())
+                Ok(())
+            }
+        },
+    )
+    .await
 }
 
 /// Names of [`NODE_NAMES`] that are missing from `nodes` or not Ready.

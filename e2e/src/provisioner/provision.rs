@@ -1,5 +1,6 @@
 //! The claim controller: provisions a volume for each claim that is ours.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,11 +50,7 @@ pub(super) async fn reconcile_claim(
     };
     let classes: Api<StorageClass> = Api::all(ctx.client.clone());
     let class = classes.get_opt(&class_name).await?;
-    let claim_id = format!(
-        "{}/{}",
-        claim.namespace().unwrap_or_default(),
-        claim.name_any()
-    );
+    let claim_id = claim_id(&claim);
     match decide_claim(&claim, class.as_ref()) {
         ClaimDecision::Ignore => Ok(Action::await_change()),
         ClaimDecision::WaitForConsumer => {
@@ -82,17 +79,122 @@ pub(super) async fn reconcile_claim(
     }
 }
 
+/// `namespace/name` of a claim, for logs and events.
+fn claim_id(claim: &PersistentVolumeClaim) -> String {
+    format!(
+        "{}/{}",
+        claim.namespace().unwrap_or_default(),
+        claim.name_any()
+    )
+}
+
+/// The node for the volume `name`: where an earlier attempt mounted it, else the selected node
+/// or the node with the fewest volumes. `None` (with a `ProvisioningFailed` event) when no node
+/// fits.
+async fn volume_node(
+    ctx: &Ctx,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    request: &ProvisionRequest,
+    name: &str,
+) -> Result<Option<String>, ProvisionerError> {
+    // A previous attempt for this claim got as far as mounting: finish it there.
+    if let Some(mounted) = mounted_node(&ctx.state, name)? {
+        return Ok(Some(mounted));
+    }
+    let candidates = allowed_nodes(class, &NODE_NAMES);
+    let existing = match request.node {
+        Some(_) => Vec::new(),
+        None => {
+            let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+            pvs.list(&ListParams::default().labels(LABEL_NODE))
+                .await?
+                .items
+        }
+    };
+    match provision_node(
+        request.node.as_deref(),
+        &candidates,
+        &existing,
+        &class.name_any(),
+    ) {
+        Ok(node) => Ok(Some(node)),
+        Err(reason) => {
+            // Nothing a retry could change (the nodes are fixed): wait for the claim to
+            // change, e.g. a new selected node.
+            warn!(claim = %claim_id(claim), %reason, "cannot provision claim");
+            publish(ctx, claim, EventType::Warning, "ProvisioningFailed", reason).await;
+            Ok(None)
+        }
+    }
+}
+
+/// Creates the image of `size` bytes and mounts it at `dir` (on the blocking pool); a failure
+/// is also published as a `ProvisioningFailed` event.
+async fn create_on_host(
+    ctx: &Ctx,
+    claim: &PersistentVolumeClaim,
+    class: &StorageClass,
+    image: &Path,
+    dir: &Path,
+    size: u64,
+) -> Result<(), ProvisionerError> {
+    let host_result = {
+        let (image, dir) = (image.to_path_buf(), dir.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            create_image(&image, size)?;
+            mount_image(&image, &dir)
+        })
+        .await?
+    };
+    if let Err(e) = &host_result {
+        publish(
+            ctx,
+            claim,
+            EventType::Warning,
+            "ProvisioningFailed",
+            format!(
+                "failed to provision volume with StorageClass \"{}\": {e}",
+                class.name_any()
+            ),
+        )
+        .await;
+    }
+    host_result
+}
+
+/// Creates the PV (one that exists already counts as created); a failure is also published as a
+/// `ProvisioningFailed` event.
+async fn create_pv(
+    ctx: &Ctx,
+    claim: &PersistentVolumeClaim,
+    pv: &PersistentVolume,
+) -> Result<(), ProvisionerError> {
+    let pvs: Api<PersistentVolume> = Api::all(ctx.client.clone());
+    match pvs.create(&PostParams::default(), pv).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_api_status(&e, |s| s.is_already_exists()) => Ok(()),
+        Err(e) => {
+            publish(
+                ctx,
+                claim,
+                EventType::Warning,
+                "ProvisioningFailed",
+                format!("failed to create PersistentVolume {}: {e}", pv.name_any()),
+            )
+            .await;
+            Err(e.into())
+        }
+    }
+}
+
 async fn provision(
     ctx: &Ctx,
     claim: &PersistentVolumeClaim,
     class: &StorageClass,
     request: ProvisionRequest,
 ) -> Result<(), ProvisionerError> {
-    let claim_id = format!(
-        "{}/{}",
-        claim.namespace().unwrap_or_default(),
-        claim.name_any()
-    );
+    let claim_id = claim_id(claim);
     let Some(uid) = claim.uid() else {
         return Ok(());
     };
@@ -103,35 +205,8 @@ async fn provision(
         return Ok(());
     }
     let _guard = ctx.host.lock().await;
-    let candidates = allowed_nodes(class, &NODE_NAMES);
-    let node = match mounted_node(&ctx.state, &name)? {
-        // A previous attempt for this claim got as far as mounting: finish it there.
-        Some(mounted) => mounted,
-        None => {
-            let existing = match request.node {
-                Some(_) => Vec::new(),
-                None => {
-                    pvs.list(&ListParams::default().labels(LABEL_NODE))
-                        .await?
-                        .items
-                }
-            };
-            match provision_node(
-                request.node.as_deref(),
-                &candidates,
-                &existing,
-                &class.name_any(),
-            ) {
-                Ok(node) => node,
-                Err(reason) => {
-                    // Nothing a retry could change (the nodes are fixed): wait for the claim
-                    // to change, e.g. a new selected node.
-                    warn!(claim = %claim_id, %reason, "cannot provision claim");
-                    publish(ctx, claim, EventType::Warning, "ProvisioningFailed", reason).await;
-                    return Ok(());
-                }
-            }
-        }
+    let Some(node) = volume_node(ctx, claim, class, &request, &name).await? else {
+        return Ok(());
     };
     publish(
         ctx,
@@ -144,44 +219,9 @@ async fn provision(
     let image = image_path(&ctx.state, &name);
     let dir = mount_dir(&ctx.state, &node, &name);
     let size = image_size(request.bytes);
-    let host_result = {
-        let (image, dir) = (image.clone(), dir.clone());
-        tokio::task::spawn_blocking(move || {
-            create_image(&image, size)?;
-            mount_image(&image, &dir)
-        })
-        .await?
-    };
-    if let Err(e) = host_result {
-        publish(
-            ctx,
-            claim,
-            EventType::Warning,
-            "ProvisioningFailed",
-            format!(
-                "failed to provision volume with StorageClass \"{}\": {e}",
-                class.name_any()
-            ),
-        )
-        .await;
-        return Err(e);
-    }
+    create_on_host(ctx, claim, class, &image, &dir, size).await?;
     let pv = build_pv(claim, class, &node, &dir, pv_capacity(&request))?;
-    match pvs.create(&PostParams::default(), &pv).await {
-        Ok(_) => {}
-        Err(e) if is_api_status(&e, |s| s.is_already_exists()) => {}
-        Err(e) => {
-            publish(
-                ctx,
-                claim,
-                EventType::Warning,
-                "ProvisioningFailed",
-                format!("failed to create PersistentVolume {name}: {e}"),
-            )
-            .await;
-            return Err(e.into());
-        }
-    }
+    create_pv(ctx, claim, &pv).await?;
     info!(claim = %claim_id, pv = %name, %node, bytes = size, "provisioned volume");
     publish(
         ctx,
