@@ -19,7 +19,7 @@ use crate::agent::pod::probes::run_probes;
 use crate::agent::pod::termination::{
     prepare_termination_file, termination_file, termination_message, termination_target,
 };
-use crate::agent::pod::{DEFAULT_GRACE_SECS, Outcome, RunCtx, Slot};
+use crate::agent::pod::{DEFAULT_GRACE_SECS, Outcome, PodShared, RunCtx, Slot};
 use crate::agent::runtime::{self, ContainerSpec, MountSpec};
 use crate::agent::status::{self, CState};
 use crate::agent::volumes;
@@ -62,8 +62,39 @@ fn build_spec(
             read_only: false,
         });
     }
-    // As the kubelet: a fresh, empty, world-writable file per container run, mounted at the
-    // container's terminationMessagePath (in the container's private /dev by default).
+    let term_file = termination_mount(ctx, c, &mut mounts)?;
+    let (run_as_user, run_as_group) = run_as(pod, c);
+    let log_path = logs::log_file(&ctx.shared.dir, &c.name, attempt);
+    if log_path.exists() {
+        let _ = std::fs::remove_file(&log_path);
+    }
+    Ok((
+        ContainerSpec {
+            argv,
+            env,
+            working_dir: c
+                .working_dir
+                .clone()
+                .filter(|w| !w.is_empty())
+                .map(PathBuf::from),
+            mounts,
+            hostname: hosts::pod_hostname(pod),
+            log_path,
+            run_as_user,
+            run_as_group,
+        },
+        term_file,
+    ))
+}
+
+/// As the kubelet: a fresh, empty, world-writable file per container run, mounted at the
+/// container's terminationMessagePath (in the container's private /dev by default). Returns the
+/// file.
+fn termination_mount(
+    ctx: &RunCtx,
+    c: &Container,
+    mounts: &mut Vec<MountSpec>,
+) -> Result<PathBuf, BuildError> {
     let term_file = termination_file(&ctx.shared.dir, &c.name);
     prepare_termination_file(&term_file).map_err(|e| {
         BuildError::Wait(
@@ -84,6 +115,11 @@ fn build_spec(
             "terminationMessagePath contains '..': not mounted"
         ),
     }
+    Ok(term_file)
+}
+
+/// `runAsUser` and `runAsGroup` of the container, else of the pod.
+fn run_as(pod: &Pod, c: &Container) -> (Option<u32>, Option<u32>) {
     let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
     let c_sc = c.security_context.as_ref();
     let uid = c_sc
@@ -92,27 +128,10 @@ fn build_spec(
     let gid = c_sc
         .and_then(|s| s.run_as_group)
         .or_else(|| pod_sc.and_then(|s| s.run_as_group));
-    let log_path = logs::log_file(&ctx.shared.dir, &c.name, attempt);
-    if log_path.exists() {
-        let _ = std::fs::remove_file(&log_path);
-    }
-    Ok((
-        ContainerSpec {
-            argv,
-            env,
-            working_dir: c
-                .working_dir
-                .clone()
-                .filter(|w| !w.is_empty())
-                .map(PathBuf::from),
-            mounts,
-            hostname: hosts::pod_hostname(pod),
-            log_path,
-            run_as_user: uid.and_then(|u| u32::try_from(u).ok()),
-            run_as_group: gid.and_then(|g| u32::try_from(g).ok()),
-        },
-        term_file,
-    ))
+    (
+        uid.and_then(|u| u32::try_from(u).ok()),
+        gid.and_then(|g| u32::try_from(g).ok()),
+    )
 }
 
 fn exit_of(status: std::process::ExitStatus) -> (i32, Option<i32>) {
@@ -144,6 +163,95 @@ async fn kill_container(
     child.wait().await
 }
 
+/// Records container `slot` as Waiting (`ErrImagePull` a second time becomes
+/// `ImagePullBackOff`).
+fn record_waiting(shared: &PodShared, slot: Slot, image: &str, reason: &'static str, msg: &str) {
+    shared.update_container(slot, |r| {
+        let reason = match &r.state {
+            CState::Waiting { reason: old, .. }
+                if reason == "ErrImagePull"
+                    && (old == "ErrImagePull" || old == "ImagePullBackOff") =>
+            {
+                "ImagePullBackOff"
+            }
+            _ => reason,
+        };
+        r.image = image.to_string();
+        r.state = CState::waiting(reason, Some(msg.to_string()));
+    });
+}
+
+/// Records a run that never started: Terminated with exit code 128 and reason `StartError`
+/// (and the image, when given).
+fn record_start_error(
+    shared: &PodShared,
+    slot: Slot,
+    attempt: i32,
+    image: Option<&str>,
+    msg: String,
+) {
+    let now = Timestamp::now();
+    shared.update_container(slot, |r| {
+        if let Some(image) = image {
+            r.image = image.to_string();
+        }
+        r.restart_count = attempt;
+        r.ready = false;
+        r.state = CState::Terminated {
+            exit_code: 128,
+            signal: None,
+            reason: "StartError".into(),
+            message: Some(msg),
+            started_at: None,
+            finished_at: now,
+            container_id: None,
+        };
+    });
+}
+
+/// Runs the probes of a main container while waiting for its process to exit; stops it when the
+/// pod stops (grace period) or its liveness probe fails (the pod's termination grace period).
+async fn wait_with_probes(
+    ctx: &Arc<RunCtx>,
+    pod: &Pod,
+    slot: Slot,
+    c: &Container,
+    spec: &ContainerSpec,
+    child: &mut tokio::process::Child,
+) -> std::io::Result<std::process::ExitStatus> {
+    let shared = &ctx.shared;
+    let pid = child.id().unwrap_or_default();
+    let probes_stop = CancellationToken::new();
+    let live_kill = CancellationToken::new();
+    let probes = matches!(slot, Slot::Main(_)).then(|| {
+        tokio::spawn(run_probes(
+            ctx.clone(),
+            slot,
+            c.clone(),
+            spec.clone(),
+            probes_stop.clone(),
+            live_kill.clone(),
+        ))
+    });
+    let grace = || Duration::from_millis(ctx.grace.load(Ordering::SeqCst));
+    let res = tokio::select! {
+        res = child.wait() => res,
+        _ = ctx.stop.cancelled() => kill_container(pid, child, grace()).await,
+        _ = live_kill.cancelled() => {
+            let g = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE_SECS);
+            info!(pod = %shared.name, container = %c.name, "liveness probe failed, restarting");
+            kill_container(pid, child, Duration::from_secs(g.max(0) as u64)).await
+        }
+    };
+    // Whatever the main process left in its process group goes with it.
+    let _ = runtime::signal_container(pid, Signal::SIGKILL);
+    probes_stop.cancel();
+    if let Some(p) = probes {
+        let _ = p.await;
+    }
+    res
+}
+
 /// One run of a container: build, start, probe, wait (or stop), record the exit.
 pub(super) async fn run_container(
     ctx: &Arc<RunCtx>,
@@ -161,39 +269,13 @@ pub(super) async fn run_container(
     let (spec, term_file) = match build_spec(ctx, &pod, &c, attempt) {
         Ok(s) => s,
         Err(BuildError::Wait(reason, msg)) => {
-            shared.update_container(slot, |r| {
-                let reason = match &r.state {
-                    CState::Waiting { reason: old, .. }
-                        if reason == "ErrImagePull"
-                            && (old == "ErrImagePull" || old == "ImagePullBackOff") =>
-                    {
-                        "ImagePullBackOff"
-                    }
-                    _ => reason,
-                };
-                r.image = image_name.clone();
-                r.state = CState::waiting(reason, Some(msg.clone()));
-            });
+            record_waiting(shared, slot, &image_name, reason, &msg);
             debug!(pod = %shared.name, container = %c.name, reason, %msg, "container waiting");
             return Outcome::Waiting;
         }
         Err(BuildError::Fail(msg)) => {
             warn!(pod = %shared.name, container = %c.name, %msg, "container cannot start");
-            let now = Timestamp::now();
-            shared.update_container(slot, |r| {
-                r.image = image_name.clone();
-                r.restart_count = attempt;
-                r.ready = false;
-                r.state = CState::Terminated {
-                    exit_code: 128,
-                    signal: None,
-                    reason: "StartError".into(),
-                    message: Some(msg.clone()),
-                    started_at: None,
-                    finished_at: now,
-                    container_id: None,
-                };
-            });
+            record_start_error(shared, slot, attempt, Some(&image_name), msg);
             return Outcome::Exited(128);
         }
     };
@@ -201,20 +283,7 @@ pub(super) async fn run_container(
         Ok(child) => child,
         Err(e) => {
             warn!(pod = %shared.name, container = %c.name, error = %e, "spawn failed");
-            let now = Timestamp::now();
-            shared.update_container(slot, |r| {
-                r.restart_count = attempt;
-                r.ready = false;
-                r.state = CState::Terminated {
-                    exit_code: 128,
-                    signal: None,
-                    reason: "StartError".into(),
-                    message: Some(e.to_string()),
-                    started_at: None,
-                    finished_at: now,
-                    container_id: None,
-                };
-            });
+            record_start_error(shared, slot, attempt, None, e.to_string());
             return Outcome::Exited(128);
         }
     };
@@ -231,34 +300,7 @@ pub(super) async fn run_container(
         r.started = !has_startup;
         r.ready = main && !has_startup && c.readiness_probe.is_none();
     });
-    let probes_stop = CancellationToken::new();
-    let live_kill = CancellationToken::new();
-    let probes = main.then(|| {
-        tokio::spawn(run_probes(
-            ctx.clone(),
-            slot,
-            c.clone(),
-            spec.clone(),
-            probes_stop.clone(),
-            live_kill.clone(),
-        ))
-    });
-    let grace = || Duration::from_millis(ctx.grace.load(Ordering::SeqCst));
-    let res = tokio::select! {
-        res = child.wait() => res,
-        _ = ctx.stop.cancelled() => kill_container(pid, &mut child, grace()).await,
-        _ = live_kill.cancelled() => {
-            let g = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE_SECS);
-            info!(pod = %shared.name, container = %c.name, "liveness probe failed, restarting");
-            kill_container(pid, &mut child, Duration::from_secs(g.max(0) as u64)).await
-        }
-    };
-    // Whatever the main process left in its process group goes with it.
-    let _ = runtime::signal_container(pid, Signal::SIGKILL);
-    probes_stop.cancel();
-    if let Some(p) = probes {
-        let _ = p.await;
-    }
+    let res = wait_with_probes(ctx, &pod, slot, &c, &spec, &mut child).await;
     let (exit_code, signal) = match res {
         Ok(st) => exit_of(st),
         Err(e) => {
