@@ -229,15 +229,13 @@ fn kill_containers(state: &ClusterState) -> usize {
     victims.len()
 }
 
-pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
-    let mut problems = 0usize;
-    let killed = kill_containers(state);
-
-    // Mounts under nodes/ (except volume loop mounts), deepest first, lazily.
+/// Unmounts (lazily, deepest first) the mounts under `nodes/` but the volume loop mounts:
+/// `(unmounted, problems)`.
+fn unmount_pod_mounts(state: &ClusterState) -> (usize, usize) {
     let nodes_dir = std::fs::canonicalize(&state.dir)
         .unwrap_or_else(|_| state.dir.clone())
         .join("nodes");
-    let mut unmounted = 0usize;
+    let (mut unmounted, mut problems) = (0usize, 0usize);
     match std::fs::read_to_string(mountinfo::SELF) {
         Ok(text) => {
             for mp in mounts_to_remove(&mountinfo::mount_points(&text), &nodes_dir) {
@@ -259,14 +257,12 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
             problems += 1;
         }
     }
+    (unmounted, problems)
+}
 
-    // Namespaces, veths, bridge: under the cluster lock when the state dir still exists.
-    let _lock = if state.dir.exists() {
-        lock_cluster(state).ok()
-    } else {
-        None
-    };
-    let mut namespaces = 0usize;
+/// Deletes the cluster's network namespaces: `(deleted, problems)`.
+fn delete_namespaces(state: &ClusterState) -> (usize, usize) {
+    let (mut namespaces, mut problems) = (0usize, 0usize);
     for (name, _) in cluster_netns(state) {
         match delete_netns(&name) {
             Ok(true) => {
@@ -280,7 +276,12 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
             }
         }
     }
-    let mut links = 0usize;
+    (namespaces, problems)
+}
+
+/// Deletes the cluster's veths and its bridge: `(deleted, problems)`.
+fn delete_links(state: &ClusterState) -> (usize, usize) {
+    let (mut links, mut problems) = (0usize, 0usize);
     let veth_prefix = state.veth_prefix();
     let bridge = state.bridge_name();
     let names: Vec<String> = std::fs::read_dir("/sys/class/net")
@@ -307,6 +308,21 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
             }
         }
     }
+    (links, problems)
+}
+
+pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
+    let killed = kill_containers(state);
+    let (unmounted, mount_problems) = unmount_pod_mounts(state);
+    // Namespaces, veths, bridge: under the cluster lock when the state dir still exists.
+    let _lock = if state.dir.exists() {
+        lock_cluster(state).ok()
+    } else {
+        None
+    };
+    let (namespaces, netns_problems) = delete_namespaces(state);
+    let (links, link_problems) = delete_links(state);
+    let problems = mount_problems + netns_problems + link_problems;
     info!(
         cluster = %state.id,
         killed, unmounted, namespaces, links, problems, "host cleanup done"
