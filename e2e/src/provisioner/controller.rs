@@ -1,6 +1,7 @@
 //! The provisioner's controllers: StorageClasses at start, volumes remounted after a restart,
 //! then the claim and the volume controllers.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -106,10 +107,11 @@ pub(super) fn pv_node(pv: &PersistentVolume) -> Option<&str> {
     NODE_NAMES.iter().copied().find(|n| n == node)
 }
 
-pub(super) async fn ensure_mounted(
-    ctx: &Ctx,
+/// The volume's name, image file and mount dir (on the node its label names).
+pub(super) fn volume_paths(
+    state: &ClusterState,
     pv: &PersistentVolume,
-) -> Result<(), ProvisionerError> {
+) -> Result<(String, PathBuf, PathBuf), ProvisionerError> {
     let name = pv.name_any();
     let Some(node) = pv_node(pv) else {
         return Err(ProvisionerError::Volume {
@@ -117,8 +119,16 @@ pub(super) async fn ensure_mounted(
             reason: format!("label {LABEL_NODE} does not name a node of this cluster"),
         });
     };
-    let image = image_path(&ctx.state, &name);
-    let dir = mount_dir(&ctx.state, node, &name);
+    let image = image_path(state, &name);
+    let dir = mount_dir(state, node, &name);
+    Ok((name, image, dir))
+}
+
+pub(super) async fn ensure_mounted(
+    ctx: &Ctx,
+    pv: &PersistentVolume,
+) -> Result<(), ProvisionerError> {
+    let (_, image, dir) = volume_paths(&ctx.state, pv)?;
     let _guard = ctx.host.lock().await;
     tokio::task::spawn_blocking(move || {
         if !image.exists() {

@@ -9,10 +9,10 @@ use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use tracing::{info, warn};
 
-use crate::provisioner::controller::{Ctx, ensure_mounted, pv_node};
-use crate::provisioner::host::{destroy_volume, image_path, mount_dir};
+use crate::provisioner::controller::{Ctx, ensure_mounted, volume_paths};
+use crate::provisioner::host::destroy_volume;
 use crate::provisioner::objects::is_ours;
-use crate::provisioner::{LABEL_NODE, ProvisionerError, is_api_status};
+use crate::provisioner::{ProvisionerError, is_api_status};
 
 /// What to do with one of our PVs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,15 +51,7 @@ pub(super) async fn reconcile_volume(
             Ok(Action::await_change())
         }
         VolumeDecision::Delete => {
-            let name = pv.name_any();
-            let Some(node) = pv_node(&pv) else {
-                return Err(ProvisionerError::Volume {
-                    pv: name,
-                    reason: format!("label {LABEL_NODE} does not name a node of this cluster"),
-                });
-            };
-            let image = image_path(&ctx.state, &name);
-            let dir = mount_dir(&ctx.state, node, &name);
+            let (name, image, dir) = volume_paths(&ctx.state, &pv)?;
             {
                 let _guard = ctx.host.lock().await;
                 let pv_name = name.clone();

@@ -16,6 +16,7 @@ use nix::unistd::{AccessFlags, Gid, Uid};
 use serde::{Deserialize, Serialize};
 
 use super::net::netns_path;
+use super::spawn::check_spec;
 use super::{ContainerSpec, RuntimeError, Sandbox};
 
 /// What `spawn_container` / `exec_in_container` write for `container-init`.
@@ -108,15 +109,8 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
 /// Checks the spec's argv, mounts, working dir and environment; returns argv and envp as C
 /// strings.
 fn checked_argv_envp(spec: &ContainerSpec) -> Result<(Vec<CString>, Vec<CString>), RuntimeError> {
-    if spec.argv.is_empty() {
-        return Err(RuntimeError::Invalid {
-            what: "argv",
-            value: String::new(),
-            reason: "empty",
-        });
-    }
+    check_spec(spec)?;
     for m in &spec.mounts {
-        check_container_path("mount target", &m.target)?;
         if !m.source.is_absolute() {
             return Err(RuntimeError::Invalid {
                 what: "mount source",

@@ -129,7 +129,9 @@ fn mkdir_p(p: &Path) -> Result<(), RuntimeError> {
     })
 }
 
-fn check_spec(spec: &ContainerSpec) -> Result<(), RuntimeError> {
+/// Checks what every container run needs: a program, and mount targets that are clean absolute
+/// paths.
+pub(super) fn check_spec(spec: &ContainerSpec) -> Result<(), RuntimeError> {
     if spec.argv.is_empty() {
         return Err(RuntimeError::Invalid {
             what: "argv",
