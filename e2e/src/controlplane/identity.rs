@@ -230,8 +230,8 @@ pub(super) fn choose_identity(dir: &Path, bin_dir: &Path) -> Result<ClusterState
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeSet;
 
+    use std::collections::BTreeSet;
     use std::net::{Ipv4Addr, TcpListener};
 
     use crate::controlplane::test_support::sample;

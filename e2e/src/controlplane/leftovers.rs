@@ -157,7 +157,6 @@ mod tests {
     use super::*;
 
     use std::net::{Ipv4Addr, TcpListener};
-
     use std::path::{Path, PathBuf};
 
     use crate::mountinfo;

@@ -126,7 +126,6 @@ mod tests {
     use super::*;
 
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
     use kube::ResourceExt;
 
     use crate::provisioner::test_support::{claim, class};

@@ -113,21 +113,21 @@ fn is_api_status(err: &kube::Error, check: impl Fn(&kube::core::Status) -> bool)
 #[cfg(test)]
 mod test_support {
     use super::*;
+
     use std::collections::BTreeMap;
     use std::path::Path;
 
     use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, VolumeResourceRequirements,
+    };
     use k8s_openapi::api::storage::v1::StorageClass;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-
     use kube::ResourceExt;
 
     use crate::provisioner::objects::{build_pv, storage_classes};
     use crate::state::PROVISIONER;
-    use k8s_openapi::api::core::v1::{
-        PersistentVolumeClaimSpec, PersistentVolumeClaimStatus, VolumeResourceRequirements,
-    };
 
     pub(super) fn class(name: &str, mode: &str) -> StorageClass {
         storage_classes()

@@ -152,7 +152,6 @@ mod tests {
     use std::path::Path;
 
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-
     use kube::ResourceExt;
 
     use crate::provisioner::claims::{ClaimDecision, ProvisionRequest, decide_claim};

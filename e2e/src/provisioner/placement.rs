@@ -80,10 +80,11 @@ pub fn provision_node(
 mod tests {
     use super::*;
 
+    use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
+
     use crate::provisioner::LABEL_HOSTNAME;
     use crate::provisioner::test_support::{class, pv_on};
     use crate::state::NODE_NAMES;
-    use k8s_openapi::api::core::v1::{TopologySelectorLabelRequirement, TopologySelectorTerm};
 
     #[test]
     fn provision_node_takes_the_selected_node_or_the_fewest_volumes() {

@@ -87,8 +87,9 @@ pub(super) fn volume_error_policy(
 mod tests {
     use super::*;
 
-    use crate::provisioner::test_support::pv_on;
     use k8s_openapi::api::core::v1::PersistentVolumeStatus;
+
+    use crate::provisioner::test_support::pv_on;
 
     #[test]
     fn volume_decisions() {

@@ -2,16 +2,17 @@
 
 use std::collections::BTreeMap;
 
-use crate::testing::namespace::TestNamespace;
-use crate::testing::{
-    DEFAULT_MOVER_IMAGE, FIELD_MANAGER, TestError, namespace_name, random_suffix, unexpected,
-};
 use k8s_openapi::api::core::v1::{Namespace, Node, PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tracing::info;
+
+use crate::testing::namespace::TestNamespace;
+use crate::testing::{
+    DEFAULT_MOVER_IMAGE, FIELD_MANAGER, TestError, namespace_name, random_suffix, unexpected,
+};
 
 /// The cluster under test and the scenario settings.
 #[derive(Clone)]

@@ -4,9 +4,6 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use crate::testing::cluster::TestCluster;
-use crate::testing::objects::{fixture_path, set_template_class};
-use crate::testing::{ETCD_READY, FIELD_MANAGER, TestError};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{
@@ -17,6 +14,10 @@ use kube::{Resource, ResourceExt};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
+
+use crate::testing::cluster::TestCluster;
+use crate::testing::objects::{fixture_path, set_template_class};
+use crate::testing::{ETCD_READY, FIELD_MANAGER, TestError};
 
 /// A namespace owned by one test; deleted on drop, unless the test panicked and `E2E_KEEP=1`.
 pub struct TestNamespace {

@@ -98,17 +98,16 @@ pub fn node_satisfies(affinity: &VolumeNodeAffinity, node: &Node) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use std::collections::BTreeMap;
 
     use k8s_openapi::api::apps::v1::StatefulSet;
-
     use k8s_openapi::api::core::v1::{
         Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, VolumeNodeAffinity,
     };
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::api::DynamicObject;
-
     use serde::Deserialize;
 
     #[test]

@@ -4,8 +4,6 @@ use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
-use crate::testing::objects::claim_manifest;
-use crate::testing::{TestError, TestNamespace, unexpected};
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
@@ -15,6 +13,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{ListParams, LogParams, PostParams};
+
+use crate::testing::objects::claim_manifest;
+use crate::testing::{TestError, TestNamespace, unexpected};
 
 /// A claim mounted into a mover pod.
 #[derive(Debug, Clone)]

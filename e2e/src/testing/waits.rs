@@ -4,8 +4,6 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
-use crate::testing::pods::describe_pod;
-use crate::testing::{TestError, TestNamespace, unexpected};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -15,6 +13,9 @@ use kube::runtime::wait::{Condition, await_condition};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
+
+use crate::testing::pods::describe_pod;
+use crate::testing::{TestError, TestNamespace, unexpected};
 
 fn pod_is_ready(pod: &Pod) -> bool {
     pod.status

@@ -388,6 +388,7 @@ fn set_all_waiting(shared: &PodShared, reason: &str, message: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use std::time::Duration;
 
     use k8s_openapi::api::core::v1::Pod;

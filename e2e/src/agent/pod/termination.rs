@@ -89,6 +89,7 @@ pub(super) fn termination_message(
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use std::path::PathBuf;
 
     use k8s_openapi::api::core::v1::Container;
