@@ -5,11 +5,15 @@
 //! - [`agent`]: the node agent (kubelet) for the cluster's three nodes.
 //! - [`provisioner`]: the `local.e2e/ext4` volume provisioner.
 //! - [`pki`]: the cluster's certificates and keys.
+//! - [`mountinfo`]: the `/proc/<pid>/mountinfo` parser.
+//! - [`quantity`]: Kubernetes resource quantities (`1Gi`, `500m`).
 //! - [`testing`]: helpers for e2e scenarios against any cluster (namespaces, waits, mover pods, etcd).
 
 pub mod agent;
 pub mod controlplane;
+pub mod mountinfo;
 pub mod pki;
 pub mod provisioner;
+pub mod quantity;
 pub mod state;
 pub mod testing;

@@ -129,12 +129,18 @@ fn dns(name: &str) -> Result<SanType, PkiError> {
     Ok(SanType::DnsName(ia5))
 }
 
-/// Generates the whole PKI of `state`'s cluster in memory.
-pub fn generate(state: &ClusterState) -> Result<Bundle, PkiError> {
-    let now = time::OffsetDateTime::now_utc();
-    let not_before = now - BACKDATE;
-    let not_after = now + VALIDITY;
+/// The validity every certificate of a cluster shares.
+#[derive(Clone, Copy)]
+struct Validity {
+    not_before: time::OffsetDateTime,
+    not_after: time::OffsetDateTime,
+}
 
+/// The cluster's CA: its certificate and key, and the issuer that signs the leaves.
+fn new_ca(
+    state: &ClusterState,
+    validity: Validity,
+) -> Result<(CertKey, Issuer<'static, KeyPair>), PkiError> {
     let ca_key = new_key("CA key")?;
     let mut ca_params = CertificateParams::default();
     ca_params.distinguished_name = name(&format!("storage-migrator local CA {}", state.id), None);
@@ -144,8 +150,8 @@ pub fn generate(state: &ClusterState) -> Result<Bundle, PkiError> {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    ca_params.not_before = not_before;
-    ca_params.not_after = not_after;
+    ca_params.not_before = validity.not_before;
+    ca_params.not_after = validity.not_after;
     let ca_cert = ca_params
         .self_signed(&ca_key)
         .map_err(|source| PkiError::Generate { what: "CA", source })?;
@@ -153,99 +159,124 @@ pub fn generate(state: &ClusterState) -> Result<Bundle, PkiError> {
         cert_pem: ca_cert.pem(),
         key_pem: ca_key.serialize_pem(),
     };
-    let issuer = Issuer::new(ca_params, ca_key);
+    Ok((ca, Issuer::new(ca_params, ca_key)))
+}
 
-    let leaf = |what: &'static str,
-                cn: &str,
-                org: Option<&str>,
-                sans: Vec<SanType>,
-                usage: ExtendedKeyUsagePurpose|
-     -> Result<CertKey, PkiError> {
-        let key = new_key(what)?;
+/// A leaf certificate to sign: subject, SANs and extended key usage.
+struct Leaf<'a> {
+    what: &'static str,
+    cn: &'a str,
+    org: Option<&'a str>,
+    sans: Vec<SanType>,
+    usage: ExtendedKeyUsagePurpose,
+}
+
+impl<'a> Leaf<'a> {
+    /// A client certificate for `cn` (in group `org`, if any).
+    fn client(what: &'static str, cn: &'a str, org: Option<&'a str>) -> Self {
+        Leaf {
+            what,
+            cn,
+            org,
+            sans: vec![],
+            usage: ExtendedKeyUsagePurpose::ClientAuth,
+        }
+    }
+
+    /// A serving certificate for `cn` with `sans`.
+    fn server(what: &'static str, cn: &'a str, sans: Vec<SanType>) -> Self {
+        Leaf {
+            what,
+            cn,
+            org: None,
+            sans,
+            usage: ExtendedKeyUsagePurpose::ServerAuth,
+        }
+    }
+
+    /// A fresh key and its certificate, signed by `issuer`.
+    fn sign(
+        self,
+        issuer: &Issuer<'static, KeyPair>,
+        validity: Validity,
+    ) -> Result<CertKey, PkiError> {
+        let key = new_key(self.what)?;
         let mut params = CertificateParams::default();
-        params.distinguished_name = name(cn, org);
-        params.subject_alt_names = sans;
+        params.distinguished_name = name(self.cn, self.org);
+        params.subject_alt_names = self.sans;
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
         ];
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = vec![self.usage];
         params.use_authority_key_identifier_extension = true;
-        params.not_before = not_before;
-        params.not_after = not_after;
+        params.not_before = validity.not_before;
+        params.not_after = validity.not_after;
         let cert = params
-            .signed_by(&key, &issuer)
-            .map_err(|source| PkiError::Generate { what, source })?;
+            .signed_by(&key, issuer)
+            .map_err(|source| PkiError::Generate {
+                what: self.what,
+                source,
+            })?;
         Ok(CertKey {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
         })
+    }
+}
+
+/// Generates the whole PKI of `state`'s cluster in memory.
+pub fn generate(state: &ClusterState) -> Result<Bundle, PkiError> {
+    let now = time::OffsetDateTime::now_utc();
+    let validity = Validity {
+        not_before: now - BACKDATE,
+        not_after: now + VALIDITY,
     };
-    use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
-
-    let apiserver = leaf(
-        "apiserver serving certificate",
-        "kube-apiserver",
-        None,
-        apiserver_sans(state)?,
-        ServerAuth,
-    )?;
-    let admin = leaf(
-        "admin client certificate",
-        "kubernetes-admin",
-        Some("system:masters"),
-        vec![],
-        ClientAuth,
-    )?;
-    let controller_manager = leaf(
-        "controller-manager client certificate",
-        "system:kube-controller-manager",
-        None,
-        vec![],
-        ClientAuth,
-    )?;
-    let scheduler = leaf(
-        "scheduler client certificate",
-        "system:kube-scheduler",
-        None,
-        vec![],
-        ClientAuth,
-    )?;
-    let agent = leaf(
-        "node agent client certificate",
-        "system:node-agent",
-        Some("system:masters"),
-        vec![],
-        ClientAuth,
-    )?;
-    let apiserver_kubelet_client = leaf(
-        "apiserver kubelet client certificate",
-        "kube-apiserver-kubelet-client",
-        Some("system:masters"),
-        vec![],
-        ClientAuth,
-    )?;
-    let kubelet = leaf(
-        "kubelet serving certificate",
-        "localcluster-kubelet",
-        None,
-        vec![
-            SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-            dns("localhost")?,
-        ],
-        ServerAuth,
-    )?;
-
+    let (ca, issuer) = new_ca(state, validity)?;
+    let sign = |leaf: Leaf<'_>| leaf.sign(&issuer, validity);
+    let masters = Some("system:masters");
+    let kubelet_sans = vec![
+        SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST)),
+        dns("localhost")?,
+    ];
     let sa_key = new_key("service-account key")?;
     Ok(Bundle {
         ca,
-        apiserver,
-        admin,
-        controller_manager,
-        scheduler,
-        agent,
-        apiserver_kubelet_client,
-        kubelet,
+        apiserver: sign(Leaf::server(
+            "apiserver serving certificate",
+            "kube-apiserver",
+            apiserver_sans(state)?,
+        ))?,
+        admin: sign(Leaf::client(
+            "admin client certificate",
+            "kubernetes-admin",
+            masters,
+        ))?,
+        controller_manager: sign(Leaf::client(
+            "controller-manager client certificate",
+            "system:kube-controller-manager",
+            None,
+        ))?,
+        scheduler: sign(Leaf::client(
+            "scheduler client certificate",
+            "system:kube-scheduler",
+            None,
+        ))?,
+        agent: sign(Leaf::client(
+            "node agent client certificate",
+            "system:node-agent",
+            masters,
+        ))?,
+        apiserver_kubelet_client: sign(Leaf::client(
+            "apiserver kubelet client certificate",
+            "kube-apiserver-kubelet-client",
+            masters,
+        ))?,
+        kubelet: sign(Leaf::server(
+            "kubelet serving certificate",
+            "localcluster-kubelet",
+            kubelet_sans,
+        ))?,
         service_account_key_pem: sa_key.serialize_pem(),
         service_account_pub_pem: sa_key.public_key_pem(),
     })

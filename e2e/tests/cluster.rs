@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use e2e::provisioner::parse_quantity;
+use e2e::quantity::parse_bytes;
 use e2e::testing::etcd::{self, EtcdMember, MemberView};
 use e2e::testing::{MoverSpec, TestCluster, node_satisfies, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -112,7 +112,7 @@ async fn writing_past_a_small_volume_fails_with_enospc() {
         .as_ref()
         .and_then(|s| s.capacity.as_ref())
         .and_then(|c| c.get("storage"))
-        .map(|q| parse_quantity(&q.0).unwrap());
+        .map(|q| parse_bytes(&q.0).unwrap());
     assert_eq!(capacity, Some(32 << 20), "PV capacity of a 32Mi claim");
 
     let fill = MoverSpec::shell(

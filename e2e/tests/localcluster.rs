@@ -25,11 +25,8 @@ fn localcluster(args: &[&str]) -> std::process::Output {
 
 /// Mount points under `dir` in the host's mount table.
 fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    e2e::provisioner::parse_mount_points(&text)
-        .into_iter()
-        .filter(|m| m.starts_with(dir))
-        .collect()
+    let text = std::fs::read_to_string(e2e::mountinfo::SELF).unwrap();
+    e2e::mountinfo::mount_points_under(&text, dir)
 }
 
 /// Loop devices whose backing file is under `dir`.

@@ -269,13 +269,8 @@ impl Drop for TestCluster {
 }
 
 fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect()
+    let text = std::fs::read_to_string(e2e::mountinfo::SELF).unwrap();
+    e2e::mountinfo::mount_points_under(&text, dir)
 }
 
 fn cmd(program: &str, args: &[&str]) -> String {

@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVarSource, Pod, Secret};
+
+use crate::quantity;
 
 /// PATH of a container that sets none (what common base images set).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -363,42 +365,18 @@ pub fn resource_value(
         ("requests", None) => "0".to_string(),
         (_, None) => default.to_string(),
     };
-    let v = parse_quantity(&value).ok_or_else(|| EnvError::Resource(value.clone()))?;
+    let v = quantity_value(&value).ok_or_else(|| EnvError::Resource(value.clone()))?;
     let d = divisor
-        .map(|d| parse_quantity(d).ok_or_else(|| EnvError::Resource(d.to_string())))
+        .map(|d| quantity_value(d).ok_or_else(|| EnvError::Resource(d.to_string())))
         .transpose()?
         .filter(|d| *d > 0.0)
         .unwrap_or(1.0);
     Ok(format!("{}", (v / d).ceil() as i64))
 }
 
-/// Parses a Kubernetes quantity (`500m`, `2`, `1Gi`, `3M`, `1e3`) into its value.
-pub fn parse_quantity(q: &str) -> Option<f64> {
-    let q = q.trim();
-    let split = q
-        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
-        .unwrap_or(q.len());
-    let (num, suffix) = q.split_at(split);
-    let n: f64 = num.parse().ok()?;
-    let mult = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024.0,
-        "Mi" => 1024.0f64.powi(2),
-        "Gi" => 1024.0f64.powi(3),
-        "Ti" => 1024.0f64.powi(4),
-        "Pi" => 1024.0f64.powi(5),
-        "Ei" => 1024.0f64.powi(6),
-        s if s.starts_with(['e', 'E']) => 10f64.powi(s[1..].parse().ok()?),
-        _ => return None,
-    };
-    Some(n * mult)
+/// The value of a Kubernetes quantity (`500m`, `2`, `1Gi`, `3M`, `1e3`).
+fn quantity_value(q: &str) -> Option<f64> {
+    quantity::parse(q).ok().map(|q| q.as_f64())
 }
 
 fn is_env_name(s: &str) -> bool {
@@ -426,8 +404,40 @@ pub fn build_env(
     container: &Container,
     ctx: &EnvContext,
 ) -> Result<Vec<(String, String)>, EnvError> {
-    let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let mut env: Vec<(String, String)> = Vec::new();
+    add_env_from(container, ctx, &mut env)?;
+    for var in container.env.iter().flatten() {
+        let value = if let Some(vf) = &var.value_from {
+            match value_from(pod, container, ctx, vf)? {
+                Some(value) => value,
+                None => continue,
+            }
+        } else {
+            let raw = var.value.clone().unwrap_or_default();
+            let snapshot = env.clone();
+            expand(&raw, &env_lookup(&snapshot))
+        };
+        set_var(&mut env, &var.name, value);
+    }
+    for (k, v) in [
+        ("PATH", DEFAULT_PATH.to_string()),
+        ("HOSTNAME", ctx.hostname.clone()),
+        ("HOME", "/root".to_string()),
+    ] {
+        if !env.iter().any(|(n, _)| n == k) {
+            env.push((k.to_string(), v));
+        }
+    }
+    Ok(env)
+}
+
+/// Adds the variables of every `envFrom` source, in order (keys that are not valid names are
+/// skipped; a missing optional source adds nothing).
+fn add_env_from(
+    container: &Container,
+    ctx: &EnvContext,
+    env: &mut Vec<(String, String)>,
+) -> Result<(), EnvError> {
     for ef in container.env_from.iter().flatten() {
         let prefix = ef.prefix.clone().unwrap_or_default();
         let data = if let Some(r) = &ef.config_map_ref {
@@ -448,82 +458,78 @@ pub fn build_env(
         for (k, v) in data {
             let name = format!("{prefix}{k}");
             if is_env_name(&name) {
-                set_var(&mut env, &name, String::from_utf8_lossy(&v).into_owned());
+                set_var(env, &name, String::from_utf8_lossy(&v).into_owned());
             }
         }
     }
-    for var in container.env.iter().flatten() {
-        let value = if let Some(vf) = &var.value_from {
-            if let Some(f) = &vf.field_ref {
-                field_value(pod, ctx, &f.field_path)?
-            } else if let Some(r) = &vf.resource_field_ref {
-                let target = match &r.container_name {
-                    Some(n) if !n.is_empty() => pod
-                        .spec
-                        .as_ref()
-                        .and_then(|s| s.containers.iter().find(|c| &c.name == n))
-                        .unwrap_or(container),
-                    _ => container,
-                };
-                resource_value(
-                    target,
-                    &r.resource,
-                    r.divisor.as_ref().map(|q| q.0.as_str()),
-                )?
-            } else if let Some(r) = &vf.config_map_key_ref {
-                let optional = r.optional == Some(true);
-                match ctx.config_maps.get(&r.name) {
-                    Some(cm) => match config_map_data(cm).get(&r.key) {
-                        Some(v) => String::from_utf8_lossy(v).into_owned(),
-                        None if optional => continue,
-                        None => {
-                            return Err(EnvError::ConfigMapKeyNotFound {
-                                ns: ns.clone(),
-                                name: r.name.clone(),
-                                key: r.key.clone(),
-                            });
-                        }
-                    },
-                    None if optional => continue,
-                    None => return Err(EnvError::ConfigMapNotFound(r.name.clone())),
-                }
-            } else if let Some(r) = &vf.secret_key_ref {
-                let optional = r.optional == Some(true);
-                match ctx.secrets.get(&r.name) {
-                    Some(s) => match secret_data(s).get(&r.key) {
-                        Some(v) => String::from_utf8_lossy(v).into_owned(),
-                        None if optional => continue,
-                        None => {
-                            return Err(EnvError::SecretKeyNotFound {
-                                ns: ns.clone(),
-                                name: r.name.clone(),
-                                key: r.key.clone(),
-                            });
-                        }
-                    },
-                    None if optional => continue,
-                    None => return Err(EnvError::SecretNotFound(r.name.clone())),
-                }
-            } else {
-                String::new()
-            }
-        } else {
-            let raw = var.value.clone().unwrap_or_default();
-            let snapshot = env.clone();
-            expand(&raw, &env_lookup(&snapshot))
+    Ok(())
+}
+
+/// The value of an env var's `valueFrom`; `None` when an optional ConfigMap/Secret (or its key)
+/// is missing, so the variable is left unset.
+fn value_from(
+    pod: &Pod,
+    container: &Container,
+    ctx: &EnvContext,
+    vf: &EnvVarSource,
+) -> Result<Option<String>, EnvError> {
+    if let Some(f) = &vf.field_ref {
+        field_value(pod, ctx, &f.field_path).map(Some)
+    } else if let Some(r) = &vf.resource_field_ref {
+        let target = match &r.container_name {
+            Some(n) if !n.is_empty() => pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.iter().find(|c| &c.name == n))
+                .unwrap_or(container),
+            _ => container,
         };
-        set_var(&mut env, &var.name, value);
-    }
-    for (k, v) in [
-        ("PATH", DEFAULT_PATH.to_string()),
-        ("HOSTNAME", ctx.hostname.clone()),
-        ("HOME", "/root".to_string()),
-    ] {
-        if !env.iter().any(|(n, _)| n == k) {
-            env.push((k.to_string(), v));
+        resource_value(
+            target,
+            &r.resource,
+            r.divisor.as_ref().map(|q| q.0.as_str()),
+        )
+        .map(Some)
+    } else if let Some(r) = &vf.config_map_key_ref {
+        let optional = r.optional == Some(true);
+        let Some(cm) = ctx.config_maps.get(&r.name) else {
+            return missing(optional, EnvError::ConfigMapNotFound(r.name.clone()));
+        };
+        match config_map_data(cm).get(&r.key) {
+            Some(v) => Ok(Some(String::from_utf8_lossy(v).into_owned())),
+            None => missing(
+                optional,
+                EnvError::ConfigMapKeyNotFound {
+                    ns: pod.metadata.namespace.clone().unwrap_or_default(),
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                },
+            ),
         }
+    } else if let Some(r) = &vf.secret_key_ref {
+        let optional = r.optional == Some(true);
+        let Some(s) = ctx.secrets.get(&r.name) else {
+            return missing(optional, EnvError::SecretNotFound(r.name.clone()));
+        };
+        match secret_data(s).get(&r.key) {
+            Some(v) => Ok(Some(String::from_utf8_lossy(v).into_owned())),
+            None => missing(
+                optional,
+                EnvError::SecretKeyNotFound {
+                    ns: pod.metadata.namespace.clone().unwrap_or_default(),
+                    name: r.name.clone(),
+                    key: r.key.clone(),
+                },
+            ),
+        }
+    } else {
+        Ok(Some(String::new()))
     }
-    Ok(env)
+}
+
+/// A missing reference: no value when it is optional, else `err`.
+fn missing(optional: bool, err: EnvError) -> Result<Option<String>, EnvError> {
+    if optional { Ok(None) } else { Err(err) }
 }
 
 /// The PATH of an environment (the default when unset).
@@ -787,9 +793,9 @@ mod tests {
             "app=\"etcd\"\nb=\"x\\\"y\"\n"
         );
         assert!(field_value(&pod, &ctx(), "spec.bogus").is_err());
-        assert_eq!(parse_quantity("500m"), Some(0.5));
-        assert_eq!(parse_quantity("2Gi"), Some(2.0 * 1024.0 * 1024.0 * 1024.0));
-        assert_eq!(parse_quantity("1e3"), Some(1000.0));
-        assert_eq!(parse_quantity("x"), None);
+        assert_eq!(quantity_value("500m"), Some(0.5));
+        assert_eq!(quantity_value("2Gi"), Some(2.0 * 1024.0 * 1024.0 * 1024.0));
+        assert_eq!(quantity_value("1e3"), Some(1000.0));
+        assert_eq!(quantity_value("x"), None);
     }
 }

@@ -266,16 +266,14 @@ fn condition(
     }
 }
 
-/// The pod's status from the agent's record; `pod` gives the spec and the previous conditions
-/// (whose transition times are kept when a condition did not change).
-pub fn compute_status(pod: &Pod, rec: &PodRecord, now: Timestamp) -> PodStatus {
-    let policy = restart_policy(pod);
-    let phase = compute_phase(policy, rec);
-    let previous: &[PodCondition] = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or(&[]);
+/// The pod's conditions (Initialized, Ready, ContainersReady, PodScheduled) for `phase`;
+/// transition times of unchanged conditions come from `previous`.
+fn pod_conditions(
+    previous: &[PodCondition],
+    rec: &PodRecord,
+    phase: &str,
+    now: Timestamp,
+) -> Vec<PodCondition> {
     let initialized = rec
         .init_containers
         .iter()
@@ -301,7 +299,7 @@ pub fn compute_status(pod: &Pod, rec: &PodRecord, now: Timestamp) -> PodStatus {
     };
     let unready_msg = (!unready.is_empty())
         .then(|| format!("containers with unready status: [{}]", unready.join(" ")));
-    let conditions = vec![
+    vec![
         condition(
             previous,
             "Initialized",
@@ -332,7 +330,20 @@ pub fn compute_status(pod: &Pod, rec: &PodRecord, now: Timestamp) -> PodStatus {
             now,
         ),
         condition(previous, "PodScheduled", true, None, None, now),
-    ];
+    ]
+}
+
+/// The pod's status from the agent's record; `pod` gives the spec and the previous conditions
+/// (whose transition times are kept when a condition did not change).
+pub fn compute_status(pod: &Pod, rec: &PodRecord, now: Timestamp) -> PodStatus {
+    let policy = restart_policy(pod);
+    let phase = compute_phase(policy, rec);
+    let previous: &[PodCondition] = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[]);
+    let conditions = pod_conditions(previous, rec, &phase, now);
     PodStatus {
         phase: Some(phase),
         conditions: Some(conditions),

@@ -15,6 +15,7 @@ use kube::Api;
 
 use super::image::{self, EnvContext};
 use super::runtime::MountSpec;
+use crate::{mountinfo, quantity};
 
 #[derive(Debug, thiserror::Error)]
 pub enum VolumeError {
@@ -373,39 +374,13 @@ fn is_mountpoint(p: &Path) -> bool {
 
 /// Mount points at or below `dir` in this mount namespace (deepest first).
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
-    let Ok(text) = std::fs::read_to_string("/proc/self/mountinfo") else {
+    let Ok(text) = std::fs::read_to_string(mountinfo::SELF) else {
         return Vec::new();
     };
-    let mut out: Vec<PathBuf> = text
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(dir))
-        .collect();
+    let mut out = mountinfo::mount_points_under(&text, dir);
     out.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     out.dedup();
     out
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && let Ok(oct) = std::str::from_utf8(&b[i + 1..i + 4])
-            && let Ok(v) = u8::from_str_radix(oct, 8)
-        {
-            out.push(v);
-            i += 4;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn mount_tmpfs(dir: &Path, size: Option<&str>) -> Result<(), VolumeError> {
@@ -413,8 +388,8 @@ fn mount_tmpfs(dir: &Path, size: Option<&str>) -> Result<(), VolumeError> {
         return Ok(());
     }
     let mut data = String::from("mode=0777");
-    if let Some(bytes) = size.and_then(image::parse_quantity) {
-        data.push_str(&format!(",size={}", bytes.ceil() as u64));
+    if let Some(bytes) = size.and_then(|s| quantity::parse_bytes(s).ok()) {
+        data.push_str(&format!(",size={bytes}"));
     }
     nix::mount::mount(
         Some("tmpfs"),
@@ -663,11 +638,5 @@ mod tests {
         assert_eq!(meta.permissions().mode() & 0o777, 0o640);
         teardown(&dir).unwrap();
         assert!(!dir.exists());
-    }
-
-    #[test]
-    fn mountinfo_escapes() {
-        assert_eq!(unescape_mountinfo("/a\\040b"), "/a b");
-        assert_eq!(unescape_mountinfo("/plain"), "/plain");
     }
 }

@@ -11,13 +11,15 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, ListParams};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::json;
 use storage_migrator::api::{StorageMigrationRequest, StorageMigrationRequestStatus};
 use tokio::process::{Child, Command};
-use tracing::info;
+use tracing::{info, warn};
 
-use super::{TestError, TestNamespace};
+use super::{FIELD_MANAGER, TestError, TestNamespace};
 
 /// The CRD of `StorageMigrationRequest`, as the repository ships it.
 pub const CRD: &str = include_str!("../../../crds/storagemigrationrequests.yaml");
@@ -50,12 +52,18 @@ pub enum OperatorError {
     },
     #[error("the operator did not exit within {timeout:?}; log {log}")]
     NoExit { timeout: Duration, log: PathBuf },
+    #[error("the operator exited at start ({status}); log {log}")]
+    Exited { status: String, log: PathBuf },
     #[error("the {what} is not served after {waited:?}: {source}")]
     NotServed {
         what: &'static str,
         waited: Duration,
         source: kube::Error,
     },
+    #[error("cannot read the CRD manifest: {0}")]
+    CrdManifest(#[source] serde_norway::Error),
+    #[error("cannot apply the CRD: {0}")]
+    CrdApply(#[source] kube::Error),
     #[error("request {name} is gone")]
     Gone { name: String },
     #[error("cannot encode request {name}: {source}")]
@@ -93,16 +101,30 @@ impl Operator {
         run: usize,
         failpoints: Option<&str>,
     ) -> Result<Operator, OperatorError> {
-        let dir = workspace().join("target/e2e-logs");
-        let log = dir.join(format!("{ns}-operator-{run}.log"));
+        let log = workspace()
+            .join("target/e2e-logs")
+            .join(format!("{ns}-operator-{run}.log"));
+        Self::spawn(&operator_bin(), ns, log, failpoints)
+    }
+
+    /// Starts `bin run --namespace NS`, logging to `log` (its directory is created);
+    /// `failpoints` becomes the process's `FAILPOINTS` (never inherited).
+    pub fn spawn(
+        bin: &Path,
+        ns: &str,
+        log: PathBuf,
+        failpoints: Option<&str>,
+    ) -> Result<Operator, OperatorError> {
         let log_error = |source| OperatorError::Log {
             path: log.clone(),
             source,
         };
-        std::fs::create_dir_all(&dir).map_err(log_error)?;
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).map_err(log_error)?;
+        }
         let out = std::fs::File::create(&log).map_err(log_error)?;
         let err = out.try_clone().map_err(log_error)?;
-        let bin = operator_bin();
+        let bin = bin.to_path_buf();
         let mut cmd = Command::new(&bin);
         cmd.args(["run", "--namespace", ns])
             .env(
@@ -120,8 +142,42 @@ impl Operator {
         let child = cmd
             .spawn()
             .map_err(|source| OperatorError::Spawn { bin, source })?;
-        info!(ns, run, ?failpoints, pid = ?child.id(), log = %log.display(), "operator started");
+        info!(ns, ?failpoints, pid = ?child.id(), log = %log.display(), "operator started");
         Ok(Operator { child, log })
+    }
+
+    /// Waits `settle`, then fails with [`OperatorError::Exited`] if the process has exited
+    /// already (a bad binary, flag or kubeconfig).
+    pub async fn check_running(&mut self, settle: Duration) -> Result<(), OperatorError> {
+        tokio::time::sleep(settle).await;
+        match self.child.try_wait() {
+            Ok(Some(status)) => Err(OperatorError::Exited {
+                status: status.to_string(),
+                log: self.log.clone(),
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Stops the process: SIGTERM to its pid, then SIGKILL if it has not exited within `grace`.
+    pub async fn stop(mut self, grace: Duration) {
+        let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) else {
+            return; // already reaped
+        };
+        let pid = nix::unistd::Pid::from_raw(pid);
+        if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM) {
+            warn!(%pid, error = %e, "cannot signal the operator");
+        }
+        match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(Ok(status)) => info!(%pid, %status, log = %self.log.display(), "operator stopped"),
+            Ok(Err(e)) => warn!(%pid, error = %e, "cannot wait for the operator"),
+            Err(_) => {
+                warn!(%pid, "operator ignored SIGTERM; killing it");
+                if let Err(e) = self.child.kill().await {
+                    warn!(%pid, error = %e, "cannot kill the operator");
+                }
+            }
+        }
     }
 
     /// The file the operator logs to.
@@ -164,7 +220,24 @@ impl Drop for Operator {
 /// Applies [`CRD`] and waits until the API serves the kind in `ns`.
 pub async fn install_crd(ns: &TestNamespace) -> Result<(), OperatorError> {
     ns.apply_yaml(CRD).await?;
-    let api: Api<StorageMigrationRequest> = ns.api();
+    wait_served(ns.api()).await
+}
+
+/// Applies [`CRD`] (server-side, as [`FIELD_MANAGER`]) without a test namespace, and waits until
+/// the API serves the kind in every namespace.
+pub async fn install_crd_cluster_wide(client: &kube::Client) -> Result<(), OperatorError> {
+    let crd: CustomResourceDefinition =
+        serde_norway::from_str(CRD).map_err(OperatorError::CrdManifest)?;
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch(&crd.name_any(), &params, &Patch::Apply(&crd))
+        .await
+        .map_err(OperatorError::CrdApply)?;
+    wait_served(Api::all(client.clone())).await
+}
+
+/// Waits until listing requests through `api` succeeds (at most [`CRD_SERVED`]).
+async fn wait_served(api: Api<StorageMigrationRequest>) -> Result<(), OperatorError> {
     let deadline = Instant::now() + CRD_SERVED;
     loop {
         match api.list(&ListParams::default()).await {

@@ -1,7 +1,6 @@
 //! Host cleanup: container processes, mounts under `nodes/`, network namespaces, veths, bridge.
 
 use std::collections::BTreeSet;
-use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Component, Path, PathBuf};
@@ -14,6 +13,7 @@ use tracing::{info, warn};
 
 use super::net::{NETNS_DIR, delete_link, delete_netns, lock_cluster, netns_path};
 use super::{INIT_SUBCOMMAND, RuntimeError};
+use crate::mountinfo;
 use crate::state::ClusterState;
 
 /// How deep below `nodes/` pid files are looked for (`<node>/pods/<uid>/<name>.pid` is 4).
@@ -81,40 +81,6 @@ fn is_alive(pid: u32) -> bool {
     stat.rfind(')')
         .and_then(|i| stat[i + 1..].split_whitespace().next())
         .is_some_and(|state| state != "Z" && state != "X")
-}
-
-/// Undoes the octal escapes of /proc/self/mountinfo (`\040` for a space, ...).
-pub(super) fn unescape_mountinfo(field: &str) -> PathBuf {
-    let b = field.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') as u32 * 64
-                + (b[i + 2] - b'0') as u32 * 8
-                + (b[i + 3] - b'0') as u32;
-            if let Ok(byte) = u8::try_from(v) {
-                out.push(byte);
-                i += 4;
-                continue;
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    PathBuf::from(OsStr::from_bytes(&out))
-}
-
-/// Mount points listed in a mountinfo text (field 5).
-pub(super) fn mountpoints(mountinfo: &str) -> Vec<PathBuf> {
-    mountinfo
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(unescape_mountinfo)
-        .collect()
 }
 
 /// Mount points under `nodes_dir` to unmount, deepest first: all but those under
@@ -263,18 +229,16 @@ fn kill_containers(state: &ClusterState) -> usize {
     victims.len()
 }
 
-pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
-    let mut problems = 0usize;
-    let killed = kill_containers(state);
-
-    // Mounts under nodes/ (except volume loop mounts), deepest first, lazily.
+/// Unmounts (lazily, deepest first) the mounts under `nodes/` but the volume loop mounts:
+/// `(unmounted, problems)`.
+fn unmount_pod_mounts(state: &ClusterState) -> (usize, usize) {
     let nodes_dir = std::fs::canonicalize(&state.dir)
         .unwrap_or_else(|_| state.dir.clone())
         .join("nodes");
-    let mut unmounted = 0usize;
-    match std::fs::read_to_string("/proc/self/mountinfo") {
+    let (mut unmounted, mut problems) = (0usize, 0usize);
+    match std::fs::read_to_string(mountinfo::SELF) {
         Ok(text) => {
-            for mp in mounts_to_remove(&mountpoints(&text), &nodes_dir) {
+            for mp in mounts_to_remove(&mountinfo::mount_points(&text), &nodes_dir) {
                 match nix::mount::umount2(&mp, MntFlags::MNT_DETACH) {
                     Ok(()) => {
                         info!(mountpoint = %mp.display(), "unmounted");
@@ -293,14 +257,12 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
             problems += 1;
         }
     }
+    (unmounted, problems)
+}
 
-    // Namespaces, veths, bridge: under the cluster lock when the state dir still exists.
-    let _lock = if state.dir.exists() {
-        lock_cluster(state).ok()
-    } else {
-        None
-    };
-    let mut namespaces = 0usize;
+/// Deletes the cluster's network namespaces: `(deleted, problems)`.
+fn delete_namespaces(state: &ClusterState) -> (usize, usize) {
+    let (mut namespaces, mut problems) = (0usize, 0usize);
     for (name, _) in cluster_netns(state) {
         match delete_netns(&name) {
             Ok(true) => {
@@ -314,7 +276,12 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
             }
         }
     }
-    let mut links = 0usize;
+    (namespaces, problems)
+}
+
+/// Deletes the cluster's veths and its bridge: `(deleted, problems)`.
+fn delete_links(state: &ClusterState) -> (usize, usize) {
+    let (mut links, mut problems) = (0usize, 0usize);
     let veth_prefix = state.veth_prefix();
     let bridge = state.bridge_name();
     let names: Vec<String> = std::fs::read_dir("/sys/class/net")
@@ -341,6 +308,21 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
             }
         }
     }
+    (links, problems)
+}
+
+pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
+    let killed = kill_containers(state);
+    let (unmounted, mount_problems) = unmount_pod_mounts(state);
+    // Namespaces, veths, bridge: under the cluster lock when the state dir still exists.
+    let _lock = if state.dir.exists() {
+        lock_cluster(state).ok()
+    } else {
+        None
+    };
+    let (namespaces, netns_problems) = delete_namespaces(state);
+    let (links, link_problems) = delete_links(state);
+    let problems = mount_problems + netns_problems + link_problems;
     info!(
         cluster = %state.id,
         killed, unmounted, namespaces, links, problems, "host cleanup done"
@@ -354,18 +336,6 @@ pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn mountinfo_fields_are_unescaped() {
-        let text = "36 35 98:0 /mnt1 /mnt\\040with\\040space rw,noatime master:1 - ext3 /dev/root rw\n\
-                    37 35 98:0 / /plain rw - ext4 /dev/x rw\n";
-        assert_eq!(
-            mountpoints(text),
-            vec![PathBuf::from("/mnt with space"), PathBuf::from("/plain")]
-        );
-        assert_eq!(unescape_mountinfo("a\\134b"), PathBuf::from("a\\b"));
-        assert_eq!(unescape_mountinfo("tail\\04"), PathBuf::from("tail\\04"));
-    }
 
     #[test]
     fn volume_mounts_are_left_to_the_provisioner() {

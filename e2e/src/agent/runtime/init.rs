@@ -16,6 +16,7 @@ use nix::unistd::{AccessFlags, Gid, Uid};
 use serde::{Deserialize, Serialize};
 
 use super::net::netns_path;
+use super::spawn::check_spec;
 use super::{ContainerSpec, RuntimeError, Sandbox};
 
 /// What `spawn_container` / `exec_in_container` write for `container-init`.
@@ -86,15 +87,30 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
     })?;
     ensure_parent(init.parent_pid)?;
     let spec = &init.spec;
-    let Some(program) = spec.argv.first() else {
-        return Err(RuntimeError::Invalid {
-            what: "argv",
-            value: String::new(),
-            reason: "empty",
-        });
-    };
+    // Everything that can fail on bad input is checked before the process is changed.
+    let (argv, envp) = checked_argv_envp(spec)?;
+    match init.join_pid {
+        Some(pid) => join_container(pid)?,
+        None => new_container(&init)?,
+    }
+    if let Some(wd) = &spec.working_dir {
+        // As the runtime does for a missing workingDir: create it (as root).
+        std::fs::create_dir_all(wd).map_err(io("cannot create working dir", wd))?;
+    }
+    set_credentials(spec)?;
+    // A credential change clears the parent-death signal: set it again, then re-check that the
+    // agent did not die in between.
+    ensure_parent(init.parent_pid)?;
+    let wd = spec.working_dir.as_deref().unwrap_or(Path::new("/"));
+    nix::unistd::chdir(wd).map_err(sys(format!("chdir({})", wd.display())))?;
+    exec(spec, &argv, &envp)
+}
+
+/// Checks the spec's argv, mounts, working dir and environment; returns argv and envp as C
+/// strings.
+fn checked_argv_envp(spec: &ContainerSpec) -> Result<(Vec<CString>, Vec<CString>), RuntimeError> {
+    check_spec(spec)?;
     for m in &spec.mounts {
-        check_container_path("mount target", &m.target)?;
         if !m.source.is_absolute() {
             return Err(RuntimeError::Invalid {
                 what: "mount source",
@@ -106,7 +122,6 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
     if let Some(wd) = &spec.working_dir {
         check_container_path("working dir", wd)?;
     }
-    // Everything that can fail on bad input is checked before the process is changed.
     let argv = cstrings(spec.argv.iter().map(String::as_str))?;
     let envp = cstrings(
         spec.env
@@ -125,16 +140,11 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
             });
         }
     }
+    Ok((argv, envp))
+}
 
-    match init.join_pid {
-        Some(pid) => join_container(pid)?,
-        None => new_container(&init)?,
-    }
-
-    if let Some(wd) = &spec.working_dir {
-        // As the runtime does for a missing workingDir: create it (as root).
-        std::fs::create_dir_all(wd).map_err(io("cannot create working dir", wd))?;
-    }
+/// Switches to `runAsUser` / `runAsGroup` (0 for the one unset) when either is set.
+fn set_credentials(spec: &ContainerSpec) -> Result<(), RuntimeError> {
     if spec.run_as_user.is_some() || spec.run_as_group.is_some() {
         let gid = Gid::from_raw(spec.run_as_group.unwrap_or(0));
         let uid = Uid::from_raw(spec.run_as_user.unwrap_or(0));
@@ -142,12 +152,16 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
         nix::unistd::setgid(gid).map_err(sys(format!("setgid({gid})")))?;
         nix::unistd::setuid(uid).map_err(sys(format!("setuid({uid})")))?;
     }
-    // A credential change clears the parent-death signal: set it again, then re-check that the
-    // agent did not die in between.
-    ensure_parent(init.parent_pid)?;
-    let wd = spec.working_dir.as_deref().unwrap_or(Path::new("/"));
-    nix::unistd::chdir(wd).map_err(sys(format!("chdir({})", wd.display())))?;
+    Ok(())
+}
 
+/// Resolves the program on the container's PATH and replaces this process with it.
+fn exec(
+    spec: &ContainerSpec,
+    argv: &[CString],
+    envp: &[CString],
+) -> Result<Infallible, RuntimeError> {
+    let program = spec.argv.first().map(String::as_str).unwrap_or_default();
     let path_var = spec
         .env
         .iter()
@@ -159,12 +173,11 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
     let resolved =
         CString::new(resolved.as_os_str().as_bytes()).map_err(|_| RuntimeError::Invalid {
             what: "program",
-            value: program.clone(),
+            value: program.to_string(),
             reason: "contains NUL",
         })?;
     reset_signals()?;
-    let err =
-        nix::unistd::execve(&resolved, &argv, &envp).map_err(sys(format!("execve({program})")));
+    let err = nix::unistd::execve(&resolved, argv, envp).map_err(sys(format!("execve({program})")));
     match err {
         Ok(never) => match never {},
         Err(e) => Err(e),
@@ -313,6 +326,32 @@ fn mkdir_p(p: &Path) -> Result<(), RuntimeError> {
 /// (overlay of the host's `/`), the spec's bind mounts, the hostname.
 fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
     let spec = &init.spec;
+    enter_namespaces(init)?;
+    // Sources are opened while the host's tree is visible; they are mounted after the pivot
+    // from /proc/self/fd, so targets resolve inside the new root (its absolute symlinks such as
+    // /var/run -> /run included) and never on the host.
+    let sources = open_mount_sources(spec)?;
+    let merged = private_root(&init.root_dir)?;
+    nix::unistd::chdir(merged.as_path()).map_err(sys(format!("chdir({})", merged.display())))?;
+    let old = Path::new(OLD_ROOT);
+    let old_rel = Path::new(OLD_ROOT.trim_start_matches('/'));
+    mkdir_p(old_rel)?;
+    nix::unistd::pivot_root(".", old_rel).map_err(sys("pivot_root"))?;
+    nix::unistd::chdir("/").map_err(sys("chdir(/)"))?;
+    bind_mounts(spec, &sources)?;
+    drop(sources);
+    nix::mount::umount2(old, MntFlags::MNT_DETACH).map_err(sys("detach the old root"))?;
+    std::fs::remove_dir(old).map_err(io("cannot remove", old))?;
+    if !spec.hostname.is_empty() {
+        nix::unistd::sethostname(&spec.hostname)
+            .map_err(sys(format!("sethostname({})", spec.hostname)))?;
+    }
+    Ok(())
+}
+
+/// Joins the sandbox's network namespace, then unshares new mount, UTS and IPC namespaces and
+/// makes every mount private.
+fn enter_namespaces(init: &InitSpec) -> Result<(), RuntimeError> {
     let ns = netns_path(&init.sandbox.netns);
     let ns_fd = File::open(&ns).map_err(io("cannot open network namespace", &ns))?;
     nix::sched::setns(&ns_fd, CloneFlags::CLONE_NEWNET)
@@ -328,11 +367,11 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
         None,
         MsFlags::MS_REC | MsFlags::MS_PRIVATE,
         None,
-    )?;
+    )
+}
 
-    // Sources are opened while the host's tree is visible; they are mounted after the pivot
-    // from /proc/self/fd, so targets resolve inside the new root (its absolute symlinks such as
-    // /var/run -> /run included) and never on the host.
+/// Opens every mount source (`O_PATH`); with whether it is a directory.
+fn open_mount_sources(spec: &ContainerSpec) -> Result<Vec<(OwnedFd, bool)>, RuntimeError> {
     let mut sources: Vec<(OwnedFd, bool)> = Vec::with_capacity(spec.mounts.len());
     for m in &spec.mounts {
         let file = OpenOptions::new()
@@ -346,8 +385,12 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
             .is_dir();
         sources.push((file.into(), is_dir));
     }
+    Ok(sources)
+}
 
-    let root = &init.root_dir;
+/// Builds the private root under `root`: a tmpfs holding an overlay of the host's `/` at
+/// `merged`, with fresh `proc`, `sys`, `dev` and `run`. Returns the `merged` path.
+fn private_root(root: &Path) -> Result<PathBuf, RuntimeError> {
     mount(
         Some(Path::new("tmpfs")),
         root,
@@ -355,7 +398,7 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(ROOT_TMPFS),
     )?;
-    nix::unistd::chdir(root.as_path()).map_err(sys(format!("chdir({})", root.display())))?;
+    nix::unistd::chdir(root).map_err(sys(format!("chdir({})", root.display())))?;
     for d in ["upper", "work", "merged"] {
         mkdir_p(Path::new(d))?;
     }
@@ -400,15 +443,13 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
         nosuid_nodev,
         Some(RUN_TMPFS),
     )?;
+    Ok(merged)
+}
 
-    nix::unistd::chdir(merged.as_path()).map_err(sys(format!("chdir({})", merged.display())))?;
-    let old = Path::new(OLD_ROOT);
-    let old_rel = Path::new(OLD_ROOT.trim_start_matches('/'));
-    mkdir_p(old_rel)?;
-    nix::unistd::pivot_root(".", old_rel).map_err(sys("pivot_root"))?;
-    nix::unistd::chdir("/").map_err(sys("chdir(/)"))?;
-
-    for (m, (fd, is_dir)) in spec.mounts.iter().zip(&sources) {
+/// Bind-mounts each source (opened before the pivot) on its target inside the new root,
+/// read-only where asked.
+fn bind_mounts(spec: &ContainerSpec, sources: &[(OwnedFd, bool)]) -> Result<(), RuntimeError> {
+    for (m, (fd, is_dir)) in spec.mounts.iter().zip(sources) {
         prepare_target(&m.target, *is_dir)?;
         let src = PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
         mount(Some(&src), &m.target, None, MsFlags::MS_BIND, None).map_err(|e| match e {
@@ -427,14 +468,6 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
                 None,
             )?;
         }
-    }
-    drop(sources);
-    nix::mount::umount2(old, MntFlags::MNT_DETACH).map_err(sys("detach the old root"))?;
-    std::fs::remove_dir(old).map_err(io("cannot remove", old))?;
-
-    if !spec.hostname.is_empty() {
-        nix::unistd::sethostname(&spec.hostname)
-            .map_err(sys(format!("sethostname({})", spec.hostname)))?;
     }
     Ok(())
 }

@@ -129,7 +129,9 @@ fn mkdir_p(p: &Path) -> Result<(), RuntimeError> {
     })
 }
 
-fn check_spec(spec: &ContainerSpec) -> Result<(), RuntimeError> {
+/// Checks what every container run needs: a program, and mount targets that are clean absolute
+/// paths.
+pub(super) fn check_spec(spec: &ContainerSpec) -> Result<(), RuntimeError> {
     if spec.argv.is_empty() {
         return Err(RuntimeError::Invalid {
             what: "argv",
@@ -297,6 +299,68 @@ impl Drop for ExecFiles {
     }
 }
 
+/// The pid of a running container of `sandbox` started with `spec` that an exec can join; a
+/// container still in its init after [`INIT_GRACE`] is not joined.
+async fn joinable_container(sandbox: &Sandbox, spec: &ContainerSpec) -> Option<u32> {
+    let (pid, json) = running_container(sandbox, spec)?;
+    // A container still in its init has half-built namespaces: give it a moment to exec.
+    let deadline = tokio::time::Instant::now() + INIT_GRACE;
+    while still_in_init(pid, &json) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if still_in_init(pid, &json) {
+        warn!(pid, "container still starting: exec gets fresh namespaces");
+        None
+    } else {
+        Some(pid)
+    }
+}
+
+/// Waits for the exec'd command (at most `timeout`, then it is killed) and collects its
+/// output.
+async fn exec_output(
+    mut child: tokio::process::Child,
+    program: &Path,
+    timeout: Duration,
+) -> Result<ExecOutput, RuntimeError> {
+    let pid = child.id().unwrap_or_default();
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let run = async {
+        let status = child.wait().await;
+        // Whatever the command left in its process group would hold the pipes open.
+        if pid > 1 {
+            let _ = signal_group(pid, Signal::SIGKILL);
+        }
+        status
+    };
+    let finished = tokio::time::timeout(timeout, async {
+        tokio::join!(run, read_capped(stdout), read_capped(stderr))
+    })
+    .await;
+    match finished {
+        Ok((status, stdout, stderr)) => {
+            let status = status.map_err(|source| RuntimeError::Spawn {
+                program: program.to_path_buf(),
+                source,
+            })?;
+            Ok(ExecOutput {
+                exit_code: exit_code(status),
+                stdout,
+                stderr,
+            })
+        }
+        Err(_) => {
+            if pid > 1 {
+                let _ = signal_group(pid, Signal::SIGKILL);
+            }
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            Err(RuntimeError::ExecTimeout(timeout))
+        }
+    }
+}
+
 pub(super) async fn exec_in_container(
     sandbox: &Sandbox,
     spec: &ContainerSpec,
@@ -308,19 +372,7 @@ pub(super) async fn exec_in_container(
     check_spec(&exec_spec)?;
     let program = init_program()?;
     mkdir_p(&sandbox.dir)?;
-    let mut join_pid = None;
-    if let Some((pid, json)) = running_container(sandbox, spec) {
-        // A container still in its init has half-built namespaces: give it a moment to exec.
-        let deadline = tokio::time::Instant::now() + INIT_GRACE;
-        while still_in_init(pid, &json) && tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        if still_in_init(pid, &json) {
-            warn!(pid, "container still starting: exec gets fresh namespaces");
-        } else {
-            join_pid = Some(pid);
-        }
-    }
+    let join_pid = joinable_container(sandbox, spec).await;
     let tag = format!(".exec-{:016x}", random_u64(&sandbox.netns));
     let root_dir = sandbox.dir.join(format!("{tag}.root"));
     let files = ExecFiles {
@@ -344,46 +396,11 @@ pub(super) async fn exec_in_container(
     cmd.stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let mut child = spawn_from_spawner(cmd, &program)?;
-    let pid = child.id().unwrap_or_default();
-    debug!(pid, ?join_pid, argv = ?argv, "exec started");
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
-    let run = async {
-        let status = child.wait().await;
-        // Whatever the command left in its process group would hold the pipes open.
-        if pid > 1 {
-            let _ = signal_group(pid, Signal::SIGKILL);
-        }
-        status
-    };
-    let finished = tokio::time::timeout(timeout, async {
-        tokio::join!(run, read_capped(stdout), read_capped(stderr))
-    })
-    .await;
-    match finished {
-        Ok((status, stdout, stderr)) => {
-            let status = status.map_err(|source| RuntimeError::Spawn {
-                program: program.clone(),
-                source,
-            })?;
-            drop(files);
-            Ok(ExecOutput {
-                exit_code: exit_code(status),
-                stdout,
-                stderr,
-            })
-        }
-        Err(_) => {
-            if pid > 1 {
-                let _ = signal_group(pid, Signal::SIGKILL);
-            }
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            drop(files);
-            Err(RuntimeError::ExecTimeout(timeout))
-        }
-    }
+    let child = spawn_from_spawner(cmd, &program)?;
+    debug!(pid = child.id().unwrap_or_default(), ?join_pid, argv = ?argv, "exec started");
+    let output = exec_output(child, &program, timeout).await;
+    drop(files);
+    output
 }
 
 #[cfg(test)]

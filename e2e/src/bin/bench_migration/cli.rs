@@ -1,0 +1,110 @@
+//! The command line: data sizes, copy modes, operator binary, log dir.
+
+use std::path::PathBuf;
+
+use clap::{Parser, ValueEnum};
+
+#[derive(Parser)]
+#[command(
+    name = "bench-migration",
+    about = "Per-member downtime of a StorageClassChange with and without pre-copy, against the cluster KUBECONFIG points at"
+)]
+pub struct Cli {
+    /// Data sizes written to each member's volume, comma-separated (binary units: Mi, Gi).
+    #[arg(long, value_delimiter = ',', default_value = "64Mi,1Gi", value_parser = parse_size)]
+    pub sizes: Vec<DataSize>,
+    /// Which copy modes to run: `copy.preCopy` true (on), false (off), or both.
+    #[arg(long, value_enum, default_value = "both")]
+    pub modes: Modes,
+    /// Keep the namespaces (and their workloads) instead of deleting them.
+    #[arg(long)]
+    pub keep: bool,
+    /// The operator binary (default: `storage-migrator` next to this binary).
+    #[arg(long, env = "STORAGE_MIGRATOR_BIN")]
+    pub operator_bin: Option<PathBuf>,
+    /// Where the operator's logs go (default: `<temp dir>/bench-migration`).
+    #[arg(long)]
+    pub log_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Modes {
+    Both,
+    On,
+    Off,
+}
+
+impl Modes {
+    pub fn pre_copy_values(self) -> &'static [bool] {
+        match self {
+            Modes::Both => &[true, false],
+            Modes::On => &[true],
+            Modes::Off => &[false],
+        }
+    }
+}
+
+/// A data size per member, in MiB, with the label it was given as.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DataSize {
+    pub label: String,
+    pub mib: u64,
+}
+
+impl DataSize {
+    /// The claim size: data + 50%, at least 256Mi, in whole MiB.
+    pub fn claim_size(&self) -> String {
+        let mib = self.mib.saturating_mul(3).div_ceil(2).max(256);
+        format!("{mib}Mi")
+    }
+}
+
+fn parse_size(s: &str) -> Result<DataSize, String> {
+    let s = s.trim();
+    let (digits, factor) = if let Some(d) = s.strip_suffix("Mi") {
+        (d, 1u64)
+    } else if let Some(d) = s.strip_suffix("Gi") {
+        (d, 1024)
+    } else {
+        return Err(format!("{s:?}: give a size in Mi or Gi, e.g. 64Mi or 1Gi"));
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{s:?}: not a whole number of Mi or Gi"))?;
+    let mib = n
+        .checked_mul(factor)
+        .filter(|m| *m > 0)
+        .ok_or_else(|| format!("{s:?}: must be above 0 and fit in 64 bits"))?;
+    Ok(DataSize {
+        label: s.to_string(),
+        mib,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_and_claims_fit() {
+        let s = parse_size("64Mi").unwrap();
+        assert_eq!(s.mib, 64);
+        assert_eq!(s.claim_size(), "256Mi");
+        let g = parse_size("1Gi").unwrap();
+        assert_eq!(g.mib, 1024);
+        assert_eq!(g.claim_size(), "1536Mi");
+        assert_eq!(parse_size("3Mi").unwrap().claim_size(), "256Mi");
+        assert_eq!(parse_size("201Mi").unwrap().claim_size(), "302Mi");
+        for bad in [
+            "64",
+            "1G",
+            "0Mi",
+            "-1Gi",
+            "1.5Gi",
+            "Gi",
+            "99999999999999999999Gi",
+        ] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+}

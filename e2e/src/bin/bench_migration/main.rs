@@ -1,0 +1,194 @@
+//! `bench-migration`: per-member downtime of a StorageClassChange with and without pre-copy.
+//!
+//! Against the cluster `KUBECONFIG` points at, for each data size (`--sizes`, default
+//! `64Mi,1Gi`) and each mode (`copy.preCopy` true / false), in a fresh namespace:
+//!
+//! 1. a 3-member Generic StatefulSet (`busybox`, a writer appending a line to its volume every
+//!    100 ms; ready once `/data/ready` exists) with its claims on the Immediate class
+//!    (`E2E_STORAGE_CLASS`, default `standard`), sized data + 50% (at least 256Mi);
+//! 2. each member's volume filled with that many bytes of incompressible data (64 MiB files from
+//!    `/dev/urandom`) by a one-off pod pinned to the member's node, which then writes the
+//!    readiness file;
+//! 3. the operator (`storage-migrator run --namespace NS`, started and stopped through the shared
+//!    harness `e2e::testing::operator`, which also installs the CRD) migrates the set to the WaitForFirstConsumer class (`E2E_WFFC_STORAGE_CLASS`,
+//!    default `fast`), engine Generic, timeout 30m;
+//! 4. the request's `status.members[].downtimeSeconds` and `bytesCopied` and its
+//!    `startTime`→`completionTime` are read, and a pod watcher measures each member's
+//!    unavailability as a client sees it (from the first event showing the pod deleted or not
+//!    Ready to the first showing it Ready again).
+//!
+//! Prints a Markdown table on stdout (progress goes to stderr) and deletes the namespaces
+//! (`--keep` keeps them).
+//!
+//! ```sh
+//! export KUBECONFIG=/tmp/sm-bench/kubeconfig
+//! bench-migration --operator-bin target/debug/storage-migrator --sizes 64Mi,1Gi --modes both
+//! ```
+
+mod availability;
+mod cli;
+mod output;
+mod scenario;
+mod workload;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::Parser;
+use e2e::testing::operator::{OperatorError, install_crd_cluster_wide};
+use e2e::testing::{TestCluster, TestError};
+use tracing::{info, warn};
+
+use crate::cli::Cli;
+use crate::output::{ScenarioResult, tables};
+use crate::scenario::{Settings, run_scenario};
+
+#[derive(Debug, thiserror::Error)]
+enum BenchError {
+    #[error(transparent)]
+    Test(#[from] TestError),
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+    #[error(transparent)]
+    Operator(#[from] OperatorError),
+    #[error(
+        "operator binary {path} is not usable: {detail} (build it with `cargo build --bins`, or pass --operator-bin / STORAGE_MIGRATOR_BIN)"
+    )]
+    OperatorBin { path: PathBuf, detail: String },
+    #[error("cannot create {path}: {source}")]
+    LogFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("fill pod {pod} on {node} did not succeed (phase {phase}, exit {exit:?}): {output}")]
+    Fill {
+        pod: String,
+        node: String,
+        phase: String,
+        exit: Option<i32>,
+        output: String,
+    },
+    #[error("request {namespace}/{name} ended {phase}: {detail}")]
+    NotSuccessful {
+        namespace: String,
+        name: String,
+        phase: String,
+        detail: String,
+    },
+}
+
+fn check_operator_bin(path: &Path) -> Result<(), BenchError> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(path).map_err(|e| BenchError::OperatorBin {
+        path: path.to_path_buf(),
+        detail: e.to_string(),
+    })?;
+    if !meta.is_file() || meta.permissions().mode() & 0o111 == 0 {
+        return Err(BenchError::OperatorBin {
+            path: path.to_path_buf(),
+            detail: "not an executable file".into(),
+        });
+    }
+    Ok(())
+}
+
+/// The settings of every scenario: the operator binary (checked) and the log dir (created).
+fn settings(cli: &Cli) -> Result<Settings, BenchError> {
+    let operator_bin = match &cli.operator_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(|d| d.join("storage-migrator")))
+            .unwrap_or_else(|| PathBuf::from("storage-migrator")),
+    };
+    check_operator_bin(&operator_bin)?;
+    let log_dir = cli
+        .log_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join("bench-migration"));
+    std::fs::create_dir_all(&log_dir).map_err(|source| BenchError::LogFile {
+        path: log_dir.clone(),
+        source,
+    })?;
+    Ok(Settings {
+        operator_bin,
+        log_dir,
+        keep: cli.keep,
+    })
+}
+
+/// Runs one scenario and logs how it went.
+async fn scenario(
+    cluster: &TestCluster,
+    settings: &Settings,
+    size: &cli::DataSize,
+    pre_copy: bool,
+) -> ScenarioResult {
+    let started = Instant::now();
+    let result = run_scenario(cluster, settings, size, pre_copy).await;
+    match &result {
+        Ok(row) => {
+            info!(size = %size.label, pre_copy, took = ?started.elapsed(), ?row, "scenario done")
+        }
+        Err(e) => warn!(size = %size.label, pre_copy, error = %e, "scenario failed"),
+    }
+    (
+        size.label.clone(),
+        pre_copy,
+        result.map_err(|e| e.to_string()),
+    )
+}
+
+async fn run(cli: Cli) -> Result<bool, BenchError> {
+    let settings = settings(&cli)?;
+    let cluster = TestCluster::from_env().await?;
+    install_crd_cluster_wide(&cluster.client).await?;
+    info!(
+        operator = %settings.operator_bin.display(),
+        from = %cluster.storage_class,
+        to = %cluster.wffc_storage_class,
+        "benchmark starting"
+    );
+    let mut results = Vec::new();
+    for size in &cli.sizes {
+        for &pre_copy in cli.modes.pre_copy_values() {
+            results.push(scenario(&cluster, &settings, size, pre_copy).await);
+        }
+    }
+    print!("{}", tables(&results));
+    Ok(results.iter().all(|(_, _, r)| r.is_ok()))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bench-migration: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => {
+            eprintln!("bench-migration: some scenarios failed (see the table)");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("bench-migration: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

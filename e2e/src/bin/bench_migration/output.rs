@@ -1,0 +1,213 @@
+//! The Markdown tables printed on stdout: the operator's numbers per scenario, and what a client
+//! watching the pods saw.
+
+use crate::scenario::{MemberRow, Row};
+
+/// A scenario's result: its size label, its `copy.preCopy`, its row or its error.
+pub type ScenarioResult = (String, bool, Result<Row, String>);
+
+const MAIN_HEADER: [&str; 7] = [
+    "size",
+    "preCopy",
+    "members",
+    "downtime per member (s)",
+    "mean downtime",
+    "total (s)",
+    "bytes copied in final pass",
+];
+
+const CLIENT_HEADER: [&str; 7] = [
+    "size",
+    "preCopy",
+    "migration order",
+    "observed unavailability per member (s)",
+    "mean",
+    "request created → Successful seen (s)",
+    "namespace",
+];
+
+fn human_bytes(n: i64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v.abs() >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+fn opt_secs(v: Option<f64>) -> String {
+    v.map_or_else(|| "?".into(), |s| format!("{s:.1}"))
+}
+
+fn mean(values: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let all: Option<Vec<f64>> = values.collect();
+    let all = all?;
+    (!all.is_empty()).then(|| all.iter().sum::<f64>() / all.len() as f64)
+}
+
+/// A Markdown table with padded columns.
+fn markdown_table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (w, cell) in widths.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        format!("| {} |\n", padded.join(" | "))
+    };
+    let mut out = line(header.iter().map(|h| h.to_string()).collect());
+    out.push_str(&line(widths.iter().map(|w| "-".repeat(*w)).collect()));
+    for row in rows {
+        out.push_str(&line(row.clone()));
+    }
+    out
+}
+
+fn observed_secs(m: &MemberRow) -> Option<f64> {
+    m.observed.map(|d| d.as_secs_f64())
+}
+
+/// The operator's numbers of a successful scenario.
+fn main_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
+    let downtimes: Vec<String> = row.members.iter().map(|m| opt_secs(m.downtime)).collect();
+    let bytes: Vec<String> = row
+        .members
+        .iter()
+        .map(|m| m.bytes_copied.map_or_else(|| "?".into(), human_bytes))
+        .collect();
+    vec![
+        size.to_string(),
+        mode.to_string(),
+        row.members.len().to_string(),
+        downtimes.join(" / "),
+        opt_secs(mean(row.members.iter().map(|m| m.downtime))),
+        row.total_seconds
+            .map_or_else(|| "?".into(), |s| s.to_string()),
+        bytes.join(" / "),
+    ]
+}
+
+/// What the client saw in a successful scenario.
+fn client_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
+    let observed: Vec<String> = row
+        .members
+        .iter()
+        .map(|m| opt_secs(observed_secs(m)))
+        .collect();
+    let order: Vec<&str> = row.members.iter().map(|m| m.pod.as_str()).collect();
+    vec![
+        size.to_string(),
+        mode.to_string(),
+        order.join(", "),
+        observed.join(" / "),
+        opt_secs(mean(row.members.iter().map(observed_secs))),
+        format!("{:.1}", row.wall.as_secs_f64()),
+        row.namespace.clone(),
+    ]
+}
+
+/// The main table's row of a failed scenario.
+fn failed_row(size: &str, mode: &str, error: &str) -> Vec<String> {
+    vec![
+        size.to_string(),
+        mode.to_string(),
+        "-".into(),
+        format!("FAILED: {error}"),
+        "-".into(),
+        "-".into(),
+        "-".into(),
+    ]
+}
+
+/// Both tables; the client table only when a scenario succeeded.
+pub fn tables(results: &[ScenarioResult]) -> String {
+    let mut main_rows = Vec::new();
+    let mut client_rows = Vec::new();
+    for (size, pre_copy, result) in results {
+        let mode = pre_copy.to_string();
+        match result {
+            Ok(row) => {
+                main_rows.push(main_row(size, &mode, row));
+                client_rows.push(client_row(size, &mode, row));
+            }
+            Err(e) => main_rows.push(failed_row(size, &mode, e)),
+        }
+    }
+    let mut out = markdown_table(&MAIN_HEADER, &main_rows);
+    if !client_rows.is_empty() {
+        out.push('\n');
+        out.push_str(&markdown_table(&CLIENT_HEADER, &client_rows));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn table_lists_members_and_failures() {
+        let row = Row {
+            namespace: "ns".into(),
+            members: vec![
+                MemberRow {
+                    pod: "bench-2".into(),
+                    downtime: Some(6.0),
+                    bytes_copied: Some(2048),
+                    observed: Some(Duration::from_millis(5800)),
+                },
+                MemberRow {
+                    pod: "bench-1".into(),
+                    downtime: Some(8.0),
+                    bytes_copied: Some(100),
+                    observed: Some(Duration::from_millis(7200)),
+                },
+            ],
+            total_seconds: Some(61),
+            wall: Duration::from_millis(62_300),
+        };
+        let out = tables(&[
+            ("64Mi".into(), true, Ok(row)),
+            ("1Gi".into(), false, Err("timed out".into())),
+        ]);
+        assert!(out.contains("| 64Mi "), "{out}");
+        assert!(out.contains("6.0 / 8.0"), "{out}");
+        assert!(out.contains("| 7.0 "), "{out}");
+        assert!(out.contains("2.0 KiB / 100 B"), "{out}");
+        assert!(out.contains("FAILED: timed out"), "{out}");
+        assert!(out.contains("bench-2, bench-1"), "{out}");
+        assert!(out.contains("62.3"), "{out}");
+    }
+
+    #[test]
+    fn only_failures_print_one_table() {
+        let out = tables(&[("64Mi".into(), false, Err("boom".into()))]);
+        assert_eq!(out.lines().count(), 3, "{out}");
+        assert!(out.starts_with("| size "), "{out}");
+        assert!(out.contains("| false "), "{out}");
+    }
+
+    #[test]
+    fn bytes_are_human_readable() {
+        assert_eq!(human_bytes(0), "0 B");
+        assert_eq!(human_bytes(1023), "1023 B");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GiB");
+        assert_eq!(mean([Some(1.0), None].into_iter()), None);
+        assert_eq!(mean(std::iter::empty()), None);
+    }
+}

@@ -1,0 +1,245 @@
+//! One scenario: a fresh namespace, the filled workload, the operator, one request, and the
+//! row of results read from the request's status and the pod watcher.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use e2e::testing::operator::{self, Operator};
+use e2e::testing::{TestCluster, TestNamespace};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use storage_migrator::api::{Phase, StorageMigrationRequest, StorageMigrationRequestStatus};
+use tracing::{info, warn};
+
+use crate::BenchError;
+use crate::availability::{Availability, watch_availability};
+use crate::cli::DataSize;
+use crate::workload::{REPLICAS, SET, fill_member, statefulset};
+
+const REQUEST: &str = "to-target-class";
+/// The request's own bound, and how long the benchmark waits beyond it for a final phase.
+const REQUEST_TIMEOUT: &str = "30m";
+const REQUEST_WAIT: Duration = Duration::from_secs(35 * 60);
+const SET_READY: Duration = Duration::from_secs(300);
+const NAMESPACE_GONE: Duration = Duration::from_secs(300);
+const VOLUMES_GONE: Duration = Duration::from_secs(180);
+/// How long the operator must keep running after its start to count as started.
+const OPERATOR_SETTLE: Duration = Duration::from_secs(1);
+const OPERATOR_STOP: Duration = Duration::from_secs(15);
+
+/// What every scenario shares.
+pub struct Settings {
+    pub operator_bin: PathBuf,
+    pub log_dir: PathBuf,
+    pub keep: bool,
+}
+
+#[derive(Debug)]
+pub struct MemberRow {
+    pub pod: String,
+    pub downtime: Option<f64>,
+    pub bytes_copied: Option<i64>,
+    pub observed: Option<Duration>,
+}
+
+#[derive(Debug)]
+pub struct Row {
+    pub namespace: String,
+    pub members: Vec<MemberRow>,
+    /// `startTime` → `completionTime` (whole seconds, as the status records them).
+    pub total_seconds: Option<i64>,
+    /// Request created → `Successful` seen by this client.
+    pub wall: Duration,
+}
+
+/// Creates the StatefulSet, fills every member's volume, and waits until the set is Ready.
+async fn deploy_and_fill(ns: &TestNamespace, size: &DataSize) -> Result<(), BenchError> {
+    let set = statefulset(&size.claim_size(), &ns.cluster.storage_class);
+    ns.api::<StatefulSet>()
+        .create(&PostParams::default(), &set)
+        .await?;
+    info!(namespace = %ns.name, size = %size.label, claim = %size.claim_size(), "StatefulSet created; filling volumes");
+    let fills = (0..REPLICAS).map(|i| fill_member(ns, i, size));
+    futures::future::try_join_all(fills).await?;
+    ns.wait_statefulset_ready(SET, REPLICAS, SET_READY).await?;
+    // Let the writers run a moment so the volumes change while serving.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    Ok(())
+}
+
+/// Starts the operator for `ns`, logging to `<log dir>/<ns>-operator.log`.
+async fn start_operator(ns: &TestNamespace, settings: &Settings) -> Result<Operator, BenchError> {
+    let log = settings.log_dir.join(format!("{}-operator.log", ns.name));
+    let mut op = Operator::spawn(&settings.operator_bin, &ns.name, log, None)?;
+    op.check_running(OPERATOR_SETTLE).await?;
+    Ok(op)
+}
+
+/// The request's spec: the set to the WaitForFirstConsumer class, engine Generic.
+fn request_spec(cluster: &TestCluster, pre_copy: bool) -> serde_json::Value {
+    json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": REQUEST_TIMEOUT,
+        "copy": {"preCopy": pre_copy, "moverImage": cluster.mover_image},
+        "database": {"engine": "Generic"},
+    })
+}
+
+/// What one migration produced: the final request, the wall time from its creation, and the
+/// availability the pod watcher recorded meanwhile.
+struct Migration {
+    request: StorageMigrationRequest,
+    wall: Duration,
+    availability: Arc<Mutex<Availability>>,
+}
+
+/// Creates the request and waits for its final phase while watching the set's pods.
+async fn migrate(ns: &TestNamespace, pre_copy: bool) -> Result<Migration, BenchError> {
+    let (watch_task, availability) = watch_availability(ns.api::<Pod>());
+    let started = Instant::now();
+    let created = operator::create_request(ns, REQUEST, request_spec(&ns.cluster, pre_copy)).await;
+    let result = match created {
+        Ok(()) => {
+            info!(namespace = %ns.name, pre_copy, "request created");
+            operator::wait_final(ns, REQUEST, REQUEST_WAIT).await
+        }
+        Err(e) => Err(e),
+    };
+    let wall = started.elapsed();
+    // Let the watcher see the last member's Ready event before reading it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watch_task.abort();
+    Ok(Migration {
+        request: result?,
+        wall,
+        availability,
+    })
+}
+
+/// Seconds from the status's `startTime` to its `completionTime`.
+fn total_seconds(status: &StorageMigrationRequestStatus) -> Option<i64> {
+    match (&status.start_time, &status.completion_time) {
+        (Some(a), Some(b)) => Some(b.0.as_second() - a.0.as_second()),
+        _ => None,
+    }
+}
+
+/// The scenario's row; an error unless the request ended `Successful`.
+fn row(ns: &TestNamespace, migration: Migration) -> Result<Row, BenchError> {
+    let status = migration.request.status.clone().unwrap_or_default();
+    if status.phase != Phase::Successful {
+        return Err(BenchError::NotSuccessful {
+            namespace: ns.name.clone(),
+            name: REQUEST.into(),
+            phase: format!("{:?}", status.phase),
+            detail: operator::summary(&migration.request),
+        });
+    }
+    let now = Instant::now();
+    let observed = migration.availability.lock().ok();
+    let members = status
+        .members
+        .iter()
+        .map(|m| MemberRow {
+            pod: m.pod.clone(),
+            downtime: m.downtime_seconds,
+            bytes_copied: m.bytes_copied,
+            observed: observed.as_ref().and_then(|a| a.down(&m.pod, now)),
+        })
+        .collect();
+    Ok(Row {
+        namespace: ns.name.clone(),
+        members,
+        total_seconds: total_seconds(&status),
+        wall: migration.wall,
+    })
+}
+
+async fn scenario_body(
+    ns: &TestNamespace,
+    settings: &Settings,
+    size: &DataSize,
+    pre_copy: bool,
+    operator: &mut Option<Operator>,
+) -> Result<Row, BenchError> {
+    deploy_and_fill(ns, size).await?;
+    *operator = Some(start_operator(ns, settings).await?);
+    let migration = migrate(ns, pre_copy).await?;
+    row(ns, migration)
+}
+
+/// Names of the volumes still bound to claims of `namespace`.
+async fn volumes_of(
+    pvs: &Api<PersistentVolume>,
+    namespace: &str,
+) -> Result<Vec<String>, BenchError> {
+    Ok(pvs
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|pv| {
+            pv.spec
+                .as_ref()
+                .and_then(|s| s.claim_ref.as_ref())
+                .and_then(|r| r.namespace.as_deref())
+                == Some(namespace)
+        })
+        .map(|pv| pv.name_any())
+        .collect())
+}
+
+/// Deletes the namespace and waits until its volumes are released too (bounded; a slow release
+/// is only a warning).
+async fn cleanup(ns: TestNamespace) -> Result<(), BenchError> {
+    let client = ns.client();
+    let name = ns.name.clone();
+    ns.delete_and_wait(NAMESPACE_GONE).await?;
+    let pvs: Api<PersistentVolume> = Api::all(client);
+    let deadline = Instant::now() + VOLUMES_GONE;
+    loop {
+        let left = volumes_of(&pvs, &name).await?;
+        if left.is_empty() {
+            info!(namespace = %name, "namespace and its volumes gone");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            warn!(namespace = %name, volumes = ?left, "volumes of the deleted namespace still exist (their reclaim policy may be Retain)");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Runs one scenario in a fresh namespace, then stops the operator and deletes (or keeps) the
+/// namespace.
+pub async fn run_scenario(
+    cluster: &TestCluster,
+    settings: &Settings,
+    size: &DataSize,
+    pre_copy: bool,
+) -> Result<Row, BenchError> {
+    let mode = if pre_copy { "precopy" } else { "offline" };
+    let ns = cluster
+        .namespace(&format!("bench-{}-{mode}", size.label))
+        .await?;
+    info!(namespace = %ns.name, size = %size.label, pre_copy, "scenario started");
+    let mut operator = None;
+    let result = scenario_body(&ns, settings, size, pre_copy, &mut operator).await;
+    if let Some(op) = operator {
+        op.stop(OPERATOR_STOP).await;
+    }
+    if settings.keep {
+        let name = ns.keep();
+        info!(namespace = %name, "kept (--keep)");
+    } else if let Err(e) = cleanup(ns).await {
+        warn!(error = %e, "cleanup incomplete");
+    }
+    result
+}

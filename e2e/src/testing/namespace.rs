@@ -1,0 +1,222 @@
+//! [`TestNamespace`]: a unique namespace per test, deleted on drop; YAML and fixture apply,
+//! deletes.
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PropagationPolicy,
+};
+use kube::discovery::Scope;
+use kube::{Resource, ResourceExt};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use tracing::{info, warn};
+
+use crate::testing::cluster::TestCluster;
+use crate::testing::objects::{fixture_path, set_template_class};
+use crate::testing::{ETCD_READY, FIELD_MANAGER, TestError};
+
+/// A namespace owned by one test; deleted on drop, unless the test panicked and `E2E_KEEP=1`.
+pub struct TestNamespace {
+    pub name: String,
+    pub cluster: TestCluster,
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        let keep = std::env::var("E2E_KEEP").is_ok_and(|v| v == "1");
+        if std::thread::panicking() && keep {
+            eprintln!(
+                "E2E_KEEP=1: keeping namespace {} of the failed test",
+                self.name
+            );
+            return;
+        }
+        // The test's runtime may be single-threaded and blocked in this drop: delete from a
+        // fresh runtime and client on another thread, and wait for the request (not for the
+        // namespace to be gone).
+        let config = self.cluster.config.clone();
+        let name = self.name.clone();
+        let handle = std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => return Err(e.to_string()),
+            };
+            rt.block_on(async {
+                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+                let api: Api<Namespace> = Api::all(client);
+                let dp = DeleteParams {
+                    propagation_policy: Some(PropagationPolicy::Background),
+                    ..Default::default()
+                };
+                match api.delete(&name, &dp).await {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
+        });
+        match handle.join() {
+            Ok(Ok(())) => info!(namespace = %self.name, "deleting test namespace"),
+            Ok(Err(e)) => warn!(namespace = %self.name, error = %e, "cannot delete test namespace"),
+            Err(_) => warn!(namespace = %self.name, "namespace deletion thread panicked"),
+        }
+    }
+}
+
+impl TestNamespace {
+    pub fn client(&self) -> kube::Client {
+        self.cluster.client.clone()
+    }
+
+    /// A namespaced API in this namespace.
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        <K as Resource>::DynamicType: Default,
+    {
+        Api::namespaced(self.client(), &self.name)
+    }
+
+    /// Server-side applies every document of a multi-document YAML into this namespace (any
+    /// `metadata.namespace` in it is replaced); cluster-scoped objects are applied as they are.
+    /// On Kubernetes 1.20, list entries must carry all their key fields (e.g. `protocol` of
+    /// Service and container ports), else apply fails with HTTP 500.
+    pub async fn apply_yaml(&self, yaml: &str) -> Result<Vec<DynamicObject>, TestError> {
+        self.apply_yaml_with(yaml, |_| {}).await
+    }
+
+    /// [`Self::apply_yaml`], with `edit` applied to each object before it is sent.
+    pub async fn apply_yaml_with(
+        &self,
+        yaml: &str,
+        edit: impl Fn(&mut DynamicObject),
+    ) -> Result<Vec<DynamicObject>, TestError> {
+        let mut applied = Vec::new();
+        for (index, doc) in serde_norway::Deserializer::from_str(yaml).enumerate() {
+            let value = serde_norway::Value::deserialize(doc)?;
+            if value.is_null() {
+                continue;
+            }
+            let mut obj: DynamicObject = serde_norway::from_value(value)?;
+            edit(&mut obj);
+            let types = obj.types.clone().ok_or(TestError::Manifest { index })?;
+            let name = obj
+                .metadata
+                .name
+                .clone()
+                .ok_or(TestError::Manifest { index })?;
+            let gvk =
+                GroupVersionKind::try_from(&types).map_err(|_| TestError::Manifest { index })?;
+            let (resource, caps) = kube::discovery::pinned_kind(&self.client(), &gvk).await?;
+            let api: Api<DynamicObject> = match caps.scope {
+                Scope::Namespaced => {
+                    obj.metadata.namespace = Some(self.name.clone());
+                    Api::namespaced_with(self.client(), &self.name, &resource)
+                }
+                Scope::Cluster => Api::all_with(self.client(), &resource),
+            };
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            let result = api.patch(&name, &params, &Patch::Apply(&obj)).await?;
+            info!(namespace = %self.name, kind = %gvk.kind, %name, "applied");
+            applied.push(result);
+        }
+        Ok(applied)
+    }
+
+    /// Applies `e2e/fixtures/<file>`. Claim templates of StatefulSets that name the class
+    /// `standard` get the cluster's [`TestCluster::storage_class`] instead.
+    pub async fn apply_fixture(&self, file: &str) -> Result<Vec<DynamicObject>, TestError> {
+        let path = fixture_path(file);
+        let yaml = std::fs::read_to_string(&path).map_err(|source| TestError::Fixture {
+            path: path.clone(),
+            source,
+        })?;
+        let class = self.cluster.storage_class.clone();
+        self.apply_yaml_with(&yaml, |obj| set_template_class(obj, "standard", &class))
+            .await
+    }
+
+    /// Applies the etcd fixture (`e2e/fixtures/etcd.yaml`, claims on the cluster's class) and
+    /// waits until its StatefulSet `etcd` is 3/3 Ready.
+    pub async fn apply_etcd(&self) -> Result<StatefulSet, TestError> {
+        self.apply_fixture("etcd.yaml").await?;
+        self.wait_statefulset_ready("etcd", 3, ETCD_READY).await
+    }
+
+    /// Keeps the namespace: disarms the delete-on-drop and returns its name.
+    pub fn keep(self) -> String {
+        let this = std::mem::ManuallyDrop::new(self);
+        this.name.clone()
+    }
+
+    /// Deletes the namespace and waits (bounded) until it is gone, so that what it held (pods,
+    /// claims, volumes of a `Delete` class) is released before the caller goes on.
+    pub async fn delete_and_wait(self, timeout: Duration) -> Result<(), TestError> {
+        let api: Api<Namespace> = Api::all(self.client());
+        let dp = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Background),
+            ..Default::default()
+        };
+        let Some(uid) = api.get_opt(&self.name).await?.and_then(|ns| ns.uid()) else {
+            return Ok(());
+        };
+        match api.delete(&self.name, &dp).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+        // Deleted: no second delete on drop.
+        let this = std::mem::ManuallyDrop::new(self);
+        let cond = kube::runtime::wait::conditions::is_deleted::<Namespace>(&uid);
+        let describe = |n: &Namespace| {
+            let st = n.status.clone().unwrap_or_default();
+            let conditions: Vec<String> = st
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}={} {}",
+                        c.type_,
+                        c.status,
+                        c.message.clone().unwrap_or_default()
+                    )
+                })
+                .collect();
+            format!(
+                "phase={} conditions={conditions:?}",
+                st.phase.unwrap_or_default()
+            )
+        };
+        let name = this.name.clone();
+        this.wait_for(api, &name, "namespace gone", timeout, cond, describe)
+            .await
+            .map(|_| ())
+    }
+
+    /// Deletes an object with the given propagation (Jobs: use Background, the API default for
+    /// batch/v1 orphans their pods).
+    pub async fn delete<K>(
+        &self,
+        api: &Api<K>,
+        name: &str,
+        propagation: PropagationPolicy,
+    ) -> Result<(), TestError>
+    where
+        K: Clone + Debug + DeserializeOwned + Resource,
+    {
+        let dp = DeleteParams {
+            propagation_policy: Some(propagation),
+            ..Default::default()
+        };
+        api.delete(name, &dp).await?;
+        Ok(())
+    }
+}
