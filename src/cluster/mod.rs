@@ -19,13 +19,14 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
-use crate::api::{self, Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
+use crate::api::{Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::build::{self, BuildError, Manifest};
 use crate::engine::{self, Engine, EngineError};
 use crate::labels;
+use crate::plan::observe::{effective_spec, expected_members, job_outcome};
 use crate::plan::{
-    self, Action, EventType, JobOutcome, Kind, Object, Observed, ObservedJob, OtherRequest,
-    Propagation, Stash, StashTarget,
+    self, Action, EventType, Kind, Object, Observed, ObservedJob, OtherRequest, Propagation, Stash,
+    StashTarget,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -690,108 +691,6 @@ fn fnv(s: &str) -> u32 {
     s.bytes().fold(0x811c_9dc5u32, |h, b| {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })
-}
-
-/// The spec the request runs with: the accepted one once accepted.
-pub fn effective_spec(req: &StorageMigrationRequest) -> api::StorageMigrationRequestSpec {
-    req.status
-        .as_ref()
-        .and_then(|s| s.accepted_spec.as_deref())
-        .cloned()
-        .unwrap_or_else(|| req.spec.clone())
-}
-
-/// The member pods the engine must see: the plan's, or before acceptance the set's ordinals.
-fn expected_members(
-    status: &StorageMigrationRequestStatus,
-    set: Option<&StatefulSet>,
-    set_name: &str,
-) -> Vec<String> {
-    if let Some(plan) = &status.plan {
-        return plan.members.iter().map(|m| m.pod.clone()).collect();
-    }
-    let Some(spec) = set.and_then(|s| s.spec.as_ref()) else {
-        return Vec::new();
-    };
-    let replicas = spec.replicas.unwrap_or(1).max(0);
-    let start = spec.ordinals.as_ref().and_then(|o| o.start).unwrap_or(0);
-    (start..start + replicas)
-        .map(|i| format!("{set_name}-{i}"))
-        .collect()
-}
-
-/// How a Job ended, with its pod's termination message.
-fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
-    let name = job.name_any();
-    let conditions = job
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.clone())
-        .unwrap_or_default();
-    let is = |t: &str| {
-        conditions
-            .iter()
-            .any(|c| c.type_ == t && c.status == "True")
-    };
-    // The Job's pods carry `job-name` (and on newer clusters `batch.kubernetes.io/job-name`).
-    let mut job_pods: Vec<&Pod> = pods
-        .values()
-        .filter(|p| {
-            let l = p.labels();
-            l.get("job-name") == Some(&name) || l.get("batch.kubernetes.io/job-name") == Some(&name)
-        })
-        .collect();
-    job_pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    let message = job_pods.iter().rev().find_map(|p| termination_message(p));
-    if is("Complete") {
-        return JobOutcome::Succeeded { message };
-    }
-    if is("Failed") {
-        let condition = conditions
-            .iter()
-            .find(|c| c.type_ == "Failed")
-            .map(|c| {
-                format!(
-                    "{}{}",
-                    c.reason.clone().unwrap_or_default(),
-                    c.message
-                        .as_ref()
-                        .map(|m| format!(": {m}"))
-                        .unwrap_or_default()
-                )
-            })
-            .unwrap_or_default();
-        let detail = message
-            .map(|m| {
-                build::parse_job_result(&m)
-                    .ok()
-                    .and_then(|r| r.error.map(|e| format!("{e} (exit {:?})", r.exit_code)))
-                    .unwrap_or(m)
-            })
-            .map(|m| format!("; {}", m.trim()))
-            .unwrap_or_default();
-        return JobOutcome::Failed {
-            reason: format!("Job {name} failed: {condition}{detail}"),
-        };
-    }
-    JobOutcome::Running
-}
-
-fn termination_message(pod: &Pod) -> Option<String> {
-    pod.status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find_map(|c| {
-            c.state
-                .as_ref()?
-                .terminated
-                .as_ref()?
-                .message
-                .clone()
-                .filter(|m| !m.trim().is_empty())
-        })
 }
 
 async fn create<K>(api: &Api<K>, obj: &K, what: &str) -> Result<(), ClusterError>

@@ -33,6 +33,7 @@ use crate::labels;
 
 pub mod action;
 pub mod member;
+pub mod observe;
 pub mod preflight;
 pub mod quantity;
 pub mod stages;
