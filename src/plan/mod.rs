@@ -155,9 +155,7 @@ impl<'a> Ctx<'a> {
     pub(crate) fn new(o: &'a Observed) -> Self {
         let status = o.request.status.clone().unwrap_or_default();
         let mut req = o.request.clone();
-        if let Some(spec) = &status.accepted_spec {
-            req.spec = (**spec).clone();
-        }
+        req.spec = observe::effective_spec(&o.request);
         Self {
             o,
             req,
