@@ -216,3 +216,49 @@ pub enum Action {
         value: Option<String>,
     },
 }
+
+impl Action {
+    /// A short name for logs and failpoints (`Create-Job`, `Delete-Pod`, `SetStatus`, ...).
+    pub fn name(&self) -> String {
+        match self {
+            Action::SetStatus(_) => "SetStatus".into(),
+            Action::AddFinalizer => "AddFinalizer".into(),
+            Action::RemoveFinalizer => "RemoveFinalizer".into(),
+            Action::Event { .. } => "Event".into(),
+            Action::Stash { .. } => "Stash".into(),
+            Action::Create(o) => format!("Create-{:?}", o.kind()),
+            Action::Delete { kind, .. } => format!("Delete-{kind:?}"),
+            Action::PatchReclaimPolicy { .. } => "PatchReclaimPolicy".into(),
+            Action::SetClaimRef { .. } => "SetClaimRef".into(),
+            Action::RemoveOwnerReferences { .. } => "RemoveOwnerReferences".into(),
+            Action::PatchRetentionPolicy { .. } => "PatchRetentionPolicy".into(),
+            Action::TransferLeadership { .. } => "TransferLeadership".into(),
+            Action::LabelVolume { .. } => "LabelVolume".into(),
+            Action::AnnotateClaim { .. } => "AnnotateClaim".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn action_names_name_the_kind_of_creates_and_deletes() {
+        let job = Action::Create(Object::Job(Box::default()));
+        assert_eq!(job.name(), "Create-Job");
+        let delete = Action::Delete {
+            kind: Kind::Claim,
+            name: "data-etcd-0".into(),
+            propagation: Propagation::Background,
+            uid: None,
+        };
+        assert_eq!(delete.name(), "Delete-Claim");
+        assert_eq!(Action::SetStatus(Box::default()).name(), "SetStatus");
+        let refs = Action::RemoveOwnerReferences {
+            claim: "c".into(),
+            uids: vec![],
+        };
+        assert_eq!(refs.name(), "RemoveOwnerReferences");
+    }
+}
