@@ -337,3 +337,91 @@ pub async fn run(client: Client, namespace: Option<String>) {
         .await;
     info!("controller stopped");
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key::new(name).within("demo")
+    }
+
+    #[test]
+    fn transient_failures_back_off_exponentially_to_a_cap() {
+        let secs: Vec<u64> = (1..=9).map(|n| backoff_delay(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(backoff_delay(0), Duration::from_secs(1));
+        assert_eq!(backoff_delay(u32::MAX), BACKOFF_MAX);
+        let mut f = Failures::new(8);
+        let delays: Vec<u64> = (0..3)
+            .map(|_| f.record(&key("a"), Retry::Transient, "503").delay.as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4]);
+        // Another request counts on its own.
+        assert_eq!(
+            f.record(&key("b"), Retry::Transient, "503").delay.as_secs(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_permanent_failure_is_logged_once_and_not_retried_hot() {
+        let mut f = Failures::new(8);
+        let first = f.record(&key("a"), Retry::Permanent, "403 forbidden");
+        assert_eq!(
+            first,
+            Verdict {
+                retry: Retry::Permanent,
+                delay: PERMANENT_REQUEUE,
+                log: true
+            }
+        );
+        let again = f.record(&key("a"), Retry::Permanent, "403 forbidden");
+        assert!(!again.log);
+        assert_eq!(again.delay, PERMANENT_REQUEUE);
+        // Another permanent error is new: logged.
+        assert!(f.record(&key("a"), Retry::Permanent, "422 invalid").log);
+        // A transient failure in between: the permanent one is logged again when it returns.
+        assert!(f.record(&key("a"), Retry::Transient, "503").log);
+        assert!(f.record(&key("a"), Retry::Permanent, "422 invalid").log);
+    }
+
+    #[test]
+    fn failures_are_forgotten_on_success_and_bounded() {
+        let mut f = Failures::new(2);
+        f.record(&key("a"), Retry::Transient, "503");
+        f.record(&key("a"), Retry::Transient, "503");
+        f.forget(&key("a"));
+        assert!(f.is_empty());
+        // Forgotten: the backoff starts over.
+        assert_eq!(
+            f.record(&key("a"), Retry::Transient, "503").delay.as_secs(),
+            1
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        f.record(&key("b"), Retry::Transient, "503");
+        std::thread::sleep(Duration::from_millis(2));
+        f.record(&key("c"), Retry::Transient, "503");
+        assert_eq!(f.len(), 2);
+        // `a` failed longest ago: it went first.
+        assert_eq!(
+            f.record(&key("b"), Retry::Transient, "503").delay.as_secs(),
+            2
+        );
+        assert_eq!(
+            f.record(&key("c"), Retry::Transient, "503").delay.as_secs(),
+            2
+        );
+        f.record(&key("a"), Retry::Transient, "503");
+        assert_eq!(f.len(), 2);
+    }
+
+    #[test]
+    fn a_request_reported_gone_is_forgotten_under_its_key() {
+        let mut f = Failures::new(8);
+        f.record(&key("a"), Retry::Transient, "503");
+        let erased = key("a").erase();
+        f.forget(&request_key(&erased));
+        assert!(f.is_empty());
+    }
+}

@@ -94,3 +94,86 @@ fn fnv(s: &str) -> u32 {
         (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::action::contract::owner;
+    use crate::plan::fixtures;
+
+    #[test]
+    fn owner_references_patch_removes_exactly_the_listed_uids() {
+        let mut claim = fixtures::bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0");
+        claim.metadata.resource_version = Some("42".into());
+        let set = owner("StatefulSet", "apps/v1", "uid-set");
+        let pod = owner("Pod", "v1", "uid-pod");
+        let other = owner("Backup", "example.com/v1", "uid-backup");
+        claim.metadata.owner_references = Some(vec![set.clone(), pod.clone(), other.clone()]);
+        let patch = owner_references_patch(&claim, &["uid-set".into()]).unwrap();
+        assert_eq!(
+            patch,
+            json!({"metadata": {
+                "ownerReferences": [pod, other],
+                "resourceVersion": "42",
+            }})
+        );
+        let all = ["uid-set".to_string(), "uid-pod".into(), "uid-backup".into()];
+        let patch = owner_references_patch(&claim, &all).unwrap();
+        assert_eq!(patch["metadata"]["ownerReferences"], Value::Null);
+        assert_eq!(owner_references_patch(&claim, &["uid-gone".into()]), None);
+        claim.metadata.owner_references = None;
+        assert_eq!(owner_references_patch(&claim, &["uid-set".into()]), None);
+    }
+
+    #[test]
+    fn finalizer_patch_adds_or_removes_only_ours() {
+        let mut req = fixtures::request(fixtures::spec_class_change("fast"));
+        req.metadata.resource_version = Some("7".into());
+        req.metadata.finalizers = Some(vec!["other".into()]);
+        assert_eq!(
+            finalizer_patch(&req, true),
+            Some(json!({"metadata": {
+                "finalizers": ["other", labels::FINALIZER],
+                "resourceVersion": "7",
+            }}))
+        );
+        assert_eq!(finalizer_patch(&req, false), None);
+        req.metadata.finalizers = Some(vec![labels::FINALIZER.into(), "other".into()]);
+        assert_eq!(finalizer_patch(&req, true), None);
+        assert_eq!(
+            finalizer_patch(&req, false).unwrap()["metadata"]["finalizers"],
+            json!(["other"])
+        );
+    }
+
+    #[test]
+    fn retention_policy_patch_needs_json() {
+        assert_eq!(
+            retention_policy_patch("null").unwrap(),
+            json!({"spec": {"persistentVolumeClaimRetentionPolicy": null}})
+        );
+        assert!(matches!(
+            retention_policy_patch("{not json"),
+            Err(ClusterError::Invalid { .. })
+        ));
+    }
+
+    #[test]
+    fn events_are_keyed_by_reason_and_message() {
+        let long = "x".repeat(2000);
+        let a = event(EventType::Warning, "RollingBack", &long);
+        assert_eq!(a.type_, KubeEventType::Warning);
+        assert_eq!(a.note.as_ref().map(String::len), Some(1000));
+        let b = event(EventType::Normal, "RollingBack", "other");
+        assert_ne!(a.action, b.action);
+        assert!(b.action.starts_with("RollingBack-"));
+        assert_eq!(
+            b.action,
+            event(EventType::Normal, "RollingBack", "other").action
+        );
+        assert_eq!(
+            annotation_patch("k", None),
+            json!({"metadata": {"annotations": {"k": null}}})
+        );
+    }
+}

@@ -262,3 +262,63 @@ mod tests {
         assert_eq!(refs.name(), "RemoveOwnerReferences");
     }
 }
+
+/// Cases of the contracts that both the simulator and the cluster layer are tested against.
+#[cfg(test)]
+pub(crate) mod contract {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    /// One case of [`super::Action::RemoveOwnerReferences`] on an existing claim.
+    pub struct RemoveOwnerReferencesCase {
+        pub name: &'static str,
+        /// The claim's ownerReferences when the action runs.
+        pub before: Vec<OwnerReference>,
+        pub uids: Vec<String>,
+        /// Its ownerReferences afterwards; `None` when nothing is written.
+        pub after: Option<Vec<OwnerReference>>,
+    }
+
+    pub fn owner(kind: &str, api_version: &str, uid: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: format!("owner-{uid}"),
+            uid: uid.into(),
+            ..Default::default()
+        }
+    }
+
+    pub fn remove_owner_references_cases() -> Vec<RemoveOwnerReferencesCase> {
+        let set = owner("StatefulSet", "apps/v1", "uid-set");
+        let pod = owner("Pod", "v1", "uid-pod");
+        let other = owner("Backup", "example.com/v1", "uid-backup");
+        let successor = owner("StatefulSet", "apps/v1", "uid-set-2");
+        let uids = |u: &[&str]| u.iter().map(|s| s.to_string()).collect();
+        vec![
+            RemoveOwnerReferencesCase {
+                name: "the listed set and pod references go, another kind stays",
+                before: vec![set.clone(), pod.clone(), other.clone()],
+                uids: uids(&["uid-set", "uid-pod"]),
+                after: Some(vec![other.clone()]),
+            },
+            RemoveOwnerReferencesCase {
+                name: "a StatefulSet reference not listed stays",
+                before: vec![set.clone(), successor.clone()],
+                uids: uids(&["uid-set"]),
+                after: Some(vec![successor]),
+            },
+            RemoveOwnerReferencesCase {
+                name: "the last reference goes",
+                before: vec![pod],
+                uids: uids(&["uid-pod"]),
+                after: Some(vec![]),
+            },
+            RemoveOwnerReferencesCase {
+                name: "none of the listed uids: nothing is written",
+                before: vec![set, other],
+                uids: uids(&["uid-gone"]),
+                after: None,
+            },
+        ]
+    }
+}
