@@ -259,10 +259,8 @@ fn volume_names(
     names
 }
 
-fn by_name<K: ResourceExt>(list: ObjectList<K>) -> BTreeMap<String, K>
-where
-    K: Clone,
-{
+/// A list's objects by name.
+fn by_name<K: ResourceExt + Clone>(list: ObjectList<K>) -> BTreeMap<String, K> {
     list.into_iter().map(|o| (o.name_any(), o)).collect()
 }
 

@@ -25,6 +25,8 @@ pub mod stash;
 
 #[cfg(test)]
 mod mock;
+#[cfg(test)]
+mod tests;
 
 pub use error::{ClusterError, Retry};
 
