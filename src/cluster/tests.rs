@@ -388,3 +388,72 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
     let err = execute(observed(), action, vec![]).await;
     assert!(matches!(err, Err(ClusterError::Engine(_))));
 }
+
+/// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
+/// and helper pods, the claims and their volumes, the classes, the other requests.
+#[tokio::test]
+async fn gather_reads_everything_the_planner_needs_in_order() {
+    let o = observed();
+    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
+    let mut pod = json_of(&fixtures::member_pod(0));
+    pod["metadata"]["annotations"] = json!({"unknown.example.com/kept": "yes"});
+    pod["spec"]["someFutureField"] = json!({"kept": true});
+    let mut helper = json_of(&fixtures::member_pod(1));
+    helper["metadata"]["name"] = json!("mounter-etcd-1");
+    helper["metadata"]["labels"] = json!({labels::REQUEST_LABEL: REQ, "app": "etcd"});
+    let mut other = request_json(&o);
+    other["metadata"]["name"] = json!("other");
+    let owned = format!(
+        "labelSelector={}%3D{REQ}",
+        labels::REQUEST_LABEL.replace('/', "%2F")
+    );
+    let exchanges = vec![
+        Exchange::new(Method::GET, &format!("{SETS}/etcd"))
+            .returns(json_of(&fixtures::stateful_set(3))),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .query("&labelSelector=app%3Detcd")
+            .returns(list(vec![pod.clone(), helper.clone()])),
+        Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![])),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![helper])),
+        Exchange::new(Method::GET, CLAIMS).returns(list(vec![claim_json()])),
+        Exchange::new(Method::GET, &pv("pv-old-0")).returns(volume_json()),
+        Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
+            .returns(list(vec![json_of(&fixtures::class("fast", "Immediate"))])),
+        Exchange::new(Method::GET, REQUESTS).returns(list(vec![request_json(&o), other])),
+    ];
+    let request = o.request.clone();
+    let observed = super::mock::verify(exchanges, move |cluster| async move {
+        let engine = Err("no engine in this test".to_string());
+        cluster.gather(request, &engine).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(observed.pods.keys().collect::<Vec<_>>(), ["etcd-0"]);
+    assert_eq!(
+        observed.pods["etcd-0"].raw()["spec"]["someFutureField"],
+        json!({"kept": true})
+    );
+    assert_eq!(
+        observed.helper_pods.keys().collect::<Vec<_>>(),
+        ["mounter-etcd-1"]
+    );
+    assert_eq!(observed.claims.keys().collect::<Vec<_>>(), ["data-etcd-0"]);
+    assert_eq!(observed.volumes.keys().collect::<Vec<_>>(), ["pv-old-0"]);
+    assert_eq!(
+        observed.storage_classes.keys().collect::<Vec<_>>(),
+        ["fast"]
+    );
+    let others: Vec<_> = observed
+        .other_requests
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(others, ["other"]);
+    assert_eq!(observed.health, Err("no engine in this test".to_string()));
+    assert_eq!(observed.final_hash, None);
+    assert!(!observed.stash_config_map_exists);
+}
