@@ -135,8 +135,9 @@ pub enum Action {
     /// - `Annotation(key)`: the request's annotation `key` is set to `value`; a missing
     ///   request is an error.
     /// - `ConfigMap { name, key }`: the ConfigMap `name` is created (from
-    ///   `build::stash_config_map`, owned by the request) when missing, then its data `key`
-    ///   is set to `value`.
+    ///   `build::stash_config_map`: labelled, not owned by the request, so that it outlives a
+    ///   deleted request) when missing, an existing one kept, then its data `key` is set to
+    ///   `value`.
     /// - Idempotent: storing the same value again changes nothing; other keys are kept.
     Stash { target: StashTarget, value: String },
     /// Create an object.
@@ -144,6 +145,8 @@ pub enum Action {
     /// - Success: an object of that name exists. An existing object (409 AlreadyExists) is a
     ///   success and is left as it is: nothing is compared or updated.
     /// - Pods and StatefulSets are sent as their raw JSON, unknown fields included.
+    /// - Test builds only (feature `failpoints`): the failpoint `copy-job-fails` replaces a
+    ///   copy Job's script by one that fails (see `crate::failpoints`).
     Create(Object),
     /// Delete an object with this propagation policy.
     ///
