@@ -1,15 +1,19 @@
-//! kube-runtime wiring: the `StorageMigrationRequest` controller, its Context, error policy and
-//! failpoints.
+//! kube-runtime wiring: the `StorageMigrationRequest` controller, its Context and error policy.
 //!
 //! One reconcile gathers a snapshot, asks the planner, runs the actions in order, and repeats
 //! while the planner has something to do (bounded), so a request moves through several steps per
 //! reconcile instead of one step per requeue. Jobs and pods we create (owned by the request)
 //! wake it up; a progressing request is also requeued every few seconds.
+//!
+//! Errors by kind ([`Retry`]): a transient one is retried with exponential backoff (1 s
+//! doubling to 60 s), a permanent one (403, 422, a bad spec, a decode error) is logged once and
+//! looked at again only after [`PERMANENT_REQUEUE`] (or when the request changes).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -21,18 +25,31 @@ use kube::{Api, Client, ResourceExt};
 use tracing::{Instrument, error, info, info_span, warn};
 
 use crate::api::{MemberStep, StorageMigrationRequest};
-use crate::cluster::{Cluster, ClusterError, action_name, failpoint_hit};
+use crate::cluster::{Cluster, ClusterError, Retry};
+use crate::failpoints;
 use crate::labels;
 use crate::plan::{self, Action};
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
 const MAX_ROUNDS: usize = 40;
 
+/// When a request whose reconcile failed permanently is looked at again (a change of the
+/// request wakes it up sooner).
+pub const PERMANENT_REQUEUE: Duration = Duration::from_secs(600);
+/// The first and the longest delay before a transient failure is retried.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Most requests whose failures are remembered at once; the one that failed longest ago is
+/// forgotten first.
+const MAX_TRACKED: usize = 1024;
+
+type Key = ObjectRef<StorageMigrationRequest>;
+
 pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
-    /// Consecutive failures per request, for the error policy's backoff.
-    failures: Mutex<HashMap<ObjectRef<StorageMigrationRequest>, u32>>,
+    /// Failures per request, for the error policy.
+    failures: Mutex<Failures>,
 }
 
 impl Context {
@@ -46,7 +63,7 @@ impl Context {
                 controller: labels::EVENT_REPORTER.to_string(),
                 instance,
             },
-            failures: Mutex::new(HashMap::new()),
+            failures: Mutex::new(Failures::new(MAX_TRACKED)),
         }
     }
 
@@ -57,41 +74,116 @@ impl Context {
         )
     }
 
-    fn note_failure(&self, obj: &ObjectRef<StorageMigrationRequest>) -> u32 {
-        let mut map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let n = map.entry(obj.clone()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
+    fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
+        self.failures.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn note_success(&self, obj: &ObjectRef<StorageMigrationRequest>) {
-        let mut map = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(obj);
+    /// Forgets a request's failures (it reconciled, or it is gone).
+    fn forget(&self, obj: &Key) {
+        self.failures().forget(obj);
     }
 }
 
-/// The failpoint name after a status write: the member step in flight (`step-Copying`), else the
-/// stage (`stage-OrphaningStatefulSet`).
-pub fn status_failpoint(status: &crate::api::StorageMigrationRequestStatus) -> String {
-    match status.members.iter().find(|m| {
-        !matches!(
-            m.step,
-            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-        )
-    }) {
-        Some(m) => format!("step-{:?}", m.step),
-        None => format!("stage-{:?}", status.stage),
+/// What the error policy does about one failure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub retry: Retry,
+    pub delay: Duration,
+    /// Whether to log it as new (a permanent error is logged once until it changes).
+    pub log: bool,
+}
+
+/// The failures of each request since its last successful reconcile, at most `max` requests.
+#[derive(Debug)]
+pub struct Failures {
+    by_request: HashMap<Key, Failing>,
+    max: usize,
+}
+
+#[derive(Debug)]
+struct Failing {
+    transient: u32,
+    /// The permanent error last logged.
+    permanent: Option<String>,
+    last: Instant,
+}
+
+impl Failures {
+    pub fn new(max: usize) -> Self {
+        Self {
+            by_request: HashMap::new(),
+            max: max.max(1),
+        }
+    }
+
+    /// Records a failure of `obj` and says when to retry and whether to log it.
+    pub fn record(&mut self, obj: &Key, retry: Retry, error: &str) -> Verdict {
+        if !self.by_request.contains_key(obj) && self.by_request.len() >= self.max {
+            self.evict_oldest();
+        }
+        let f = self.by_request.entry(obj.clone()).or_insert(Failing {
+            transient: 0,
+            permanent: None,
+            last: Instant::now(),
+        });
+        f.last = Instant::now();
+        match retry {
+            Retry::Transient => {
+                f.transient = f.transient.saturating_add(1);
+                f.permanent = None;
+                Verdict {
+                    retry,
+                    delay: backoff_delay(f.transient),
+                    log: true,
+                }
+            }
+            Retry::Permanent => {
+                let log = f.permanent.as_deref() != Some(error);
+                f.permanent = Some(error.to_string());
+                Verdict {
+                    retry,
+                    delay: PERMANENT_REQUEUE,
+                    log,
+                }
+            }
+        }
+    }
+
+    pub fn forget(&mut self, obj: &Key) {
+        self.by_request.remove(obj);
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_request.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_request.is_empty()
+    }
+
+    fn evict_oldest(&mut self) {
+        let oldest = self
+            .by_request
+            .iter()
+            .min_by_key(|(_, f)| f.last)
+            .map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            self.by_request.remove(&k);
+        }
     }
 }
 
-/// Fault injection for tests (cargo feature `failpoints`, configured by env `FAILPOINTS`,
-/// e.g. `FAILPOINTS='step-Copying=return'`): the `return` action exits the process at once, as
-/// a crash would (exit code 86).
-fn failpoint(name: &str) {
-    if failpoint_hit(name) {
-        warn!(failpoint = name, "failpoint hit: exiting");
-        std::process::exit(86);
-    }
+/// The delay before the `attempt`-th retry of a transient failure (1 s doubling to 60 s).
+pub fn backoff_delay(attempt: u32) -> Duration {
+    let n = attempt.clamp(1, 32) as usize;
+    ExponentialBuilder::new()
+        .with_min_delay(BACKOFF_MIN)
+        .with_max_delay(BACKOFF_MAX)
+        .with_factor(2.0)
+        .without_max_times()
+        .build()
+        .nth(n - 1)
+        .unwrap_or(BACKOFF_MAX)
 }
 
 /// One reconcile of one request.
@@ -107,6 +199,7 @@ pub async fn reconcile(
         let mut requeue = plan::REQUEUE_PROGRESSING;
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
+                ctx.forget(&ObjectRef::from_obj(req.as_ref()));
                 return Ok(Requeue::await_change());
             };
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
@@ -120,10 +213,7 @@ pub async fn reconcile(
             async {
                 for action in &decision.actions {
                     cluster.execute(&observed, &engine, action).await?;
-                    if let Action::SetStatus(status) = action {
-                        failpoint(&status_failpoint(status));
-                    }
-                    failpoint(&format!("after-{}", action_name(action)));
+                    failpoints::after_action(action);
                 }
                 Ok::<(), ClusterError>(())
             }
@@ -134,7 +224,7 @@ pub async fn reconcile(
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         }
-        ctx.note_success(&ObjectRef::from_obj(req.as_ref()));
+        ctx.forget(&ObjectRef::from_obj(req.as_ref()));
         Ok(if requeue.is_zero() {
             Requeue::requeue(Duration::from_millis(100))
         } else {
@@ -165,22 +255,43 @@ fn in_flight_member(d: &plan::Decision) -> Option<String> {
     })
 }
 
-/// Logs the error and retries with exponential backoff (1 s doubling to 60 s).
+/// The key of a request the controller reports by its erased reference.
+fn request_key(obj: &ObjectRef<kube::api::DynamicObject>) -> Key {
+    let key = Key::new(&obj.name);
+    match &obj.namespace {
+        Some(ns) => key.within(ns),
+        None => key,
+    }
+}
+
+/// Retries a transient error with exponential backoff; a permanent one is logged once (with
+/// the refused call) and looked at again after [`PERMANENT_REQUEUE`].
 pub fn error_policy(
     req: Arc<StorageMigrationRequest>,
     err: &ClusterError,
     ctx: Arc<Context>,
 ) -> Requeue {
-    let n = ctx.note_failure(&ObjectRef::from_obj(req.as_ref()));
-    let delay =
-        Duration::from_secs(1u64 << n.saturating_sub(1).min(6)).min(Duration::from_secs(60));
-    warn!(
-        request = %format!("{}/{}", req.namespace().unwrap_or_default(), req.name_any()),
-        error = %err,
-        retry_in = ?delay,
-        "reconcile failed"
-    );
-    Requeue::requeue(delay)
+    let message = err.to_string();
+    let verdict = ctx
+        .failures()
+        .record(&ObjectRef::from_obj(req.as_ref()), err.retry(), &message);
+    let request = format!("{}/{}", req.namespace().unwrap_or_default(), req.name_any());
+    let call = err.refused_call().unwrap_or("-");
+    match verdict {
+        Verdict {
+            retry: Retry::Transient,
+            delay,
+            ..
+        } => warn!(request, error = %message, retry_in = ?delay, "reconcile failed"),
+        Verdict {
+            retry: Retry::Permanent,
+            delay,
+            log: true,
+        } => error!(request, call, error = %message, retry_in = ?delay,
+            "reconcile failed permanently; not retried until the request changes"),
+        Verdict { .. } => tracing::debug!(request, error = %message, "reconcile failed again"),
+    }
+    Requeue::requeue(verdict.delay)
 }
 
 /// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
@@ -207,17 +318,109 @@ pub async fn run(client: Client, namespace: Option<String>) {
         .owns(jobs, owned.clone())
         .owns(pods, owned)
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            match result {
-                Ok((obj, _)) => tracing::debug!(request = %obj, "reconciled"),
-                // A request deleted between being queued and reconciled: nothing to do.
-                Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
-                    tracing::debug!(request = %obj, "request is gone")
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| {
+            let ctx = ctx.clone();
+            async move {
+                match result {
+                    Ok((obj, _)) => tracing::debug!(request = %obj, "reconciled"),
+                    // A request deleted between being queued and reconciled: nothing to do.
+                    Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
+                        ctx.forget(&request_key(&obj));
+                        tracing::debug!(request = %obj, "request is gone")
+                    }
+                    Err(e) => error!(error = %e, "controller"),
                 }
-                Err(e) => error!(error = %e, "controller"),
             }
         })
         .await;
     info!("controller stopped");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(name: &str) -> Key {
+        Key::new(name).within("demo")
+    }
+
+    #[test]
+    fn transient_failures_back_off_exponentially_to_a_cap() {
+        let secs: Vec<u64> = (1..=9).map(|n| backoff_delay(n).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(backoff_delay(0), Duration::from_secs(1));
+        assert_eq!(backoff_delay(u32::MAX), BACKOFF_MAX);
+        let mut f = Failures::new(8);
+        let delays: Vec<u64> = (0..3)
+            .map(|_| f.record(&key("a"), Retry::Transient, "503").delay.as_secs())
+            .collect();
+        assert_eq!(delays, [1, 2, 4]);
+        // Another request counts on its own.
+        assert_eq!(
+            f.record(&key("b"), Retry::Transient, "503").delay.as_secs(),
+            1
+        );
+    }
+
+    #[test]
+    fn a_permanent_failure_is_logged_once_and_not_retried_hot() {
+        let mut f = Failures::new(8);
+        let first = f.record(&key("a"), Retry::Permanent, "403 forbidden");
+        assert_eq!(
+            first,
+            Verdict {
+                retry: Retry::Permanent,
+                delay: PERMANENT_REQUEUE,
+                log: true
+            }
+        );
+        let again = f.record(&key("a"), Retry::Permanent, "403 forbidden");
+        assert!(!again.log);
+        assert_eq!(again.delay, PERMANENT_REQUEUE);
+        // Another permanent error is new: logged.
+        assert!(f.record(&key("a"), Retry::Permanent, "422 invalid").log);
+        // A transient failure in between: the permanent one is logged again when it returns.
+        assert!(f.record(&key("a"), Retry::Transient, "503").log);
+        assert!(f.record(&key("a"), Retry::Permanent, "422 invalid").log);
+    }
+
+    #[test]
+    fn failures_are_forgotten_on_success_and_bounded() {
+        let mut f = Failures::new(2);
+        f.record(&key("a"), Retry::Transient, "503");
+        f.record(&key("a"), Retry::Transient, "503");
+        f.forget(&key("a"));
+        assert!(f.is_empty());
+        // Forgotten: the backoff starts over.
+        assert_eq!(
+            f.record(&key("a"), Retry::Transient, "503").delay.as_secs(),
+            1
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        f.record(&key("b"), Retry::Transient, "503");
+        std::thread::sleep(Duration::from_millis(2));
+        f.record(&key("c"), Retry::Transient, "503");
+        assert_eq!(f.len(), 2);
+        // `a` failed longest ago: it went first.
+        assert_eq!(
+            f.record(&key("b"), Retry::Transient, "503").delay.as_secs(),
+            2
+        );
+        assert_eq!(
+            f.record(&key("c"), Retry::Transient, "503").delay.as_secs(),
+            2
+        );
+        f.record(&key("a"), Retry::Transient, "503");
+        assert_eq!(f.len(), 2);
+    }
+
+    #[test]
+    fn a_request_reported_gone_is_forgotten_under_its_key() {
+        let mut f = Failures::new(8);
+        f.record(&key("a"), Retry::Transient, "503");
+        let erased = key("a").erase();
+        f.forget(&request_key(&erased));
+        assert!(f.is_empty());
+    }
 }

@@ -7,12 +7,14 @@
 //! - [`labels`]: every label, annotation, finalizer and field-manager name.
 //! - [`plan`]: the pure state machine (observed snapshot in, actions out).
 //! - [`cluster`]: the only code that talks to the API server (gather, execute).
-//! - [`controller`]: kube-runtime wiring, error policy, failpoints.
+//! - [`controller`]: kube-runtime wiring and error policy.
+//! - [`failpoints`]: fault injection for the end-to-end tests (feature `failpoints`).
 
 pub mod api;
 pub mod build;
 pub mod cluster;
 pub mod controller;
 pub mod engine;
+pub mod failpoints;
 pub mod labels;
 pub mod plan;

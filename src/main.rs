@@ -72,8 +72,7 @@ async fn main() -> anyhow::Result<()> {
             log_format,
         } => {
             init_tracing(log_format);
-            #[cfg(feature = "failpoints")]
-            let _scenario = fail::FailScenario::setup();
+            let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;

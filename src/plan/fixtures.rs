@@ -469,13 +469,17 @@ impl Sim {
         self.log.push(a.clone());
         match a {
             Action::SetStatus(s) => self.o.request.status = Some((**s).clone()),
-            Action::AddFinalizer => self
-                .o
-                .request
-                .metadata
-                .finalizers
-                .get_or_insert_with(Vec::new)
-                .push(labels::FINALIZER.to_string()),
+            Action::AddFinalizer => {
+                let finalizers = self
+                    .o
+                    .request
+                    .metadata
+                    .finalizers
+                    .get_or_insert_with(Vec::new);
+                if !finalizers.iter().any(|f| f == labels::FINALIZER) {
+                    finalizers.push(labels::FINALIZER.to_string());
+                }
+            }
             Action::RemoveFinalizer => {
                 if let Some(f) = self.o.request.metadata.finalizers.as_mut() {
                     f.retain(|f| f != labels::FINALIZER);
@@ -505,8 +509,12 @@ impl Sim {
                 kind,
                 name,
                 propagation,
-                ..
-            } => self.delete(*kind, name, *propagation),
+                uid,
+            } => {
+                if self.uid_matches(*kind, name, uid.as_deref()) {
+                    self.delete(*kind, name, *propagation);
+                }
+            }
             Action::PatchReclaimPolicy { volume, policy } => {
                 if let Some(pv) = self.o.volumes.get_mut(volume) {
                     pv.spec
@@ -636,6 +644,21 @@ impl Sim {
             }
             Object::ConfigMap(_) => self.o.stash_config_map_exists = true,
         }
+    }
+
+    /// The delete's uid precondition: no uid, no object, or the object has that uid. The
+    /// stash ConfigMap is not modelled with a uid: it always matches.
+    fn uid_matches(&self, kind: Kind, name: &str, uid: Option<&str>) -> bool {
+        let Some(uid) = uid else { return true };
+        let current = match kind {
+            Kind::Claim => self.o.claims.get(name).map(|c| c.uid()),
+            Kind::Pod => (self.o.pods.get(name).map(|p| p.uid()))
+                .or_else(|| self.o.helper_pods.get(name).map(|p| p.uid())),
+            Kind::Job => self.o.jobs.get(name).map(|j| j.job.uid()),
+            Kind::StatefulSet => self.o.stateful_set.as_ref().map(|s| s.uid()),
+            Kind::ConfigMap => None,
+        };
+        current.is_none_or(|current| current.as_deref() == Some(uid))
     }
 
     fn delete(&mut self, kind: Kind, name: &str, propagation: Propagation) {
@@ -860,4 +883,108 @@ pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob)
     job.labels_mut()
         .insert(labels::JOB_KIND_LABEL.to_string(), kind.to_string());
     (name.to_string(), ObservedJob { job, outcome })
+}
+
+/// The simulator against the actions' contracts (`plan::action`).
+#[cfg(test)]
+mod contract_tests {
+    use super::*;
+    use crate::plan::action::contract;
+
+    #[test]
+    fn remove_owner_references_removes_exactly_the_listed_uids() {
+        for case in contract::remove_owner_references_cases() {
+            let mut sim = Sim::new(observed(spec_class_change("fast")));
+            let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
+            claim.metadata.owner_references = Some(case.before.clone());
+            sim.apply(&Action::RemoveOwnerReferences {
+                claim: "data-etcd-0".into(),
+                uids: case.uids.clone(),
+            });
+            let after = sim.o.claims["data-etcd-0"].owner_references().to_vec();
+            assert_eq!(after, case.after.unwrap_or(case.before), "{}", case.name);
+        }
+        // A missing claim: nothing to do.
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        sim.apply(&Action::RemoveOwnerReferences {
+            claim: "gone".into(),
+            uids: vec!["uid-set".into()],
+        });
+        assert!(!sim.o.claims.contains_key("gone"));
+    }
+
+    #[test]
+    fn delete_honours_the_uid_precondition_and_finds_nothing_gracefully() {
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        let delete = |uid: Option<&str>| Action::Delete {
+            kind: Kind::Pod,
+            name: "etcd-0".into(),
+            propagation: Propagation::Background,
+            uid: uid.map(str::to_string),
+        };
+        sim.o
+            .stash
+            .pods
+            .insert("etcd-0".into(), manifest(member_pod(0)));
+        sim.apply(&delete(Some("uid-successor")));
+        assert!(
+            sim.o.pods.contains_key("etcd-0"),
+            "a successor is never deleted"
+        );
+        sim.apply(&delete(Some("uid-etcd-0")));
+        assert!(!sim.o.pods.contains_key("etcd-0"));
+        sim.apply(&delete(Some("uid-etcd-0")));
+        sim.apply(&delete(None));
+        assert!(!sim.o.pods.contains_key("etcd-0"));
+    }
+
+    #[test]
+    fn create_finds_the_object_and_leaves_it_as_it_is() {
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        let mut other = bound_claim("data-etcd-0", "fast", "2Gi", "pv-x");
+        other.metadata.uid = None;
+        sim.apply(&Action::Create(Object::Claim(Box::new(other))));
+        let claim = &sim.o.claims["data-etcd-0"];
+        assert_eq!(super::super::claim_volume(claim), Some("pv-old-0"));
+        assert_eq!(claim.uid().as_deref(), Some("uid-data-etcd-0"));
+    }
+
+    #[test]
+    fn finalizers_are_added_once_and_removed() {
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        sim.apply(&Action::AddFinalizer);
+        sim.apply(&Action::AddFinalizer);
+        assert_eq!(sim.o.request.finalizers(), [labels::FINALIZER]);
+        sim.apply(&Action::RemoveFinalizer);
+        sim.apply(&Action::RemoveFinalizer);
+        assert!(sim.o.request.finalizers().is_empty());
+    }
+
+    #[test]
+    fn patches_of_missing_objects_are_successes() {
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        let before = sim.o.clone();
+        for a in [
+            Action::PatchReclaimPolicy {
+                volume: "gone".into(),
+                policy: "Retain".into(),
+            },
+            Action::SetClaimRef {
+                volume: "gone".into(),
+                claim: "data-etcd-0".into(),
+            },
+            Action::LabelVolume {
+                volume: "gone".into(),
+            },
+            Action::AnnotateClaim {
+                claim: "gone".into(),
+                key: "k".into(),
+                value: Some("v".into()),
+            },
+        ] {
+            sim.apply(&a);
+        }
+        assert_eq!(sim.o.volumes, before.volumes);
+        assert_eq!(sim.o.claims, before.claims);
+    }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -34,14 +34,17 @@ use crate::build::Manifest;
 use crate::engine::{FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 
+pub mod action;
 pub mod failure;
 pub mod machine;
 pub mod member;
+pub mod observe;
 pub mod preflight;
 pub mod quantity;
 pub mod stages;
 pub mod stash;
 
+pub use action::*;
 pub use failure::Failure;
 
 #[cfg(test)]
@@ -140,148 +143,6 @@ pub struct OtherRequest {
     pub phase: Phase,
 }
 
-/// What one reconcile decided: actions to run in order, and when to look again.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
-    pub actions: Vec<Action>,
-    pub requeue: Duration,
-}
-
-/// Where a stashed manifest goes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StashTarget {
-    /// An annotation on the request (this key).
-    Annotation(String),
-    /// A key of the stash ConfigMap (name, key).
-    ConfigMap { name: String, key: String },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventType {
-    Normal,
-    Warning,
-}
-
-/// An object the operator creates. Pods and StatefulSets are created from their raw JSON (a
-/// recreated member pod or StatefulSet carries fields our API structs may not know).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Object {
-    Claim(Box<PersistentVolumeClaim>),
-    Pod(Box<Manifest<Pod>>),
-    Job(Box<Job>),
-    StatefulSet(Box<Manifest<StatefulSet>>),
-    ConfigMap(Box<ConfigMap>),
-}
-
-impl Object {
-    pub fn kind(&self) -> Kind {
-        match self {
-            Object::Claim(_) => Kind::Claim,
-            Object::Pod(_) => Kind::Pod,
-            Object::Job(_) => Kind::Job,
-            Object::StatefulSet(_) => Kind::StatefulSet,
-            Object::ConfigMap(_) => Kind::ConfigMap,
-        }
-    }
-    pub fn name(&self) -> String {
-        match self {
-            Object::Claim(o) => o.name_any(),
-            Object::Pod(o) => o.name_any(),
-            Object::Job(o) => o.name_any(),
-            Object::StatefulSet(o) => o.name_any(),
-            Object::ConfigMap(o) => o.name_any(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    Claim,
-    Pod,
-    Job,
-    StatefulSet,
-    ConfigMap,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Propagation {
-    Background,
-    Orphan,
-}
-
-/// One idempotent operation. The cluster layer runs a decision's actions in order and stops at
-/// the first error.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Action {
-    /// Write the request's status (always first when the status changes).
-    SetStatus(Box<StorageMigrationRequestStatus>),
-    AddFinalizer,
-    RemoveFinalizer,
-    Event {
-        type_: EventType,
-        reason: String,
-        message: String,
-    },
-    /// Store an encoded manifest (see `build::stash_encode`).
-    Stash {
-        target: StashTarget,
-        value: String,
-    },
-    /// Create; an existing object of that name is a success.
-    Create(Object),
-    /// Delete; a missing object is a success. `uid` guards against deleting a successor.
-    Delete {
-        kind: Kind,
-        name: String,
-        propagation: Propagation,
-        uid: Option<String>,
-    },
-    PatchReclaimPolicy {
-        volume: String,
-        policy: String,
-    },
-    /// Point the volume's claimRef at namespace/claim (no uid, no resourceVersion).
-    SetClaimRef {
-        volume: String,
-        claim: String,
-    },
-    /// Remove the ownerReferences with these uids from the claim.
-    RemoveOwnerReferences {
-        claim: String,
-        uids: Vec<String>,
-    },
-    /// Set the StatefulSet's persistentVolumeClaimRetentionPolicy (JSON of the policy, `null`
-    /// to remove it).
-    PatchRetentionPolicy {
-        stateful_set: String,
-        policy: String,
-    },
-    /// Hand the database's leadership from one member to another (etcd MoveLeader).
-    TransferLeadership {
-        from: String,
-        to: String,
-    },
-    /// Label an old volume `storagemigrator.io/migrated-by=<request>`.
-    LabelVolume {
-        volume: String,
-    },
-    /// Set (or with `None` remove) one annotation of a claim.
-    AnnotateClaim {
-        claim: String,
-        key: String,
-        value: Option<String>,
-    },
-}
-
-impl Decision {
-    pub fn wait(requeue: Duration) -> Self {
-        Self {
-            actions: Vec::new(),
-            requeue,
-        }
-    }
-}
-
 /// The working state of one decision: a copy of the status to change, the actions so far.
 pub(crate) struct Ctx<'a> {
     pub o: &'a Observed,
@@ -299,9 +160,7 @@ impl<'a> Ctx<'a> {
     pub(crate) fn new(o: &'a Observed) -> Self {
         let status = o.request.status.clone().unwrap_or_default();
         let mut req = o.request.clone();
-        if let Some(spec) = &status.accepted_spec {
-            req.spec = (**spec).clone();
-        }
+        req.spec = observe::effective_spec(&o.request);
         Self {
             o,
             req,

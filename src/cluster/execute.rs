@@ -1,0 +1,335 @@
+//! Carrying out the planner's actions: [`Cluster::execute`] dispatches each [`Action`] to one
+//! function, which does what the action's contract (in `plan::action`) says.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::api::{
+    Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
+};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tracing::{debug, info, warn};
+
+use super::bodies;
+use super::error::{ClusterError, is_status, kube_err};
+use super::{Cluster, namespace};
+use super::{Engine, EngineError};
+use crate::api::{StorageMigrationRequest, StorageMigrationRequestStatus};
+use crate::build;
+use crate::engine::{HealthReport, HealthUnavailable};
+use crate::failpoints;
+use crate::labels;
+use crate::plan::{Action, EventType, Kind, Object, Observed, Propagation, StashTarget};
+
+impl Cluster {
+    /// Carries out one action (see its contract in `plan::action`).
+    pub async fn execute(
+        &self,
+        o: &Observed,
+        engine: &Result<Engine, String>,
+        action: &Action,
+    ) -> Result<(), ClusterError> {
+        let req = &o.request;
+        let ns = namespace(req)?;
+        let name = req.name_any();
+        match action {
+            Action::SetStatus(status) => self.set_status(&ns, &name, status).await?,
+            Action::AddFinalizer => self.set_finalizer(&ns, &name, true).await?,
+            Action::RemoveFinalizer => self.set_finalizer(&ns, &name, false).await?,
+            Action::Event {
+                type_,
+                reason,
+                message,
+            } => self.publish_event(req, *type_, reason, message).await,
+            Action::Stash { target, value } => self.stash_value(req, &ns, target, value).await?,
+            Action::Create(obj) => self.create(&ns, obj).await?,
+            Action::Delete {
+                kind,
+                name: obj,
+                propagation,
+                uid,
+            } => self.delete(&ns, *kind, obj, *propagation, uid).await?,
+            Action::PatchReclaimPolicy { volume, policy } => {
+                self.patch_reclaim_policy(volume, policy).await?
+            }
+            Action::SetClaimRef { volume, claim } => self.set_claim_ref(&ns, volume, claim).await?,
+            Action::RemoveOwnerReferences { claim, uids } => {
+                self.remove_owner_references(&ns, claim, uids).await?
+            }
+            Action::PatchRetentionPolicy {
+                stateful_set,
+                policy,
+            } => {
+                self.patch_retention_policy(&ns, stateful_set, policy)
+                    .await?
+            }
+            Action::TransferLeadership { from, to } => {
+                execute_transfer_leadership(engine, &o.health, from, to).await?
+            }
+            Action::AnnotateClaim { claim, key, value } => {
+                self.annotate_claim(&ns, claim, key, value.as_deref())
+                    .await?
+            }
+            Action::LabelVolume { volume } => self.label_volume(volume, &name).await?,
+        }
+        debug!(action = %action.name(), "done");
+        Ok(())
+    }
+
+    async fn set_status(
+        &self,
+        ns: &str,
+        name: &str,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<(), ClusterError> {
+        self.ns_api::<StorageMigrationRequest>(ns)
+            .patch_status(
+                name,
+                &PatchParams::apply(labels::FIELD_MANAGER).force(),
+                &Patch::Apply(&bodies::status_body(status)),
+            )
+            .await
+            .map_err(kube_err(format!("write status of {ns}/{name}")))?;
+        Ok(())
+    }
+
+    /// Adds (`present`) or removes the finalizer on the request as it is now.
+    async fn set_finalizer(&self, ns: &str, name: &str, present: bool) -> Result<(), ClusterError> {
+        let Some(current) = self.fetch(ns, name).await? else {
+            return Ok(());
+        };
+        let Some(patch) = bodies::finalizer_patch(&current, present) else {
+            return Ok(());
+        };
+        let reqs: Api<StorageMigrationRequest> = self.ns_api(ns);
+        match reqs
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(kube_err(format!("finalizer of {ns}/{name}"))(e)),
+        }
+    }
+
+    async fn publish_event(
+        &self,
+        req: &StorageMigrationRequest,
+        type_: EventType,
+        reason: &str,
+        message: &str,
+    ) {
+        let ev = bodies::event(type_, reason, message);
+        if let Err(e) = self.recorder.publish(&ev, &req.object_ref(&())).await {
+            warn!(reason, error = %e, "cannot publish event");
+        }
+        info!(reason, "{message}");
+    }
+
+    async fn stash_value(
+        &self,
+        req: &StorageMigrationRequest,
+        ns: &str,
+        target: &StashTarget,
+        value: &str,
+    ) -> Result<(), ClusterError> {
+        let (cm, key) = match target {
+            StashTarget::Annotation(key) => {
+                let name = req.name_any();
+                let patch = bodies::annotation_patch(key, Some(value));
+                self.ns_api::<StorageMigrationRequest>(ns)
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(kube_err(format!("stash {key} on {ns}/{name}")))?;
+                return Ok(());
+            }
+            StashTarget::ConfigMap { name, key } => (name, key),
+        };
+        let cms: Api<ConfigMap> = self.ns_api(ns);
+        if cms
+            .get_opt(cm)
+            .await
+            .map_err(kube_err(format!("get ConfigMap {cm}")))?
+            .is_none()
+        {
+            let mut obj = build::stash_config_map(req, &BTreeMap::new());
+            obj.metadata.name = Some(cm.clone());
+            create(&cms, &obj, "stash ConfigMap").await?;
+        }
+        let patch = json!({"data": {key: value}});
+        cms.patch(cm, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(format!("stash {key} in ConfigMap {cm}")))?;
+        Ok(())
+    }
+
+    async fn create(&self, ns: &str, obj: &Object) -> Result<(), ClusterError> {
+        match obj {
+            Object::Claim(c) => create(&self.ns_api(ns), c.as_ref(), "claim").await,
+            Object::Pod(p) => self.create_raw(ns, p.as_ref(), "pod").await,
+            Object::Job(j) => {
+                let mut job = j.as_ref().clone();
+                failpoints::before_create_job(&mut job);
+                create(&self.ns_api(ns), &job, "Job").await
+            }
+            Object::StatefulSet(s) => self.create_raw(ns, s.as_ref(), "StatefulSet").await,
+            Object::ConfigMap(c) => create(&self.ns_api(ns), c.as_ref(), "ConfigMap").await,
+        }
+    }
+
+    async fn delete(
+        &self,
+        ns: &str,
+        kind: Kind,
+        name: &str,
+        propagation: Propagation,
+        uid: &Option<String>,
+    ) -> Result<(), ClusterError> {
+        let dp = delete_params(propagation, uid);
+        match kind {
+            Kind::Claim => delete::<PersistentVolumeClaim>(&self.ns_api(ns), name, &dp).await,
+            Kind::Pod => delete::<Pod>(&self.ns_api(ns), name, &dp).await,
+            Kind::Job => delete::<Job>(&self.ns_api(ns), name, &dp).await,
+            Kind::StatefulSet => delete::<StatefulSet>(&self.ns_api(ns), name, &dp).await,
+            Kind::ConfigMap => delete::<ConfigMap>(&self.ns_api(ns), name, &dp).await,
+        }
+    }
+
+    fn volume_api(&self) -> Api<PersistentVolume> {
+        Api::all(self.client.clone())
+    }
+
+    async fn patch_reclaim_policy(&self, volume: &str, policy: &str) -> Result<(), ClusterError> {
+        let patch = build::reclaim_policy_patch(policy);
+        merge(&self.volume_api(), volume, &patch, "reclaim policy").await
+    }
+
+    async fn set_claim_ref(&self, ns: &str, volume: &str, claim: &str) -> Result<(), ClusterError> {
+        let patch = build::claim_ref_patch(ns, claim);
+        merge(&self.volume_api(), volume, &patch, "claimRef").await
+    }
+
+    /// Removes the ownerReferences with these uids from the claim as it is now.
+    async fn remove_owner_references(
+        &self,
+        ns: &str,
+        claim: &str,
+        uids: &[String],
+    ) -> Result<(), ClusterError> {
+        let claims: Api<PersistentVolumeClaim> = self.ns_api(ns);
+        let Some(current) = claims
+            .get_opt(claim)
+            .await
+            .map_err(kube_err(format!("get claim {claim}")))?
+        else {
+            return Ok(());
+        };
+        match bodies::owner_references_patch(&current, uids) {
+            Some(patch) => merge(&claims, claim, &patch, "claim ownerReferences").await,
+            None => Ok(()),
+        }
+    }
+
+    async fn patch_retention_policy(
+        &self,
+        ns: &str,
+        stateful_set: &str,
+        policy: &str,
+    ) -> Result<(), ClusterError> {
+        let patch = bodies::retention_policy_patch(policy)?;
+        let sets: Api<StatefulSet> = self.ns_api(ns);
+        merge(&sets, stateful_set, &patch, "retention policy").await
+    }
+
+    async fn annotate_claim(
+        &self,
+        ns: &str,
+        claim: &str,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), ClusterError> {
+        let patch = bodies::annotation_patch(key, value);
+        let claims: Api<PersistentVolumeClaim> = self.ns_api(ns);
+        merge(&claims, claim, &patch, "claim annotation").await
+    }
+
+    async fn label_volume(&self, volume: &str, request: &str) -> Result<(), ClusterError> {
+        let patch = build::migrated_by_label_patch(request);
+        merge(&self.volume_api(), volume, &patch, "label").await
+    }
+}
+
+/// Hands the leadership over with the snapshot's engine and health report.
+async fn execute_transfer_leadership(
+    engine: &Result<Engine, String>,
+    health: &Result<HealthReport, HealthUnavailable>,
+    from: &str,
+    to: &str,
+) -> Result<(), ClusterError> {
+    let (Ok(engine), Ok(report)) = (engine, health) else {
+        return Err(ClusterError::Engine(EngineError::Other(
+            "no engine or health report to transfer leadership with".into(),
+        )));
+    };
+    engine.transfer_leadership(report, from, to).await?;
+    Ok(())
+}
+
+/// The propagation policy, and the uid as a precondition when there is one.
+fn delete_params(propagation: Propagation, uid: &Option<String>) -> DeleteParams {
+    DeleteParams {
+        propagation_policy: Some(match propagation {
+            Propagation::Background => PropagationPolicy::Background,
+            Propagation::Orphan => PropagationPolicy::Orphan,
+        }),
+        preconditions: uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}
+
+/// Creates; an existing object of that name (409) is a success.
+async fn create<K>(api: &Api<K>, obj: &K, what: &str) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), obj).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 409) => Ok(()),
+        Err(e) => Err(kube_err(format!("create {what} {}", obj.name_any()))(e)),
+    }
+}
+
+/// Deletes; a missing object (404) or a failed uid precondition (409) is a success.
+async fn delete<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api.delete(name, dp).await {
+        Ok(_) => Ok(()),
+        // Gone already, or a successor with another uid (precondition failed): nothing to do.
+        Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+        Err(e) => Err(kube_err(format!("delete {name}"))(e)),
+    }
+}
+
+/// Sends a JSON merge patch; a missing object (404) is a success.
+async fn merge<K>(api: &Api<K>, name: &str, patch: &Value, what: &str) -> Result<(), ClusterError>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
+{
+    match api
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        Err(e) => Err(kube_err(format!("patch {what} of {name}"))(e)),
+    }
+}

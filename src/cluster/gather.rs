@@ -1,0 +1,311 @@
+//! Gathering the [`Observed`] snapshot the planner decides on: one function per kind of thing
+//! gathered, called in a fixed order.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, ListParams};
+use kube::{ResourceExt, api::ObjectList};
+
+use super::Engine;
+use super::error::{ClusterError, kube_err};
+use super::{Cluster, namespace};
+use crate::api::{Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
+use crate::build::Manifest;
+use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
+use crate::labels;
+use crate::plan::observe::{effective_spec, expected_members, job_outcome};
+use crate::plan::{self, Observed, ObservedJob, OtherRequest};
+
+/// Our Jobs with their outcome, and our helper pods, by name.
+type JobsAndHelpers = (BTreeMap<String, ObservedJob>, BTreeMap<String, Pod>);
+
+impl Cluster {
+    /// Gathers the snapshot the planner decides on.
+    pub async fn gather(
+        &self,
+        req: StorageMigrationRequest,
+        engine: &Result<Engine, String>,
+    ) -> Result<Observed, ClusterError> {
+        let ns = namespace(&req)?;
+        let name = req.name_any();
+        let set_name = effective_spec(&req).target.name;
+        let status = req.status.clone().unwrap_or_default();
+        // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
+        // survive its recreation (see `build::manifest`).
+        let stateful_set = self.get_raw::<StatefulSet>(&ns, &set_name).await?;
+        let (stash, stash_config_map_exists) = self.stash(&req, &ns, &status).await?;
+        let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
+        let pods = self.member_pods(&ns, selector_source).await?;
+        let (jobs, helper_pods) = self.jobs(&ns, &name).await?;
+        let claims = self.claims(&ns).await?;
+        let volumes = self.volumes(&claims, &status).await?;
+        let storage_classes = self.storage_classes().await?;
+        let other_requests = self.other_requests(&ns, &name, &set_name).await?;
+        let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
+        let member_pods: Vec<Pod> = expected
+            .iter()
+            .filter_map(|p| pods.get(p).map(|p| p.typed().clone()))
+            .collect();
+        let health = gather_health(engine, &status, &member_pods, &expected).await;
+        let final_hash = gather_final_hash(engine, &status, &member_pods).await;
+        Ok(Observed {
+            request: req,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            stateful_set,
+            stash,
+            stash_config_map_exists,
+            pods,
+            helper_pods,
+            claims,
+            volumes,
+            jobs,
+            storage_classes,
+            other_requests,
+            health,
+            final_hash,
+        })
+    }
+
+    /// Member pods: by the set's selector (live or stashed), never our own helper pods; raw
+    /// JSON too, as a member pod is stashed as returned. None without a selector.
+    async fn member_pods(
+        &self,
+        ns: &str,
+        set: Option<&Manifest<StatefulSet>>,
+    ) -> Result<BTreeMap<String, Manifest<Pod>>, ClusterError> {
+        let mut pods = BTreeMap::new();
+        let Some(selector) = set.and_then(|s| selector(s)) else {
+            return Ok(pods);
+        };
+        for p in self
+            .list_raw::<Pod>(ns, &ListParams::default().labels(&selector))
+            .await?
+        {
+            if !p.labels().contains_key(labels::REQUEST_LABEL) {
+                pods.insert(p.name_any(), p);
+            }
+        }
+        Ok(pods)
+    }
+
+    /// Our Jobs (with how they ended) and our helper pods. Jobs before their pods: a Job seen
+    /// Complete then has its pod's final status (and termination message) in the pod list
+    /// taken after it.
+    async fn jobs(&self, ns: &str, request: &str) -> Result<JobsAndHelpers, ClusterError> {
+        let owned = ListParams::default().labels(&labels::request_selector(request));
+        let job_list = self
+            .ns_api::<Job>(ns)
+            .list(&owned)
+            .await
+            .map_err(kube_err("list jobs"))?;
+        let helper_pods = by_name(
+            self.ns_api::<Pod>(ns)
+                .list(&owned)
+                .await
+                .map_err(kube_err("list helper pods"))?,
+        );
+        let jobs = job_list
+            .into_iter()
+            .map(|job| {
+                let outcome = job_outcome(&job, &helper_pods);
+                (job.name_any(), ObservedJob { job, outcome })
+            })
+            .collect();
+        Ok((jobs, helper_pods))
+    }
+
+    /// Every claim of the namespace.
+    async fn claims(
+        &self,
+        ns: &str,
+    ) -> Result<BTreeMap<String, PersistentVolumeClaim>, ClusterError> {
+        let claims = self
+            .ns_api::<PersistentVolumeClaim>(ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list claims"))?;
+        Ok(by_name(claims))
+    }
+
+    /// The volumes of [`volume_names`] that exist.
+    async fn volumes(
+        &self,
+        claims: &BTreeMap<String, PersistentVolumeClaim>,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<BTreeMap<String, PersistentVolume>, ClusterError> {
+        let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let mut volumes = BTreeMap::new();
+        for v in volume_names(claims, status) {
+            if let Some(pv) = pvs
+                .get_opt(&v)
+                .await
+                .map_err(kube_err(format!("get PV {v}")))?
+            {
+                volumes.insert(v, pv);
+            }
+        }
+        Ok(volumes)
+    }
+
+    async fn storage_classes(&self) -> Result<BTreeMap<String, StorageClass>, ClusterError> {
+        let classes = Api::<StorageClass>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list StorageClasses"))?;
+        Ok(by_name(classes))
+    }
+
+    /// The other requests of the namespace on the same target (by their effective spec).
+    async fn other_requests(
+        &self,
+        ns: &str,
+        name: &str,
+        set_name: &str,
+    ) -> Result<Vec<OtherRequest>, ClusterError> {
+        let requests = self
+            .ns_api::<StorageMigrationRequest>(ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list requests"))?;
+        Ok(requests
+            .into_iter()
+            .filter(|r| r.name_any() != name && effective_spec(r).target.name == set_name)
+            .map(|r| OtherRequest {
+                name: r.name_any(),
+                created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                phase: r.status.as_ref().map(|s| s.phase).unwrap_or_default(),
+            })
+            .collect())
+    }
+}
+
+/// The engine's view of the members, only where the planner uses it (a request in Preflight
+/// or Migrating that is not final); members it did not report are noted as missing.
+async fn gather_health(
+    engine: &Result<Engine, String>,
+    status: &StorageMigrationRequestStatus,
+    member_pods: &[Pod],
+    expected: &[String],
+) -> Result<HealthReport, HealthUnavailable> {
+    let wants_health =
+        !status.phase.is_final() && matches!(status.stage, Stage::Preflight | Stage::Migrating);
+    match engine {
+        Err(e) => Err(HealthUnavailable::NoEngine(e.clone())),
+        Ok(_) if !wants_health => Err(HealthUnavailable::NotObservedInStage),
+        Ok(engine) => match engine.observe(member_pods).await {
+            Ok(mut report) => {
+                engine::note_missing_pods(&mut report, expected);
+                Ok(report)
+            }
+            Err(e) => Err(HealthUnavailable::Engine(e.to_string())),
+        },
+    }
+}
+
+/// The engine's final hash, in the Finalizing stage until it is recorded (`None` elsewhere).
+async fn gather_final_hash(
+    engine: &Result<Engine, String>,
+    status: &StorageMigrationRequestStatus,
+    member_pods: &[Pod],
+) -> Option<Result<Option<String>, FinalHashError>> {
+    match engine {
+        Ok(engine)
+            if status.stage == Stage::Finalizing
+                && status.final_hash.is_none()
+                && !status.phase.is_final() =>
+        {
+            Some(
+                engine
+                    .final_hash(member_pods)
+                    .await
+                    .map_err(FinalHashError::from),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// The set's `matchLabels` as a label selector (`None` without any).
+fn selector(set: &StatefulSet) -> Option<String> {
+    set.spec
+        .as_ref()
+        .and_then(|s| s.selector.match_labels.as_ref())
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+}
+
+/// The volumes that matter: those bound to a claim of the namespace, the plan's old volumes
+/// and the members' new volumes.
+fn volume_names(
+    claims: &BTreeMap<String, PersistentVolumeClaim>,
+    status: &StorageMigrationRequestStatus,
+) -> BTreeSet<String> {
+    let mut names: BTreeSet<String> = claims
+        .values()
+        .filter_map(|c| plan::claim_volume(c).map(str::to_string))
+        .collect();
+    if let Some(p) = &status.plan {
+        names.extend(p.members.iter().map(|m| m.old_volume.clone()));
+    }
+    names.extend(status.members.iter().filter_map(|m| m.new_volume.clone()));
+    names
+}
+
+/// A list's objects by name.
+fn by_name<K: ResourceExt + Clone>(list: ObjectList<K>) -> BTreeMap<String, K> {
+    list.into_iter().map(|o| (o.name_any(), o)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{MemberStatus, Plan, PlannedMember};
+    use crate::plan::fixtures;
+
+    #[test]
+    fn the_selector_is_the_sets_match_labels() {
+        let mut set = fixtures::stateful_set(3);
+        assert_eq!(selector(&set).as_deref(), Some("app=etcd"));
+        if let Some(spec) = set.spec.as_mut() {
+            spec.selector.match_labels = Some(BTreeMap::new());
+        }
+        assert_eq!(selector(&set), None);
+        assert_eq!(selector(&StatefulSet::default()), None);
+    }
+
+    #[test]
+    fn volume_names_are_the_bound_the_planned_and_the_new_ones() {
+        let claims = BTreeMap::from([(
+            "data-etcd-0".to_string(),
+            fixtures::bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0"),
+        )]);
+        let status = StorageMigrationRequestStatus {
+            plan: Some(Plan {
+                members: vec![PlannedMember {
+                    old_volume: "pv-old-1".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            members: vec![
+                MemberStatus {
+                    new_volume: Some("pv-new-1".into()),
+                    ..Default::default()
+                },
+                MemberStatus::default(),
+            ],
+            ..Default::default()
+        };
+        let names: Vec<String> = volume_names(&claims, &status).into_iter().collect();
+        assert_eq!(names, ["pv-new-1", "pv-old-0", "pv-old-1"]);
+    }
+}

@@ -1,0 +1,174 @@
+//! The cluster layer against a mocked API server: an [`ApiServerVerifier`] checks each request
+//! the executor sends (method, path, query, content type, body), in order, and answers it; a
+//! request more or fewer than expected fails the test.
+
+use std::future::Future;
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use serde_json::{Value, json};
+
+use super::Engine;
+use super::{Cluster, ClusterError};
+use crate::plan::{Action, Observed};
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+/// One request the executor must send, and the answer it gets.
+#[derive(Debug, Clone)]
+pub struct Exchange {
+    pub method: Method,
+    pub path: String,
+    /// The query string, exactly (empty for none).
+    pub query: String,
+    /// The content type, when the request has a body that matters.
+    pub content_type: Option<&'static str>,
+    /// The body (JSON), when it matters.
+    pub body: Option<Value>,
+    pub status: u16,
+    pub response: Value,
+}
+
+impl Exchange {
+    pub fn new(method: Method, path: &str) -> Self {
+        Self {
+            method,
+            path: path.to_string(),
+            query: String::new(),
+            content_type: None,
+            body: None,
+            status: 200,
+            response: json!({}),
+        }
+    }
+
+    pub fn query(mut self, query: &str) -> Self {
+        self.query = query.to_string();
+        self
+    }
+
+    /// Expects this body as a JSON merge patch.
+    pub fn merge_patch(mut self, body: Value) -> Self {
+        self.content_type = Some("application/merge-patch+json");
+        self.body = Some(body);
+        self
+    }
+
+    /// Expects this body as a server-side apply patch.
+    pub fn apply_patch(mut self, body: Value) -> Self {
+        self.content_type = Some("application/apply-patch+yaml");
+        self.body = Some(body);
+        self
+    }
+
+    /// Expects this JSON body.
+    pub fn json(mut self, body: Value) -> Self {
+        self.content_type = Some("application/json");
+        self.body = Some(body);
+        self
+    }
+
+    /// Answers with this object.
+    pub fn returns(mut self, response: Value) -> Self {
+        self.status = 200;
+        self.response = response;
+        self
+    }
+
+    /// Answers with an API error (a `Status` of this code and reason).
+    pub fn fails(mut self, code: u16, reason: &str) -> Self {
+        self.status = code;
+        self.response = json!({
+            "apiVersion": "v1",
+            "kind": "Status",
+            "status": "Failure",
+            "message": format!("{reason} (mocked)"),
+            "reason": reason,
+            "code": code,
+        });
+        self
+    }
+}
+
+/// The mocked API server's side: checks each request against the next [`Exchange`].
+pub struct ApiServerVerifier(Handle);
+
+impl ApiServerVerifier {
+    async fn exchange(&mut self, e: Exchange) {
+        let next = tokio::time::timeout(Duration::from_secs(5), self.0.next_request()).await;
+        let Ok(Some((request, send))) = next else {
+            panic!("expected {} {}, but no request came", e.method, e.path);
+        };
+        let what = format!("{} {}", request.method(), request.uri());
+        assert_eq!(request.method(), e.method, "{what}");
+        assert_eq!(request.uri().path(), e.path, "{what}");
+        assert_eq!(request.uri().query().unwrap_or(""), e.query, "{what}");
+        if let Some(content_type) = e.content_type {
+            let header = request.headers().get(http::header::CONTENT_TYPE);
+            assert_eq!(
+                header.and_then(|h| h.to_str().ok()),
+                Some(content_type),
+                "{what}"
+            );
+        }
+        if let Some(expected) = &e.body {
+            let bytes = request.into_body().collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(&body, expected, "body of {what}");
+        }
+        let response = Response::builder()
+            .status(e.status)
+            .body(Body::from(serde_json::to_vec(&e.response).unwrap()))
+            .unwrap();
+        send.send_response(response);
+    }
+}
+
+/// A [`Cluster`] whose client talks to a mocked API server.
+pub fn mocked() -> (Cluster, ApiServerVerifier) {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let reporter = Reporter {
+        controller: "storage-migrator-test".into(),
+        instance: None,
+    };
+    let recorder = Recorder::new(client.clone(), reporter);
+    (Cluster::new(client, recorder), ApiServerVerifier(handle))
+}
+
+/// Runs `call` on a mocked cluster that expects exactly `exchanges`, in order; returns what
+/// `call` returned.
+pub async fn verify<T, F>(exchanges: Vec<Exchange>, call: impl FnOnce(Cluster) -> F) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (cluster, mut server) = mocked();
+    let task = tokio::spawn(call(cluster));
+    for e in exchanges {
+        server.exchange(e).await;
+    }
+    tokio::select! {
+        biased;
+        out = task => out.expect("the call panicked"),
+        extra = server.0.next_request() => match extra {
+            Some((r, _)) => panic!("unexpected request {} {}", r.method(), r.uri()),
+            None => panic!("the client went away before the call returned"),
+        },
+    }
+}
+
+/// Runs one action of `o` against a mocked cluster (no database engine).
+pub async fn execute(
+    o: Observed,
+    action: Action,
+    exchanges: Vec<Exchange>,
+) -> Result<(), ClusterError> {
+    verify(exchanges, move |cluster| async move {
+        let engine: Result<Engine, String> = Err("no engine in this test".into());
+        cluster.execute(&o, &engine, &action).await
+    })
+    .await
+}

@@ -1,0 +1,464 @@
+//! The executor against a mocked API server ([`super::mock`]): each action that deletes,
+//! swaps or writes sends exactly the requests its contract (in `plan::action`) implies.
+
+use http::Method;
+use kube::ResourceExt;
+use serde_json::{Value, json};
+
+use super::ClusterError;
+use super::Retry;
+use super::mock::{Exchange, execute};
+use crate::api::{Phase, StorageMigrationRequestStatus};
+use crate::labels;
+use crate::plan::action::contract;
+use crate::plan::fixtures::{self, NS, REQ};
+use crate::plan::{Action, Kind, Object, Observed, Propagation};
+
+const CLAIMS: &str = "/api/v1/namespaces/demo/persistentvolumeclaims";
+const SETS: &str = "/apis/apps/v1/namespaces/demo/statefulsets";
+const REQUESTS: &str = "/apis/storagemigrator.io/v1alpha1/namespaces/demo/storagemigrationrequests";
+
+fn observed() -> Observed {
+    fixtures::observed(fixtures::spec_class_change("fast"))
+}
+
+fn pv(name: &str) -> String {
+    format!("/api/v1/persistentvolumes/{name}")
+}
+
+fn json_of<T: serde::Serialize>(obj: &T) -> Value {
+    serde_json::to_value(obj).unwrap()
+}
+
+fn claim_json() -> Value {
+    json_of(&fixtures::bound_claim(
+        "data-etcd-0",
+        "standard",
+        "1Gi",
+        "pv-old-0",
+    ))
+}
+
+fn volume_json() -> Value {
+    json_of(&fixtures::volume(
+        "pv-old-0",
+        "standard",
+        "1Gi",
+        "data-etcd-0",
+        "node-a",
+    ))
+}
+
+fn request_json(o: &Observed) -> Value {
+    json_of(&o.request)
+}
+
+fn retry(r: Result<(), ClusterError>) -> Retry {
+    r.expect_err("the action should fail").retry()
+}
+
+fn delete(kind: Kind, name: &str, propagation: Propagation, uid: Option<&str>) -> Action {
+    Action::Delete {
+        kind,
+        name: name.into(),
+        propagation,
+        uid: uid.map(str::to_string),
+    }
+}
+
+#[tokio::test]
+async fn delete_sends_the_uid_precondition_and_orphan_propagation() {
+    let action = delete(
+        Kind::StatefulSet,
+        "etcd",
+        Propagation::Orphan,
+        Some("uid-etcd"),
+    );
+    let set = json_of(&fixtures::stateful_set(3));
+    let expected = Exchange::new(Method::DELETE, &format!("{SETS}/etcd"))
+        .json(json!({
+            "propagationPolicy": "Orphan",
+            "preconditions": {"uid": "uid-etcd"},
+        }))
+        .returns(set);
+    execute(observed(), action, vec![expected]).await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_without_uid_sends_no_precondition() {
+    let action = delete(Kind::Claim, "data-etcd-0", Propagation::Background, None);
+    let expected = Exchange::new(Method::DELETE, &format!("{CLAIMS}/data-etcd-0"))
+        .json(json!({"propagationPolicy": "Background"}))
+        .returns(claim_json());
+    execute(observed(), action, vec![expected]).await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_that_finds_nothing_or_a_successor_is_a_success() {
+    let path = format!("{CLAIMS}/data-etcd-0");
+    let action = delete(
+        Kind::Claim,
+        "data-etcd-0",
+        Propagation::Background,
+        Some("u"),
+    );
+    let gone = Exchange::new(Method::DELETE, &path).fails(404, "NotFound");
+    execute(observed(), action.clone(), vec![gone])
+        .await
+        .unwrap();
+    // A failed uid precondition: the object the planner meant is gone.
+    let successor = Exchange::new(Method::DELETE, &path).fails(409, "Conflict");
+    execute(observed(), action.clone(), vec![successor])
+        .await
+        .unwrap();
+    let refused = Exchange::new(Method::DELETE, &path).fails(403, "Forbidden");
+    let err = execute(observed(), action.clone(), vec![refused]).await;
+    assert_eq!(retry(err), Retry::Permanent);
+    let unavailable = Exchange::new(Method::DELETE, &path).fails(503, "ServiceUnavailable");
+    let err = execute(observed(), action, vec![unavailable]).await;
+    assert_eq!(retry(err), Retry::Transient);
+}
+
+#[tokio::test]
+async fn patch_reclaim_policy_merges_one_field_and_a_missing_volume_is_a_success() {
+    let action = Action::PatchReclaimPolicy {
+        volume: "pv-old-0".into(),
+        policy: "Retain".into(),
+    };
+    let patch = json!({"spec": {"persistentVolumeReclaimPolicy": "Retain"}});
+    let ok = Exchange::new(Method::PATCH, &pv("pv-old-0"))
+        .merge_patch(patch.clone())
+        .returns(volume_json());
+    execute(observed(), action.clone(), vec![ok]).await.unwrap();
+    let gone = Exchange::new(Method::PATCH, &pv("pv-old-0"))
+        .merge_patch(patch)
+        .fails(404, "NotFound");
+    execute(observed(), action, vec![gone]).await.unwrap();
+}
+
+#[tokio::test]
+async fn set_claim_ref_names_the_claim_and_clears_the_stale_binding() {
+    let action = Action::SetClaimRef {
+        volume: "pv-new-1".into(),
+        claim: "data-etcd-0".into(),
+    };
+    let expected = Exchange::new(Method::PATCH, &pv("pv-new-1"))
+        .merge_patch(json!({"spec": {"claimRef": {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "namespace": NS,
+            "name": "data-etcd-0",
+            "uid": null,
+            "resourceVersion": null,
+            "fieldPath": null,
+        }}}))
+        .returns(volume_json());
+    execute(observed(), action, vec![expected]).await.unwrap();
+}
+
+/// The same contract cases as the simulator's (`plan::action::contract`).
+#[tokio::test]
+async fn remove_owner_references_removes_exactly_the_listed_uids() {
+    let path = format!("{CLAIMS}/data-etcd-0");
+    for case in contract::remove_owner_references_cases() {
+        let mut claim = claim_json();
+        claim["metadata"]["resourceVersion"] = json!("42");
+        claim["metadata"]["ownerReferences"] = json_of(&case.before);
+        let mut exchanges = vec![Exchange::new(Method::GET, &path).returns(claim.clone())];
+        if let Some(after) = &case.after {
+            let kept = if after.is_empty() {
+                Value::Null
+            } else {
+                json_of(after)
+            };
+            let patch = json!({"metadata": {"ownerReferences": kept, "resourceVersion": "42"}});
+            exchanges.push(
+                Exchange::new(Method::PATCH, &path)
+                    .merge_patch(patch)
+                    .returns(claim),
+            );
+        }
+        let action = Action::RemoveOwnerReferences {
+            claim: "data-etcd-0".into(),
+            uids: case.uids.clone(),
+        };
+        let result = execute(observed(), action, exchanges).await;
+        assert!(result.is_ok(), "{}: {result:?}", case.name);
+    }
+}
+
+#[tokio::test]
+async fn remove_owner_references_of_a_missing_claim_is_a_success_and_a_conflict_retried() {
+    let path = format!("{CLAIMS}/data-etcd-0");
+    let action = Action::RemoveOwnerReferences {
+        claim: "data-etcd-0".into(),
+        uids: vec!["uid-set".into()],
+    };
+    let gone = Exchange::new(Method::GET, &path).fails(404, "NotFound");
+    execute(observed(), action.clone(), vec![gone])
+        .await
+        .unwrap();
+    let mut claim = claim_json();
+    claim["metadata"]["ownerReferences"] =
+        json!([contract::owner("StatefulSet", "apps/v1", "uid-set")]);
+    let exchanges = vec![
+        Exchange::new(Method::GET, &path).returns(claim),
+        Exchange::new(Method::PATCH, &path).fails(409, "Conflict"),
+    ];
+    let err = execute(observed(), action, exchanges).await;
+    assert_eq!(retry(err), Retry::Transient);
+}
+
+#[tokio::test]
+async fn patch_retention_policy_sends_the_policy_and_refuses_bad_json() {
+    let action = Action::PatchRetentionPolicy {
+        stateful_set: "etcd".into(),
+        policy: r#"{"whenDeleted":"Retain","whenScaled":"Retain"}"#.into(),
+    };
+    let expected = Exchange::new(Method::PATCH, &format!("{SETS}/etcd"))
+        .merge_patch(json!({"spec": {"persistentVolumeClaimRetentionPolicy": {
+            "whenDeleted": "Retain",
+            "whenScaled": "Retain",
+        }}}))
+        .returns(json_of(&fixtures::stateful_set(3)));
+    execute(observed(), action, vec![expected]).await.unwrap();
+    let bad = Action::PatchRetentionPolicy {
+        stateful_set: "etcd".into(),
+        policy: "{".into(),
+    };
+    let err = execute(observed(), bad, vec![]).await;
+    assert_eq!(retry(err), Retry::Permanent);
+}
+
+#[tokio::test]
+async fn create_of_a_claim_that_exists_is_a_success() {
+    let claim = fixtures::bound_claim("data-etcd-0", "fast", "1Gi", "pv-new-1");
+    let action = Action::Create(Object::Claim(Box::new(claim.clone())));
+    let post = || Exchange::new(Method::POST, CLAIMS).json(json_of(&claim));
+    let created = post().returns(json_of(&claim));
+    execute(observed(), action.clone(), vec![created])
+        .await
+        .unwrap();
+    let exists = post().fails(409, "AlreadyExists");
+    execute(observed(), action.clone(), vec![exists])
+        .await
+        .unwrap();
+    let invalid = post().fails(422, "Invalid");
+    let err = execute(observed(), action, vec![invalid]).await;
+    assert_eq!(retry(err), Retry::Permanent);
+}
+
+#[tokio::test]
+async fn set_status_applies_the_status_subresource_with_our_field_manager() {
+    let o = observed();
+    let status = StorageMigrationRequestStatus {
+        phase: Phase::Progressing,
+        message: Some("migrating".into()),
+        ..Default::default()
+    };
+    let action = Action::SetStatus(Box::new(status.clone()));
+    let expected = Exchange::new(Method::PATCH, &format!("{REQUESTS}/{REQ}/status"))
+        .query(&format!(
+            "&force=true&fieldManager={}",
+            labels::FIELD_MANAGER
+        ))
+        .apply_patch(json!({
+            "apiVersion": "storagemigrator.io/v1alpha1",
+            "kind": "StorageMigrationRequest",
+            "status": json_of(&status),
+        }))
+        .returns(request_json(&o));
+    execute(o.clone(), action.clone(), vec![expected])
+        .await
+        .unwrap();
+    let gone = Exchange::new(Method::PATCH, &format!("{REQUESTS}/{REQ}/status"))
+        .query(&format!(
+            "&force=true&fieldManager={}",
+            labels::FIELD_MANAGER
+        ))
+        .fails(404, "NotFound");
+    assert!(execute(o, action, vec![gone]).await.is_err());
+}
+
+#[tokio::test]
+async fn add_finalizer_patches_the_request_as_read_with_its_resource_version() {
+    let mut o = observed();
+    o.request.metadata.resource_version = Some("7".into());
+    o.request.metadata.finalizers = Some(vec!["other".into()]);
+    let path = format!("{REQUESTS}/{REQ}");
+    let exchanges = vec![
+        Exchange::new(Method::GET, &path).returns(request_json(&o)),
+        Exchange::new(Method::PATCH, &path)
+            .merge_patch(json!({"metadata": {
+                "finalizers": ["other", labels::FINALIZER],
+                "resourceVersion": "7",
+            }}))
+            .returns(request_json(&o)),
+    ];
+    execute(o.clone(), Action::AddFinalizer, exchanges)
+        .await
+        .unwrap();
+    // Already there: read, nothing written.
+    let mut has = o.clone();
+    has.request
+        .finalizers_mut()
+        .push(labels::FINALIZER.to_string());
+    let read = Exchange::new(Method::GET, &path).returns(request_json(&has));
+    execute(o.clone(), Action::AddFinalizer, vec![read])
+        .await
+        .unwrap();
+    // Gone: nothing to do.
+    let gone = Exchange::new(Method::GET, &path).fails(404, "NotFound");
+    execute(o, Action::AddFinalizer, vec![gone]).await.unwrap();
+}
+
+#[tokio::test]
+async fn remove_finalizer_keeps_the_other_finalizers() {
+    let mut o = observed();
+    o.request.metadata.resource_version = Some("8".into());
+    o.request.metadata.finalizers = Some(vec![labels::FINALIZER.into(), "other".into()]);
+    let path = format!("{REQUESTS}/{REQ}");
+    let exchanges = vec![
+        Exchange::new(Method::GET, &path).returns(request_json(&o)),
+        Exchange::new(Method::PATCH, &path)
+            .merge_patch(json!({"metadata": {
+                "finalizers": ["other"],
+                "resourceVersion": "8",
+            }}))
+            .fails(404, "NotFound"),
+    ];
+    execute(o.clone(), Action::RemoveFinalizer, exchanges)
+        .await
+        .unwrap();
+    let conflict = vec![
+        Exchange::new(Method::GET, &path).returns(request_json(&o)),
+        Exchange::new(Method::PATCH, &path).fails(409, "Conflict"),
+    ];
+    let err = execute(o, Action::RemoveFinalizer, conflict).await;
+    assert_eq!(retry(err), Retry::Transient);
+}
+
+#[tokio::test]
+async fn label_volume_and_annotate_claim_are_merge_patches() {
+    let label = Action::LabelVolume {
+        volume: "pv-old-0".into(),
+    };
+    let expected = Exchange::new(Method::PATCH, &pv("pv-old-0"))
+        .merge_patch(json!({"metadata": {"labels": {labels::MIGRATED_BY_LABEL: REQ}}}))
+        .returns(volume_json());
+    execute(observed(), label, vec![expected]).await.unwrap();
+    let annotate = Action::AnnotateClaim {
+        claim: "data-etcd-0".into(),
+        key: "k".into(),
+        value: None,
+    };
+    let expected = Exchange::new(Method::PATCH, &format!("{CLAIMS}/data-etcd-0"))
+        .merge_patch(json!({"metadata": {"annotations": {"k": null}}}))
+        .fails(404, "NotFound");
+    execute(observed(), annotate, vec![expected]).await.unwrap();
+}
+
+#[tokio::test]
+async fn stash_in_a_config_map_creates_it_first() {
+    let o = observed();
+    let action = Action::Stash {
+        target: crate::plan::StashTarget::ConfigMap {
+            name: "move-stash".into(),
+            key: "pod.etcd-0".into(),
+        },
+        value: "encoded".into(),
+    };
+    let cms = "/api/v1/namespaces/demo/configmaps";
+    let exchanges = vec![
+        Exchange::new(Method::GET, &format!("{cms}/move-stash")).fails(404, "NotFound"),
+        Exchange::new(Method::POST, cms).fails(409, "AlreadyExists"),
+        Exchange::new(Method::PATCH, &format!("{cms}/move-stash"))
+            .merge_patch(json!({"data": {"pod.etcd-0": "encoded"}}))
+            .returns(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "move-stash"}})),
+    ];
+    execute(o, action, exchanges).await.unwrap();
+}
+
+#[tokio::test]
+async fn transfer_leadership_without_an_engine_fails_without_a_request() {
+    let action = Action::TransferLeadership {
+        from: "etcd-0".into(),
+        to: "etcd-1".into(),
+    };
+    let err = execute(observed(), action, vec![]).await;
+    assert!(matches!(err, Err(ClusterError::Engine(_))));
+}
+
+/// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
+/// and helper pods, the claims and their volumes, the classes, the other requests.
+#[tokio::test]
+async fn gather_reads_everything_the_planner_needs_in_order() {
+    let o = observed();
+    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
+    let mut pod = json_of(&fixtures::member_pod(0));
+    pod["metadata"]["annotations"] = json!({"unknown.example.com/kept": "yes"});
+    pod["spec"]["someFutureField"] = json!({"kept": true});
+    let mut helper = json_of(&fixtures::member_pod(1));
+    helper["metadata"]["name"] = json!("mounter-etcd-1");
+    helper["metadata"]["labels"] = json!({labels::REQUEST_LABEL: REQ, "app": "etcd"});
+    let mut other = request_json(&o);
+    other["metadata"]["name"] = json!("other");
+    let owned = format!(
+        "labelSelector={}%3D{REQ}",
+        labels::REQUEST_LABEL.replace('/', "%2F")
+    );
+    let exchanges = vec![
+        Exchange::new(Method::GET, &format!("{SETS}/etcd"))
+            .returns(json_of(&fixtures::stateful_set(3))),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .query("&labelSelector=app%3Detcd")
+            .returns(list(vec![pod.clone(), helper.clone()])),
+        Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![])),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![helper])),
+        Exchange::new(Method::GET, CLAIMS).returns(list(vec![claim_json()])),
+        Exchange::new(Method::GET, &pv("pv-old-0")).returns(volume_json()),
+        Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
+            .returns(list(vec![json_of(&fixtures::class("fast", "Immediate"))])),
+        Exchange::new(Method::GET, REQUESTS).returns(list(vec![request_json(&o), other])),
+    ];
+    let request = o.request.clone();
+    let observed = super::mock::verify(exchanges, move |cluster| async move {
+        let engine = Err("no engine in this test".to_string());
+        cluster.gather(request, &engine).await
+    })
+    .await
+    .unwrap();
+    assert_eq!(observed.pods.keys().collect::<Vec<_>>(), ["etcd-0"]);
+    assert_eq!(
+        observed.pods["etcd-0"].raw()["spec"]["someFutureField"],
+        json!({"kept": true})
+    );
+    assert_eq!(
+        observed.helper_pods.keys().collect::<Vec<_>>(),
+        ["mounter-etcd-1"]
+    );
+    assert_eq!(observed.claims.keys().collect::<Vec<_>>(), ["data-etcd-0"]);
+    assert_eq!(observed.volumes.keys().collect::<Vec<_>>(), ["pv-old-0"]);
+    assert_eq!(
+        observed.storage_classes.keys().collect::<Vec<_>>(),
+        ["fast"]
+    );
+    let others: Vec<_> = observed
+        .other_requests
+        .iter()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(others, ["other"]);
+    assert_eq!(
+        observed.health,
+        Err(crate::engine::HealthUnavailable::NoEngine(
+            "no engine in this test".to_string()
+        ))
+    );
+    assert_eq!(observed.final_hash, None);
+    assert!(!observed.stash_config_map_exists);
+}

@@ -1,0 +1,329 @@
+//! Pure readers the cluster layer uses while it gathers an [`super::Observed`] snapshot: the
+//! spec a request runs with, the member pods the engine must see, how a Job ended.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::JobOutcome;
+use crate::api::{
+    StorageMigrationRequest, StorageMigrationRequestSpec, StorageMigrationRequestStatus,
+};
+use crate::build;
+
+/// The spec the request runs with: the accepted one once accepted, else the current one.
+pub fn effective_spec(req: &StorageMigrationRequest) -> StorageMigrationRequestSpec {
+    req.status
+        .as_ref()
+        .and_then(|s| s.accepted_spec.as_deref())
+        .cloned()
+        .unwrap_or_else(|| req.spec.clone())
+}
+
+/// The member pods the engine must see: the plan's, or before acceptance the set's ordinals.
+pub fn expected_members(
+    status: &StorageMigrationRequestStatus,
+    set: Option<&StatefulSet>,
+    set_name: &str,
+) -> Vec<String> {
+    if let Some(plan) = &status.plan {
+        return plan.members.iter().map(|m| m.pod.clone()).collect();
+    }
+    let Some(spec) = set.and_then(|s| s.spec.as_ref()) else {
+        return Vec::new();
+    };
+    let replicas = spec.replicas.unwrap_or(1).max(0);
+    let start = spec.ordinals.as_ref().and_then(|o| o.start).unwrap_or(0);
+    (start..start + replicas)
+        .map(|i| format!("{set_name}-{i}"))
+        .collect()
+}
+
+/// How a Job ended, with the termination message of its newest pod among `pods`.
+pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
+    let name = job.name_any();
+    let conditions = job
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    let is = |t: &str| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == t && c.status == "True")
+    };
+    let message = job_pods(&name, pods)
+        .iter()
+        .rev()
+        .find_map(|p| termination_message(p));
+    if is("Complete") {
+        return JobOutcome::Succeeded { message };
+    }
+    if is("Failed") {
+        let condition = conditions
+            .iter()
+            .find(|c| c.type_ == "Failed")
+            .map(|c| {
+                format!(
+                    "{}{}",
+                    c.reason.clone().unwrap_or_default(),
+                    c.message
+                        .as_ref()
+                        .map(|m| format!(": {m}"))
+                        .unwrap_or_default()
+                )
+            })
+            .unwrap_or_default();
+        let detail = message
+            .map(|m| failure_detail(&m))
+            .map(|m| format!("; {}", m.trim()))
+            .unwrap_or_default();
+        return JobOutcome::Failed {
+            reason: format!("Job {name} failed: {condition}{detail}"),
+        };
+    }
+    JobOutcome::Running
+}
+
+/// The pods of Job `name`, oldest first. They carry `job-name` (and on newer clusters
+/// `batch.kubernetes.io/job-name`).
+fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod> {
+    let mut job_pods: Vec<&Pod> = pods
+        .values()
+        .filter(|p| {
+            let l = p.labels();
+            l.get("job-name").map(String::as_str) == Some(name)
+                || l.get("batch.kubernetes.io/job-name").map(String::as_str) == Some(name)
+        })
+        .collect();
+    job_pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    job_pods
+}
+
+/// A failed Job's termination message for humans: the script's `error` with its exit code when
+/// the message is the script's JSON result, else the message as it is.
+fn failure_detail(message: &str) -> String {
+    build::parse_job_result(message)
+        .ok()
+        .and_then(|r| r.error.map(|e| format!("{e} (exit {:?})", r.exit_code)))
+        .unwrap_or_else(|| message.to_string())
+}
+
+/// The first non-blank termination message of the pod's terminated containers.
+pub fn termination_message(pod: &Pod) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find_map(|c| {
+            c.state
+                .as_ref()?
+                .terminated
+                .as_ref()?
+                .message
+                .clone()
+                .filter(|m| !m.trim().is_empty())
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::apps::v1::StatefulSetOrdinals;
+    use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateTerminated, ContainerStatus, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    use super::*;
+    use crate::api::{Plan, PlannedMember};
+    use crate::plan::fixtures::{self, t};
+
+    fn job(conditions: &[(&str, &str, Option<&str>)]) -> Job {
+        Job {
+            metadata: ObjectMeta {
+                name: Some("copy-etcd-0".into()),
+                ..Default::default()
+            },
+            status: Some(JobStatus {
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(type_, reason, message)| JobCondition {
+                            type_: type_.to_string(),
+                            status: "True".into(),
+                            reason: Some(reason.to_string()),
+                            message: message.map(str::to_string),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn job_pod(name: &str, label: &str, created: i64, message: Option<&str>) -> (String, Pod) {
+        let pod = Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: Some(BTreeMap::from([(label.into(), "copy-etcd-0".into())])),
+                creation_timestamp: Some(Time(t(created))),
+                ..Default::default()
+            },
+            status: Some(PodStatus {
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "copy".into(),
+                    state: Some(ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            message: message.map(str::to_string),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        (name.to_string(), pod)
+    }
+
+    #[test]
+    fn a_job_without_a_final_condition_is_running() {
+        let pods = BTreeMap::from([job_pod("p", "job-name", 0, Some("{}"))]);
+        assert_eq!(job_outcome(&job(&[]), &pods), JobOutcome::Running);
+        let suspended = job(&[("Suspended", "JobSuspended", None)]);
+        assert_eq!(job_outcome(&suspended, &pods), JobOutcome::Running);
+    }
+
+    #[test]
+    fn a_complete_job_carries_its_newest_pods_message() {
+        let pods = BTreeMap::from([
+            job_pod("old", "job-name", 0, Some("old")),
+            job_pod("new", "batch.kubernetes.io/job-name", 5, Some("new")),
+            job_pod("blank", "job-name", 9, Some("  ")),
+            job_pod("other", "app", 10, Some("not this Job's")),
+        ]);
+        assert_eq!(
+            job_outcome(&job(&[("Complete", "Completed", None)]), &pods),
+            JobOutcome::Succeeded {
+                message: Some("new".into())
+            }
+        );
+        assert_eq!(
+            job_outcome(&job(&[("Complete", "Completed", None)]), &BTreeMap::new()),
+            JobOutcome::Succeeded { message: None }
+        );
+    }
+
+    #[test]
+    fn a_failed_job_says_why_with_the_scripts_error() {
+        let failed = job(&[("Failed", "BackoffLimitExceeded", Some("too many"))]);
+        let script = r#"{"error":"rsync failed","exitCode":23}"#;
+        let pods = BTreeMap::from([job_pod("p", "job-name", 0, Some(script))]);
+        assert_eq!(
+            job_outcome(&failed, &pods),
+            JobOutcome::Failed {
+                reason: "Job copy-etcd-0 failed: BackoffLimitExceeded: too many; rsync failed \
+                         (exit Some(23))"
+                    .into()
+            }
+        );
+        let pods = BTreeMap::from([job_pod("p", "job-name", 0, Some(" killed \n"))]);
+        assert_eq!(
+            job_outcome(&failed, &pods),
+            JobOutcome::Failed {
+                reason: "Job copy-etcd-0 failed: BackoffLimitExceeded: too many; killed".into()
+            }
+        );
+        assert_eq!(
+            job_outcome(
+                &job(&[("Failed", "DeadlineExceeded", None)]),
+                &BTreeMap::new()
+            ),
+            JobOutcome::Failed {
+                reason: "Job copy-etcd-0 failed: DeadlineExceeded".into()
+            }
+        );
+    }
+
+    #[test]
+    fn termination_message_skips_blank_and_running_containers() {
+        let (_, mut pod) = job_pod("p", "job-name", 0, Some(" \n"));
+        assert_eq!(termination_message(&pod), None);
+        if let Some(s) = pod
+            .status
+            .as_mut()
+            .and_then(|s| s.container_statuses.as_mut())
+        {
+            s.insert(
+                0,
+                ContainerStatus {
+                    name: "running".into(),
+                    ..Default::default()
+                },
+            );
+            s.push(
+                job_pod("q", "job-name", 0, Some("done"))
+                    .1
+                    .status
+                    .unwrap()
+                    .container_statuses
+                    .unwrap()
+                    .remove(0),
+            );
+        }
+        assert_eq!(termination_message(&pod), Some("done".into()));
+        assert_eq!(termination_message(&Pod::default()), None);
+    }
+
+    #[test]
+    fn expected_members_come_from_the_plan_else_the_sets_ordinals() {
+        let mut set = fixtures::stateful_set(3);
+        let status = StorageMigrationRequestStatus::default();
+        assert_eq!(
+            expected_members(&status, Some(&set), "etcd"),
+            ["etcd-0", "etcd-1", "etcd-2"]
+        );
+        if let Some(spec) = set.spec.as_mut() {
+            spec.ordinals = Some(StatefulSetOrdinals { start: Some(5) });
+            spec.replicas = Some(2);
+        }
+        assert_eq!(
+            expected_members(&status, Some(&set), "etcd"),
+            ["etcd-5", "etcd-6"]
+        );
+        assert!(expected_members(&status, None, "etcd").is_empty());
+        let planned = StorageMigrationRequestStatus {
+            plan: Some(Plan {
+                members: vec![PlannedMember {
+                    pod: "etcd-1".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(expected_members(&planned, Some(&set), "etcd"), ["etcd-1"]);
+        assert_eq!(expected_members(&planned, None, "etcd"), ["etcd-1"]);
+    }
+
+    #[test]
+    fn effective_spec_is_the_accepted_one_once_accepted() {
+        let mut req = fixtures::request(fixtures::spec_class_change("fast"));
+        assert_eq!(effective_spec(&req), req.spec);
+        let accepted = fixtures::spec_class_change("slow");
+        req.status = Some(StorageMigrationRequestStatus {
+            accepted_spec: Some(Box::new(accepted.clone())),
+            ..Default::default()
+        });
+        assert_eq!(effective_spec(&req), accepted);
+    }
+}
