@@ -1,6 +1,7 @@
-//! End-to-end scenarios of issue 2 against the cluster `KUBECONFIG` points at (the local cluster
-//! from `localcluster up`, or any other with the storage classes named by `E2E_STORAGE_CLASS`
-//! and `E2E_WFFC_STORAGE_CLASS`). Each test works in its own namespace.
+//! End-to-end scenarios of the cluster itself (pods, probes, volumes, provisioning) against the
+//! cluster `KUBECONFIG` points at (the local cluster from `localcluster up`, or any other with the
+//! storage classes named by `E2E_STORAGE_CLASS` and `E2E_WFFC_STORAGE_CLASS`). Each test works in
+//! its own namespace.
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test cluster -- --test-threads=2`
 
@@ -431,7 +432,7 @@ async fn orphan_delete_keeps_members_serving_and_one_member_loss_keeps_writes() 
     );
 }
 
-/// Not one of issue 2's scenarios but its provisioner promise: a Released volume with reclaim
+/// The provisioner's reclaim promise: a Released volume with reclaim
 /// policy Delete is freed, one with Retain is kept (with its data) until its policy is Delete.
 /// On the local cluster the image files and mounts are checked too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

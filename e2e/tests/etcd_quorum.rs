@@ -1,4 +1,4 @@
-//! Issue 4: quorum-aware migration of etcd (followers first, leader last, leadership handed
+//! Quorum-aware migration of etcd (followers first, leader last, leadership handed
 //! over, never an election timeout), against real etcd members.
 //!
 //! Needs a cluster in `KUBECONFIG` (e.g. `localcluster up`) and the operator: started here as a

@@ -1,4 +1,4 @@
-//! End-to-end scenarios of issue 3 (the migration engine) against the cluster `KUBECONFIG`
+//! End-to-end scenarios of the migration flow against the cluster `KUBECONFIG`
 //! points at, each in its own namespace with its own operator process watching only that
 //! namespace (`storage-migrator run --namespace NS`):
 //!
