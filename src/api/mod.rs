@@ -436,6 +436,11 @@ pub struct MemberStatus {
     pub bytes_copied: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_copied: Option<i64>,
+    /// When the verification Job found the copy identical to the original in content and
+    /// metadata; unset when `spec.copy.verify` is false. The final check of a `Generic` request
+    /// requires it of every migrated member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
