@@ -8,13 +8,16 @@
 //! - `after-<action>` (see [`Action::name`], e.g. `after-Create-Job`), right after an action:
 //!   the same exit;
 //! - `copy-job-fails`: with `return`, a copy Job's script is replaced before it is created by
-//!   one that reports an error and exits 23, so the Job really fails on the cluster.
+//!   one that reports an error and exits 23, so the Job really fails on the cluster;
+//! - `final-check-fails`: with `return`, the final hash gathered in the Finalizing stage is
+//!   replaced by [`FinalHashError::Inconsistent`], as if the members disagreed.
 
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
 use crate::api::{MemberStep, StorageMigrationRequestStatus};
 use crate::build::JobKind;
+use crate::engine::FinalHashError;
 use crate::labels;
 use crate::plan::Action;
 
@@ -26,6 +29,12 @@ pub const EXIT_CODE: i32 = 86;
 
 /// The failpoint that fails copy Jobs.
 pub const COPY_JOB_FAILS: &str = "copy-job-fails";
+
+/// The failpoint that makes the final consistency check fail.
+pub const FINAL_CHECK_FAILS: &str = "final-check-fails";
+
+/// The reason a failed final check gives under `final-check-fails`.
+const INJECTED_INCONSISTENCY: &str = "injected failure (failpoint final-check-fails)";
 
 /// What a failing copy Job runs instead of its script.
 const FAILING_COPY_SCRIPT: &str = r#"printf '{"error":"injected failure (failpoint copy-job-fails)","exitCode":23}' > /dev/termination-log; exit 23"#;
@@ -65,6 +74,21 @@ pub fn before_create_job(job: &mut Job) {
         tracing::warn!(job = %job.name_any(), "failpoint copy-job-fails: this copy Job will fail");
         make_job_fail(job);
     }
+}
+
+/// Hook on the gathered final hash: an inconsistency when `final-check-fails` is set.
+pub fn final_hash(
+    gathered: Result<Option<String>, FinalHashError>,
+) -> Result<Option<String>, FinalHashError> {
+    if ENABLED && hit(FINAL_CHECK_FAILS) {
+        tracing::warn!("failpoint final-check-fails: the final check reports an inconsistency");
+        return Err(injected_inconsistency());
+    }
+    gathered
+}
+
+fn injected_inconsistency() -> FinalHashError {
+    FinalHashError::Inconsistent(INJECTED_INCONSISTENCY.to_string())
 }
 
 /// The failpoint name after a status write: the member step in flight (`step-Copying`), else
@@ -199,6 +223,14 @@ mod tests {
         assert_eq!(c.args, None);
     }
 
+    #[test]
+    fn an_injected_final_check_failure_is_an_inconsistency() {
+        assert_eq!(
+            injected_inconsistency().to_string(),
+            "members are inconsistent: injected failure (failpoint final-check-fails)"
+        );
+    }
+
     /// Without `FAILPOINTS` set (unit tests), the hooks do nothing.
     #[test]
     fn hooks_do_nothing_when_no_failpoint_is_set() {
@@ -208,6 +240,7 @@ mod tests {
         let before = job.clone();
         before_create_job(&mut job);
         assert_eq!(job, before);
+        assert_eq!(final_hash(Ok(Some("7".into()))), Ok(Some("7".into())));
         after_action(&Action::SetStatus(Box::default()));
     }
 }

@@ -7,7 +7,9 @@
 //!   its member's node through the claim's `volume.kubernetes.io/selected-node`) and a Shrink
 //!   below the used bytes (Denied, nothing changed);
 //! - the operator killed at step boundaries (failpoints) and restarted;
-//! - a failing copy Job and an expired timeout, each ending `Failed` with the workload serving.
+//! - a failing copy Job and an expired timeout, each ending `Failed` with the workload serving;
+//! - a final consistency check made to fail (failpoint `final-check-fails`): `Failed`, every
+//!   member on its new volume and every old volume kept on Retain with its data.
 //!
 //! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
 //! `<workspace>/target/debug/storage-migrator`), built with `--features failpoints`.
@@ -701,4 +703,89 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
         .filter(|n| n.contains("-smr-"))
         .collect();
     assert!(left.is_empty(), "temporary claims left: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
+    let (cluster, ns) = setup("smr-final-check").await;
+    let seeded = seed(&ns, 100).await;
+    let before = claims(&ns).await;
+    let (_, hash_before) = check_etcd(&ns, &seeded).await;
+    let _op = Operator::start(&ns.name, 0, Some("final-check-fails=return")).unwrap();
+    create_request(
+        &ns,
+        "check-fails",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "check-fails", MIGRATION).await.unwrap();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    assert_eq!(status.final_hash, None);
+    let failure = status.failure.clone().unwrap();
+    assert!(
+        failure.contains("the final consistency check failed"),
+        "{failure}"
+    );
+    assert!(failure.contains("injected failure"), "{failure}");
+    assert!(
+        status.members.iter().all(|m| m.step == MemberStep::Done),
+        "{}",
+        summary(&req)
+    );
+    let message = status.message.clone().unwrap();
+    // Every member is on its new volume; every old volume is still there, on Retain.
+    let pvs = Api::<PersistentVolume>::all(ns.client());
+    let after = claims(&ns).await;
+    for (claim, (old_volume, _, _)) in &before {
+        let (new_volume, class, _) = &after[claim];
+        assert_ne!(new_volume, old_volume, "{claim} bound to a new volume");
+        assert_eq!(class, &cluster.wffc_storage_class, "{claim}");
+        assert!(
+            message.contains(&format!("new volume {new_volume}"))
+                && message.contains(&format!("old volume {old_volume} kept, Retain")),
+            "{message}"
+        );
+        let old = pvs.get(old_volume).await.unwrap();
+        assert!(old.metadata.deletion_timestamp.is_none(), "{old_volume}");
+        assert_eq!(
+            old.spec
+                .as_ref()
+                .and_then(|s| s.persistent_volume_reclaim_policy.as_deref()),
+            Some("Retain"),
+            "{old_volume}"
+        );
+    }
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    let (_, hash_after) = check_etcd(&ns, &seeded).await;
+    assert_eq!(hash_after, hash_before, "etcd data unchanged");
+    // A few seconds later the old volumes are still there (nothing reclaims them).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (old_volume, _, _) in before.values() {
+        let old = pvs.get(old_volume).await.unwrap();
+        assert_eq!(
+            old.spec
+                .as_ref()
+                .and_then(|s| s.persistent_volume_reclaim_policy.as_deref()),
+            Some("Retain"),
+            "{old_volume}"
+        );
+    }
+    let events = ns.events_for("check-fails").await.unwrap();
+    assert!(
+        events.iter().any(|e| e.starts_with("RollingBack")),
+        "{events:?}"
+    );
+    assert!(
+        !events.iter().any(|e| e.starts_with("Successful")),
+        "{events:?}"
+    );
 }

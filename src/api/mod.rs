@@ -53,7 +53,8 @@ pub struct StorageMigrationRequestSpec {
     pub timeout: String,
     /// What happens to the old volumes after success: `Retain` keeps them, `Delete` deletes them.
     /// Absent: each old volume gets back the reclaim policy it had before, once the whole request
-    /// succeeded (so volumes of a `Delete` class are then reclaimed).
+    /// succeeded (so volumes of a `Delete` class are then reclaimed). Either way only after the
+    /// final check passed; with `copy.verify` false (engine Generic) they stay `Retain`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[serde(rename = "oldPVReclaimPolicy")]
     #[schemars(
@@ -116,7 +117,7 @@ fn old_pv_reclaim_policy_schema(_: &mut schemars::SchemaGenerator) -> schemars::
     schemars::json_schema!({
         "type": "string",
         "enum": ["Retain", "Delete"],
-        "description": "What happens to the old volumes after success: `Retain` keeps them, `Delete` deletes them. Absent: each old volume gets back the reclaim policy it had before, once the whole request succeeded (so volumes of a `Delete` class are then reclaimed).",
+        "description": "What happens to the old volumes after success: `Retain` keeps them, `Delete` deletes them. Absent: each old volume gets back the reclaim policy it had before, once the whole request succeeded (so volumes of a `Delete` class are then reclaimed). Either way only after the final check passed; with `copy.verify` false (engine Generic) they stay `Retain`.",
     })
 }
 
@@ -142,7 +143,8 @@ pub struct CopySpec {
     #[serde(default = "default_true")]
     pub pre_copy: bool,
     /// After the final pass, check that source and target trees match in content and metadata
-    /// before any swap.
+    /// before any swap. False with engine Generic: nothing vouches for the copies, and the old
+    /// volumes stay `Retain` after success.
     #[serde(default = "default_true")]
     pub verify: bool,
     /// Image of the copy Jobs; must provide `rsync` and `sh`.
@@ -358,7 +360,8 @@ pub struct StorageMigrationRequestStatus {
     /// `SpecChangeIgnored`); the migration carries on with this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accepted_spec: Option<Box<StorageMigrationRequestSpec>>,
-    /// etcd: `hash_kv` of every member at a common revision after the last member (engine Etcd).
+    /// etcd: `hash_kv` of every member at a common revision after the last member (engine Etcd);
+    /// recorded before any old volume's reclaim policy is restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_hash: Option<String>,
 }
@@ -436,6 +439,11 @@ pub struct MemberStatus {
     pub bytes_copied: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_copied: Option<i64>,
+    /// When the verification Job found the copy identical to the original in content and
+    /// metadata; unset when `spec.copy.verify` is false. The final check of a `Generic` request
+    /// requires it of every migrated member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -218,12 +218,12 @@ async fn gather_final_hash(
                 && status.final_hash.is_none()
                 && !status.phase.is_final() =>
         {
-            Some(
+            Some(crate::failpoints::final_hash(
                 engine
                     .final_hash(member_pods)
                     .await
                     .map_err(FinalHashError::from),
-            )
+            ))
         }
         _ => None,
     }

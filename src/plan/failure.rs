@@ -44,6 +44,21 @@ pub enum Failure {
         result: Option<Box<JobResult>>,
     },
 
+    /// The final consistency check found the members inconsistent (etcd: `hash_kv` differs).
+    /// Every member is already on its new volume; the old volumes stay on Retain.
+    #[error("the final consistency check failed: {reason}; the old volumes are kept on Retain")]
+    FinalCheckFailed { reason: String },
+    /// Members of a `Generic` request reached `Done` without a verification on record.
+    #[error(
+        "the final check found no verification on record for members {pods}; the old volumes are kept on Retain"
+    )]
+    Unverified { pods: String },
+    /// `spec.timeout` expired while the final consistency check could not be computed.
+    #[error(
+        "the request's timeout of {timeout} expired before the final consistency check could be computed ({reason}); the old volumes are kept on Retain"
+    )]
+    FinalCheckTimedOut { timeout: String, reason: String },
+
     /// The status has no plan (it is written at acceptance).
     #[error("the status has no plan")]
     NoPlan,

@@ -442,6 +442,28 @@ impl Sim {
                 assert_eq!(*propagation, Propagation::Orphan);
                 assert!(self.o.stash.stateful_set.is_some(), "set not stashed");
             }
+            Action::PatchReclaimPolicy { volume, policy }
+                if policy != "Retain" && plan.members.iter().any(|m| &m.old_volume == volume) =>
+            {
+                // An old volume gets back a policy that can delete it only once the final check
+                // passed: recorded in the status written first in the same decision.
+                assert_eq!(
+                    status.stage,
+                    crate::api::Stage::Finalizing,
+                    "{volume} to {policy}"
+                );
+                let spec = super::observe::effective_spec(&self.o.request);
+                let checked = match spec.database.engine {
+                    crate::api::DatabaseEngine::Etcd => status.final_hash.is_some(),
+                    crate::api::DatabaseEngine::Generic => {
+                        spec.copy.verify && status.members.iter().all(|m| m.verified.is_some())
+                    }
+                };
+                assert!(
+                    checked,
+                    "old volume {volume} set to {policy} before the final check"
+                );
+            }
             Action::PatchReclaimPolicy { volume, policy } if policy == "Delete" => {
                 // Only after success, and never on a volume a live claim is bound to unless it
                 // is that claim's own (the new volume's original policy).

@@ -10,6 +10,9 @@
 //! The request, in order:
 //! - `Preflight` ends `Done` (denied) or moves to `OrphaningStatefulSet` (accepted with a plan);
 //! - `OrphaningStatefulSet` → `Migrating` → `RecreatingStatefulSet` → `Finalizing` → `Done`;
+//!   `Finalizing` waits for the final consistency check, and a check that fails (or cannot be
+//!   computed before the timeout) is a failure: the request goes to `RollingBack`, where every
+//!   member keeps its new volume and every old volume stays on Retain;
 //! - a failure (see `Failure`) in any stage after `Preflight`, the expiry of the timeout or the
 //!   deletion of the request while orphaning or migrating, moves it to `RollingBack`, which ends
 //!   `Done` (phase `Failed`). A failure while rolling back records the new failure and rolls back
@@ -48,12 +51,12 @@ pub const STAGES: &[Transition<Stage>] = &[
     t(Stage::OrphaningStatefulSet,  Stage::Migrating,             "StatefulSet orphaned"),
     t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done"),
     t(Stage::RecreatingStatefulSet, Stage::Finalizing,            "pods adopted"),
-    t(Stage::Finalizing,            Stage::Done,                  "Successful"),
+    t(Stage::Finalizing,            Stage::Done,                  "final check passed, Successful"),
     // The rollback branch.
     t(Stage::OrphaningStatefulSet,  Stage::RollingBack,           "failure, timeout or deletion"),
     t(Stage::Migrating,             Stage::RollingBack,           "failure, timeout or deletion"),
     t(Stage::RecreatingStatefulSet, Stage::RollingBack,           "failure"),
-    t(Stage::Finalizing,            Stage::RollingBack,           "failure"),
+    t(Stage::Finalizing,            Stage::RollingBack,           "failure, final check failed or timed out"),
     t(Stage::RollingBack,           Stage::RollingBack,           "failure while rolling back"),
     t(Stage::RollingBack,           Stage::Done,                  "Failed"),
 ];

@@ -491,14 +491,20 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             return Ok(());
         };
         match verified.as_ref().and_then(|r| r.differences) {
-            Some(0) => cx.event(
-                EventType::Normal,
-                "Verified",
-                format!(
-                    "member {}: {} and {} match in content and metadata",
-                    m.pod, m.claim, m.temp_claim
-                ),
-            ),
+            Some(0) => {
+                let now = cx.now.clone();
+                if let Some(ms) = ms_mut(cx, mb) {
+                    ms.verified = Some(now);
+                }
+                cx.event(
+                    EventType::Normal,
+                    "Verified",
+                    format!(
+                        "member {}: {} and {} match in content and metadata",
+                        m.pod, m.claim, m.temp_claim
+                    ),
+                );
+            }
             Some(n) => {
                 return Err(Failure::Differences {
                     pod: m.pod.clone(),

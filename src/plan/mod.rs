@@ -375,7 +375,7 @@ pub fn decide(o: &Observed) -> Decision {
 }
 
 /// `Some(Failure::TimedOut)` once the request's timeout has expired.
-fn expired(cx: &Ctx) -> Option<Failure> {
+pub(crate) fn expired(cx: &Ctx) -> Option<Failure> {
     let start = cx.status.start_time.as_ref()?;
     let total = timeout_seconds(&cx.spec().timeout).ok()?;
     let elapsed = cx.o.now.as_second() - start.0.as_second();

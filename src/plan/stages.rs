@@ -17,9 +17,11 @@ use super::{
     in_flight, is_terminating, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
-use crate::api::{MemberStatus, MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage};
+use crate::api::{
+    DatabaseEngine, MemberStatus, MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage,
+};
 use crate::build::{self, Manifest};
-use crate::engine;
+use crate::engine::{self, FinalHashError};
 use crate::labels;
 
 /// The retention policy that cannot delete claims (JSON of the policy object).
@@ -346,9 +348,18 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
     pending
 }
 
-/// Old-volume policy, labels, cleanup, `Successful`.
+/// The final consistency check first; once it passed: old-volume policy, labels, cleanup,
+/// `Successful`. A check that fails definitively (or times out) is a [`Failure`]: the request
+/// rolls back to `Failed` with every old volume kept on Retain.
 pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
+    let (note, restore_old) = match final_check(cx)? {
+        FinalCheck::Passed { note, restore_old } => (note, restore_old),
+        FinalCheck::Pending(reason) => {
+            wait_for_final_check(cx, &reason);
+            return Ok(());
+        }
+    };
     for ms in cx.status.members.clone() {
         if ms.step != MemberStep::Done {
             continue;
@@ -356,7 +367,11 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
             continue;
         };
-        settle_old_volume(cx, m, &ms);
+        if restore_old {
+            settle_old_volume(cx, m, &ms);
+        } else {
+            label_old_volume(cx, m);
+        }
         restore_new_volume_policy(cx, &ms);
     }
     let pending = clean_up(cx, &plan);
@@ -364,13 +379,116 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
-    let hash_note = final_hash_note(cx);
-    succeed(cx, &plan, &hash_note);
+    if !restore_old {
+        cx.event(
+            EventType::Warning,
+            "OldVolumesRetained",
+            UNVERIFIED_NOTE.trim_start_matches("; ").to_string(),
+        );
+    }
+    succeed(cx, &plan, &note);
     Ok(())
 }
 
+/// What the final consistency check allows.
+#[derive(Debug, Clone, PartialEq)]
+enum FinalCheck {
+    /// It passed (or nothing can vouch for the copies: `restore_old` is then false and the old
+    /// volumes stay on Retain); `note` ends the success message.
+    Passed { note: String, restore_old: bool },
+    /// It cannot be computed yet (why); it is retried until the request's timeout.
+    Pending(String),
+}
+
+/// The note of a success whose copies nothing verified.
+const UNVERIFIED_NOTE: &str = "; the copies were not verified (spec.copy.verify is false): the old volumes are kept on Retain";
+
+/// The final consistency check of the engine the request names.
+fn final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
+    match cx.spec().database.engine {
+        DatabaseEngine::Etcd => etcd_final_check(cx),
+        DatabaseEngine::Generic => generic_final_check(cx),
+    }
+}
+
+/// Etcd: every member's `hash_kv` agrees at a common revision; the hash is recorded in
+/// `status.finalHash` before any old volume's policy is touched.
+fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
+    let passed = |hash: &str| FinalCheck::Passed {
+        note: format!("; every member's hash_kv is {hash}"),
+        restore_old: true,
+    };
+    if let Some(hash) = &cx.status.final_hash {
+        return Ok(passed(hash));
+    }
+    let reason = match &cx.o.final_hash {
+        Some(Ok(Some(hash))) => {
+            cx.status.final_hash = Some(hash.clone());
+            return Ok(passed(hash));
+        }
+        Some(Err(e @ FinalHashError::Inconsistent(_))) => {
+            return Err(Failure::FinalCheckFailed {
+                reason: e.to_string(),
+            });
+        }
+        Some(Err(e @ FinalHashError::Engine(_))) => e.to_string(),
+        Some(Ok(None)) | None => "the database engine computed no hash".to_string(),
+    };
+    pending_until_timeout(cx, reason)
+}
+
+/// Generic: every migrated member's verification is on record; with verification off nothing
+/// vouches for the copies and the old volumes stay on Retain.
+fn generic_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
+    if !cx.spec().copy.verify {
+        return Ok(FinalCheck::Passed {
+            note: UNVERIFIED_NOTE.to_string(),
+            restore_old: false,
+        });
+    }
+    let unverified: Vec<&str> = cx
+        .status
+        .members
+        .iter()
+        .filter(|m| m.step == MemberStep::Done && m.verified.is_none())
+        .map(|m| m.pod.as_str())
+        .collect();
+    if !unverified.is_empty() {
+        return Err(Failure::Unverified {
+            pods: unverified.join(", "),
+        });
+    }
+    Ok(FinalCheck::Passed {
+        note: String::new(),
+        restore_old: true,
+    })
+}
+
+/// A check that cannot be computed yet waits, until the request's timeout has expired.
+fn pending_until_timeout(cx: &Ctx, reason: String) -> Result<FinalCheck, Failure> {
+    match super::expired(cx) {
+        Some(_) => Err(Failure::FinalCheckTimedOut {
+            timeout: cx.spec().timeout.clone(),
+            reason,
+        }),
+        None => Ok(FinalCheck::Pending(reason)),
+    }
+}
+
+/// Says (condition, message, one Event per new reason) that the final check is awaited.
+fn wait_for_final_check(cx: &mut Ctx, reason: &str) {
+    let message = format!(
+        "waiting for the final consistency check ({reason}); the old volumes stay on Retain until it passes"
+    );
+    if cx.set_condition(conditions::PROGRESSING, true, "FinalCheckPending", &message) {
+        cx.event(EventType::Warning, "FinalCheckPending", message.clone());
+    }
+    cx.status.message = Some(message);
+    cx.wait(super::REQUEUE_WAITING);
+}
+
 /// A migrated member's old volume: labelled `migrated-by`, and given the policy the request asks
-/// for (by default the one it had before the swap).
+/// for (by default the one it had before the swap). Only after the final check passed.
 fn settle_old_volume(cx: &mut Ctx, m: &PlannedMember, ms: &MemberStatus) {
     let Some(old) = cx.o.volumes.get(&m.old_volume) else {
         return;
@@ -401,25 +519,6 @@ fn label_old_volume(cx: &mut Ctx, m: &PlannedMember) {
         cx.act(Action::LabelVolume {
             volume: m.old_volume.clone(),
         });
-    }
-}
-
-/// Records the engine's final hash (when it computes one); the note for the final message.
-fn final_hash_note(cx: &mut Ctx) -> String {
-    match &cx.o.final_hash {
-        Some(Ok(Some(hash))) => {
-            cx.status.final_hash = Some(hash.clone());
-            format!("; every member's hash_kv is {hash}")
-        }
-        Some(Ok(None)) | None => String::new(),
-        Some(Err(e)) => {
-            cx.event(
-                EventType::Warning,
-                "FinalCheckFailed",
-                format!("the final consistency check failed: {e}"),
-            );
-            format!("; final consistency check failed: {e}")
-        }
     }
 }
 

@@ -11,7 +11,7 @@ use super::fixtures::*;
 use super::*;
 use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
 use crate::build::{self, JobKind};
-use crate::engine::{HealthUnavailable, Role};
+use crate::engine::{FinalHashError, HealthUnavailable, Role};
 use crate::labels;
 
 fn first_status(d: &Decision) -> &StorageMigrationRequestStatus {
@@ -1265,4 +1265,235 @@ fn failure_messages() {
         s(Failure::RetentionPolicy { error: "e".into() }),
         "cannot restore the retention policy: e"
     );
+}
+
+// -------------------------------------------------------------------------------------------
+// The final consistency check, before any old volume gets back a policy that can delete it.
+
+fn etcd_spec() -> crate::api::StorageMigrationRequestSpec {
+    let mut spec = spec_class_change("fast");
+    spec.database.engine = crate::api::DatabaseEngine::Etcd;
+    spec
+}
+
+/// Runs the simulator until the request has just entered `Finalizing` (nothing of that stage
+/// done yet).
+fn run_to_finalizing(sim: &mut Sim) {
+    for _ in 0..400 {
+        let d = decide(&sim.o);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+        if sim.o.request.status.as_ref().unwrap().stage == Stage::Finalizing {
+            return;
+        }
+    }
+    panic!("never reached Finalizing");
+}
+
+fn status_of(sim: &Sim) -> StorageMigrationRequestStatus {
+    sim.o.request.status.clone().unwrap()
+}
+
+/// Every old volume is still there, on Retain and labelled; every claim is bound to its new
+/// volume; the failure message names each new and old volume.
+fn assert_failed_with_old_volumes_kept(sim: &Sim, cause: &str) {
+    let s = status_of(sim);
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    let message = s.message.clone().unwrap();
+    assert!(message.contains(cause), "{message}");
+    for i in 0..3 {
+        let old_name = format!("pv-old-{i}");
+        let old = &sim.o.volumes[&old_name];
+        assert_eq!(volume_policy(old), "Retain", "{old_name}");
+        assert_eq!(old.labels()[labels::MIGRATED_BY_LABEL], REQ);
+        let claim_name = format!("data-etcd-{i}");
+        let new = claim_volume(&sim.o.claims[&claim_name])
+            .unwrap()
+            .to_string();
+        assert!(new.starts_with("pv-new-"), "{new}");
+        let data = format!(
+            "etcd-{i} on claim {claim_name} -> new volume {new} (fast; old volume {old_name} kept, Retain)"
+        );
+        assert!(message.contains(&data), "{data} not in {message}");
+        assert!(sim.o.pods.contains_key(&format!("etcd-{i}")));
+    }
+    assert!(
+        !sim.log.iter().any(|a| matches!(
+            a,
+            Action::PatchReclaimPolicy { volume, policy } if volume.starts_with("pv-old-") && policy != "Retain"
+        )),
+        "an old volume's policy was restored"
+    );
+}
+
+#[test]
+fn etcd_hash_agreement_succeeds_and_restores_old_policies_after_the_check() {
+    let mut o = observed(etcd_spec());
+    o.final_hash = Some(Ok(Some("3735928559".into())));
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    let s = status_of(&sim);
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert_eq!(s.final_hash.as_deref(), Some("3735928559"));
+    assert!(
+        s.message
+            .as_deref()
+            .unwrap()
+            .ends_with("; every member's hash_kv is 3735928559")
+    );
+    // The hash is written before the first old volume's policy is restored.
+    let recorded = sim
+        .log
+        .iter()
+        .position(|a| matches!(a, Action::SetStatus(s) if s.final_hash.is_some()))
+        .unwrap();
+    let restored = sim
+        .log
+        .iter()
+        .position(|a| {
+            matches!(a, Action::PatchReclaimPolicy { volume, policy }
+                if volume.starts_with("pv-old-") && policy == "Delete")
+        })
+        .unwrap();
+    assert!(recorded < restored);
+    for i in 0..3 {
+        let old = &sim.o.volumes[&format!("pv-old-{i}")];
+        assert_eq!(volume_policy(old), "Delete", "original policy restored");
+    }
+    assert_machine_transitions(&sim);
+}
+
+#[test]
+fn etcd_inconsistent_hashes_fail_and_keep_old_volumes() {
+    let mut o = observed(etcd_spec());
+    o.final_hash = Some(Err(FinalHashError::Inconsistent(
+        "hash_kv at revision 4 differs".into(),
+    )));
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_failed_with_old_volumes_kept(
+        &sim,
+        "the final consistency check failed: members are inconsistent: hash_kv at revision 4 differs",
+    );
+    assert_eq!(status_of(&sim).final_hash, None);
+    assert!(sim.o.request.finalizers().is_empty());
+    // The new volumes are the members' live volumes: back to their class's policy.
+    for i in 0..3 {
+        let new = claim_volume(&sim.o.claims[&format!("data-etcd-{i}")]).unwrap();
+        assert_eq!(volume_policy(&sim.o.volumes[new]), "Delete");
+    }
+    assert_machine_transitions(&sim);
+}
+
+#[test]
+fn an_etcd_check_that_cannot_be_computed_waits_then_fails_at_the_timeout() {
+    let mut o = observed(etcd_spec());
+    o.final_hash = Some(Err(FinalHashError::Engine("etcd-1 is unreachable".into())));
+    let mut sim = Sim::new(o);
+    run_to_finalizing(&mut sim);
+    for _ in 0..20 {
+        let d = decide(&sim.o);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    let s = status_of(&sim);
+    assert_eq!(s.stage, Stage::Finalizing, "still waiting");
+    assert!(!s.phase.is_final());
+    let c = conditions::get(&s.conditions, conditions::PROGRESSING).unwrap();
+    assert_eq!(c.reason, "FinalCheckPending");
+    assert!(c.message.contains("etcd-1 is unreachable"), "{}", c.message);
+    assert_eq!(
+        sim.reasons()
+            .iter()
+            .filter(|r| **r == "FinalCheckPending")
+            .count(),
+        1,
+        "one Event while the reason stays the same"
+    );
+    for i in 0..3 {
+        assert_eq!(
+            volume_policy(&sim.o.volumes[&format!("pv-old-{i}")]),
+            "Retain"
+        );
+    }
+    // The request's timeout (30m from its start) expires while it still waits.
+    let start = s.start_time.unwrap().0.as_second();
+    sim.o.now = t(start + 1801);
+    sim.run(100);
+    assert_failed_with_old_volumes_kept(
+        &sim,
+        "the request's timeout of 30m expired before the final consistency check could be computed (etcd-1 is unreachable)",
+    );
+}
+
+#[test]
+fn an_etcd_check_that_becomes_computable_succeeds() {
+    let mut o = observed(etcd_spec());
+    o.final_hash = None;
+    let mut sim = Sim::new(o);
+    run_to_finalizing(&mut sim);
+    for _ in 0..5 {
+        let d = decide(&sim.o);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert_eq!(status_of(&sim).stage, Stage::Finalizing);
+    sim.o.final_hash = Some(Ok(Some("42".into())));
+    sim.run(100);
+    let s = status_of(&sim);
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert_eq!(s.final_hash.as_deref(), Some("42"));
+}
+
+#[test]
+fn generic_with_verification_records_it_and_succeeds() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(400);
+    let s = status_of(&sim);
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert!(s.members.iter().all(|m| m.verified.is_some()), "{s:?}");
+    assert!(!s.message.unwrap().contains("hash_kv"));
+}
+
+#[test]
+fn generic_member_without_verification_on_record_fails() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    run_to_finalizing(&mut sim);
+    sim.o.request.status.as_mut().unwrap().members[1].verified = None;
+    let pod = status_of(&sim).members[1].pod.clone();
+    sim.run(100);
+    assert_failed_with_old_volumes_kept(
+        &sim,
+        &format!("the final check found no verification on record for members {pod}"),
+    );
+}
+
+#[test]
+fn generic_without_verification_keeps_old_volumes_on_retain() {
+    let mut spec = spec_class_change("fast");
+    spec.copy.verify = false;
+    let mut sim = Sim::new(observed(spec));
+    sim.run(400);
+    let s = status_of(&sim);
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert!(
+        s.message.as_deref().unwrap().ends_with(
+            "; the copies were not verified (spec.copy.verify is false): the old volumes are kept on Retain"
+        ),
+        "{:?}",
+        s.message
+    );
+    assert!(s.members.iter().all(|m| m.verified.is_none()));
+    assert!(sim.reasons().contains(&"OldVolumesRetained"));
+    for i in 0..3 {
+        let old = &sim.o.volumes[&format!("pv-old-{i}")];
+        assert_eq!(volume_policy(old), "Retain");
+        assert_eq!(old.labels()[labels::MIGRATED_BY_LABEL], REQ);
+    }
 }
