@@ -105,6 +105,17 @@ async fn main() -> anyhow::Result<()> {
             );
             let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
             let observed = cluster.gather(req, &engine).await?;
+            let created = (observed.request.metadata.creation_timestamp.as_ref())
+                .map_or(observed.now, |t| t.0);
+            let name = observed.request.name_any();
+            if let Some(ahead) =
+                preflight::waiting_for(&name, Some(created), &observed.other_requests)
+            {
+                println!(
+                    "# would wait for request {} ({:?}) on the same StatefulSet; then:",
+                    ahead.name, ahead.phase
+                );
+            }
             match preflight::dry_run(&observed) {
                 Ok(plan) => {
                     println!("# would be accepted; the plan (members in migration order):");

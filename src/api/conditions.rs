@@ -8,6 +8,8 @@ pub const ACCEPTED: &str = "Accepted";
 pub const PROGRESSING: &str = "Progressing";
 pub const HEALTH_GATE: &str = "HealthGate";
 pub const FAILED: &str = "Failed";
+/// A `Pending` request waiting for another request on the same target (see the preflight).
+pub const QUEUED: &str = "Queued";
 
 /// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
 /// not change. Returns true when anything changed.

@@ -59,6 +59,9 @@ pub const SPEC_CHANGE_IGNORED: &str = "SpecChangeIgnored";
 pub const REQUEUE_PROGRESSING: Duration = Duration::from_secs(2);
 /// How often a request waiting on something slow (measure Jobs, binding) is looked at again.
 pub const REQUEUE_WAITING: Duration = Duration::from_secs(2);
+/// How often a request queued behind another request on the same target is looked at again
+/// (the other request's changes do not wake it).
+pub const REQUEUE_QUEUED: Duration = Duration::from_secs(5);
 /// A final request is looked at again only to notice a deletion or a spec change.
 pub const REQUEUE_FINAL: Duration = Duration::from_secs(300);
 

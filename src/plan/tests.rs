@@ -171,30 +171,6 @@ fn denials_name_the_problem() {
             "data-etcd-0",
         ),
         (
-            "older request running",
-            |o| {
-                o.other_requests.push(OtherRequest {
-                    name: "first".into(),
-                    created: Some(t(-100)),
-                    phase: Phase::Pending,
-                })
-            },
-            "ConcurrentRequest",
-            "first",
-        ),
-        (
-            "newer request already progressing",
-            |o| {
-                o.other_requests.push(OtherRequest {
-                    name: "later".into(),
-                    created: Some(t(100)),
-                    phase: Phase::Progressing,
-                })
-            },
-            "ConcurrentRequest",
-            "later",
-        ),
-        (
             "member pod missing",
             |o| {
                 o.pods.remove("etcd-1");
@@ -254,6 +230,145 @@ fn denials_name_the_problem() {
             d.actions
         );
     }
+}
+
+fn other(name: &str, created: i64, phase: Phase) -> OtherRequest {
+    OtherRequest {
+        name: name.into(),
+        created: Some(t(created)),
+        phase,
+    }
+}
+
+/// The `Queued` condition of a status, as (status, reason, message).
+fn queued_condition(s: &StorageMigrationRequestStatus) -> Option<(String, String, String)> {
+    conditions::get(&s.conditions, conditions::QUEUED)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// Every action of the log only writes the status or emits an Event: nothing was touched.
+fn nothing_touched(actions: &[Action]) -> bool {
+    actions
+        .iter()
+        .all(|a| matches!(a, Action::SetStatus(_) | Action::Event { .. }))
+}
+
+#[test]
+fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
+    // The older request is bad (unknown class): it is judged first and denied, though a
+    // younger request waits on the same target.
+    let mut bad = observed(spec_class_change("gold"));
+    bad.request.metadata.creation_timestamp = Some(Time(t(-10)));
+    bad.other_requests.push(other(REQ, 0, Phase::Pending));
+    assert_eq!(denial_reason(&decide(&bad)).0, "StorageClassNotFound");
+
+    // The younger good one waits while the older one is Pending, touching nothing.
+    let mut o = observed(spec_class_change("fast"));
+    o.other_requests.push(other("bad", -10, Phase::Pending));
+    let mut sim = Sim::new(o);
+    for _ in 0..5 {
+        let d = decide(&sim.o);
+        assert_eq!(d.requeue, REQUEUE_QUEUED);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert!(nothing_touched(&sim.log), "{:?}", sim.log);
+    let status = sim.o.request.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Pending);
+    assert_eq!(status.stage, Stage::Preflight);
+    let (cond, reason, message) = queued_condition(&status).unwrap();
+    assert_eq!(
+        (cond.as_str(), reason.as_str()),
+        ("True", "WaitingForRequest")
+    );
+    assert_eq!(
+        message,
+        "waiting for request bad (Pending) on StatefulSet etcd: requests on one StatefulSet are \
+         judged one at a time, oldest first"
+    );
+    assert_eq!(status.message.as_deref(), Some(message.as_str()));
+    assert_eq!(sim.reasons(), ["Queued"], "the Event is emitted once");
+
+    // The older one is denied: the younger one is judged, accepted and runs to the end.
+    sim.o.other_requests[0].phase = Phase::Denied;
+    let d = decide(&sim.o);
+    let s = first_status(&d);
+    assert_eq!(s.phase, Phase::Progressing);
+    let (cond, reason, _) = queued_condition(s).unwrap();
+    assert_eq!((cond.as_str(), reason.as_str()), ("False", "TurnCame"));
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+}
+
+#[test]
+fn a_progressing_request_makes_a_younger_or_older_one_wait_naming_it() {
+    for created in [-100, 100] {
+        let mut o = observed(spec_shrink("512Mi"));
+        o.other_requests
+            .push(other("running", created, Phase::Progressing));
+        o.other_requests
+            .push(other("earlier", -200, Phase::Pending));
+        let mut sim = Sim::new(o);
+        sim.run(5);
+        // No measure Job, no finalizer: nothing touched while queued.
+        assert!(nothing_touched(&sim.log), "{:?}", sim.log);
+        assert!(sim.o.jobs.is_empty());
+        assert!(sim.o.request.finalizers().is_empty());
+        let status = sim.o.request.status.clone().unwrap();
+        assert_eq!(status.phase, Phase::Pending);
+        let (cond, _, message) = queued_condition(&status).unwrap();
+        assert_eq!(cond, "True");
+        assert!(
+            message.starts_with("waiting for request running (Progressing)"),
+            "{message}"
+        );
+
+        // It ends: the queued one is judged (and, a Shrink, measures first).
+        sim.o.other_requests[0].phase = Phase::Successful;
+        sim.o.other_requests[1].phase = Phase::Denied;
+        sim.run(400);
+        assert_eq!(sim.phase(), Phase::Successful, "created {created}");
+    }
+}
+
+#[test]
+fn a_final_request_never_blocks() {
+    for phase in [Phase::Successful, Phase::Failed, Phase::Denied] {
+        let mut o = observed(spec_class_change("fast"));
+        o.other_requests.push(other("first", -10, phase));
+        o.other_requests.push(other("later", 10, Phase::Pending));
+        let d = decide(&o);
+        let s = first_status(&d);
+        assert_eq!(s.phase, Phase::Progressing, "{phase:?}");
+        assert_eq!(queued_condition(s), None, "never queued: no condition");
+    }
+}
+
+#[test]
+fn requests_created_in_the_same_second_go_by_name() {
+    // Same creation time as "move": "alpha" is ahead, "zulu" behind.
+    let mut o = observed(spec_class_change("fast"));
+    o.other_requests.push(other("zulu", 0, Phase::Pending));
+    assert_eq!(first_status(&decide(&o)).phase, Phase::Progressing);
+    o.other_requests.push(other("alpha", 0, Phase::Pending));
+    let d = decide(&o);
+    let s = first_status(&d);
+    assert_eq!(s.phase, Phase::Pending);
+    let (_, _, message) = queued_condition(s).unwrap();
+    assert!(message.contains("request alpha "), "{message}");
+}
+
+#[test]
+fn a_malformed_request_is_denied_at_once_even_when_queued() {
+    let mut o = observed(StorageMigrationRequestSpec {
+        shrink: None,
+        ..spec_shrink("1Gi")
+    });
+    o.other_requests
+        .push(other("running", -10, Phase::Progressing));
+    assert_eq!(denial_reason(&decide(&o)).0, "InvalidSpec");
 }
 
 #[test]

@@ -50,9 +50,6 @@ denial_reasons! {
     TemplateRequired,
     /// The template or a member's claim is not `volumeMode: Filesystem` (e.g. `Block`).
     UnsupportedVolumeMode,
-    /// Another unfinished request on the same target is `Progressing` or is older (the older
-    /// one wins).
-    ConcurrentRequest,
     /// The StatefulSet has 0 replicas.
     NoMembers,
     /// A member pod does not exist (or is being deleted).
@@ -192,7 +189,6 @@ mod tests {
                 "TemplateNotFound",
                 "TemplateRequired",
                 "UnsupportedVolumeMode",
-                "ConcurrentRequest",
                 "NoMembers",
                 "MemberMissing",
                 "MemberNotScheduled",

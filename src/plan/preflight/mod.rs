@@ -7,10 +7,15 @@
 //!
 //! The only objects preflight creates are the Shrink measure Jobs (read-only mounts of the old
 //! claims, owned by the request).
+//!
+//! Requests on one StatefulSet are judged one at a time, oldest first ([`queue`]): while
+//! another one is `Progressing`, or is older and still `Pending`, a request waits in `Pending`
+//! with the condition `Queued` naming the request it waits for, and nothing is touched. A
+//! request whose spec is malformed waits for nobody: it is denied at once.
 
 use kube::ResourceExt;
 
-use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_WAITING};
+use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_QUEUED, REQUEUE_WAITING};
 use crate::api::conditions;
 use crate::api::{MemberStatus, MigrationType, Phase, Plan, Stage};
 use crate::build::JobKind;
@@ -21,6 +26,7 @@ mod denial;
 mod health;
 mod measure;
 mod members;
+mod queue;
 mod spec;
 mod target;
 #[cfg(test)]
@@ -28,6 +34,7 @@ mod tests;
 
 pub use denial::{Denial, DenialReason};
 pub use measure::MIN_HEADROOM_BYTES;
+pub use queue::{Ahead, waiting_for};
 pub use spec::validate_spec;
 pub use target::choose_template;
 
@@ -44,6 +51,15 @@ enum Verdict {
 /// Preflight of a new request: the checks, then (Shrink) the measuring; the request ends
 /// `Denied`, waits for the measure Jobs, or is accepted with its plan.
 pub(crate) fn run(cx: &mut Ctx) {
+    let o = cx.o;
+    if validate_spec(cx.spec()).is_ok() {
+        let me_created = o.request.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        if let Some(ahead) = waiting_for(&cx.name(), me_created, &o.other_requests) {
+            queued(cx, &ahead);
+            return;
+        }
+    }
+    dequeued(cx);
     let verdict = match check(cx) {
         Ok(plan) => measured(cx, plan),
         Err(d) => Verdict::Deny(d),
@@ -61,7 +77,8 @@ pub(crate) fn run(cx: &mut Ctx) {
 }
 
 /// What preflight would decide for a new request, without creating anything (no measure Jobs:
-/// a Shrink plan then has no `usedBytes`). For `storage-migrator plan`.
+/// a Shrink plan then has no `usedBytes`), once its turn comes: other requests on the same
+/// target are not looked at (see [`waiting_for`]). For `storage-migrator plan`.
 pub fn dry_run(o: &super::Observed) -> Result<Plan, Denial> {
     check(&Ctx::new(o))
 }
@@ -76,8 +93,6 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
     let set = target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)?;
     let template = choose_template(set, spec.volume_claim_template.as_deref())?;
     target::check_template_volume_mode(&template)?;
-    let me_created = o.request.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    target::check_other_requests(&cx.name(), me_created, &o.other_requests, set_name)?;
 
     // Members: every pod exists, runs on a node, and is bound to its claim.
     let names = members::Names {
@@ -129,6 +144,46 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
         members,
     })
 }
+
+/// Waits for the request ahead: condition `Queued=True` naming it, the same message, an Event
+/// when the request starts waiting. Nothing is touched (measure Jobs left by an earlier
+/// reconcile are deleted); looked at again every [`REQUEUE_QUEUED`].
+fn queued(cx: &mut Ctx, ahead: &Ahead) {
+    let message = format!(
+        "waiting for request {} ({:?}) on StatefulSet {}: requests on one StatefulSet are \
+         judged one at a time, oldest first",
+        ahead.name,
+        ahead.phase,
+        cx.spec().target.name
+    );
+    let was_queued = conditions::get(&cx.status.conditions, conditions::QUEUED)
+        .is_some_and(|c| c.status == "True");
+    cx.set_condition(conditions::QUEUED, true, WAITING_FOR_REQUEST, &message);
+    if cx.status.message.as_deref() != Some(message.as_str()) {
+        cx.status.message = Some(message.clone());
+    }
+    if !was_queued {
+        cx.event(EventType::Normal, "Queued", message);
+    }
+    delete_measure_jobs(cx);
+    cx.requeue = REQUEUE_QUEUED;
+}
+
+/// A request that was queued and whose turn came: `Queued=False`.
+fn dequeued(cx: &mut Ctx) {
+    let was_queued = conditions::get(&cx.status.conditions, conditions::QUEUED)
+        .is_some_and(|c| c.status == "True");
+    if was_queued {
+        let message = format!(
+            "no other request is ahead on StatefulSet {}: judged now",
+            cx.spec().target.name
+        );
+        cx.set_condition(conditions::QUEUED, false, "TurnCame", &message);
+    }
+}
+
+/// The reason of the `Queued=True` condition.
+pub const WAITING_FOR_REQUEST: &str = "WaitingForRequest";
 
 /// Shrink: every member's used bytes must fit with headroom (measured on its node); the plan
 /// waits for the measure Jobs. Other types are accepted as checked.

@@ -1,14 +1,12 @@
-//! Checks of the target: the StatefulSet, its volumeClaimTemplate, the other requests on it.
+//! Checks of the target: the StatefulSet and its volumeClaimTemplate.
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
-use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::{Denial, DenialReason};
-use crate::api::Phase;
 use crate::build::Manifest;
-use crate::plan::{OtherRequest, is_terminating};
+use crate::plan::is_terminating;
 
 /// The target StatefulSet exists and is not being deleted.
 pub(super) fn check_target_exists<'a>(
@@ -84,36 +82,6 @@ pub(super) fn check_template_volume_mode(template: &PersistentVolumeClaim) -> Re
                 template.name_any()
             ),
         ));
-    }
-    Ok(())
-}
-
-/// Only one request at a time per target: the accepted (`Progressing`) one, else the oldest
-/// (by creation time, then name; by name alone when a creation time is missing). Finished
-/// requests do not count.
-pub(super) fn check_other_requests(
-    me_name: &str,
-    me_created: Option<Timestamp>,
-    others: &[OtherRequest],
-    set_name: &str,
-) -> Result<(), Denial> {
-    for other in others {
-        if other.phase.is_final() {
-            continue;
-        }
-        let older = match (other.created, me_created) {
-            (Some(a), Some(b)) => (a, other.name.as_str()) < (b, me_name),
-            _ => other.name.as_str() < me_name,
-        };
-        if other.phase == Phase::Progressing || older {
-            return Err(Denial::new(
-                DenialReason::ConcurrentRequest,
-                format!(
-                    "request {} is already running on StatefulSet {set_name}; wait for it to finish",
-                    other.name
-                ),
-            ));
-        }
     }
     Ok(())
 }

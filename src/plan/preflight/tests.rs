@@ -208,46 +208,65 @@ fn template_must_be_a_filesystem_volume() {
 }
 
 #[test]
-fn other_requests_older_or_progressing_win() {
+fn queue_waits_for_the_progressing_one_else_the_oldest_pending_one() {
     let other = |name: &str, created: Option<i64>, phase| OtherRequest {
         name: name.into(),
         created: created.map(t),
         phase,
     };
-    let check =
-        |others: &[OtherRequest]| target::check_other_requests("move", Some(t(0)), others, "etcd");
-    assert!(check(&[]).is_ok());
-    // Newer and pending, or finished: not in the way.
-    assert!(check(&[other("later", Some(10), Phase::Pending)]).is_ok());
-    assert!(check(&[other("first", Some(-10), Phase::Successful)]).is_ok());
-    assert!(check(&[other("first", Some(-10), Phase::Denied)]).is_ok());
-    // Older, or already progressing.
-    let d = denied(check(&[other("first", Some(-10), Phase::Pending)]));
-    assert_eq!(d.reason, DenialReason::ConcurrentRequest);
+    let ahead = |others: &[OtherRequest]| {
+        waiting_for("move", Some(t(0)), others).map(|a| (a.name.to_string(), a.phase))
+    };
+    assert_eq!(ahead(&[]), None);
+    // Newer and pending, or finished (even older): not in the way.
+    assert_eq!(ahead(&[other("later", Some(10), Phase::Pending)]), None);
+    for phase in [Phase::Successful, Phase::Failed, Phase::Denied] {
+        assert_eq!(
+            ahead(&[other("first", Some(-10), phase)]),
+            None,
+            "{phase:?}"
+        );
+    }
+    // Older and pending: judged first.
     assert_eq!(
-        d.message,
-        "request first is already running on StatefulSet etcd; wait for it to finish"
+        ahead(&[other("first", Some(-10), Phase::Pending)]),
+        Some(("first".into(), Phase::Pending))
     );
-    let d = denied(check(&[other("later", Some(10), Phase::Progressing)]));
-    assert!(d.message.contains("later"), "{}", d.message);
+    // Progressing, even when newer: it runs; it is named before any older pending one.
+    assert_eq!(
+        ahead(&[
+            other("first", Some(-10), Phase::Pending),
+            other("later", Some(10), Phase::Progressing),
+        ]),
+        Some(("later".into(), Phase::Progressing))
+    );
+    // Several older pending ones: the oldest (the head of the queue) is named.
+    assert_eq!(
+        ahead(&[
+            other("second", Some(-5), Phase::Pending),
+            other("first", Some(-10), Phase::Pending),
+            other("gone", Some(-20), Phase::Denied),
+        ]),
+        Some(("first".into(), Phase::Pending))
+    );
     // Same creation time: the name decides; no creation time: the name alone.
-    assert!(check(&[other("zzz", Some(0), Phase::Pending)]).is_ok());
+    assert_eq!(ahead(&[other("zzz", Some(0), Phase::Pending)]), None);
     assert_eq!(
-        reason(check(&[other("aaa", Some(0), Phase::Pending)])),
-        DenialReason::ConcurrentRequest
+        ahead(&[other("aaa", Some(0), Phase::Pending)]),
+        Some(("aaa".into(), Phase::Pending))
     );
     assert_eq!(
-        reason(check(&[other("aaa", None, Phase::Pending)])),
-        DenialReason::ConcurrentRequest
+        ahead(&[
+            other("mmm", Some(0), Phase::Pending),
+            other("aaa", Some(0), Phase::Pending),
+        ]),
+        Some(("aaa".into(), Phase::Pending))
     );
-    assert!(check(&[other("zzz", Some(-10), Phase::Pending)]).is_err());
-    let none = target::check_other_requests(
-        "move",
-        None,
-        &[other("zzz", Some(-10), Phase::Pending)],
-        "etcd",
-    );
-    assert!(none.is_ok(), "by name alone: zzz is after move");
+    assert!(ahead(&[other("aaa", None, Phase::Pending)]).is_some());
+    assert!(ahead(&[other("zzz", Some(-10), Phase::Pending)]).is_some());
+    let others = [other("zzz", Some(-10), Phase::Pending)];
+    let by_name = waiting_for("move", None, &others);
+    assert_eq!(by_name, None, "by name alone: zzz is after move");
 }
 
 // ---- members -------------------------------------------------------------------------------

@@ -1,0 +1,244 @@
+//! End-to-end scenario of the request queue, against the cluster `KUBECONFIG` points at, in its
+//! own namespace with its own operator process watching only that namespace: three requests on
+//! one StatefulSet, applied together before the operator starts, are judged one at a time,
+//! oldest first (creation time, then name):
+//!
+//! - `q1-bad`, a Shrink to a size that is not smaller, is denied with its own reason: it is
+//!   neither held up by the others nor holds them up once denied;
+//! - `q2-move`, a StorageClassChange, runs and ends `Successful`;
+//! - `q3-shrink`, a Shrink of the same set, waits `Pending` with the condition `Queued` naming
+//!   `q2-move` while that one runs, then runs and ends `Successful`.
+//!
+//! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
+//! `<workspace>/target/debug/storage-migrator`).
+//!
+//! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test queue`
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use e2e::testing::operator::{
+    Operator, create_request, install_crd, summary, wait_final, wait_status,
+};
+use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
+use etcd_client::GetOptions;
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::Api;
+use serde_json::json;
+use storage_migrator::api::{Phase, StorageMigrationRequestStatus};
+use tracing::info;
+
+const MIGRATION: Duration = Duration::from_secs(600);
+const SET: &str = "etcd";
+
+/// `claim → (volume, class, requested size)` of the set's claims; each must be Bound.
+async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)> {
+    let api: Api<PersistentVolumeClaim> = ns.api();
+    let mut out = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("data-{SET}-{i}");
+        let c = api.get(&name).await.unwrap();
+        assert_eq!(
+            c.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Bound"),
+            "claim {name}"
+        );
+        let spec = c.spec.unwrap_or_default();
+        let size = spec
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.clone())
+            .unwrap_or_default();
+        out.insert(
+            name,
+            (
+                spec.volume_name.unwrap_or_default(),
+                spec.storage_class_name.unwrap_or_default(),
+                size,
+            ),
+        );
+    }
+    out
+}
+
+/// Writes `n` keys `seed/<i>` through one member; returns them.
+async fn seed(ns: &TestNamespace, n: usize) -> BTreeSet<String> {
+    let mut m = etcd::member(ns, &format!("{SET}-0")).await.unwrap();
+    let mut keys = BTreeSet::new();
+    for i in 0..n {
+        let k = format!("seed/{i:04}");
+        m.put(&k, &"x".repeat(100)).await.unwrap();
+        keys.insert(k);
+    }
+    keys
+}
+
+/// Through every member: every key of `expected` is there, and the key count and `hash_kv` at
+/// one revision are equal everywhere. Returns (key count, hash).
+async fn check_etcd(ns: &TestNamespace, expected: &BTreeSet<String>) -> (usize, u32) {
+    let mut members = etcd::members(ns, SET, 3).await.unwrap();
+    let mut counts = BTreeSet::new();
+    let mut hashes = BTreeSet::new();
+    let mut rev = None;
+    for m in &mut members {
+        let resp = m
+            .client
+            .get("seed/", Some(GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let have: BTreeSet<String> = resp
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap_or_default().to_string())
+            .collect();
+        let missing: Vec<&String> = expected.difference(&have).collect();
+        assert!(
+            missing.is_empty(),
+            "keys missing through {}: {missing:?}",
+            m.pod
+        );
+        counts.insert(have.len());
+        let r = *rev.get_or_insert(resp.header().map(|h| h.revision()).unwrap_or(0));
+        hashes.insert(m.client.hash_kv(r).await.unwrap().hash());
+    }
+    assert_eq!(counts.len(), 1, "key counts differ: {counts:?}");
+    assert_eq!(hashes.len(), 1, "hash_kv differs: {hashes:?}");
+    (
+        counts.into_iter().next().unwrap_or(0),
+        hashes.into_iter().next().unwrap_or(0),
+    )
+}
+
+fn condition<'a>(s: &'a StorageMigrationRequestStatus, type_: &str) -> Option<&'a Condition> {
+    s.conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether the request waits in `Pending` with `Queued=True` naming `ahead` as `Progressing`
+/// (seen by a periodic look: nothing of the request ahead wakes the waiting one).
+fn queued_behind(s: &StorageMigrationRequestStatus, ahead: &str) -> bool {
+    s.phase == Phase::Pending
+        && condition(s, "Queued").is_some_and(|c| {
+            c.status == "True"
+                && c.reason == "WaitingForRequest"
+                && c.message
+                    .contains(&format!("request {ahead} (Progressing)"))
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_on_one_set_are_judged_one_at_a_time_oldest_first() {
+    let (cluster, ns) = scenario("smr-queue").await;
+    install_crd(&ns).await.unwrap();
+    ns.apply_etcd().await.unwrap();
+    let seeded = seed(&ns, 50).await;
+    let before = claims(&ns).await;
+    let etcd_before = check_etcd(&ns, &seeded).await;
+
+    // Applied together (possibly in the same second: the names then give the order), before
+    // the operator looks at any of them.
+    let request = |type_: &str, block: serde_json::Value| {
+        let mut spec = json!({
+            "type": type_,
+            "target": {"kind": "StatefulSet", "name": SET},
+            "timeout": "10m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        });
+        spec.as_object_mut()
+            .unwrap()
+            .extend(block.as_object().unwrap().clone());
+        spec
+    };
+    let shrink_too_big = json!({"shrink": {"size": "2Gi"}});
+    let to_wffc = json!({"storageClassChange": {"storageClassName": cluster.wffc_storage_class}});
+    let shrink = json!({"shrink": {"size": "256Mi"}});
+    create_request(&ns, "q1-bad", request("Shrink", shrink_too_big))
+        .await
+        .unwrap();
+    create_request(&ns, "q2-move", request("StorageClassChange", to_wffc))
+        .await
+        .unwrap();
+    create_request(&ns, "q3-shrink", request("Shrink", shrink))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
+
+    // The oldest is judged first and denied with its own reason, never queued.
+    let bad = wait_final(&ns, "q1-bad", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let status = bad.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Denied, "{}", summary(&bad));
+    let accepted = condition(&status, "Accepted").unwrap();
+    assert_eq!(accepted.reason, "NotSmaller", "{}", accepted.message);
+    assert!(
+        condition(&status, "Queued").is_none(),
+        "{:?}",
+        status.conditions
+    );
+
+    // The next one runs; the last one waits for it, naming it, with nothing of its own.
+    wait_status(
+        &ns,
+        "q2-move",
+        "progressing",
+        Duration::from_secs(60),
+        |s| s.phase == Phase::Progressing,
+    )
+    .await
+    .unwrap();
+    let waiting = wait_status(
+        &ns,
+        "q3-shrink",
+        "queued behind q2-move",
+        Duration::from_secs(60),
+        |s| queued_behind(s, "q2-move"),
+    )
+    .await
+    .unwrap();
+    info!(status = %summary(&waiting), "q3-shrink waits");
+    assert!(waiting.metadata.finalizers.unwrap_or_default().is_empty());
+    let events = ns.events_for("q3-shrink").await.unwrap();
+    assert!(
+        events.iter().any(|e| e.starts_with("Queued")),
+        "no Queued event in {events:?}"
+    );
+
+    let moved = wait_final(&ns, "q2-move", MIGRATION).await.unwrap();
+    info!(took = ?started.elapsed(), status = %summary(&moved), "q2-move done");
+    let moved = moved.status.unwrap();
+    assert_eq!(moved.phase, Phase::Successful);
+
+    let shrunk = wait_final(&ns, "q3-shrink", MIGRATION).await.unwrap();
+    info!(took = ?started.elapsed(), status = %summary(&shrunk), "q3-shrink done");
+    let status = shrunk.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&shrunk));
+    let queued = condition(&status, "Queued").unwrap();
+    assert_eq!(
+        (queued.status.as_str(), queued.reason.as_str()),
+        ("False", "TurnCame")
+    );
+    // It started only once q2-move had ended.
+    let (ended, began) = (moved.completion_time.unwrap(), status.start_time.unwrap());
+    assert!(
+        began.0 >= ended.0,
+        "q3-shrink began {began:?}, q2-move ended {ended:?}"
+    );
+
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    let after = claims(&ns).await;
+    for (claim, (volume, class, size)) in &after {
+        assert_eq!(class, &cluster.wffc_storage_class, "{claim}");
+        assert_eq!(size, "256Mi", "{claim}");
+        assert_ne!(volume, &before[claim].0, "{claim} is on a new volume");
+    }
+    assert_eq!(
+        check_etcd(&ns, &seeded).await,
+        etcd_before,
+        "etcd key count and hash unchanged"
+    );
+}
