@@ -21,7 +21,6 @@ use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
 use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
-use etcd_client::GetOptions;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::Api;
@@ -66,50 +65,13 @@ async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)
 
 /// Writes `n` keys `seed/<i>` through one member; returns them.
 async fn seed(ns: &TestNamespace, n: usize) -> BTreeSet<String> {
-    let mut m = etcd::member(ns, &format!("{SET}-0")).await.unwrap();
-    let mut keys = BTreeSet::new();
-    for i in 0..n {
-        let k = format!("seed/{i:04}");
-        m.put(&k, &"x".repeat(100)).await.unwrap();
-        keys.insert(k);
-    }
-    keys
+    etcd::seed_keys(ns, SET, n).await.unwrap()
 }
 
-/// Through every member: every key of `expected` is there, and the key count and `hash_kv` at
-/// one revision are equal everywhere. Returns (key count, hash).
+/// Every seeded key through every member, equal counts and `hash_kv` (see
+/// [`etcd::assert_keys_everywhere`]). Returns (key count, hash).
 async fn check_etcd(ns: &TestNamespace, expected: &BTreeSet<String>) -> (usize, u32) {
-    let mut members = etcd::members(ns, SET, 3).await.unwrap();
-    let mut counts = BTreeSet::new();
-    let mut hashes = BTreeSet::new();
-    let mut rev = None;
-    for m in &mut members {
-        let resp = m
-            .client
-            .get("seed/", Some(GetOptions::new().with_prefix()))
-            .await
-            .unwrap();
-        let have: BTreeSet<String> = resp
-            .kvs()
-            .iter()
-            .map(|kv| kv.key_str().unwrap_or_default().to_string())
-            .collect();
-        let missing: Vec<&String> = expected.difference(&have).collect();
-        assert!(
-            missing.is_empty(),
-            "keys missing through {}: {missing:?}",
-            m.pod
-        );
-        counts.insert(have.len());
-        let r = *rev.get_or_insert(resp.header().map(|h| h.revision()).unwrap_or(0));
-        hashes.insert(m.client.hash_kv(r).await.unwrap().hash());
-    }
-    assert_eq!(counts.len(), 1, "key counts differ: {counts:?}");
-    assert_eq!(hashes.len(), 1, "hash_kv differs: {hashes:?}");
-    (
-        counts.into_iter().next().unwrap_or(0),
-        hashes.into_iter().next().unwrap_or(0),
-    )
+    etcd::assert_keys_everywhere(ns, SET, 3, expected).await
 }
 
 fn condition<'a>(s: &'a StorageMigrationRequestStatus, type_: &str) -> Option<&'a Condition> {

@@ -119,3 +119,68 @@ impl EtcdMember {
             .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
     }
 }
+
+/// Writes `n` keys `seed/<i>` (100 bytes each) through member `<set>-0`; returns them.
+pub async fn seed_keys(
+    ns: &TestNamespace,
+    set: &str,
+    n: usize,
+) -> Result<std::collections::BTreeSet<String>, TestError> {
+    let mut m = member(ns, &format!("{set}-0")).await?;
+    let mut keys = std::collections::BTreeSet::new();
+    for i in 0..n {
+        let k = format!("seed/{i:04}");
+        m.put(&k, &"x".repeat(100)).await?;
+        keys.insert(k);
+    }
+    Ok(keys)
+}
+
+/// Through every member of `<set>-0 .. <set>-(replicas-1)` (one client each): every key of
+/// `expected` is there (linearizable read), the key count is equal everywhere, and `hash_kv` at
+/// one revision is equal everywhere. Panics naming what differs. Returns (key count, hash).
+pub async fn assert_keys_everywhere(
+    ns: &TestNamespace,
+    set: &str,
+    replicas: usize,
+    expected: &std::collections::BTreeSet<String>,
+) -> (usize, u32) {
+    use std::collections::BTreeSet;
+    let mut members = members(ns, set, replicas).await.unwrap();
+    let (mut counts, mut hashes, mut rev) = (BTreeSet::new(), BTreeSet::new(), None);
+    for m in &mut members {
+        let resp = m
+            .client
+            .get("seed/", Some(etcd_client::GetOptions::new().with_prefix()))
+            .await
+            .unwrap();
+        let have: BTreeSet<String> = resp
+            .kvs()
+            .iter()
+            .map(|kv| kv.key_str().unwrap_or_default().to_string())
+            .collect();
+        let missing: Vec<&String> = expected.difference(&have).collect();
+        assert!(
+            missing.is_empty(),
+            "keys missing through {}: {missing:?}",
+            m.pod
+        );
+        counts.insert(have.len());
+        let r = *rev.get_or_insert(resp.header().map(|h| h.revision()).unwrap_or(0));
+        hashes.insert(m.client.hash_kv(r).await.unwrap().hash());
+    }
+    assert_eq!(
+        counts.len(),
+        1,
+        "key counts differ between members: {counts:?}"
+    );
+    assert_eq!(
+        hashes.len(),
+        1,
+        "hash_kv differs between members: {hashes:?}"
+    );
+    (
+        counts.into_iter().next().unwrap_or(0),
+        hashes.into_iter().next().unwrap_or(0),
+    )
+}
