@@ -284,12 +284,7 @@ fn temp_claim_bound(
     if let Some(pod) = cx.o.helper_pods.get(&mounter) {
         if !is_terminating(pod) {
             let uid = pod.uid();
-            cx.act(Action::Delete {
-                kind: Kind::Pod,
-                name: mounter,
-                propagation: Propagation::Background,
-                uid,
-            });
+            cx.delete(Kind::Pod, mounter, uid);
         }
         cx.wait(Duration::from_secs(1));
         return Ok(());
@@ -422,12 +417,7 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             {
                 ms.pod_deleted_at = Some(now);
             }
-            cx.act(Action::Delete {
-                kind: Kind::Pod,
-                name: m.pod.clone(),
-                propagation: Propagation::Background,
-                uid: p.uid(),
-            });
+            cx.delete(Kind::Pod, m.pod.clone(), p.uid());
             cx.wait(Duration::from_secs(1));
         }
         Some(_) => cx.wait(Duration::from_secs(1)),
@@ -595,12 +585,7 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         Some(c) if !is_terminating(c) => {
             delete_jobs(cx, mb, &ALL_JOBS);
-            cx.act(Action::Delete {
-                kind: Kind::Claim,
-                name: m.claim.clone(),
-                propagation: Propagation::Background,
-                uid: c.uid(),
-            });
+            cx.delete(Kind::Claim, m.claim.clone(), c.uid());
             cx.wait(Duration::from_secs(1));
         }
         Some(_) => {
@@ -618,12 +603,7 @@ fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
     match cx.o.claims.get(&m.temp_claim) {
         Some(c) if !is_terminating(c) => {
-            cx.act(Action::Delete {
-                kind: Kind::Claim,
-                name: m.temp_claim.clone(),
-                propagation: Propagation::Background,
-                uid: c.uid(),
-            });
+            cx.delete(Kind::Claim, m.temp_claim.clone(), c.uid());
             cx.wait(Duration::from_secs(1));
         }
         Some(_) => cx.wait(Duration::from_secs(1)),
@@ -853,24 +833,14 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         pending = true;
         if !is_terminating(pod) {
             let uid = pod.uid();
-            cx.act(Action::Delete {
-                kind: Kind::Pod,
-                name: mounter,
-                propagation: Propagation::Background,
-                uid,
-            });
+            cx.delete(Kind::Pod, mounter, uid);
         }
     }
     if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
         pending = true;
         if !is_terminating(temp) {
             let uid = temp.uid();
-            cx.act(Action::Delete {
-                kind: Kind::Claim,
-                name: m.temp_claim.clone(),
-                propagation: Propagation::Background,
-                uid,
-            });
+            cx.delete(Kind::Claim, m.temp_claim.clone(), uid);
         }
     }
     match cx.o.pods.get(&m.pod) {

@@ -220,6 +220,17 @@ impl<'a> Ctx<'a> {
         self.actions.push(action);
     }
 
+    /// Deletes an object in the background; `uid` (when known) guards against deleting a
+    /// successor of the same name.
+    pub fn delete(&mut self, kind: Kind, name: impl Into<String>, uid: Option<String>) {
+        self.act(Action::Delete {
+            kind,
+            name: name.into(),
+            propagation: Propagation::Background,
+            uid,
+        });
+    }
+
     pub fn wait(&mut self, requeue: Duration) {
         self.requeue = self.requeue.min(requeue);
     }
