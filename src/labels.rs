@@ -40,6 +40,28 @@ pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`] on our objects.
 pub const MANAGED_BY_VALUE: &str = "storage-migrator";
 
+// ---- keys of other controllers that manage a StatefulSet ---------------------------------------
+
+/// Annotation Argo CD's resource tracking (the `annotation` and `annotation+label` methods) puts
+/// on every object an Application manages: `<app>:<group>/<kind>:<namespace>/<name>`.
+pub const ARGOCD_TRACKING_ID_ANNOTATION: &str = "argocd.argoproj.io/tracking-id";
+/// Label Argo CD tracks an Application's objects with when configured as its tracking label
+/// (value: the Application's name). The default tracking label, `app.kubernetes.io/instance`,
+/// is not looked at: many charts set it without Argo CD.
+pub const ARGOCD_INSTANCE_LABEL: &str = "argocd.argoproj.io/instance";
+/// Labels Flux's kustomize-controller puts on every object a Kustomization applies: its name and
+/// namespace.
+pub const FLUX_KUSTOMIZATION_LABELS: [&str; 2] = [
+    "kustomize.toolkit.fluxcd.io/name",
+    "kustomize.toolkit.fluxcd.io/namespace",
+];
+/// Labels Flux's helm-controller puts on every object a HelmRelease renders: its name and
+/// namespace.
+pub const FLUX_HELM_RELEASE_LABELS: [&str; 2] = [
+    "helm.toolkit.fluxcd.io/name",
+    "helm.toolkit.fluxcd.io/namespace",
+];
+
 // ---- Kubernetes' own keys ----------------------------------------------------------------------
 
 /// Node label the scheduler and volume topology use for a single node.
