@@ -72,6 +72,12 @@ pub struct StorageMigrationRequestSpec {
     /// Which health and leadership logic gates and orders the members.
     #[serde(default)]
     pub database: DatabaseSpec,
+    /// `true` declares that whatever else manages the StatefulSet (an owning controller, Argo CD,
+    /// Flux) is paused for the whole request: the user takes responsibility that nothing
+    /// recreates or changes the set meanwhile. Without it, preflight denies a set with such an
+    /// owner (`ForeignOwner`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owner_paused: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

@@ -82,6 +82,7 @@ pub fn spec_class_change(to: &str) -> StorageMigrationRequestSpec {
         apply: Default::default(),
         copy: Default::default(),
         database: Default::default(),
+        owner_paused: false,
     }
 }
 

@@ -44,6 +44,10 @@ denial_reasons! {
     InvalidSpec,
     /// The target StatefulSet does not exist in the request's namespace (or is being deleted).
     TargetNotFound,
+    /// Another controller owns the StatefulSet (an ownerReference with `controller: true`), or
+    /// Argo CD or Flux manages it, and `spec.ownerPaused` is not `true` (the message names the
+    /// owner and how to pause it).
+    ForeignOwner,
     /// The named `volumeClaimTemplate` does not exist, or the set has no volumeClaimTemplates.
     TemplateNotFound,
     /// The set has several volumeClaimTemplates and `spec.volumeClaimTemplate` names none.
@@ -186,6 +190,7 @@ mod tests {
             [
                 "InvalidSpec",
                 "TargetNotFound",
+                "ForeignOwner",
                 "TemplateNotFound",
                 "TemplateRequired",
                 "UnsupportedVolumeMode",

@@ -26,6 +26,7 @@ mod denial;
 mod health;
 mod measure;
 mod members;
+mod owner;
 mod queue;
 mod spec;
 mod target;
@@ -34,6 +35,7 @@ mod tests;
 
 pub use denial::{Denial, DenialReason};
 pub use measure::MIN_HEADROOM_BYTES;
+pub use owner::{ForeignOwner, foreign_owner};
 pub use queue::{Ahead, waiting_for};
 pub use spec::validate_spec;
 pub use target::choose_template;
@@ -91,6 +93,7 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
     let set_name = spec.target.name.as_str();
     let namespace = o.request.namespace().unwrap_or_default();
     let set = target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)?;
+    owner::check_owner(set, spec.owner_paused)?;
     let template = choose_template(set, spec.volume_claim_template.as_deref())?;
     target::check_template_volume_mode(&template)?;
 
@@ -241,7 +244,10 @@ fn deny(cx: &mut Ctx, d: Denial) {
 
 fn accept(cx: &mut Ctx, plan: Plan) {
     let generation = cx.o.request.metadata.generation;
-    let message = accepted_message(&plan);
+    let mut message = accepted_message(&plan);
+    if let Some(owner) = declared_paused(cx) {
+        message.push_str(&owner::paused_note(&owner));
+    }
     cx.status.phase = Phase::Progressing;
     cx.enter_stage(Stage::OrphaningStatefulSet);
     cx.status.observed_generation = generation;
@@ -283,6 +289,12 @@ fn accept(cx: &mut Ctx, plan: Plan) {
     cx.event(EventType::Normal, "Accepted", message);
     delete_measure_jobs(cx);
     cx.requeue = std::time::Duration::ZERO;
+}
+
+/// The set's other owner, when the request declared it paused (`spec.ownerPaused`).
+fn declared_paused(cx: &Ctx) -> Option<ForeignOwner> {
+    let set = cx.o.stateful_set.as_ref()?.typed();
+    foreign_owner(set).filter(|_| cx.spec().owner_paused)
 }
 
 /// The `Accepted` message: the members, the target class and size, the order.

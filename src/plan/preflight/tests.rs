@@ -156,6 +156,182 @@ fn target_exists_unless_missing_or_terminating() {
     );
 }
 
+// ---- other owners --------------------------------------------------------------------------
+
+fn labelled(pairs: &[(&str, &str)]) -> k8s_openapi::api::apps::v1::StatefulSet {
+    let mut set = stateful_set(3);
+    for (k, v) in pairs {
+        set.labels_mut().insert(k.to_string(), v.to_string());
+    }
+    set
+}
+
+fn owned_by(
+    kind: &str,
+    name: &str,
+    controller: Option<bool>,
+) -> k8s_openapi::api::apps::v1::StatefulSet {
+    let mut set = stateful_set(3);
+    set.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "example.com/v1".into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: "u-1".into(),
+            controller,
+            ..Default::default()
+        },
+    ]);
+    set
+}
+
+#[test]
+fn no_other_owner_passes() {
+    assert_eq!(owner::check_owner(&stateful_set(3), false), Ok(None));
+    // The instance label alone is set by many charts: not Argo CD's tracking.
+    let chart = labelled(&[("app.kubernetes.io/instance", "etcd")]);
+    assert_eq!(owner::check_owner(&chart, false), Ok(None));
+}
+
+#[test]
+fn a_controller_owner_is_named_and_denied() {
+    let set = owned_by("EtcdCluster", "main", Some(true));
+    let d = denied(owner::check_owner(&set, false));
+    assert_eq!(d.reason, DenialReason::ForeignOwner);
+    assert!(
+        d.message
+            .starts_with("StatefulSet etcd is managed by EtcdCluster main (its controller)"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message
+            .contains("pause the reconciliation of the EtcdCluster"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("spec.ownerPaused: true"),
+        "{}",
+        d.message
+    );
+}
+
+#[test]
+fn an_owner_that_is_not_the_controller_is_ignored() {
+    for controller in [Some(false), None] {
+        let set = owned_by("ConfigMap", "holder", controller);
+        assert_eq!(owner::check_owner(&set, false), Ok(None));
+    }
+}
+
+#[test]
+fn argo_cd_is_found_by_its_tracking_id_or_instance_label() {
+    let mut set = stateful_set(3);
+    set.annotations_mut().insert(
+        crate::labels::ARGOCD_TRACKING_ID_ANNOTATION.into(),
+        "db:apps/StatefulSet:demo/etcd".into(),
+    );
+    let d = denied(owner::check_owner(&set, false));
+    assert_eq!(d.reason, DenialReason::ForeignOwner);
+    assert!(
+        d.message.contains("managed by Argo CD application db,"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("disable automated sync and self-heal"),
+        "{}",
+        d.message
+    );
+    let set = labelled(&[(crate::labels::ARGOCD_INSTANCE_LABEL, "db2")]);
+    assert_eq!(
+        foreign_owner(&set),
+        Some(ForeignOwner::ArgoCd {
+            application: "db2".into()
+        })
+    );
+}
+
+#[test]
+fn flux_kustomization_and_helm_release_are_named() {
+    let [name, ns] = crate::labels::FLUX_KUSTOMIZATION_LABELS;
+    let set = labelled(&[(name, "apps"), (ns, "flux-system")]);
+    let d = denied(owner::check_owner(&set, false));
+    assert_eq!(d.reason, DenialReason::ForeignOwner);
+    assert!(
+        d.message.contains("Flux Kustomization flux-system/apps"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message
+            .contains("`flux suspend kustomization apps -n flux-system`"),
+        "{}",
+        d.message
+    );
+    let [name, ns] = crate::labels::FLUX_HELM_RELEASE_LABELS;
+    let set = labelled(&[(name, "etcd"), (ns, "infra")]);
+    let d = denied(owner::check_owner(&set, false));
+    assert!(
+        d.message.contains("Flux HelmRelease infra/etcd"),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message
+            .contains("`flux suspend helmrelease etcd -n infra`"),
+        "{}",
+        d.message
+    );
+    // Without its namespace label the Flux object is taken to be in the set's namespace.
+    let set = labelled(&[(name, "etcd")]);
+    assert_eq!(
+        foreign_owner(&set),
+        Some(ForeignOwner::FluxHelmRelease {
+            namespace: NS.into(),
+            name: "etcd".into()
+        })
+    );
+}
+
+#[test]
+fn a_declared_pause_lets_the_owner_pass() {
+    let set = owned_by("EtcdCluster", "main", Some(true));
+    let owner = owner::check_owner(&set, true).unwrap();
+    assert_eq!(
+        owner,
+        Some(ForeignOwner::Controller {
+            kind: "EtcdCluster".into(),
+            name: "main".into()
+        })
+    );
+    assert_eq!(owner::check_owner(&stateful_set(3), true), Ok(None));
+}
+
+#[test]
+fn an_owned_set_is_denied_after_the_target_check_and_accepted_when_paused() {
+    let [name, ns] = crate::labels::FLUX_KUSTOMIZATION_LABELS;
+    let mut o = observed(spec_class_change("fast"));
+    let mut set = o.stateful_set.take().unwrap().typed().clone();
+    set.labels_mut().insert(name.into(), "apps".into());
+    set.labels_mut().insert(ns.into(), "flux-system".into());
+    o.stateful_set = Some(manifest(set));
+    assert_eq!(reason(dry_run(&o)), DenialReason::ForeignOwner);
+    o.request.spec.owner_paused = true;
+    assert!(dry_run(&o).is_ok());
+    let d = crate::plan::decide(&o);
+    let accepted = match d.actions.first() {
+        Some(crate::plan::Action::SetStatus(s)) => s.message.clone().unwrap_or_default(),
+        other => panic!("expected SetStatus first, got {other:?}"),
+    };
+    assert!(
+        accepted
+            .ends_with("; Flux Kustomization flux-system/apps declared paused by spec.ownerPaused"),
+        "{accepted}"
+    );
+}
+
 #[test]
 fn template_is_the_named_one_or_the_only_one() {
     let mut set = stateful_set(3);

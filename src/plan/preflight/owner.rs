@@ -1,0 +1,145 @@
+//! Check that nothing else manages the target StatefulSet: another controller (an
+//! ownerReference with `controller: true`) or a GitOps tool (Argo CD, Flux) could recreate the
+//! set while its members are moved and start a member on an empty or stale volume.
+
+use k8s_openapi::api::apps::v1::StatefulSet;
+use kube::ResourceExt;
+
+use super::{Denial, DenialReason};
+use crate::labels;
+
+/// Who else manages a StatefulSet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForeignOwner {
+    /// The ownerReference with `controller: true`.
+    Controller { kind: String, name: String },
+    /// An Argo CD Application, from its tracking annotation or its instance label.
+    ArgoCd { application: String },
+    /// A Flux Kustomization, from the labels kustomize-controller puts on what it applies.
+    FluxKustomization { namespace: String, name: String },
+    /// A Flux HelmRelease, from the labels helm-controller puts on what it renders.
+    FluxHelmRelease { namespace: String, name: String },
+}
+
+impl std::fmt::Display for ForeignOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Controller { kind, name } => write!(f, "{kind} {name} (its controller)"),
+            Self::ArgoCd { application } => write!(f, "Argo CD application {application}"),
+            Self::FluxKustomization { namespace, name } => {
+                write!(f, "Flux Kustomization {namespace}/{name}")
+            }
+            Self::FluxHelmRelease { namespace, name } => {
+                write!(f, "Flux HelmRelease {namespace}/{name}")
+            }
+        }
+    }
+}
+
+impl ForeignOwner {
+    /// How the user pauses this owner.
+    fn how_to_pause(&self) -> String {
+        match self {
+            Self::Controller { kind, .. } => format!(
+                "pause the reconciliation of the {kind} (or scale its operator down) as its \
+                 documentation says"
+            ),
+            Self::ArgoCd { application } => format!(
+                "disable automated sync and self-heal of the Argo CD Application {application}"
+            ),
+            Self::FluxKustomization { namespace, name } => {
+                format!("run `flux suspend kustomization {name} -n {namespace}`")
+            }
+            Self::FluxHelmRelease { namespace, name } => {
+                format!("run `flux suspend helmrelease {name} -n {namespace}`")
+            }
+        }
+    }
+}
+
+/// Who else manages the set, if anyone: its controller ownerReference first, then Argo CD's
+/// tracking annotation or instance label, then Flux's Kustomization labels, then Flux's
+/// HelmRelease labels. The label `app.kubernetes.io/instance` alone is not enough: many charts
+/// set it.
+pub fn foreign_owner(set: &StatefulSet) -> Option<ForeignOwner> {
+    let controller = set
+        .owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| ForeignOwner::Controller {
+            kind: r.kind.clone(),
+            name: r.name.clone(),
+        });
+    controller
+        .or_else(|| argo_cd(set))
+        .or_else(|| {
+            flux(set, &labels::FLUX_KUSTOMIZATION_LABELS)
+                .map(|(namespace, name)| ForeignOwner::FluxKustomization { namespace, name })
+        })
+        .or_else(|| {
+            flux(set, &labels::FLUX_HELM_RELEASE_LABELS)
+                .map(|(namespace, name)| ForeignOwner::FluxHelmRelease { namespace, name })
+        })
+}
+
+/// The Argo CD Application: the part of the tracking id before its first `:`, else the
+/// instance label.
+fn argo_cd(set: &StatefulSet) -> Option<ForeignOwner> {
+    let tracked = set
+        .annotations()
+        .get(labels::ARGOCD_TRACKING_ID_ANNOTATION)
+        .map(|id| id.split(':').next().unwrap_or(id.as_str()));
+    tracked
+        .or_else(|| {
+            set.labels()
+                .get(labels::ARGOCD_INSTANCE_LABEL)
+                .map(String::as_str)
+        })
+        .filter(|app| !app.is_empty())
+        .map(|app| ForeignOwner::ArgoCd {
+            application: app.to_string(),
+        })
+}
+
+/// A Flux object's namespace and name from its pair of labels (the namespace defaults to the
+/// set's own).
+fn flux(set: &StatefulSet, [name_key, namespace_key]: &[&str; 2]) -> Option<(String, String)> {
+    let name = set.labels().get(*name_key).filter(|n| !n.is_empty())?;
+    let namespace = set
+        .labels()
+        .get(*namespace_key)
+        .filter(|n| !n.is_empty())
+        .cloned()
+        .unwrap_or_else(|| set.namespace().unwrap_or_default());
+    Some((namespace, name.clone()))
+}
+
+/// Nothing else manages the set, or the request declares it paused (`spec.ownerPaused`): the
+/// owner so declared is returned.
+pub(super) fn check_owner(
+    set: &StatefulSet,
+    owner_paused: bool,
+) -> Result<Option<ForeignOwner>, Denial> {
+    let Some(owner) = foreign_owner(set) else {
+        return Ok(None);
+    };
+    if owner_paused {
+        return Ok(Some(owner));
+    }
+    Err(Denial::new(
+        DenialReason::ForeignOwner,
+        format!(
+            "StatefulSet {} is managed by {owner}, which could recreate it during the migration \
+             and start a member on an empty or stale volume: {}, then set spec.ownerPaused: true \
+             to declare it paused (you take responsibility that nothing recreates or changes the \
+             set until the request ends)",
+            set.name_any(),
+            owner.how_to_pause()
+        ),
+    ))
+}
+
+/// The note the accepted message carries when the request declared the set's owner paused.
+pub(super) fn paused_note(owner: &ForeignOwner) -> String {
+    format!("; {owner} declared paused by spec.ownerPaused")
+}
