@@ -138,6 +138,7 @@ fn delete_jobs(cx: &mut Ctx, mb: &Member, kinds: &[JobKind]) {
                 name,
                 propagation: Propagation::Background,
                 uid,
+                resource_version: None,
             });
         }
     }

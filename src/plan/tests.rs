@@ -1612,3 +1612,131 @@ fn generic_without_verification_keeps_old_volumes_on_retain() {
         assert_eq!(old.labels()[labels::MIGRATED_BY_LABEL], REQ);
     }
 }
+
+/// Runs the simulation until the planner decides the orphan delete of the StatefulSet; returns
+/// that decision, not applied.
+fn until_orphan_delete(sim: &mut Sim) -> Decision {
+    for _ in 0..100 {
+        let d = decide(&sim.o);
+        if d.actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::Delete {
+                    kind: Kind::StatefulSet,
+                    ..
+                }
+            )
+        }) {
+            return d;
+        }
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    panic!("the StatefulSet was never deleted");
+}
+
+fn set_delete_version(d: &Decision) -> Option<Option<String>> {
+    d.actions.iter().find_map(|a| match a {
+        Action::Delete {
+            kind: Kind::StatefulSet,
+            resource_version,
+            uid,
+            ..
+        } => {
+            assert!(uid.is_some(), "the orphan delete carries the set's uid");
+            Some(resource_version.clone())
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_version() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    let stale = until_orphan_delete(&mut sim);
+    let stashed = sim
+        .o
+        .stash
+        .stateful_set
+        .as_ref()
+        .unwrap()
+        .resource_version();
+    assert_eq!(set_delete_version(&stale), Some(stashed.clone()));
+    // Someone scales the set after the planner looked.
+    sim.o.stateful_set.as_mut().unwrap().update(|s| {
+        s.metadata.resource_version = Some("edited-7".into());
+        s.spec.as_mut().unwrap().replicas = Some(5);
+    });
+    // The delete decided before the edit is refused (409) and deletes nothing.
+    for a in &stale.actions {
+        sim.apply(a);
+    }
+    assert_eq!(sim.refused.len(), 1, "{:?}", sim.refused);
+    assert!(sim.o.stateful_set.is_some());
+    // The next pass stashes the set as it is now, and deletes nothing.
+    let d = decide(&sim.o);
+    assert!(set_delete_version(&d).is_none(), "{:?}", d.actions);
+    assert!(
+        d.actions.iter().any(|a| matches!(a, Action::Stash { .. })),
+        "{:?}",
+        d.actions
+    );
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    let restashed = sim.o.stash.stateful_set.as_ref().unwrap();
+    assert_eq!(restashed.resource_version().as_deref(), Some("edited-7"));
+    assert_eq!(restashed.spec.as_ref().unwrap().replicas, Some(5));
+    // Then the delete carries the new version, and the set goes.
+    let d = decide(&sim.o);
+    assert_eq!(set_delete_version(&d), Some(Some("edited-7".into())));
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    assert!(sim.o.stateful_set.is_none());
+    assert_eq!(sim.refused.len(), 1);
+}
+
+#[test]
+fn the_retention_patch_makes_a_second_stash_and_the_run_succeeds() {
+    let mut o = observed(spec_class_change("fast"));
+    o.stateful_set.as_mut().unwrap().update(|s| {
+        s.spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_claim_retention_policy =
+            Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Delete".into()),
+                when_scaled: Some("Retain".into()),
+            });
+    });
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful, "{:?}", sim.reasons());
+    assert!(sim.refused.is_empty(), "{:?}", sim.refused);
+    let versions: Vec<Option<String>> = sim
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete {
+                kind: Kind::StatefulSet,
+                resource_version,
+                ..
+            } => Some(resource_version.clone()),
+            _ => None,
+        })
+        .collect();
+    // The retention patch made a new version of the set: stashed again, deleted with it.
+    assert_eq!(versions, vec![Some("sim-1".to_string())]);
+    let stashes = sim
+        .log
+        .iter()
+        .filter(|a| {
+            matches!(a, Action::Stash { target: StashTarget::Annotation(k), .. }
+                if k == labels::STASH_STATEFULSET_ANNOTATION)
+        })
+        .count();
+    assert_eq!(stashes, 2);
+}
