@@ -1740,3 +1740,197 @@ fn the_retention_patch_makes_a_second_stash_and_the_run_succeeds() {
         .count();
     assert_eq!(stashes, 2);
 }
+
+fn holder_pod(name: &str, claim: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = member_pod(0);
+    pod.metadata.name = Some(name.into());
+    pod.metadata.uid = Some(format!("uid-{name}"));
+    let spec = pod.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(
+            k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                claim_name: claim.into(),
+                read_only: None,
+            },
+        ),
+        ..Default::default()
+    }]);
+    pod
+}
+
+fn deletes_claim(d: &Decision, claim: &str) -> bool {
+    d.actions
+        .iter()
+        .any(|a| matches!(a, Action::Delete { kind: Kind::Claim, name, .. } if name == claim))
+}
+
+#[test]
+fn the_old_claim_is_deleted_by_its_stashed_uid() {
+    let o = at_step(MemberStep::DeletingOldClaim);
+    let stashed = o.stash.claims["data-etcd-0"].uid();
+    assert!(stashed.is_some());
+    let d = decide(&o);
+    let uid = d.actions.iter().find_map(|a| match a {
+        Action::Delete {
+            kind: Kind::Claim,
+            name,
+            uid,
+            ..
+        } if name == "data-etcd-0" => Some(uid.clone()),
+        _ => None,
+    });
+    assert_eq!(uid, Some(stashed));
+}
+
+#[test]
+fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
+    for terminating in [false, true] {
+        let mut o = at_step(MemberStep::DeletingOldClaim);
+        let mut pod = holder_pod("backup-reader", "data-etcd-0");
+        if terminating {
+            pod.metadata.deletion_timestamp = Some(Time(t(5)));
+        }
+        o.helper_pods.insert("backup-reader".into(), pod);
+        let d = decide(&o);
+        assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
+        let s = first_status(&d);
+        assert_eq!(member0(&d).step, MemberStep::DeletingOldClaim);
+        let message = s.message.clone().unwrap();
+        assert!(
+            message.contains("backup-reader") && message.contains("data-etcd-0"),
+            "{message}"
+        );
+        // Once the pod is gone the claim is deleted.
+        o.helper_pods.remove("backup-reader");
+        o.request.status = Some(s.clone());
+        assert!(deletes_claim(&decide(&o), "data-etcd-0"));
+    }
+}
+
+#[test]
+fn an_old_claim_replaced_by_another_uid_fails_the_member_naming_both_uids() {
+    let mut o = at_step(MemberStep::DeletingOldClaim);
+    let stashed = o.stash.claims["data-etcd-0"].uid().unwrap();
+    o.claims.get_mut("data-etcd-0").unwrap().metadata.uid = Some("uid-successor".into());
+    let d = decide(&o);
+    assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::RollingBack);
+    let failure = s.failure.clone().unwrap();
+    assert!(
+        failure.contains("data-etcd-0")
+            && failure.contains(&stashed)
+            && failure.contains("uid-successor"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
+    let o = at_step(MemberStep::StoppingPod);
+    let mut sim = Sim::new(o);
+    // The first pass stashes the pod.
+    let d = decide(&sim.o);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    assert!(sim.o.stash.pods.contains_key("etcd-0"));
+    let mut o = sim.o.clone();
+    not_ready(&mut o, "etcd-2");
+    let d = decide(&o);
+    assert!(
+        !d.actions.iter().any(|a| matches!(
+            a,
+            Action::Delete {
+                kind: Kind::Pod,
+                ..
+            }
+        )),
+        "{:?}",
+        d.actions
+    );
+    assert_eq!(member0(&d).step, MemberStep::StoppingPod);
+    let s = first_status(&d);
+    let gate = conditions::get(&s.conditions, conditions::HEALTH_GATE).unwrap();
+    assert_eq!(gate.status, "False");
+    assert!(
+        gate.message.contains("etcd-0") && gate.message.contains("not deleted"),
+        "{}",
+        gate.message
+    );
+    // With the gate open the pod is deleted.
+    assert!(
+        decide(&sim.o)
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "etcd-0"))
+    );
+}
+
+#[test]
+fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
+    let o = at_step(MemberStep::StoppingPod);
+    let mut sim = Sim::new(o);
+    let d = decide(&sim.o);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    let mut o = sim.o.clone();
+    not_ready(&mut o, "etcd-2");
+    o.pods
+        .get_mut("etcd-0")
+        .unwrap()
+        .update(|p| p.metadata.deletion_timestamp = Some(Time(t(5))));
+    let d = decide(&o);
+    assert!(d.actions.iter().all(
+        |a| !matches!(a, Action::SetStatus(s) if s.members[0].step != MemberStep::StoppingPod)
+    ));
+    o.pods.remove("etcd-0");
+    let d = decide(&o);
+    assert_eq!(member0(&d).step, MemberStep::Copying);
+}
+
+#[test]
+fn a_member_pod_that_appears_during_the_swap_holds_it_with_a_message() {
+    for step in [
+        MemberStep::RetainingVolumes,
+        MemberStep::DeletingOldClaim,
+        MemberStep::DeletingTempClaim,
+        MemberStep::ReleasingNewVolume,
+        MemberStep::RecreatingClaim,
+    ] {
+        let mut o = at_step(step);
+        let mut pod = member_pod(0);
+        pod.metadata.uid = Some("uid-intruder".into());
+        o.pods.insert("etcd-0".into(), manifest(pod));
+        let d = decide(&o);
+        assert!(
+            d.actions
+                .iter()
+                .all(|a| matches!(a, Action::SetStatus(_) | Action::Event { .. })),
+            "{step:?}: {:?}",
+            d.actions
+        );
+        assert_eq!(member0(&d).step, step);
+        let message = first_status(&d).message.clone().unwrap();
+        assert!(
+            message.contains("etcd-0") && message.contains("uid-intruder"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn claim_replaced_names_the_claim_and_both_uids() {
+    let f = Failure::ClaimReplaced {
+        claim: "data-etcd-0".into(),
+        stashed_uid: "uid-a".into(),
+        live_uid: "uid-b".into(),
+    };
+    assert_eq!(
+        f.to_string(),
+        "claim data-etcd-0 was replaced before its deletion: stashed uid uid-a, now uid uid-b; \
+         the claim now there is left alone"
+    );
+}
