@@ -189,6 +189,7 @@ mod tests {
             name: "etcd-0".into(),
             propagation: Propagation::Background,
             uid: None,
+            resource_version: None,
         };
         assert_eq!(after_action_failpoint(&delete), "after-Delete-Pod");
     }

@@ -52,7 +52,11 @@ impl Cluster {
                 name: obj,
                 propagation,
                 uid,
-            } => self.delete(&ns, *kind, obj, *propagation, uid).await?,
+                resource_version,
+            } => {
+                let dp = delete_params(*propagation, uid, resource_version);
+                self.delete(&ns, *kind, obj, &dp).await?
+            }
             Action::PatchReclaimPolicy { volume, policy } => {
                 self.patch_reclaim_policy(volume, policy).await?
             }
@@ -186,16 +190,14 @@ impl Cluster {
         ns: &str,
         kind: Kind,
         name: &str,
-        propagation: Propagation,
-        uid: &Option<String>,
+        dp: &DeleteParams,
     ) -> Result<(), ClusterError> {
-        let dp = delete_params(propagation, uid);
         match kind {
-            Kind::Claim => delete::<PersistentVolumeClaim>(&self.ns_api(ns), name, &dp).await,
-            Kind::Pod => delete::<Pod>(&self.ns_api(ns), name, &dp).await,
-            Kind::Job => delete::<Job>(&self.ns_api(ns), name, &dp).await,
-            Kind::StatefulSet => delete::<StatefulSet>(&self.ns_api(ns), name, &dp).await,
-            Kind::ConfigMap => delete::<ConfigMap>(&self.ns_api(ns), name, &dp).await,
+            Kind::Claim => delete::<PersistentVolumeClaim>(&self.ns_api(ns), name, dp).await,
+            Kind::Pod => delete::<Pod>(&self.ns_api(ns), name, dp).await,
+            Kind::Job => delete::<Job>(&self.ns_api(ns), name, dp).await,
+            Kind::StatefulSet => delete::<StatefulSet>(&self.ns_api(ns), name, dp).await,
+            Kind::ConfigMap => delete::<ConfigMap>(&self.ns_api(ns), name, dp).await,
         }
     }
 
@@ -280,16 +282,21 @@ async fn execute_transfer_leadership(
 }
 
 /// The propagation policy, and the uid as a precondition when there is one.
-fn delete_params(propagation: Propagation, uid: &Option<String>) -> DeleteParams {
+fn delete_params(
+    propagation: Propagation,
+    uid: &Option<String>,
+    resource_version: &Option<String>,
+) -> DeleteParams {
+    let preconditions = (uid.is_some() || resource_version.is_some()).then(|| Preconditions {
+        uid: uid.clone(),
+        resource_version: resource_version.clone(),
+    });
     DeleteParams {
         propagation_policy: Some(match propagation {
             Propagation::Background => PropagationPolicy::Background,
             Propagation::Orphan => PropagationPolicy::Orphan,
         }),
-        preconditions: uid.clone().map(|uid| Preconditions {
-            uid: Some(uid),
-            resource_version: None,
-        }),
+        preconditions,
         ..Default::default()
     }
 }
@@ -306,15 +313,22 @@ where
     }
 }
 
-/// Deletes; a missing object (404) or a failed uid precondition (409) is a success.
+/// Deletes; a missing object (404) is a success, and so is a failed uid precondition (409)
+/// unless the delete also carries a resourceVersion precondition: then the 409 may mean "changed
+/// since" and is returned as an error (transient), so that the next reconcile looks again.
 async fn delete<K>(api: &Api<K>, name: &str, dp: &DeleteParams) -> Result<(), ClusterError>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
+    let version_checked = dp
+        .preconditions
+        .as_ref()
+        .is_some_and(|p| p.resource_version.is_some());
     match api.delete(name, dp).await {
         Ok(_) => Ok(()),
-        // Gone already, or a successor with another uid (precondition failed): nothing to do.
-        Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+        Err(e) if is_status(&e, 404) => Ok(()),
+        // A successor with another uid (precondition failed): nothing to do.
+        Err(e) if is_status(&e, 409) && !version_checked => Ok(()),
         Err(e) => Err(kube_err(format!("delete {name}"))(e)),
     }
 }

@@ -63,6 +63,7 @@ fn delete(kind: Kind, name: &str, propagation: Propagation, uid: Option<&str>) -
         name: name.into(),
         propagation,
         uid: uid.map(str::to_string),
+        resource_version: None,
     }
 }
 
@@ -461,4 +462,33 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
     );
     assert_eq!(observed.final_hash, None);
     assert!(!observed.stash_config_map_exists);
+}
+
+#[tokio::test]
+async fn delete_with_a_resource_version_sends_both_preconditions_and_a_conflict_is_an_error() {
+    let action = Action::Delete {
+        kind: Kind::StatefulSet,
+        name: "etcd".into(),
+        propagation: Propagation::Orphan,
+        uid: Some("uid-etcd".into()),
+        resource_version: Some("42".into()),
+    };
+    let path = format!("{SETS}/etcd");
+    let set = json_of(&fixtures::stateful_set(3));
+    let expected = Exchange::new(Method::DELETE, &path)
+        .json(json!({
+            "propagationPolicy": "Orphan",
+            "preconditions": {"uid": "uid-etcd", "resourceVersion": "42"},
+        }))
+        .returns(set);
+    execute(observed(), action.clone(), vec![expected])
+        .await
+        .unwrap();
+    // Changed since (or replaced): not a success, the next reconcile looks again.
+    let changed = Exchange::new(Method::DELETE, &path).fails(409, "Conflict");
+    let err = execute(observed(), action.clone(), vec![changed]).await;
+    assert_eq!(retry(err), Retry::Transient);
+    // Gone: a success.
+    let gone = Exchange::new(Method::DELETE, &path).fails(404, "NotFound");
+    execute(observed(), action, vec![gone]).await.unwrap();
 }

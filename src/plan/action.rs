@@ -153,6 +153,10 @@ pub enum Action {
     /// - `uid`: when set, sent as the delete's uid precondition, so that a successor created
     ///   under the same name (another uid) is never deleted; a failed precondition (409) is a
     ///   success: the object the planner meant is gone.
+    /// - `resource_version`: when set, sent as the delete's resourceVersion precondition (with
+    ///   `uid`), so that an object changed since the planner saw it is not deleted. A failed
+    ///   precondition (409) is then an error (transient): the object may have changed, and the
+    ///   next reconcile looks at it again.
     /// - Success: the deletion was accepted (the object may linger while terminating), or the
     ///   object does not exist (404).
     /// - `Orphan` leaves the object's dependents (a StatefulSet's pods) running, with the
@@ -162,6 +166,7 @@ pub enum Action {
         name: String,
         propagation: Propagation,
         uid: Option<String>,
+        resource_version: Option<String>,
     },
     /// Set a volume's `persistentVolumeReclaimPolicy` (`Retain` or `Delete`).
     ///
@@ -255,6 +260,7 @@ mod tests {
             name: "data-etcd-0".into(),
             propagation: Propagation::Background,
             uid: None,
+            resource_version: None,
         };
         assert_eq!(delete.name(), "Delete-Claim");
         assert_eq!(Action::SetStatus(Box::default()).name(), "SetStatus");

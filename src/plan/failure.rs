@@ -80,6 +80,16 @@ pub enum Failure {
     /// Something else recreated the member's pod while its data was being copied.
     #[error("member pod {pod} came back during its copy (something else recreated it)")]
     PodCameBack { pod: String },
+    /// The member's original claim was replaced (another uid under its name) before it was
+    /// deleted: the claim now there is not deleted.
+    #[error(
+        "claim {claim} was replaced before its deletion: stashed uid {stashed_uid}, now uid {live_uid}; the claim now there is left alone"
+    )]
+    ClaimReplaced {
+        claim: String,
+        stashed_uid: String,
+        live_uid: String,
+    },
     /// The temporary claim is `Lost`.
     #[error("temporary claim {claim} lost its volume")]
     TempClaimLost { claim: String },

@@ -138,6 +138,7 @@ pub fn stateful_set(replicas: i32) -> StatefulSet {
         metadata: ObjectMeta {
             generation: Some(1),
             labels: Some(labels()),
+            resource_version: Some("1".to_string()),
             ..meta("etcd")
         },
         spec: Some(StatefulSetSpec {
@@ -365,6 +366,10 @@ pub struct Sim {
     /// Every action applied, in order.
     pub log: Vec<Action>,
     next_uid: u64,
+    /// The last resourceVersion given to a write of the StatefulSet.
+    pub next_version: u64,
+    /// Actions the simulated API server refused (a failed resourceVersion precondition).
+    pub refused: Vec<Action>,
     pub pvc_counter: u64,
 }
 
@@ -379,6 +384,8 @@ impl Sim {
             events: Vec::new(),
             log: Vec::new(),
             next_uid: 0,
+            next_version: 0,
+            refused: Vec::new(),
             pvc_counter: 0,
         }
     }
@@ -533,7 +540,15 @@ impl Sim {
                 name,
                 propagation,
                 uid,
+                resource_version,
             } => {
+                if let Some(version) = resource_version
+                    && !self.version_matches(*kind, name, version)
+                {
+                    // 409: changed since the planner saw it; an error, nothing applied.
+                    self.refused.push(a.clone());
+                    return;
+                }
                 if self.uid_matches(*kind, name, uid.as_deref()) {
                     self.delete(*kind, name, *propagation);
                 }
@@ -567,8 +582,11 @@ impl Sim {
                 }
             }
             Action::PatchRetentionPolicy { policy, .. } => {
+                self.next_version += 1;
+                let version = format!("sim-{}", self.next_version);
                 if let Some(set) = self.o.stateful_set.as_mut() {
                     set.update(|set| {
+                        set.metadata.resource_version = Some(version);
                         set.spec
                             .get_or_insert_with(Default::default)
                             .persistent_volume_claim_retention_policy =
@@ -666,6 +684,20 @@ impl Sim {
                 self.o.stateful_set = Some(*s);
             }
             Object::ConfigMap(_) => self.o.stash_config_map_exists = true,
+        }
+    }
+
+    /// The delete's resourceVersion precondition: no object (a 404, a success), or the object
+    /// has that resourceVersion. Modelled for the StatefulSet only; other kinds always match.
+    fn version_matches(&self, kind: Kind, name: &str, version: &str) -> bool {
+        match kind {
+            Kind::StatefulSet => self
+                .o
+                .stateful_set
+                .as_ref()
+                .filter(|s| s.name_any() == name)
+                .is_none_or(|s| s.resource_version().as_deref() == Some(version)),
+            _ => true,
         }
     }
 
@@ -944,6 +976,7 @@ mod contract_tests {
             name: "etcd-0".into(),
             propagation: Propagation::Background,
             uid: uid.map(str::to_string),
+            resource_version: None,
         };
         sim.o
             .stash

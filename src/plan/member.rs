@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::stash::{StashKey, stash};
@@ -17,7 +17,7 @@ use super::{
 use crate::api::conditions;
 use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember};
 use crate::build::{self, JobKind, JobResult};
-use crate::engine::{self, Gate};
+use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
 
 /// Seconds a recreated claim may stay Pending before (and between) nudges.
@@ -138,6 +138,7 @@ fn delete_jobs(cx: &mut Ctx, mb: &Member, kinds: &[JobKind]) {
                 name,
                 propagation: Propagation::Background,
                 uid,
+                resource_version: None,
             });
         }
     }
@@ -354,39 +355,84 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             );
             advance(cx, mb, MemberStep::StoppingPod);
         }
-        Gate::TransferLeadershipFirst => {
-            let migrated: Vec<String> = cx
-                .status
-                .members
-                .iter()
-                .filter(|m| m.step == MemberStep::Done)
-                .map(|m| m.pod.clone())
-                .collect();
-            match engine::transfer_target(&report, &pod, &migrated) {
-                Some(to) => {
-                    cx.event(
-                        EventType::Normal,
-                        "LeaderTransfer",
-                        format!("member {pod} is the leader: handing leadership to {to}"),
-                    );
-                    cx.act(Action::TransferLeadership {
-                        from: pod.clone(),
-                        to,
-                    });
-                    cx.wait(Duration::from_secs(1));
-                }
-                None => waiting_for_health(
-                    cx,
-                    &format!(
-                        "member {pod} is the leader and no healthy, caught-up member can take over ({})",
-                        Gate::TransferLeadershipFirst
-                    ),
-                ),
-            }
-        }
+        Gate::TransferLeadershipFirst => transfer_leadership(cx, &report, &pod),
         Gate::Wait(reason) => waiting_for_health(cx, &reason),
     }
     Ok(())
+}
+
+/// The member is the leader: hand its leadership to a healthy, caught-up member, or wait.
+fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
+    let migrated: Vec<String> = cx
+        .status
+        .members
+        .iter()
+        .filter(|m| m.step == MemberStep::Done)
+        .map(|m| m.pod.clone())
+        .collect();
+    match engine::transfer_target(report, pod, &migrated) {
+        Some(to) => {
+            cx.event(
+                EventType::Normal,
+                "LeaderTransfer",
+                format!("member {pod} is the leader: handing leadership to {to}"),
+            );
+            cx.act(Action::TransferLeadership {
+                from: pod.to_string(),
+                to,
+            });
+            cx.wait(Duration::from_secs(1));
+        }
+        None => waiting_for_health(
+            cx,
+            &format!(
+                "member {pod} is the leader and no healthy, caught-up member can take over ({})",
+                Gate::TransferLeadershipFirst
+            ),
+        ),
+    }
+}
+
+/// The same gate as `GatingStop`, checked again just before the running pod is deleted. True
+/// when it is open; when closed, the pod is not deleted: the member waits in `StoppingPod` (an
+/// etcd leader hands its leadership over first).
+fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
+    let report = match &cx.o.health {
+        Ok(r) => r.clone(),
+        Err(e) => {
+            waiting_for_health(
+                cx,
+                &format!(
+                    "member pod {pod} is not deleted: the database's health cannot be read: {e}"
+                ),
+            );
+            return false;
+        }
+    };
+    match engine::gate_before_stop(&report, pod, engine::DEFAULT_MAX_LAG) {
+        Gate::Open => {
+            cx.set_condition(
+                conditions::HEALTH_GATE,
+                true,
+                "Open",
+                &format!("member {pod} may stop"),
+            );
+            true
+        }
+        Gate::TransferLeadershipFirst => {
+            transfer_leadership(cx, &report, pod);
+            false
+        }
+        Gate::Wait(reason) => {
+            waiting_for_health(
+                cx,
+                &format!(
+                    "member pod {pod} is not deleted: the health gate closed again ({reason})"
+                ),
+            );
+            false
+        }
+    }
 }
 
 /// Health gate closed: a condition and an Event (once per reason), and look again soon.
@@ -397,7 +443,8 @@ fn waiting_for_health(cx: &mut Ctx, reason: &str) {
     cx.wait(Duration::from_secs(2));
 }
 
-/// Stash the pod's manifest, delete the pod, wait until it is gone.
+/// Stash the pod's manifest, delete the pod (only while the health gate is open), wait until
+/// it is gone.
 fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
     let pod = cx.o.pods.get(&m.pod).cloned();
@@ -411,6 +458,9 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     }
     match pod {
         Some(p) if !is_terminating(p.typed()) => {
+            if !gate_still_open(cx, &m.pod) {
+                return Ok(());
+            }
             let now = cx.now.clone();
             if mb.ms.pod_deleted_at.is_none()
                 && let Some(ms) = ms_mut(cx, mb)
@@ -520,6 +570,9 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 /// volumes' reclaim policies; set both to Retain.
 fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
+    if pod_reappeared(cx, mb) {
+        return Ok(());
+    }
     if !cx.o.stash.claims.contains_key(&m.claim) {
         match cx.o.claims.get(&m.claim).cloned() {
             Some(c) if claim_volume(&c) == Some(m.old_volume.as_str()) => {
@@ -575,17 +628,42 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Delete the original claim (its volume is Retain) until it is gone.
+/// Delete the original claim (its volume is Retain) until it is gone: only the claim stashed
+/// (by its uid), and only once no pod uses it.
 fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
+    if pod_reappeared(cx, mb) {
+        return Ok(());
+    }
     match cx.o.claims.get(&m.claim) {
         Some(c) if claim_volume(c) == mb.ms.new_volume.as_deref() && claim_volume(c).is_some() => {
             // Already recreated on the new volume.
             advance(cx, mb, MemberStep::DeletingTempClaim);
         }
         Some(c) if !is_terminating(c) => {
+            let Some(stashed) = cx.o.stash.claims.get(&m.claim).map(|s| s.uid()) else {
+                stuck(cx, &format!("the stash of claim {} is missing", m.claim));
+                return Ok(());
+            };
+            if c.uid() != stashed {
+                return Err(Failure::ClaimReplaced {
+                    claim: m.claim.clone(),
+                    stashed_uid: stashed.unwrap_or_default(),
+                    live_uid: c.uid().unwrap_or_default(),
+                });
+            }
             delete_jobs(cx, mb, &ALL_JOBS);
-            cx.delete(Kind::Claim, m.claim.clone(), c.uid());
+            if let Some(holder) = pod_using_claim(cx, &m.claim) {
+                stuck(
+                    cx,
+                    &format!(
+                        "claim {} is still used by pod {holder}: it is deleted once no pod uses it",
+                        m.claim
+                    ),
+                );
+                return Ok(());
+            }
+            cx.delete(Kind::Claim, m.claim.clone(), stashed);
             cx.wait(Duration::from_secs(1));
         }
         Some(_) => {
@@ -598,9 +676,46 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
+/// The first pod (member or helper, terminating or not) whose volumes name `claim`.
+fn pod_using_claim(cx: &Ctx, claim: &str) -> Option<String> {
+    let uses = |pod: &Pod| {
+        pod.spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.persistent_volume_claim.as_ref())
+            .any(|c| c.claim_name == claim)
+    };
+    let members = cx.o.pods.values().map(|p| p.typed());
+    members
+        .chain(cx.o.helper_pods.values())
+        .find(|p| uses(p))
+        .map(|p| p.name_any())
+}
+
+/// During the swap the member's pod must stay gone (the operator recreates it only after the
+/// swap): a pod of that name that appeared anyway holds the swap where it is, with a message
+/// naming it; the request's timeout bounds the wait. True when it is there.
+fn pod_reappeared(cx: &mut Ctx, mb: &Member) -> bool {
+    let Some(pod) = cx.o.pods.get(&mb.m.pod) else {
+        return false;
+    };
+    let uid = pod.uid().unwrap_or_default();
+    stuck(
+        cx,
+        &format!(
+            "member pod {} (uid {uid}) appeared while its claims are being swapped; the swap waits until it is gone",
+            mb.m.pod
+        ),
+    );
+    true
+}
+
 /// Delete the temporary claim (its volume, the new one, is Retain) until it is gone.
 fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
+    if pod_reappeared(cx, mb) {
+        return Ok(());
+    }
     match cx.o.claims.get(&m.temp_claim) {
         Some(c) if !is_terminating(c) => {
             cx.delete(Kind::Claim, m.temp_claim.clone(), c.uid());
@@ -615,6 +730,9 @@ fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 /// Point the new volume's claimRef at the original claim name (namespace and name only).
 fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
+    if pod_reappeared(cx, mb) {
+        return Ok(());
+    }
     let Some(name) = mb.ms.new_volume.clone() else {
         stuck(cx, &format!("member {} has no new volume recorded", m.pod));
         return Ok(());
@@ -653,6 +771,9 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 /// Recreate the claim under its original name, bound to the new volume; wait until Bound.
 fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
+    if pod_reappeared(cx, mb) {
+        return Ok(());
+    }
     let plan = cx.status.plan.clone().unwrap_or_default();
     let Some(new_volume) = mb.ms.new_volume.clone() else {
         stuck(cx, &format!("member {} has no new volume recorded", m.pod));

@@ -228,6 +228,7 @@ impl<'a> Ctx<'a> {
             name: name.into(),
             propagation: Propagation::Background,
             uid,
+            resource_version: None,
         });
     }
 

@@ -71,21 +71,8 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
     }
     match &cx.o.stateful_set {
         Some(set) if !is_terminating(set.typed()) => {
-            cx.event(
-                EventType::Normal,
-                "OrphaningStatefulSet",
-                format!(
-                    "deleting StatefulSet {} with propagationPolicy Orphan; its pods keep running",
-                    plan.stateful_set
-                ),
-            );
-            cx.act(Action::Delete {
-                kind: Kind::StatefulSet,
-                name: set.name_any(),
-                propagation: Propagation::Orphan,
-                uid: set.uid(),
-            });
-            cx.wait(Duration::from_secs(1));
+            let set = set.clone();
+            return orphan_delete(cx, &plan, &set);
         }
         Some(_) => cx.wait(Duration::from_secs(1)),
         None => {
@@ -107,6 +94,39 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
             cx.requeue = Duration::ZERO;
         }
     }
+    Ok(())
+}
+
+/// Orphan-deletes the live set with its uid and the resourceVersion of the stash; a set changed
+/// since the stash (edited, scaled, or the retention patch) is stashed again instead, and
+/// deleted with its new version on a later pass.
+fn orphan_delete(cx: &mut Ctx, plan: &Plan, set: &Manifest<StatefulSet>) -> Result<(), Failure> {
+    let stashed_version =
+        cx.o.stash
+            .stateful_set
+            .as_ref()
+            .and_then(|s| s.resource_version());
+    if set.resource_version() != stashed_version {
+        // Changed since the stash (edited, scaled, or the retention patch): stash it
+        // as it is now, and delete that version on a later pass.
+        return stash(cx, StashKey::StatefulSet, set);
+    }
+    cx.event(
+        EventType::Normal,
+        "OrphaningStatefulSet",
+        format!(
+            "deleting StatefulSet {} with propagationPolicy Orphan; its pods keep running",
+            plan.stateful_set
+        ),
+    );
+    cx.act(Action::Delete {
+        kind: Kind::StatefulSet,
+        name: set.name_any(),
+        propagation: Propagation::Orphan,
+        uid: set.uid(),
+        resource_version: stashed_version,
+    });
+    cx.wait(Duration::from_secs(1));
     Ok(())
 }
 
@@ -307,6 +327,7 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
                 name: name.clone(),
                 propagation: Propagation::Background,
                 uid: job.job.uid(),
+                resource_version: None,
             });
         }
     }
@@ -320,6 +341,7 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
                     name: mounter,
                     propagation: Propagation::Background,
                     uid: pod.uid(),
+                    resource_version: None,
                 });
             }
         }
@@ -331,6 +353,7 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
                     name: m.temp_claim.clone(),
                     propagation: Propagation::Background,
                     uid: claim.uid(),
+                    resource_version: None,
                 });
             }
         }
@@ -343,6 +366,7 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
             name: cm.clone(),
             propagation: Propagation::Background,
             uid: None,
+            resource_version: None,
         });
     }
     pending

@@ -1612,3 +1612,325 @@ fn generic_without_verification_keeps_old_volumes_on_retain() {
         assert_eq!(old.labels()[labels::MIGRATED_BY_LABEL], REQ);
     }
 }
+
+/// Runs the simulation until the planner decides the orphan delete of the StatefulSet; returns
+/// that decision, not applied.
+fn until_orphan_delete(sim: &mut Sim) -> Decision {
+    for _ in 0..100 {
+        let d = decide(&sim.o);
+        if d.actions.iter().any(|a| {
+            matches!(
+                a,
+                Action::Delete {
+                    kind: Kind::StatefulSet,
+                    ..
+                }
+            )
+        }) {
+            return d;
+        }
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    panic!("the StatefulSet was never deleted");
+}
+
+fn set_delete_version(d: &Decision) -> Option<Option<String>> {
+    d.actions.iter().find_map(|a| match a {
+        Action::Delete {
+            kind: Kind::StatefulSet,
+            resource_version,
+            uid,
+            ..
+        } => {
+            assert!(uid.is_some(), "the orphan delete carries the set's uid");
+            Some(resource_version.clone())
+        }
+        _ => None,
+    })
+}
+
+#[test]
+fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_version() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    let stale = until_orphan_delete(&mut sim);
+    let stashed = sim
+        .o
+        .stash
+        .stateful_set
+        .as_ref()
+        .unwrap()
+        .resource_version();
+    assert_eq!(set_delete_version(&stale), Some(stashed.clone()));
+    // Someone scales the set after the planner looked.
+    sim.o.stateful_set.as_mut().unwrap().update(|s| {
+        s.metadata.resource_version = Some("edited-7".into());
+        s.spec.as_mut().unwrap().replicas = Some(5);
+    });
+    // The delete decided before the edit is refused (409) and deletes nothing.
+    for a in &stale.actions {
+        sim.apply(a);
+    }
+    assert_eq!(sim.refused.len(), 1, "{:?}", sim.refused);
+    assert!(sim.o.stateful_set.is_some());
+    // The next pass stashes the set as it is now, and deletes nothing.
+    let d = decide(&sim.o);
+    assert!(set_delete_version(&d).is_none(), "{:?}", d.actions);
+    assert!(
+        d.actions.iter().any(|a| matches!(a, Action::Stash { .. })),
+        "{:?}",
+        d.actions
+    );
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    let restashed = sim.o.stash.stateful_set.as_ref().unwrap();
+    assert_eq!(restashed.resource_version().as_deref(), Some("edited-7"));
+    assert_eq!(restashed.spec.as_ref().unwrap().replicas, Some(5));
+    // Then the delete carries the new version, and the set goes.
+    let d = decide(&sim.o);
+    assert_eq!(set_delete_version(&d), Some(Some("edited-7".into())));
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    assert!(sim.o.stateful_set.is_none());
+    assert_eq!(sim.refused.len(), 1);
+}
+
+#[test]
+fn the_retention_patch_makes_a_second_stash_and_the_run_succeeds() {
+    let mut o = observed(spec_class_change("fast"));
+    o.stateful_set.as_mut().unwrap().update(|s| {
+        s.spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_claim_retention_policy =
+            Some(StatefulSetPersistentVolumeClaimRetentionPolicy {
+                when_deleted: Some("Delete".into()),
+                when_scaled: Some("Retain".into()),
+            });
+    });
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful, "{:?}", sim.reasons());
+    assert!(sim.refused.is_empty(), "{:?}", sim.refused);
+    let versions: Vec<Option<String>> = sim
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete {
+                kind: Kind::StatefulSet,
+                resource_version,
+                ..
+            } => Some(resource_version.clone()),
+            _ => None,
+        })
+        .collect();
+    // The retention patch made a new version of the set: stashed again, deleted with it.
+    assert_eq!(versions, vec![Some("sim-1".to_string())]);
+    let stashes = sim
+        .log
+        .iter()
+        .filter(|a| {
+            matches!(a, Action::Stash { target: StashTarget::Annotation(k), .. }
+                if k == labels::STASH_STATEFULSET_ANNOTATION)
+        })
+        .count();
+    assert_eq!(stashes, 2);
+}
+
+fn holder_pod(name: &str, claim: &str) -> k8s_openapi::api::core::v1::Pod {
+    let mut pod = member_pod(0);
+    pod.metadata.name = Some(name.into());
+    pod.metadata.uid = Some(format!("uid-{name}"));
+    let spec = pod.spec.as_mut().unwrap();
+    spec.volumes = Some(vec![k8s_openapi::api::core::v1::Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(
+            k8s_openapi::api::core::v1::PersistentVolumeClaimVolumeSource {
+                claim_name: claim.into(),
+                read_only: None,
+            },
+        ),
+        ..Default::default()
+    }]);
+    pod
+}
+
+fn deletes_claim(d: &Decision, claim: &str) -> bool {
+    d.actions
+        .iter()
+        .any(|a| matches!(a, Action::Delete { kind: Kind::Claim, name, .. } if name == claim))
+}
+
+#[test]
+fn the_old_claim_is_deleted_by_its_stashed_uid() {
+    let o = at_step(MemberStep::DeletingOldClaim);
+    let stashed = o.stash.claims["data-etcd-0"].uid();
+    assert!(stashed.is_some());
+    let d = decide(&o);
+    let uid = d.actions.iter().find_map(|a| match a {
+        Action::Delete {
+            kind: Kind::Claim,
+            name,
+            uid,
+            ..
+        } if name == "data-etcd-0" => Some(uid.clone()),
+        _ => None,
+    });
+    assert_eq!(uid, Some(stashed));
+}
+
+#[test]
+fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
+    for terminating in [false, true] {
+        let mut o = at_step(MemberStep::DeletingOldClaim);
+        let mut pod = holder_pod("backup-reader", "data-etcd-0");
+        if terminating {
+            pod.metadata.deletion_timestamp = Some(Time(t(5)));
+        }
+        o.helper_pods.insert("backup-reader".into(), pod);
+        let d = decide(&o);
+        assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
+        let s = first_status(&d);
+        assert_eq!(member0(&d).step, MemberStep::DeletingOldClaim);
+        let message = s.message.clone().unwrap();
+        assert!(
+            message.contains("backup-reader") && message.contains("data-etcd-0"),
+            "{message}"
+        );
+        // Once the pod is gone the claim is deleted.
+        o.helper_pods.remove("backup-reader");
+        o.request.status = Some(s.clone());
+        assert!(deletes_claim(&decide(&o), "data-etcd-0"));
+    }
+}
+
+#[test]
+fn an_old_claim_replaced_by_another_uid_fails_the_member_naming_both_uids() {
+    let mut o = at_step(MemberStep::DeletingOldClaim);
+    let stashed = o.stash.claims["data-etcd-0"].uid().unwrap();
+    o.claims.get_mut("data-etcd-0").unwrap().metadata.uid = Some("uid-successor".into());
+    let d = decide(&o);
+    assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::RollingBack);
+    let failure = s.failure.clone().unwrap();
+    assert!(
+        failure.contains("data-etcd-0")
+            && failure.contains(&stashed)
+            && failure.contains("uid-successor"),
+        "{failure}"
+    );
+}
+
+#[test]
+fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
+    let o = at_step(MemberStep::StoppingPod);
+    let mut sim = Sim::new(o);
+    // The first pass stashes the pod.
+    let d = decide(&sim.o);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    assert!(sim.o.stash.pods.contains_key("etcd-0"));
+    let mut o = sim.o.clone();
+    not_ready(&mut o, "etcd-2");
+    let d = decide(&o);
+    assert!(
+        !d.actions.iter().any(|a| matches!(
+            a,
+            Action::Delete {
+                kind: Kind::Pod,
+                ..
+            }
+        )),
+        "{:?}",
+        d.actions
+    );
+    assert_eq!(member0(&d).step, MemberStep::StoppingPod);
+    let s = first_status(&d);
+    let gate = conditions::get(&s.conditions, conditions::HEALTH_GATE).unwrap();
+    assert_eq!(gate.status, "False");
+    assert!(
+        gate.message.contains("etcd-0") && gate.message.contains("not deleted"),
+        "{}",
+        gate.message
+    );
+    // With the gate open the pod is deleted.
+    assert!(
+        decide(&sim.o)
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "etcd-0"))
+    );
+}
+
+#[test]
+fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
+    let o = at_step(MemberStep::StoppingPod);
+    let mut sim = Sim::new(o);
+    let d = decide(&sim.o);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    let mut o = sim.o.clone();
+    not_ready(&mut o, "etcd-2");
+    o.pods
+        .get_mut("etcd-0")
+        .unwrap()
+        .update(|p| p.metadata.deletion_timestamp = Some(Time(t(5))));
+    let d = decide(&o);
+    assert!(d.actions.iter().all(
+        |a| !matches!(a, Action::SetStatus(s) if s.members[0].step != MemberStep::StoppingPod)
+    ));
+    o.pods.remove("etcd-0");
+    let d = decide(&o);
+    assert_eq!(member0(&d).step, MemberStep::Copying);
+}
+
+#[test]
+fn a_member_pod_that_appears_during_the_swap_holds_it_with_a_message() {
+    for step in [
+        MemberStep::RetainingVolumes,
+        MemberStep::DeletingOldClaim,
+        MemberStep::DeletingTempClaim,
+        MemberStep::ReleasingNewVolume,
+        MemberStep::RecreatingClaim,
+    ] {
+        let mut o = at_step(step);
+        let mut pod = member_pod(0);
+        pod.metadata.uid = Some("uid-intruder".into());
+        o.pods.insert("etcd-0".into(), manifest(pod));
+        let d = decide(&o);
+        assert!(
+            d.actions
+                .iter()
+                .all(|a| matches!(a, Action::SetStatus(_) | Action::Event { .. })),
+            "{step:?}: {:?}",
+            d.actions
+        );
+        assert_eq!(member0(&d).step, step);
+        let message = first_status(&d).message.clone().unwrap();
+        assert!(
+            message.contains("etcd-0") && message.contains("uid-intruder"),
+            "{message}"
+        );
+    }
+}
+
+#[test]
+fn claim_replaced_names_the_claim_and_both_uids() {
+    let f = Failure::ClaimReplaced {
+        claim: "data-etcd-0".into(),
+        stashed_uid: "uid-a".into(),
+        live_uid: "uid-b".into(),
+    };
+    assert_eq!(
+        f.to_string(),
+        "claim data-etcd-0 was replaced before its deletion: stashed uid uid-a, now uid uid-b; \
+         the claim now there is left alone"
+    );
+}

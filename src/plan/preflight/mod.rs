@@ -224,6 +224,7 @@ fn delete_measure_jobs(cx: &mut Ctx) {
             name,
             propagation: Propagation::Background,
             uid: None,
+            resource_version: None,
         });
     }
 }
