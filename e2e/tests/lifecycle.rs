@@ -41,28 +41,9 @@ async fn setup(test: &str) -> (TestCluster, TestNamespace) {
     (cluster, ns)
 }
 
-/// `claim → (volume, class)` of the set's claims; each must be Bound.
-async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String)> {
-    let api: Api<PersistentVolumeClaim> = ns.api();
-    let mut out = BTreeMap::new();
-    for i in 0..3 {
-        let name = format!("data-{SET}-{i}");
-        let c = api.get(&name).await.unwrap();
-        assert_eq!(
-            c.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Bound"),
-            "claim {name}"
-        );
-        let spec = c.spec.unwrap_or_default();
-        out.insert(
-            name,
-            (
-                spec.volume_name.unwrap_or_default(),
-                spec.storage_class_name.unwrap_or_default(),
-            ),
-        );
-    }
-    out
+/// `claim → (volume, class, requested size)` of the set's claims; each must be Bound.
+async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)> {
+    e2e::testing::assert_claims_bound(ns, SET, 3).await
 }
 
 /// Writes `n` keys `seed/<i>` through one member; returns them.
@@ -131,7 +112,7 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
     let (cluster, ns) = setup("smr-delete-progressing").await;
     let seeded = seed(&ns, 200).await;
     let before = claims(&ns).await;
-    for (claim, (_, class)) in &before {
+    for (claim, (_, class, _)) in &before {
         assert_eq!(class, &cluster.storage_class, "{claim}");
     }
     let etcd_before = check_etcd(&ns, &seeded).await;
@@ -290,7 +271,7 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         after.keys().collect::<Vec<_>>(),
         before.keys().collect::<Vec<_>>()
     );
-    for (claim, (volume, class)) in &after {
+    for (claim, (volume, class, _)) in &after {
         assert_eq!(class, &cluster.wffc_storage_class, "{claim}");
         assert_ne!(volume, &before[claim].0, "{claim} is on a new volume");
     }

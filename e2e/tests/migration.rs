@@ -47,33 +47,9 @@ async fn setup(test: &str) -> (TestCluster, TestNamespace) {
     (cluster, ns)
 }
 
-/// `claim → (volume, class, requested size)` of the set's claims.
+/// `claim → (volume, class, requested size)` of the set's claims; each must be Bound.
 async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)> {
-    let api: Api<PersistentVolumeClaim> = ns.api();
-    let mut out = BTreeMap::new();
-    for i in 0..3 {
-        let name = format!("data-{SET}-{i}");
-        let c = api.get(&name).await.unwrap();
-        let spec = c.spec.clone().unwrap_or_default();
-        out.insert(
-            name.clone(),
-            (
-                spec.volume_name.unwrap_or_default(),
-                spec.storage_class_name.unwrap_or_default(),
-                spec.resources
-                    .and_then(|r| r.requests)
-                    .and_then(|r| r.get("storage").cloned())
-                    .map(|q| q.0)
-                    .unwrap_or_default(),
-            ),
-        );
-        assert_eq!(
-            c.status.and_then(|s| s.phase).as_deref(),
-            Some("Bound"),
-            "claim {name}"
-        );
-    }
-    out
+    e2e::testing::assert_claims_bound(ns, SET, 3).await
 }
 
 async fn member_endpoints(ns: &TestNamespace) -> Vec<String> {

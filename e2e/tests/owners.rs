@@ -21,7 +21,6 @@ use e2e::testing::operator::{
 };
 use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
@@ -32,22 +31,9 @@ use tracing::info;
 const ROLLBACK: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
 
-/// `claim → (volume, class)` of the set's claims.
-async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String)> {
-    let api: Api<PersistentVolumeClaim> = ns.api();
-    let mut out = BTreeMap::new();
-    for i in 0..3 {
-        let name = format!("data-{SET}-{i}");
-        let spec = api.get(&name).await.unwrap().spec.unwrap_or_default();
-        out.insert(
-            name,
-            (
-                spec.volume_name.unwrap_or_default(),
-                spec.storage_class_name.unwrap_or_default(),
-            ),
-        );
-    }
-    out
+/// `claim → (volume, class, requested size)` of the set's claims; each must be Bound.
+async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)> {
+    e2e::testing::assert_claims_bound(ns, SET, 3).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

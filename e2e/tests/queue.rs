@@ -21,9 +21,7 @@ use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
 use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::Api;
 use serde_json::json;
 use storage_migrator::api::{Phase, StorageMigrationRequestStatus};
 use tracing::info;
@@ -33,34 +31,7 @@ const SET: &str = "etcd";
 
 /// `claim → (volume, class, requested size)` of the set's claims; each must be Bound.
 async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)> {
-    let api: Api<PersistentVolumeClaim> = ns.api();
-    let mut out = BTreeMap::new();
-    for i in 0..3 {
-        let name = format!("data-{SET}-{i}");
-        let c = api.get(&name).await.unwrap();
-        assert_eq!(
-            c.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Bound"),
-            "claim {name}"
-        );
-        let spec = c.spec.unwrap_or_default();
-        let size = spec
-            .resources
-            .as_ref()
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage"))
-            .map(|q| q.0.clone())
-            .unwrap_or_default();
-        out.insert(
-            name,
-            (
-                spec.volume_name.unwrap_or_default(),
-                spec.storage_class_name.unwrap_or_default(),
-                size,
-            ),
-        );
-    }
-    out
+    e2e::testing::assert_claims_bound(ns, SET, 3).await
 }
 
 /// Writes `n` keys `seed/<i>` through one member; returns them.

@@ -25,7 +25,9 @@ mod waits;
 
 pub use cluster::TestCluster;
 pub use namespace::TestNamespace;
-pub use objects::{claim_manifest, fixture_path, node_satisfies, set_template_class};
+pub use objects::{
+    assert_claims_bound, claim_manifest, fixture_path, node_satisfies, set_template_class,
+};
 pub use pods::{ClaimMount, JobOutcome, MoverSpec, PodOutcome, describe_pod, mover_pod_spec};
 
 /// Field manager of every server-side apply done by the tests.

@@ -95,6 +95,37 @@ pub fn node_satisfies(affinity: &VolumeNodeAffinity, node: &Node) -> bool {
     })
 }
 
+/// `claim → (volume, class, requested size)` of the claims `data-<set>-0 .. data-<set>-(n-1)`;
+/// panics unless each exists and is Bound.
+pub async fn assert_claims_bound(
+    ns: &super::TestNamespace,
+    set: &str,
+    n: usize,
+) -> BTreeMap<String, (String, String, String)> {
+    let api: kube::Api<PersistentVolumeClaim> = ns.api();
+    let mut out = BTreeMap::new();
+    for i in 0..n {
+        let name = format!("data-{set}-{i}");
+        let c = api.get(&name).await.unwrap();
+        assert_eq!(
+            c.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Bound"),
+            "claim {name}"
+        );
+        let spec = c.spec.unwrap_or_default();
+        let size = spec
+            .resources
+            .and_then(|r| r.requests)
+            .and_then(|r| r.get("storage").cloned())
+            .map(|q| q.0)
+            .unwrap_or_default();
+        let volume = spec.volume_name.unwrap_or_default();
+        let class = spec.storage_class_name.unwrap_or_default();
+        out.insert(name, (volume, class, size));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
