@@ -26,6 +26,9 @@ cargo build --workspace --all-features --bins
 step "CRD is generated from the Rust types"
 CRDGEN_BIN="$ROOT/target/debug/storage-migrator" bash .ci/check-crd.sh
 
+step "Helm chart: lint, render, Kubernetes schema validation (real Helm 4)"
+bash e2e/scripts/check-chart.sh
+
 step "unit tests"
 cargo test --workspace --all-features --lib --bins
 

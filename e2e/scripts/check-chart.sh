@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Checks the Helm chart with the real Helm 4 (installed by install-helm.sh):
+#   - `helm lint --strict`;
+#   - `helm template` with the default values and with each variant below, every rendered
+#     manifest (and the chart's CRD) validated against the Kubernetes OpenAPI schemas of the
+#     oldest and newest versions kubernetes-validate carries (1.25 and 1.37), strictly (an
+#     unknown field fails);
+#   - bad values are refused at the values schema, with the field named.
+# Usage: e2e/scripts/check-chart.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+CHART="$ROOT/charts/storage-migrator"
+TOOLS="$(bash "$ROOT/e2e/scripts/install-helm.sh")"
+HELM="$TOOLS/helm"
+VALIDATE="$TOOLS/kubernetes-validate"
+OUT="$(mktemp -d "${TMPDIR:-/tmp}/check-chart.XXXXXX")"
+trap 'rm -rf "$OUT"' EXIT
+fail() { echo "check-chart: $*" >&2; exit 1; }
+
+"$HELM" lint --strict "$CHART"
+
+variants=(
+  "defaults|"
+  "one-namespace|--set watchNamespace=databases"
+  "text-logs|--set logFormat=text --set logLevel=debug"
+  "no-rbac|--set rbac.create=false --set serviceAccount.create=false --set serviceAccount.name=ops"
+  "pinned-image|--set image.repository=registry.example/smr --set image.tag=0.1.0-rc1 --set image.pullPolicy=Always"
+)
+for v in "${variants[@]}"; do
+  name="${v%%|*}"
+  # shellcheck disable=SC2206
+  args=(${v#*|})
+  "$HELM" template smr "$CHART" --namespace storage-migrator --include-crds "${args[@]}" \
+    >"$OUT/$name.yaml" || fail "helm template ($name) failed"
+  for k in 1.25 1.37; do
+    "$VALIDATE" --strict --quiet -k "$k" "$OUT/$name.yaml" \
+      || fail "rendered manifests ($name) do not validate against Kubernetes $k"
+  done
+  echo "check-chart: $name: $(grep -c '^kind:' "$OUT/$name.yaml") objects valid against 1.25 and 1.37"
+done
+
+# Bad values fail at the schema, naming the field.
+bad=(
+  "logFormat|--set logFormat=xml"
+  "pullPolicy|--set image.pullPolicy=Sometimes"
+  "replicaCount|--set replicaCount=2"
+  "imagee|--set imagee.tag=1"
+)
+for b in "${bad[@]}"; do
+  field="${b%%|*}"
+  # shellcheck disable=SC2206
+  args=(${b#*|})
+  if "$HELM" template smr "$CHART" "${args[@]}" >/dev/null 2>"$OUT/err"; then
+    fail "values '${args[*]}' were accepted; the schema must refuse them"
+  fi
+  grep -q "$field" "$OUT/err" || fail "error for '${args[*]}' does not name $field: $(cat "$OUT/err")"
+  echo "check-chart: '${args[*]}' refused: $(grep -m1 "$field" "$OUT/err" | sed 's/^ *//')"
+done
+echo "check-chart: ok (helm $("$HELM" version --short))"
