@@ -28,6 +28,7 @@ use crate::api::{MemberStep, StorageMigrationRequest};
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
 use crate::labels;
+use crate::metrics::Metrics;
 use crate::plan::{self, Action};
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
@@ -48,12 +49,13 @@ type Key = ObjectRef<StorageMigrationRequest>;
 pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
+    pub metrics: Arc<Metrics>,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
 }
 
 impl Context {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
         let instance = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok());
@@ -63,6 +65,7 @@ impl Context {
                 controller: labels::EVENT_REPORTER.to_string(),
                 instance,
             },
+            metrics,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
         }
     }
@@ -193,18 +196,22 @@ pub async fn reconcile(
 ) -> Result<Requeue, ClusterError> {
     let ns = req.namespace().unwrap_or_default();
     let name = req.name_any();
-    let span = info_span!("reconcile", request = %format!("{ns}/{name}"));
-    async move {
+    let key = format!("{ns}/{name}");
+    let span = info_span!("reconcile", request = %key);
+    let started = Instant::now();
+    let result = async {
         let cluster = ctx.cluster();
         let mut requeue = plan::REQUEUE_PROGRESSING;
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
                 ctx.forget(&ObjectRef::from_obj(req.as_ref()));
+                ctx.metrics.request_phase(&key, None);
                 return Ok(Requeue::await_change());
             };
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
             let observed = cluster.gather(current, &engine).await?;
             let decision = plan::decide(&observed);
+            record_status(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
                 break;
@@ -232,7 +239,28 @@ pub async fn reconcile(
         })
     }
     .instrument(span)
-    .await
+    .await;
+    ctx.metrics
+        .reconcile_finished(started.elapsed().as_secs_f64());
+    result
+}
+
+/// Feeds the metrics with the phase on record and the status about to be written.
+fn record_status(
+    metrics: &Metrics,
+    key: &str,
+    observed: &plan::Observed,
+    decision: &plan::Decision,
+) {
+    let before = observed.request.status.as_ref();
+    let mut phase = before.map(|s| s.phase);
+    for action in &decision.actions {
+        if let Action::SetStatus(after) = action {
+            metrics.status_written(before, after);
+            phase = Some(after.phase);
+        }
+    }
+    metrics.request_phase(key, Some(phase.unwrap_or_default()));
 }
 
 fn changes_status(d: &plan::Decision) -> bool {
@@ -272,6 +300,7 @@ pub fn error_policy(
     ctx: Arc<Context>,
 ) -> Requeue {
     let message = err.to_string();
+    ctx.metrics.reconcile_failed(err.retry());
     let verdict = ctx
         .failures()
         .record(&ObjectRef::from_obj(req.as_ref()), err.retry(), &message);
@@ -295,7 +324,7 @@ pub fn error_policy(
 }
 
 /// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
-pub async fn run(client: Client, namespace: Option<String>) {
+pub async fn run(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) {
     let (requests, jobs, pods) = match &namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
@@ -313,7 +342,7 @@ pub async fn run(client: Client, namespace: Option<String>) {
         namespace = namespace.as_deref().unwrap_or("<all>"),
         "starting controller"
     );
-    let ctx = Arc::new(Context::new(client));
+    let ctx = Arc::new(Context::new(client, metrics));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)

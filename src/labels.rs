@@ -10,6 +10,8 @@ pub const GROUP: &str = "storagemigrator.io";
 pub const FIELD_MANAGER: &str = "storage-migrator";
 /// `reportingController` of the operator's Events.
 pub const EVENT_REPORTER: &str = "storage-migrator";
+/// The Lease the replicas elect a leader on.
+pub const LEASE_NAME: &str = "storage-migrator";
 
 // ---- our own keys ------------------------------------------------------------------------------
 

@@ -9,6 +9,9 @@
 //! - [`cluster`]: the only code that talks to the API server (gather, execute).
 //! - [`controller`]: kube-runtime wiring and error policy.
 //! - [`failpoints`]: fault injection for the end-to-end tests (feature `failpoints`).
+//! - [`leader`]: leader election on a Lease, with a fence that stops a replica that cannot renew.
+//! - [`metrics`], [`serve`], [`permissions`]: `/metrics`, `/healthz`, `/readyz`, and the table of
+//!   every RBAC rule the operator uses (checked against the chart and at run time).
 
 pub mod api;
 pub mod build;
@@ -17,4 +20,8 @@ pub mod controller;
 pub mod engine;
 pub mod failpoints;
 pub mod labels;
+pub mod leader;
+pub mod metrics;
+pub mod permissions;
 pub mod plan;
+pub mod serve;

@@ -1,4 +1,6 @@
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -6,7 +8,10 @@ use kube::{CustomResourceExt, ResourceExt};
 
 use storage_migrator::api::StorageMigrationRequest;
 use storage_migrator::cluster::Cluster;
+use storage_migrator::leader::{self, LeaseConfig, Term};
+use storage_migrator::metrics::Metrics;
 use storage_migrator::plan::preflight;
+use storage_migrator::serve::{self, Health};
 
 #[derive(Parser)]
 #[command(name = "storage-migrator", version, about)]
@@ -33,6 +38,11 @@ enum Command {
         /// Log format.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
+        /// Address of the HTTP endpoints /healthz, /readyz and /metrics (port 0: any free port).
+        #[arg(long, env = "HTTP_ADDRESS", default_value = "0.0.0.0:8080")]
+        http_address: std::net::SocketAddr,
+        #[command(flatten)]
+        lease: LeaseArgs,
     },
     /// Dry run: print the plan a request YAML would get on the current cluster (no writes).
     Plan {
@@ -43,6 +53,49 @@ enum Command {
         #[arg(short = 'n', long)]
         namespace: Option<String>,
     },
+}
+
+/// Leader election: only the replica holding the Lease acts.
+#[derive(clap::Args)]
+struct LeaseArgs {
+    /// Elect a leader among replicas on a Lease (`false`: act at once; only for a single
+    /// replica that nothing else can duplicate).
+    #[arg(long, env = "LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    /// Name of the Lease.
+    #[arg(long, default_value = storage_migrator::labels::LEASE_NAME)]
+    lease_name: String,
+    /// Namespace of the Lease (default: the watched namespace, else the client's default).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// This replica's identity in the Lease; unique per replica (default: host name and pid).
+    #[arg(long, env = "POD_NAME")]
+    lease_identity: Option<String>,
+    /// Seconds a renewal of the Lease is valid.
+    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600))]
+    lease_duration: u64,
+    /// Seconds before expiry that the leader renews; it stops acting half of that before expiry
+    /// when no renewal landed.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=300))]
+    lease_grace: u64,
+}
+
+impl LeaseArgs {
+    fn config(&self, client: &kube::Client, watched: Option<&str>) -> LeaseConfig {
+        let identity = self.lease_identity.clone().unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "storage-migrator".into());
+            format!("{host}-{}", std::process::id())
+        });
+        LeaseConfig {
+            name: self.lease_name.clone(),
+            namespace: (self.lease_namespace.as_deref().or(watched))
+                .unwrap_or(client.default_namespace())
+                .to_string(),
+            identity,
+            duration: Duration::from_secs(self.lease_duration),
+            grace: Duration::from_secs(self.lease_grace),
+        }
+    }
 }
 
 fn init_tracing(format: LogFormat) {
@@ -58,6 +111,66 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
+/// The controller under leader election, with the HTTP endpoints and the readiness checks.
+async fn run(
+    client: kube::Client,
+    namespace: Option<String>,
+    http_address: std::net::SocketAddr,
+    lease: &LeaseArgs,
+) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::new());
+    let health = Arc::new(Health::default());
+    let (bound, server) = serve::bind(http_address, health.clone(), metrics.clone()).await?;
+    tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
+    let server = tokio::spawn(server);
+    tokio::spawn(health.keep_checking(client.clone(), namespace.clone()));
+    let work = {
+        let (client, namespace, metrics) = (client.clone(), namespace.clone(), metrics.clone());
+        move || storage_migrator::controller::run(client, namespace, metrics)
+    };
+    if !lease.leader_election {
+        tracing::warn!("leader election is off: this replica acts at once");
+        metrics.set_leader(true);
+        work().await;
+        server.abort();
+        return Ok(());
+    }
+    let cfg = lease.config(&client, namespace.as_deref());
+    let role = |leading| metrics.set_leader(leading);
+    let term = tokio::select! {
+        term = leader::lead(client, &cfg, role, work) => term?,
+        () = shutdown_signal() => Term::Finished,
+    };
+    server.abort();
+    match term {
+        Term::Finished => Ok(()),
+        Term::Lost => anyhow::bail!(
+            "lost the lease {}/{}; exiting so that a fresh process waits as a follower",
+            cfg.namespace,
+            cfg.name
+        ),
+        Term::Fenced(reason) => anyhow::bail!(
+            "stopped acting: {reason}; exiting so that a fresh process waits as a follower"
+        ),
+    }
+}
+
+/// SIGTERM or SIGINT (a follower has no controller to stop: it just exits).
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
@@ -70,13 +183,15 @@ async fn main() -> anyhow::Result<()> {
         Command::Run {
             namespace,
             log_format,
+            http_address,
+            lease,
         } => {
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            storage_migrator::controller::run(client, namespace).await;
+            run(client, namespace, http_address, &lease).await?;
         }
         Command::Plan { file, namespace } => {
             init_tracing(LogFormat::Text);

@@ -60,7 +60,7 @@ kubectl apply -f crds/storagemigrationrequests.yaml >/dev/null
 if operator_running; then
   echo "already running"
 else
-  setsid target/debug/storage-migrator run >>"$STATE_DIR/logs/storage-migrator.log" 2>&1 </dev/null &
+  setsid target/debug/storage-migrator run --http-address 127.0.0.1:9808 >>"$STATE_DIR/logs/storage-migrator.log" 2>&1 </dev/null &
   echo $! > "$OPERATOR_PID"
 fi
 

@@ -126,7 +126,12 @@ impl Operator {
         let err = out.try_clone().map_err(log_error)?;
         let bin = bin.to_path_buf();
         let mut cmd = Command::new(&bin);
-        cmd.args(["run", "--namespace", ns])
+        // A stable lease identity per namespace: an operator restarted by a test (after a
+        // failpoint exit, which releases nothing) takes the lease over at once, as a restarted
+        // pod of the same name does; an ephemeral port for /metrics and the probes.
+        let identity = format!("e2e-{ns}");
+        cmd.args(["run", "--namespace", ns, "--http-address", "127.0.0.1:0"])
+            .args(["--lease-identity", &identity])
             .env(
                 "RUST_LOG",
                 std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
