@@ -341,6 +341,7 @@ fn spec(sandbox: &Sandbox, name: &str, argv: &[&str]) -> ContainerSpec {
         log_path: sandbox.dir.join(format!("{name}.log")),
         run_as_user: None,
         run_as_group: None,
+        security: Default::default(),
     }
 }
 
