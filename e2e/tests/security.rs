@@ -23,7 +23,9 @@ fn local_cluster_only() -> bool {
     if std::env::var("E2E_LOCALCLUSTER").ok().as_deref() == Some("1") {
         return true;
     }
-    eprintln!("skipped: set E2E_LOCALCLUSTER=1 to run (pods run host programs: local cluster only)");
+    eprintln!(
+        "skipped: set E2E_LOCALCLUSTER=1 to run (pods run host programs: local cluster only)"
+    );
     false
 }
 
@@ -57,7 +59,9 @@ spec:
 /// ServiceAccount admission plugin refuses pods until then).
 async fn wait_default_token(ns: &TestNamespace) {
     let api: Api<ServiceAccount> = ns.api();
-    let cond = |sa: Option<&ServiceAccount>| sa.is_some_and(|s| s.secrets.as_ref().is_some_and(|v| !v.is_empty()));
+    let cond = |sa: Option<&ServiceAccount>| {
+        sa.is_some_and(|s| s.secrets.as_ref().is_some_and(|v| !v.is_empty()))
+    };
     ns.wait_for(
         api,
         "default",
@@ -127,14 +131,27 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
     let scratch = "  volumes:\n  - name: scratch\n    emptyDir: {}";
     let cases = [
         ("defaults", "{}", probe("/tmp"), ""),
-        ("drop-all", "{capabilities: {drop: [ALL]}}", probe("/tmp"), ""),
+        (
+            "drop-all",
+            "{capabilities: {drop: [ALL]}}",
+            probe("/tmp"),
+            "",
+        ),
         (
             "locked",
             "{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {drop: [CHOWN], add: [NET_ADMIN]}}",
-            format!("{}\ntouch /scratch/y && echo VOLUME-WRITABLE", probe("/scratch")),
+            format!(
+                "{}\ntouch /scratch/y && echo VOLUME-WRITABLE",
+                probe("/scratch")
+            ),
             scratch,
         ),
-        ("nonroot", "{runAsUser: 1000, runAsNonRoot: true}", probe("/tmp"), ""),
+        (
+            "nonroot",
+            "{runAsUser: 1000, runAsNonRoot: true}",
+            probe("/tmp"),
+            "",
+        ),
     ];
     let runs = cases.iter().map(|(name, sec, script, extra)| {
         let yaml = pod_yaml(name, sec, script, extra);
@@ -142,7 +159,9 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
         async move {
             let mut yaml = yaml;
             if !extra.is_empty() {
-                yaml.push_str("    volumeMounts:\n    - name: scratch\n      mountPath: /scratch\n");
+                yaml.push_str(
+                    "    volumeMounts:\n    - name: scratch\n      mountPath: /scratch\n",
+                );
             }
             run_pod(ns, name, &yaml).await
         }
@@ -160,8 +179,16 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
     assert_eq!(status_field(logs, "CapInh"), Some(NO_CAPS), "{logs}");
     assert_eq!(status_field(logs, "CapAmb"), Some(NO_CAPS), "{logs}");
     assert_eq!(status_field(logs, "NoNewPrivs"), Some("0"), "{logs}");
-    assert!(logs.contains("CHOWN-OK") && logs.contains("ROOT-WRITABLE"), "{logs}");
-    assert_eq!(phase(&defaults.0), "Succeeded", "{}", describe_pod(&defaults.0));
+    assert!(
+        logs.contains("CHOWN-OK") && logs.contains("ROOT-WRITABLE"),
+        "{logs}"
+    );
+    assert_eq!(
+        phase(&defaults.0),
+        "Succeeded",
+        "{}",
+        describe_pod(&defaults.0)
+    );
 
     // drop: [ALL], still uid 0: no capability at all, chown is refused.
     let logs = &drop_all.1;
@@ -202,7 +229,12 @@ fn container_state(pod: &Pod) -> Option<(String, String, i32, bool)> {
     let cs = pod.status.as_ref()?.container_statuses.as_ref()?.first()?;
     let state = cs.state.as_ref()?;
     let waiting = state.waiting.as_ref()?;
-    let ran = state.running.is_some() || state.terminated.is_some() || cs.last_state.as_ref().is_some_and(|l| l.running.is_some() || l.terminated.is_some());
+    let ran = state.running.is_some()
+        || state.terminated.is_some()
+        || cs
+            .last_state
+            .as_ref()
+            .is_some_and(|l| l.running.is_some() || l.terminated.is_some());
     Some((
         waiting.reason.clone().unwrap_or_default(),
         waiting.message.clone().unwrap_or_default(),
@@ -243,7 +275,14 @@ async fn run_as_non_root_refuses_uid_zero() {
                 .is_some_and(|(reason, _, _, _)| reason == "CreateContainerConfigError")
         };
         let pod = ns
-            .wait_for(ns.api(), name, "CreateContainerConfigError", RUN, cond, describe_pod)
+            .wait_for(
+                ns.api(),
+                name,
+                "CreateContainerConfigError",
+                RUN,
+                cond,
+                describe_pod,
+            )
             .await
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("pod {name} vanished"));
@@ -251,14 +290,21 @@ async fn run_as_non_root_refuses_uid_zero() {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         assert!(got.starts_with(message), "{name}: {got}");
         assert!(
-            got.contains(&format!("(pod: \"{name}_{}({uid})\", container: main)", ns.name)),
+            got.contains(&format!(
+                "(pod: \"{name}_{}({uid})\", container: main)",
+                ns.name
+            )),
             "{name}: {got}"
         );
     }
     // It never starts: still waiting a while later, never ran, no restart.
     tokio::time::sleep(Duration::from_secs(5)).await;
     for (name, _, _) in &cases {
-        let pod = ns.api::<Pod>().get(name).await.unwrap_or_else(|e| panic!("{e}"));
+        let pod = ns
+            .api::<Pod>()
+            .get(name)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let state = container_state(&pod);
         assert!(
             matches!(&state, Some((reason, _, 0, false)) if reason == "CreateContainerConfigError"),
@@ -301,16 +347,28 @@ async fn pods_reach_the_api_server_with_their_service_account() {
     let sec = "{runAsUser: 65532, runAsNonRoot: true, allowPrivilegeEscalation: false}";
     let (pod, logs) = run_pod(&ns, "no-rbac", &pod_yaml("no-rbac", sec, &api_script(), "")).await;
     assert_eq!(phase(&pod), "Succeeded", "{logs}\n{}", describe_pod(&pod));
-    assert!(logs.contains(&format!("host={service_ip} port=443 https=443")), "{logs}");
-    assert!(logs.contains(&format!("link=tcp://{service_ip}:443")), "{logs}");
-    assert!(logs.contains(&format!("ns={} uid=65532", ns.name)), "{logs}");
+    assert!(
+        logs.contains(&format!("host={service_ip} port=443 https=443")),
+        "{logs}"
+    );
+    assert!(
+        logs.contains(&format!("link=tcp://{service_ip}:443")),
+        "{logs}"
+    );
+    assert!(
+        logs.contains(&format!("ns={} uid=65532", ns.name)),
+        "{logs}"
+    );
     assert!(logs.contains("api=200"), "{logs}");
     assert!(logs.contains("pods=403"), "{logs}");
     assert!(
         logs.contains(&format!("system:serviceaccount:{}:default", ns.name)),
         "the refusal names the pod's service account: {logs}"
     );
-    assert!(logs.contains("anonymous=403") || logs.contains("anonymous=401"), "{logs}");
+    assert!(
+        logs.contains("anonymous=403") || logs.contains("anonymous=401"),
+        "{logs}"
+    );
 
     // The same service account, granted `list pods` in its namespace: the same call succeeds.
     ns.apply_yaml(
@@ -338,18 +396,58 @@ subjects:
     )
     .await
     .unwrap_or_else(|e| panic!("cannot grant RBAC: {e}"));
-    let (pod, logs) = run_pod(&ns, "with-rbac", &pod_yaml("with-rbac", sec, &api_script(), "")).await;
+    let (pod, logs) = run_pod(
+        &ns,
+        "with-rbac",
+        &pod_yaml("with-rbac", sec, &api_script(), ""),
+    )
+    .await;
     assert_eq!(phase(&pod), "Succeeded", "{logs}\n{}", describe_pod(&pod));
-    assert!(logs.contains("pods=200") && logs.contains("\"kind\":\"PodList\""), "{logs}");
+    assert!(logs.contains("pods=200"), "{logs}");
+    assert!(
+        logs.contains("\"kind\": \"PodList\"") && logs.contains("\"name\": \"no-rbac\""),
+        "the list holds the namespace's pods: {logs}"
+    );
 
     // automountServiceAccountToken: false: no token in the pod.
     let script = format!("if [ -e {SA_DIR} ]; then echo TOKEN-MOUNTED; else echo NO-TOKEN; fi");
     let (pod, logs) = run_pod(
         &ns,
         "no-automount",
-        &pod_yaml("no-automount", "{}", &script, "  automountServiceAccountToken: false"),
+        &pod_yaml(
+            "no-automount",
+            "{}",
+            &script,
+            "  automountServiceAccountToken: false",
+        ),
     )
     .await;
     assert_eq!(phase(&pod), "Succeeded", "{logs}\n{}", describe_pod(&pod));
     assert!(logs.contains("NO-TOKEN"), "{logs}");
+
+    // The operator's own client, `kube::Client::try_default()`, in a pod as a non-root user: it
+    // picks the in-cluster config (no kubeconfig there), so its namespace is the pod's and the
+    // API server sees the pod's service account (which may not read StatefulSets).
+    let bin = e2e::testing::operator::operator_bin();
+    let script = format!(
+        "cat > /tmp/req.yaml <<'EOF'
+apiVersion: storagemigrator.io/v1alpha1
+kind: StorageMigrationRequest
+metadata: {{name: r}}
+spec: {{type: Shrink, target: {{kind: StatefulSet, name: etcd}}, shrink: {{size: 256Mi}}, timeout: 15m, database: {{engine: Etcd}}}}
+EOF
+{} plan -f /tmp/req.yaml",
+        bin.display()
+    );
+    let (pod, logs) = run_pod(
+        &ns,
+        "in-cluster-client",
+        &pod_yaml("in-cluster-client", sec, &script, ""),
+    )
+    .await;
+    let want = format!(
+        "User \"system:serviceaccount:{0}:default\" cannot get resource \"statefulsets\" in API group \"apps\" in the namespace \"{0}\"",
+        ns.name
+    );
+    assert!(logs.contains(&want), "{logs}\n{}", describe_pod(&pod));
 }

@@ -93,11 +93,7 @@ mod tests {
     #[test]
     fn kubelet_variables_for_the_kubernetes_service() {
         let env = service_env(Ipv4Addr::new(198, 19, 7, 1));
-        let get = |k: &str| {
-            env.iter()
-                .find(|(n, _)| n == k)
-                .map(|(_, v)| v.as_str())
-        };
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
         assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("198.19.7.1"));
         assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("443"));
         assert_eq!(get("KUBERNETES_SERVICE_PORT_HTTPS"), Some("443"));

@@ -179,7 +179,10 @@ mod tests {
     #[test]
     fn capabilities_follow_containerd() {
         let none: Vec<String> = Vec::new();
-        assert_eq!(capability_set(false, &none, &none, &all()), defaults_without(&[]));
+        assert_eq!(
+            capability_set(false, &none, &none, &all()),
+            defaults_without(&[])
+        );
         assert_eq!(
             capability_set(false, &none, &s(&["ALL"]), &all()),
             Vec::<String>::new()
@@ -202,7 +205,12 @@ mod tests {
         );
         // A cap both added and dropped is dropped; unknown names are not added.
         assert_eq!(
-            capability_set(false, &s(&["SYS_ADMIN", "BOGUS"]), &s(&["SYS_ADMIN"]), &all()),
+            capability_set(
+                false,
+                &s(&["SYS_ADMIN", "BOGUS"]),
+                &s(&["SYS_ADMIN"]),
+                &all()
+            ),
             defaults_without(&[])
         );
         // Privileged: all, whatever add/drop say.

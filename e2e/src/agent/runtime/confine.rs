@@ -63,7 +63,8 @@ pub(super) fn before_credentials(sec: &ProcessSecurity) -> Result<(), RuntimeErr
 pub(super) fn after_credentials(sec: &ProcessSecurity) -> Result<(), RuntimeError> {
     if let Some(names) = &sec.capabilities {
         // Never more than the init holds (an agent that itself runs with fewer capabilities).
-        let held = caps::read(None, CapSet::Permitted).map_err(caps_err("read the permitted set"))?;
+        let held =
+            caps::read(None, CapSet::Permitted).map_err(caps_err("read the permitted set"))?;
         let wanted: CapsHashSet = wanted_caps(names)?.intersection(&held).copied().collect();
         if nix::unistd::geteuid().is_root() {
             // Effective first: it must stay a subset of permitted at every step.

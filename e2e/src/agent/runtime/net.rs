@@ -320,7 +320,17 @@ fn configure(state: &ClusterState, sb: &Sandbox) -> Result<(), RuntimeError> {
     ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
     // The service range is reached through the host (the `kubernetes` Service, agent::apiproxy).
     let via = state.bridge_ip().to_string();
-    ip(&["-n", ns, "route", "add", &state.service_cidr(), "via", &via, "dev", "eth0"])?;
+    ip(&[
+        "-n",
+        ns,
+        "route",
+        "add",
+        &state.service_cidr(),
+        "via",
+        &via,
+        "dev",
+        "eth0",
+    ])?;
     std::fs::create_dir_all(&sb.dir).map_err(|source| RuntimeError::Io {
         what: "cannot create",
         path: sb.dir.clone(),
