@@ -171,8 +171,18 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
         panic!("four pods expected");
     };
 
-    // Defaults: containerd's set for a root process; chown and a writable root work.
-    let logs = &defaults.1;
+    assert_defaults(&defaults.1);
+    assert_eq!(
+        phase(&defaults.0),
+        "Succeeded",
+        "{}",
+        describe_pod(&defaults.0)
+    );
+    assert_confined(&drop_all.1, &locked.1, &nonroot.1);
+}
+
+/// Defaults: containerd's set for a root process; chown and a writable root work.
+fn assert_defaults(logs: &str) {
     assert_eq!(status_field(logs, "CapBnd"), Some(DEFAULT_CAPS), "{logs}");
     assert_eq!(status_field(logs, "CapEff"), Some(DEFAULT_CAPS), "{logs}");
     assert_eq!(status_field(logs, "CapPrm"), Some(DEFAULT_CAPS), "{logs}");
@@ -183,15 +193,12 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
         logs.contains("CHOWN-OK") && logs.contains("ROOT-WRITABLE"),
         "{logs}"
     );
-    assert_eq!(
-        phase(&defaults.0),
-        "Succeeded",
-        "{}",
-        describe_pod(&defaults.0)
-    );
+}
 
+/// drop ALL, the locked-down container and the non-root one.
+fn assert_confined(drop_all: &str, locked: &str, nonroot: &str) {
     // drop: [ALL], still uid 0: no capability at all, chown is refused.
-    let logs = &drop_all.1;
+    let logs = drop_all;
     for set in ["CapBnd", "CapEff", "CapPrm"] {
         assert_eq!(status_field(logs, set), Some(NO_CAPS), "{set}: {logs}");
     }
@@ -201,7 +208,7 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
     );
 
     // Read-only root, no_new_privs, CHOWN dropped and NET_ADMIN (bit 12) added.
-    let logs = &locked.1;
+    let logs = locked;
     let want = format!("{:016x}", (0xa80425fbu64 & !1) | 1 << 12);
     assert_eq!(status_field(logs, "CapEff"), Some(want.as_str()), "{logs}");
     assert_eq!(status_field(logs, "NoNewPrivs"), Some("1"), "{logs}");
@@ -217,11 +224,14 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
 
     // A non-root process keeps the bounding set but has no effective capabilities: as uid 1000
     // it cannot chown, and it runs (runAsNonRoot holds).
-    let logs = &nonroot.1;
+    let logs = nonroot;
     assert_eq!(status_field(logs, "CapBnd"), Some(DEFAULT_CAPS), "{logs}");
     assert_eq!(status_field(logs, "CapEff"), Some(NO_CAPS), "{logs}");
     assert_eq!(status_field(logs, "CapPrm"), Some(NO_CAPS), "{logs}");
-    assert!(logs.contains("CHOWN-FAILED"), "{logs}");
+    assert!(
+        logs.contains("CHOWN-FAILED") && logs.contains("Operation not permitted"),
+        "{logs}"
+    );
 }
 
 /// The container's state (waiting reason and message, restart count, whether it ever ran).
@@ -408,7 +418,16 @@ subjects:
         logs.contains("\"kind\": \"PodList\"") && logs.contains("\"name\": \"no-rbac\""),
         "the list holds the namespace's pods: {logs}"
     );
+}
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_mount_follows_automount_and_the_operators_client_works_in_a_pod() {
+    if !local_cluster_only() {
+        return;
+    }
+    let (_cluster, ns) = scenario("security-client").await;
+    wait_default_token(&ns).await;
+    let sec = "{runAsUser: 65532, runAsNonRoot: true, allowPrivilegeEscalation: false}";
     // automountServiceAccountToken: false: no token in the pod.
     let script = format!("if [ -e {SA_DIR} ]; then echo TOKEN-MOUNTED; else echo NO-TOKEN; fi");
     let (pod, logs) = run_pod(
