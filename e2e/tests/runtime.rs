@@ -18,7 +18,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use e2e::agent::runtime::{
-    self, ContainerSpec, ExecOutput, INIT_PROGRAM_ENV, MountSpec, RuntimeError, Sandbox,
+    self, ContainerSpec, ExecOutput, INIT_PROGRAM_ENV, MountSpec, ProcessSecurity, RuntimeError,
+    Sandbox,
 };
 use e2e::state::ClusterState;
 use nix::sys::signal::Signal;
@@ -119,6 +120,10 @@ const TESTS: &[(&str, TestFn)] = &[
     (
         "exec_joins_the_running_container",
         exec_joins_the_running_container,
+    ),
+    (
+        "confinement_holds_for_the_container_and_its_execs",
+        confinement_holds_for_the_container_and_its_execs,
     ),
     (
         "containers_die_with_the_agent_process",
@@ -341,6 +346,7 @@ fn spec(sandbox: &Sandbox, name: &str, argv: &[&str]) -> ContainerSpec {
         log_path: sandbox.dir.join(format!("{name}.log")),
         run_as_user: None,
         run_as_group: None,
+        security: Default::default(),
     }
 }
 
@@ -820,6 +826,57 @@ fn private_dev_and_termination_log() {
     );
     let added: Vec<String> = host_dev_names().difference(&host_names).cloned().collect();
     assert!(added.is_empty(), "the host's /dev gained {added:?}");
+    runtime::destroy_sandbox(&sb).unwrap();
+}
+
+/// The lines of /proc/self/status a confinement check prints.
+const CAPS_PROBE: &str =
+    "grep -E '^(CapEff|CapPrm|CapBnd|NoNewPrivs):' /proc/self/status; touch /x || echo ROOT-RO";
+
+fn confinement_holds_for_the_container_and_its_execs() {
+    let c = TestCluster::new();
+    let sb = c.sandbox("confine", 12);
+    rt().block_on(async {
+        let script = format!("{CAPS_PROBE}; exec sleep 300");
+        let mut main = spec(&sb, "main", &["/bin/sh", "-c", &script]);
+        main.security = ProcessSecurity {
+            capabilities: Some(vec!["CAP_KILL".into(), "CAP_CHOWN".into()]),
+            no_new_privs: true,
+            read_only_root: true,
+        };
+        let mut child = runtime::spawn_container(&sb, "main", &main).unwrap();
+        let pid = child.id().unwrap();
+        wait_until("the shell to exec sleep", Duration::from_secs(5), || {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
+        });
+        // Root keeps exactly CHOWN (bit 0) and KILL (bit 5); the root is read-only.
+        let want = "CapPrm:\t0000000000000021\nCapEff:\t0000000000000021\n\
+                    CapBnd:\t0000000000000021\nNoNewPrivs:\t1\n";
+        let log = std::fs::read_to_string(&main.log_path).unwrap();
+        assert!(log.starts_with(want), "{log}");
+        assert!(
+            log.contains("Read-only file system") && log.contains("ROOT-RO"),
+            "{log}"
+        );
+        // An exec into it (a probe) is confined the same way.
+        let argv = ["/bin/sh", "-c", CAPS_PROBE].map(String::from);
+        let out = runtime::exec_in_container(&sb, &main, &argv, Duration::from_secs(5))
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(stdout, format!("{want}ROOT-RO\n"), "{}", text(&out));
+        runtime::signal_container(pid, Signal::SIGKILL).unwrap();
+        let _ = child.wait().await;
+        // Another uid keeps the bounding set and ends with no permitted or effective capability.
+        let mut user = spec(&sb, "user", &["/bin/sh", "-c", CAPS_PROBE]);
+        user.run_as_user = Some(1000);
+        user.security.capabilities = Some(vec!["CAP_KILL".into()]);
+        let (code, log) = run_to_end(&sb, "user", &user).await;
+        assert_eq!(code, 0, "{log}");
+        let want = "CapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n\
+                    CapBnd:\t0000000000000020\nNoNewPrivs:\t0\n";
+        assert!(log.starts_with(want), "{log}");
+    });
     runtime::destroy_sandbox(&sb).unwrap();
 }
 

@@ -207,6 +207,9 @@ pub struct EnvContext {
     pub hostname: String,
     pub config_maps: BTreeMap<String, ConfigMap>,
     pub secrets: BTreeMap<String, Secret>,
+    /// Variables of Services every container gets (the `kubernetes` Service's, from
+    /// `agent::apiproxy::service_env`); the container's own env and envFrom win.
+    pub service_env: Vec<(String, String)>,
 }
 
 /// Names of the ConfigMaps and Secrets a pod's env, envFrom and volumes refer to.
@@ -397,14 +400,14 @@ fn set_var(env: &mut Vec<(String, String)>, name: &str, value: String) {
 /// env (later entries win, values `$(VAR)`-expanded against what came before), then the
 /// defaults a container runtime adds (PATH, HOSTNAME, HOME) where unset.
 ///
-/// `KUBERNETES_SERVICE_HOST/PORT` are left out on purpose: the apiserver listens on the host's
-/// loopback, which a pod's network namespace cannot reach.
+/// The Service variables of `ctx.service_env` (`KUBERNETES_SERVICE_HOST`, ...) come first, as
+/// with the kubelet: `$(VAR)` can refer to them and the container's own variables replace them.
 pub fn build_env(
     pod: &Pod,
     container: &Container,
     ctx: &EnvContext,
 ) -> Result<Vec<(String, String)>, EnvError> {
-    let mut env: Vec<(String, String)> = Vec::new();
+    let mut env: Vec<(String, String)> = ctx.service_env.clone();
     add_env_from(container, ctx, &mut env)?;
     for var in container.env.iter().flatten() {
         let value = if let Some(vf) = &var.value_from {
@@ -725,7 +728,42 @@ mod tests {
             hostname: "etcd-0".into(),
             config_maps: BTreeMap::from([("cm".to_string(), cm)]),
             secrets: BTreeMap::from([("sec".to_string(), sec)]),
+            service_env: Vec::new(),
         }
+    }
+
+    #[test]
+    fn service_variables_come_first_and_yield_to_the_containers() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{
+                "name": "c",
+                "env": [
+                    {"name": "URL", "value": "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
+                    {"name": "KUBERNETES_SERVICE_PORT", "value": "6443"}
+                ]
+            }]}
+        }))
+        .unwrap();
+        let cx = EnvContext {
+            service_env: vec![
+                ("KUBERNETES_SERVICE_HOST".into(), "198.19.7.1".into()),
+                ("KUBERNETES_SERVICE_PORT".into(), "443".into()),
+            ],
+            ..ctx()
+        };
+        let c = &pod.spec.as_ref().unwrap().containers[0];
+        let env = build_env(&pod, c, &cx).unwrap();
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("URL"), Some("https://198.19.7.1:443"));
+        assert_eq!(get("KUBERNETES_SERVICE_HOST"), Some("198.19.7.1"));
+        assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("6443"));
+        assert_eq!(
+            env.iter()
+                .filter(|(n, _)| n == "KUBERNETES_SERVICE_PORT")
+                .count(),
+            1
+        );
     }
 
     #[test]

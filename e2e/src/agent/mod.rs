@@ -26,6 +26,7 @@ use tracing::{info, warn};
 
 use crate::state::{ClusterState, NODE_NAMES};
 
+pub mod apiproxy;
 pub mod hosts;
 pub mod image;
 pub mod logs;
@@ -33,6 +34,7 @@ pub mod node;
 pub mod pod;
 pub mod probe;
 pub mod runtime;
+pub mod security;
 pub mod status;
 pub mod volumes;
 
@@ -51,6 +53,8 @@ pub enum AgentError {
     Node(#[from] node::NodeError),
     #[error(transparent)]
     Runtime(#[from] runtime::RuntimeError),
+    #[error("cannot listen on the kubernetes Service address: {0}")]
+    ServiceProxy(#[source] std::io::Error),
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -438,9 +442,18 @@ pub async fn run(state: ClusterState) -> Result<(), AgentError> {
         Err(e) => warn!(error = %e, "cleanup task failed"),
         Ok(Ok(())) => {}
     }
+    // Pods reach the API server at the `kubernetes` Service's ClusterIP (see `apiproxy`).
+    let st = state.clone();
+    tokio::task::spawn_blocking(move || runtime::prepare_service_address(&st))
+        .await
+        .map_err(|_| runtime::RuntimeError::ThreadPanicked("service address"))??;
+    let proxy = apiproxy::bind(&state)
+        .await
+        .map_err(AgentError::ServiceProxy)?;
     let client = client_for(&state).await?;
     let agent = Arc::new(Agent::new(client.clone(), state.clone()));
     let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(apiproxy::serve(proxy, state.apiserver_port));
     tasks.spawn(run_provisioner(client.clone(), state.clone()));
     tasks.spawn(node::run(client.clone(), state.clone()));
     tasks.spawn(agent.clone().hosts_writer());

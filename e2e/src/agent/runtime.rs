@@ -16,8 +16,12 @@
 //! then the volumes are bind-mounted (from file descriptors opened before the pivot; a missing
 //! file target such as `/dev/termination-log` is created inside the container's root, never on
 //! the host), then the old root is detached, so the container's mount namespace pins no host
-//! mount but its own volumes. Then hostname, uid/gid, chdir, signal
-//! dispositions reset, and `execve` with exactly the given environment.
+//! mount but its own volumes. Then hostname, the working dir, the read-only remount of the root
+//! (`readOnlyRootFilesystem`), the capability bounding set cut and inheritable/ambient sets
+//! cleared, uid/gid, the permitted/effective capabilities (see `confine.rs` and
+//! [`ProcessSecurity`]), no_new_privs, chdir, signal dispositions reset, and `execve` with
+//! exactly the given environment. An exec into a running container gets the same
+//! credentials, capabilities and no_new_privs.
 //!
 //! Process lifetime: every child (container or exec) is forked from one dedicated, never-exiting
 //! thread of the agent process and gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the agent
@@ -35,6 +39,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::state::ClusterState;
 
+mod confine;
 mod host;
 mod init;
 mod net;
@@ -98,6 +103,8 @@ pub enum RuntimeError {
     ParentGone(u32),
     #[error("executable {program:?} not found in PATH {path:?}")]
     ProgramNotFound { program: String, path: String },
+    #[error("capabilities: cannot {what}: {detail}")]
+    Caps { what: String, detail: String },
     #[error("cleanup left {0} problem(s); see the log")]
     Cleanup(usize),
 }
@@ -127,6 +134,26 @@ pub struct ContainerSpec {
     pub log_path: PathBuf,
     pub run_as_user: Option<u32>,
     pub run_as_group: Option<u32>,
+    /// Capabilities, no_new_privs, read-only root (absent in older specs: nothing confined).
+    #[serde(default)]
+    pub security: ProcessSecurity,
+}
+
+/// How a container process is confined besides its uid and gid (applied by `container-init`,
+/// for the container and for every exec into it).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ProcessSecurity {
+    /// `CAP_*` names. `Some`: the bounding set is exactly these (those the kernel supports);
+    /// a process running as uid 0 gets them as its permitted and effective sets, any other uid
+    /// ends with empty sets (no file capabilities, no ambient ones); inheritable and ambient
+    /// sets are cleared, as containerd does since CVE-2022-24769. `None`: the process keeps
+    /// the init's capabilities (all of root's).
+    pub capabilities: Option<Vec<String>>,
+    /// PR_SET_NO_NEW_PRIVS before exec (`allowPrivilegeEscalation: false`).
+    pub no_new_privs: bool,
+    /// The container's root filesystem is remounted read-only (its volumes, `/dev`, `/proc`,
+    /// `/run` keep their own modes).
+    pub read_only_root: bool,
 }
 
 /// A pod's network sandbox.
@@ -152,7 +179,7 @@ pub struct ExecOutput {
 
 /// Creates the cluster bridge if missing (address `state.bridge_ip()`/24), a network namespace
 /// named `state.netns_prefix() + key`, a veth pair (host end on the bridge, pod end `eth0` with `ip`,
-/// default route via the bridge, `lo` up) and the scratch dir `dir`.
+/// a route for the service range via the bridge, `lo` up) and the scratch dir `dir`.
 ///
 /// `ip` must be a host address of the cluster's pod network (198.18.N.2 to .254). Safe to call
 /// concurrently (threads or processes): host changes are serialized by a flock on
@@ -164,6 +191,14 @@ pub fn create_sandbox(
     dir: &Path,
 ) -> Result<Sandbox, RuntimeError> {
     net::create_sandbox(state, key, ip, dir)
+}
+
+/// Creates the cluster bridge if missing and puts the `kubernetes` Service's ClusterIP
+/// (`state.kubernetes_service_ip()`) on it as a /32: the address pods reach the API server at
+/// (the agent listens there, see `agent::apiproxy`). Sandboxes route the service range via the
+/// bridge. Idempotent; serialized with sandbox creation.
+pub fn prepare_service_address(state: &ClusterState) -> Result<(), RuntimeError> {
+    net::prepare_service_address(state)
 }
 
 /// Deletes the sandbox's veth and network namespace. Idempotent. Leaves `dir` (logs) in place.
@@ -224,6 +259,17 @@ pub fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
 /// Must be called in a fresh single-threaded process (before any tokio runtime is built).
 pub fn container_init(spec_path: &Path) -> RuntimeError {
     init::container_init(spec_path)
+}
+
+/// The `CAP_*` names of every capability the running kernel supports (what a privileged
+/// container gets).
+pub fn supported_capabilities() -> Vec<String> {
+    let mut names: Vec<String> = caps::runtime::thread_all_supported()
+        .iter()
+        .map(|c| c.to_string())
+        .collect();
+    names.sort();
+    names
 }
 
 /// Sends `signal` to a container started by [`spawn_container`] and to every process of its

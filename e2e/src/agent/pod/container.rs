@@ -20,7 +20,8 @@ use crate::agent::pod::termination::{
     prepare_termination_file, termination_file, termination_message, termination_target,
 };
 use crate::agent::pod::{DEFAULT_GRACE_SECS, Outcome, PodShared, RunCtx, Slot};
-use crate::agent::runtime::{self, ContainerSpec, MountSpec};
+use crate::agent::runtime::{self, ContainerSpec, MountSpec, ProcessSecurity};
+use crate::agent::security;
 use crate::agent::status::{self, CState};
 use crate::agent::volumes;
 
@@ -63,7 +64,8 @@ fn build_spec(
         });
     }
     let term_file = termination_mount(ctx, c, &mut mounts)?;
-    let (run_as_user, run_as_group) = run_as(pod, c);
+    // The image's user: None until images carry one (then: root).
+    let sec = container_security(pod, c, None)?;
     let log_path = logs::log_file(&ctx.shared.dir, &c.name, attempt);
     if log_path.exists() {
         let _ = std::fs::remove_file(&log_path);
@@ -80,8 +82,13 @@ fn build_spec(
             mounts,
             hostname: hosts::pod_hostname(pod),
             log_path,
-            run_as_user,
-            run_as_group,
+            run_as_user: sec.run_as_user,
+            run_as_group: sec.run_as_group,
+            security: ProcessSecurity {
+                capabilities: Some(sec.capabilities),
+                no_new_privs: sec.no_new_privs,
+                read_only_root: sec.read_only_root,
+            },
         },
         term_file,
     ))
@@ -118,20 +125,18 @@ fn termination_mount(
     Ok(term_file)
 }
 
-/// `runAsUser` and `runAsGroup` of the container, else of the pod.
-fn run_as(pod: &Pod, c: &Container) -> (Option<u32>, Option<u32>) {
-    let pod_sc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
-    let c_sc = c.security_context.as_ref();
-    let uid = c_sc
-        .and_then(|s| s.run_as_user)
-        .or_else(|| pod_sc.and_then(|s| s.run_as_user));
-    let gid = c_sc
-        .and_then(|s| s.run_as_group)
-        .or_else(|| pod_sc.and_then(|s| s.run_as_group));
-    (
-        uid.and_then(|u| u32::try_from(u).ok()),
-        gid.and_then(|g| u32::try_from(g).ok()),
-    )
+/// The effective security settings of `c` (see [`security`]); `runAsNonRoot` violated by the
+/// effective uid (`runAsUser`, else `image_uid`, else root) is a CreateContainerConfigError with
+/// the kubelet's message.
+fn container_security(
+    pod: &Pod,
+    c: &Container,
+    image_uid: Option<u32>,
+) -> Result<security::Effective, BuildError> {
+    let eff = security::effective(pod, c, &runtime::supported_capabilities());
+    security::verify_run_as_non_root(pod, c, &eff, image_uid)
+        .map_err(|msg| BuildError::Wait("CreateContainerConfigError", msg))?;
+    Ok(eff)
 }
 
 fn exit_of(status: std::process::ExitStatus) -> (i32, Option<i32>) {

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::agent::Agent;
+use crate::agent::apiproxy;
 use crate::agent::hosts;
 use crate::agent::image::{self, EnvContext};
 use crate::agent::runtime::{self, Sandbox};
@@ -358,6 +359,7 @@ async fn env_context(agent: &Agent, pod: &Pod, ip: Ipv4Addr) -> Result<EnvContex
         pod_ip: ip.to_string(),
         host_ip: status::HOST_IP.to_string(),
         hostname: hosts::pod_hostname(pod),
+        service_env: apiproxy::service_env(agent.state.kubernetes_service_ip()),
         ..Default::default()
     };
     let cm_api: Api<ConfigMap> = Api::namespaced(agent.client.clone(), &ns);

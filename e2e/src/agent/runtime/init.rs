@@ -15,6 +15,7 @@ use nix::sys::signal::{SigHandler, SigSet, SigmaskHow, Signal};
 use nix::unistd::{AccessFlags, Gid, Uid};
 use serde::{Deserialize, Serialize};
 
+use super::confine;
 use super::net::netns_path;
 use super::spawn::check_spec;
 use super::{ContainerSpec, RuntimeError, Sandbox};
@@ -97,7 +98,12 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
         // As the runtime does for a missing workingDir: create it (as root).
         std::fs::create_dir_all(wd).map_err(io("cannot create working dir", wd))?;
     }
+    if init.join_pid.is_none() && spec.security.read_only_root {
+        confine::read_only_root()?;
+    }
+    confine::before_credentials(&spec.security)?;
     set_credentials(spec)?;
+    confine::after_credentials(&spec.security)?;
     // A credential change clears the parent-death signal: set it again, then re-check that the
     // agent did not die in between.
     ensure_parent(init.parent_pid)?;
@@ -628,6 +634,11 @@ mod tests {
                 log_path: PathBuf::from("/s/l.log"),
                 run_as_user: Some(1000),
                 run_as_group: None,
+                security: super::super::ProcessSecurity {
+                    capabilities: Some(vec!["CAP_CHOWN".into()]),
+                    no_new_privs: true,
+                    read_only_root: true,
+                },
             },
             parent_pid: 1,
             join_pid: None,

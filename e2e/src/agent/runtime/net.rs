@@ -6,9 +6,11 @@
 //! (iproute2), always with argument vectors.
 //!
 //! Traffic stays on the machine: pods get no default route, only the on-link route of the pod
-//! /24 (which holds the bridge address, i.e. the host, and every other pod), so a packet for any
-//! other address fails at once in the pod with "network unreachable" (DNS lookups of names not in
-//! the pod's hosts file fail fast instead of stalling). The bridge has no uplink, no NAT is set up
+//! /24 (which holds the bridge address, i.e. the host, and every other pod) and a route for the
+//! service /24 via the bridge (the host holds the `kubernetes` Service's ClusterIP, where the
+//! agent proxies to the API server: `agent::apiproxy`), so a packet for any other address fails
+//! at once in the pod with "network unreachable" (DNS lookups of names not in the pod's hosts
+//! file fail fast instead of stalling). The bridge has no uplink, no NAT is set up
 //! and `ip_forward` is not touched. Pod <-> pod traffic is bridged. With `br_netfilter` loaded (`bridge-nf-call-iptables=1`) bridged frames
 //! traverse iptables' FORWARD chain: an empty ruleset (as on the machines this runs on) passes
 //! them; a host firewall with a FORWARD DROP policy would need an allowance for the pod range.
@@ -130,6 +132,21 @@ fn ensure_bridge(state: &ClusterState) -> Result<(), RuntimeError> {
         info!(%bridge, %cidr, "assigned bridge address");
     }
     ip(&["link", "set", "dev", &bridge, "up"])?;
+    Ok(())
+}
+
+/// Creates the bridge (as [`create_sandbox`] would) and gives it the `kubernetes` Service's
+/// ClusterIP as a /32, so that the agent can listen there (see `agent::apiproxy`). Idempotent.
+pub(super) fn prepare_service_address(state: &ClusterState) -> Result<(), RuntimeError> {
+    let _lock = lock_cluster(state)?;
+    ensure_bridge(state)?;
+    let bridge = state.bridge_name();
+    let cidr = format!("{}/32", state.kubernetes_service_ip());
+    let addrs = ip(&["-4", "-o", "addr", "show", "dev", &bridge])?;
+    if !has_inet_addr(&addrs, &cidr) {
+        ip(&["addr", "add", &cidr, "dev", &bridge])?;
+        info!(%bridge, %cidr, "assigned the kubernetes Service address");
+    }
     Ok(())
 }
 
@@ -301,6 +318,19 @@ fn configure(state: &ClusterState, sb: &Sandbox) -> Result<(), RuntimeError> {
     ip(&["-n", ns, "link", "set", "dev", "lo", "up"])?;
     ip(&["-n", ns, "addr", "add", &cidr, "dev", "eth0"])?;
     ip(&["-n", ns, "link", "set", "dev", "eth0", "up"])?;
+    // The service range is reached through the host (the `kubernetes` Service, agent::apiproxy).
+    let via = state.bridge_ip().to_string();
+    ip(&[
+        "-n",
+        ns,
+        "route",
+        "add",
+        &state.service_cidr(),
+        "via",
+        &via,
+        "dev",
+        "eth0",
+    ])?;
     std::fs::create_dir_all(&sb.dir).map_err(|source| RuntimeError::Io {
         what: "cannot create",
         path: sb.dir.clone(),
