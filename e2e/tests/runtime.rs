@@ -341,6 +341,8 @@ fn spec(sandbox: &Sandbox, name: &str, argv: &[&str]) -> ContainerSpec {
         log_path: sandbox.dir.join(format!("{name}.log")),
         run_as_user: None,
         run_as_group: None,
+        image_root: None,
+        image_uid: None,
     }
 }
 
