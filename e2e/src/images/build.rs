@@ -120,6 +120,26 @@ pub fn gzip(bytes: &[u8]) -> Vec<u8> {
 pub struct Layer {
     pub tar: Vec<u8>,
     pub gzip: bool,
+    /// A media type to write instead of the right one (to test refusals).
+    pub media_type: Option<&'static str>,
+}
+
+impl Layer {
+    pub fn gzip(tar: Vec<u8>) -> Self {
+        Self {
+            tar,
+            gzip: true,
+            media_type: None,
+        }
+    }
+
+    pub fn plain(tar: Vec<u8>) -> Self {
+        Self {
+            tar,
+            gzip: false,
+            media_type: None,
+        }
+    }
 }
 
 /// An OCI archive of one image: `layers`, a config whose `config` object is `run_config`
@@ -140,6 +160,7 @@ pub fn oci_archive(
         } else {
             (l.tar.clone(), "application/vnd.oci.image.layer.v1.tar")
         };
+        let media_type = l.media_type.unwrap_or(media_type);
         let b = Blob::new(bytes);
         layer_descs
             .push(json!({"mediaType": media_type, "digest": b.digest, "size": b.bytes.len()}));

@@ -480,3 +480,153 @@ impl<R: Read> Read for HashingReader<R> {
         Ok(n)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::images::build::{Layer, LayerBuilder, oci_archive};
+
+    struct Scratch(PathBuf);
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn scratch() -> Scratch {
+        let dir = std::env::temp_dir().join(format!(
+            "sm-load-{}-{}",
+            std::process::id(),
+            crate::testing::random_suffix()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+
+    fn archive(marker: &str) -> (Vec<u8>, Vec<String>) {
+        archive_with(marker, None)
+    }
+
+    fn archive_with(marker: &str, media_type: Option<&'static str>) -> (Vec<u8>, Vec<String>) {
+        let l1 = LayerBuilder::new()
+            .dir("etc/", 0o755, (0, 0))
+            .file("etc/marker", 0o644, (0, 0), marker.as_bytes())
+            .file("etc/doomed", 0o644, (0, 0), b"x")
+            .file("etc/filler", 0o644, (0, 0), &[b'z'; 20_000])
+            .finish();
+        let l2 = LayerBuilder::new().whiteout("etc/.wh.doomed").finish();
+        oci_archive(
+            &[
+                Layer {
+                    media_type,
+                    ..Layer::gzip(l1)
+                },
+                Layer::plain(l2),
+            ],
+            serde_json::json!({"Entrypoint": ["/bin/sh"], "User": "1:2", "WorkingDir": "/w"}),
+            "localhost/test/img:1",
+        )
+    }
+
+    /// index.json and the names under the store (what a refused load must not change).
+    fn snapshot(store: &Store) -> (String, Vec<String>) {
+        let index = std::fs::read_to_string(store.index_path()).unwrap_or_default();
+        let mut names: Vec<String> = std::fs::read_dir(&store.dir)
+            .unwrap()
+            .chain(std::fs::read_dir(store.dir.join("sha256")).unwrap())
+            .map(|e| e.unwrap().path().display().to_string())
+            .collect();
+        names.sort();
+        (index, names)
+    }
+
+    fn load(store: &Store, dir: &Path, bytes: &[u8]) -> Result<Vec<LoadedImage>, LoadError> {
+        let path = dir.join(format!("a-{}.tar", crate::testing::random_suffix()));
+        std::fs::write(&path, bytes).unwrap();
+        load_archive(store, &path, None)
+    }
+
+    #[test]
+    fn load_lookup_replace_and_idempotence() {
+        let dir = scratch();
+        let store = Store::new(dir.0.join("images"));
+        let (a, _) = archive("A");
+        let first = load(&store, &dir.0, &a).unwrap();
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].name, "localhost/test/img:1");
+        assert!(!first[0].already_present);
+        let img = store.lookup("localhost/test/img:1").unwrap().unwrap();
+        assert_eq!(std::fs::read(img.rootfs.join("etc/marker")).unwrap(), b"A");
+        assert!(!img.rootfs.join("etc/doomed").exists());
+        assert_eq!(img.config.user.as_deref(), Some("1:2"));
+        assert_eq!(img.config.working_dir.as_deref(), Some("/w"));
+        assert_eq!(store.lookup("localhost/test/other:1").unwrap(), None);
+        let before = snapshot(&store);
+        let again = load(&store, &dir.0, &a).unwrap();
+        assert!(again[0].already_present);
+        assert_eq!(snapshot(&store), before);
+        let (b, _) = archive("B");
+        let replaced = load(&store, &dir.0, &b).unwrap();
+        assert_ne!(replaced[0].digest, first[0].digest);
+        let img = store.lookup("localhost/test/img:1").unwrap().unwrap();
+        assert_eq!(std::fs::read(img.rootfs.join("etc/marker")).unwrap(), b"B");
+    }
+
+    #[test]
+    fn corrupt_and_truncated_archives_leave_the_store_unchanged() {
+        let dir = scratch();
+        let store = Store::new(dir.0.join("images"));
+        let (a, _) = archive("A");
+        load(&store, &dir.0, &a).unwrap();
+        let before = snapshot(&store);
+        let (b, layers) = archive("B");
+        // A flipped byte in the middle of the first layer's blob.
+        let blob_hex = &layers[0][7..];
+        let name_at = b
+            .windows(blob_hex.len())
+            .position(|w| w == blob_hex.as_bytes())
+            .unwrap();
+        let mut corrupt = b.clone();
+        let data_at = (name_at / 512 + 1) * 512;
+        corrupt[data_at + 100] ^= 0x40;
+        let err = load(&store, &dir.0, &corrupt).unwrap_err().to_string();
+        assert!(
+            err.contains("digest mismatch") && err.contains(&layers[0]),
+            "{err}"
+        );
+        assert_eq!(snapshot(&store), before);
+        // Cut inside that blob, and at an entry boundary (before index.json).
+        let err = load(&store, &dir.0, &b[..data_at + 300])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("unexpected end of archive"), "{err}");
+        assert_eq!(snapshot(&store), before);
+        let index_at = b.windows(10).rposition(|w| w == b"index.json").unwrap();
+        let err = load(&store, &dir.0, &b[..index_at])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("index.json is missing"), "{err}");
+        assert_eq!(snapshot(&store), before);
+        let err = load(&store, &dir.0, b"not a tar at all")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot read the archive") || err.contains("missing"),
+            "{err}"
+        );
+        assert_eq!(snapshot(&store), before);
+        let img = store.lookup("localhost/test/img:1").unwrap().unwrap();
+        assert_eq!(std::fs::read(img.rootfs.join("etc/marker")).unwrap(), b"A");
+    }
+
+    #[test]
+    fn unsupported_media_types_are_named() {
+        let dir = scratch();
+        let store = Store::new(dir.0.join("images"));
+        let zstd = "application/vnd.oci.image.layer.v1.tar+zstd";
+        let (a, layers) = archive_with("A", Some(zstd));
+        let err = load(&store, &dir.0, &a).unwrap_err().to_string();
+        assert!(err.contains(zstd) && err.contains(&layers[0]), "{err}");
+        assert!(!store.index_path().exists());
+    }
+}
