@@ -1,5 +1,5 @@
 //! The node agent's host runtime: pod sandboxes (network namespace, veth on the cluster bridge,
-//! pod IP) and containers (a host program in its own mount and UTS namespace, inside the pod's
+//! pod IP) and containers (an image's program or a host program in its own mount and UTS namespace, inside the pod's
 //! network namespace, with bind-mounted volumes). Knows nothing about the Kubernetes API.
 //!
 //! How a container is built (see `init.rs`): `spawn_container` writes `<sandbox.dir>/<name>.json`

@@ -440,3 +440,59 @@ pub(super) async fn run_container(
         Outcome::Exited(exit_code)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(image_user: Option<(u32, u32)>) -> Process {
+        Process {
+            argv: vec!["/bin/sh".into()],
+            env: Vec::new(),
+            working_dir: None,
+            image_root: image_user.map(|_| PathBuf::from("/img")),
+            image_user: image_user.map(|(uid, gid)| ImageUser {
+                uid,
+                gid,
+                home: "/".into(),
+            }),
+            passwd: "root:x:0:0::/root:/bin/sh\napp:x:1000:100::/app:/bin/sh\n".into(),
+        }
+    }
+
+    #[test]
+    fn security_context_wins_over_the_image_user() {
+        let nonroot = process(Some((65532, 65532)));
+        assert_eq!(
+            effective_user((None, None), &nonroot),
+            (Some(65532), Some(65532))
+        );
+        assert_eq!(
+            effective_user((None, Some(5)), &nonroot),
+            (Some(65532), Some(5))
+        );
+        assert_eq!(
+            effective_user((Some(0), None), &nonroot),
+            (Some(0), Some(0))
+        );
+        assert_eq!(
+            effective_user((Some(1000), None), &nonroot),
+            (Some(1000), Some(100))
+        );
+        assert_eq!(effective_user((Some(7), None), &nonroot), (Some(7), None));
+        assert_eq!(
+            effective_user((Some(7), Some(8)), &nonroot),
+            (Some(7), Some(8))
+        );
+        // A root image changes nothing; host programs keep the security context as it is.
+        assert_eq!(
+            effective_user((None, None), &process(Some((0, 0)))),
+            (None, None)
+        );
+        assert_eq!(effective_user((None, None), &process(None)), (None, None));
+        assert_eq!(
+            effective_user((Some(3), None), &process(None)),
+            (Some(3), None)
+        );
+    }
+}

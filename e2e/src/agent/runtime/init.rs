@@ -323,7 +323,7 @@ fn mkdir_p(p: &Path) -> Result<(), RuntimeError> {
 }
 
 /// New container: the sandbox's network namespace, new mount/UTS/IPC namespaces, a private root
-/// (overlay of the host's `/`), the spec's bind mounts, the hostname.
+/// (overlay of the image's root or the host's `/`), the spec's bind mounts, the hostname.
 fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
     let spec = &init.spec;
     enter_namespaces(init)?;
