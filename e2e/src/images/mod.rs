@@ -17,8 +17,8 @@
 //! and each layer's uncompressed digest against the config's `diff_ids`), builds the image in
 //! its work dir, renames it into `sha256/` and only then replaces `index.json` (write + rename):
 //! a refused archive leaves the store as it was. Image directories that no name points at any
-//! more are kept (a running container may use one as its root); `localcluster down` removes the
-//! state dir with the store.
+//! more are kept (a running container may use one as its root). The store outlives `down` and a
+//! new `up` in the same state dir (images stay loaded); removing the state dir removes it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
