@@ -122,6 +122,13 @@ pub fn load_archive(
     name: Option<&str>,
 ) -> Result<Vec<LoadedImage>, LoadError> {
     std::fs::create_dir_all(&store.dir).map_err(io_err("cannot create", &store.dir))?;
+    // Root only: image roots hold set-id programs that no host user may reach through the store
+    // (containers see them through their overlay, mounted by root).
+    std::fs::set_permissions(
+        &store.dir,
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .map_err(io_err("cannot set the mode of", &store.dir))?;
     let lock_path = store.dir.join("lock");
     let lock_file = File::create(&lock_path).map_err(io_err("cannot create", &lock_path))?;
     let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive).map_err(
@@ -553,6 +560,9 @@ mod tests {
         let (a, _) = archive("A");
         let first = load(&store, &dir.0, &a).unwrap();
         assert_eq!(first.len(), 1);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&store.dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
         assert_eq!(first[0].name, "localhost/test/img:1");
         assert!(!first[0].already_present);
         let img = store.lookup("localhost/test/img:1").unwrap().unwrap();

@@ -13,6 +13,9 @@
 //! images/.load-*/                    the work dir of a load in progress (removed after it)
 //! ```
 //!
+//! The store is mode 0700: image roots may hold set-id programs, which no host user must reach
+//! through it (containers see them through their overlay root, mounted by root).
+//!
 //! `<hex>` is the manifest digest's. A load verifies every blob it uses (sha256 digest and size,
 //! and each layer's uncompressed digest against the config's `diff_ids`), builds the image in
 //! its work dir, renames it into `sha256/` and only then replaces `index.json` (write + rename):
