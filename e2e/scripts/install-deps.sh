@@ -15,7 +15,8 @@ log() { echo "install-deps: $*" >&2; }
 
 APT_PKGS=(etcd-server etcd-client rsync golang-go golang-github-modern-go-reflect2-dev
   protobuf-compiler libprotobuf-dev openssl iproute2 e2fsprogs util-linux mount kmod make dpkg-dev
-  build-essential rsync acl attr ca-certificates curl)
+  build-essential rsync acl attr ca-certificates curl
+  busybox-static)
 
 need_apt=()
 for p in "${APT_PKGS[@]}"; do

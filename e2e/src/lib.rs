@@ -3,6 +3,7 @@
 //! - [`state`]: the state directory and the cluster's identity (ports, names, ranges).
 //! - [`controlplane`]: etcd + kube-apiserver + controller-manager + scheduler (`up`/`down`).
 //! - [`agent`]: the node agent (kubelet) for the cluster's three nodes.
+//! - [`images`]: the image store (`localcluster image load`, OCI archives) the agent runs from.
 //! - [`provisioner`]: the `local.e2e/ext4` volume provisioner.
 //! - [`pki`]: the cluster's certificates and keys.
 //! - [`mountinfo`]: the `/proc/<pid>/mountinfo` parser.
@@ -11,6 +12,7 @@
 
 pub mod agent;
 pub mod controlplane;
+pub mod images;
 pub mod mountinfo;
 pub mod pki;
 pub mod provisioner;

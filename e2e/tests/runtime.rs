@@ -347,6 +347,8 @@ fn spec(sandbox: &Sandbox, name: &str, argv: &[&str]) -> ContainerSpec {
         run_as_user: None,
         run_as_group: None,
         security: Default::default(),
+        image_root: None,
+        image_uid: None,
     }
 }
 

@@ -1,12 +1,15 @@
-//! The image table (an image name → host programs), Kubernetes' command/args semantics, `$(VAR)`
-//! expansion and the container environment (env, envFrom, fieldRef, resourceFieldRef,
-//! secretKeyRef, configMapKeyRef). Pure functions; the caller fetches ConfigMaps and Secrets.
+//! The image table (an image name → host programs), the pull-policy decision between it and the
+//! image store ([`crate::images`]), Kubernetes' command/args semantics, `$(VAR)` expansion and
+//! the container environment (env, envFrom, fieldRef, resourceFieldRef, secretKeyRef,
+//! configMapKeyRef; a stored image's Env below them). Pure functions; the caller fetches
+//! ConfigMaps and Secrets and looks the image up in the store.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Container, EnvVarSource, Pod, Secret};
 
+use crate::images::PullPolicy;
 use crate::quantity;
 
 /// PATH of a container that sets none (what common base images set).
@@ -16,7 +19,7 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 pub enum ImageError {
     /// No host program stands in for this image (reported as ErrImagePull).
     #[error(
-        "image {0:?} is not available on this node (localcluster maps only etcd, busybox, alpine, debian and storage-migrator-mover images to host programs)"
+        "image {0:?} is not available on this node: it is not in the node's image store (`localcluster image load`) and localcluster maps only etcd, busybox, alpine and debian images to host programs; there is no registry to pull from"
     )]
     Unknown(String),
     /// The program to run does not exist on the host (reported as a start error).
@@ -54,12 +57,66 @@ pub fn lookup(image: &str) -> Result<ImageConfig, ImageError> {
     };
     if last.starts_with("etcd") {
         Ok(entry("etcd"))
-    } else if repo.ends_with("storage-migrator-mover")
-        || matches!(last, "busybox" | "alpine" | "debian")
-    {
+    } else if matches!(last, "busybox" | "alpine" | "debian") {
         Ok(entry("sh"))
     } else {
         Err(ImageError::Unknown(image.to_string()))
+    }
+}
+
+/// Where a container's image comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageSource<S> {
+    /// The node's image store (`localcluster image load`).
+    Store(S),
+    /// A host program of the table ([`lookup`]).
+    Host(ImageConfig),
+}
+
+/// Why a container's image is not available (the container waits with [`PullError::reason`]).
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum PullError {
+    /// In neither the store nor the table (any policy but `Never`).
+    #[error(transparent)]
+    NotPresent(ImageError),
+    /// `Always` for an image that only the store holds: a kubelet without a registry cannot pull.
+    #[error(
+        "image {0:?} has imagePullPolicy Always, but localcluster has no registry to pull from (the node's image store holds it: use imagePullPolicy IfNotPresent or Never)"
+    )]
+    AlwaysWithoutRegistry(String),
+    /// `Never` and not present.
+    #[error("Container image {0:?} is not present with pull policy of Never")]
+    NeverPull(String),
+}
+
+impl PullError {
+    /// The container's waiting reason, as a kubelet reports it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PullError::NotPresent(_) | PullError::AlwaysWithoutRegistry(_) => "ErrImagePull",
+            PullError::NeverPull(_) => "ErrImageNeverPull",
+        }
+    }
+}
+
+/// The kubelet's decision on a node without a registry: `Never` and `IfNotPresent` use the
+/// store (`stored`, the store's lookup of `image`), `Always` cannot pull. The host-program table
+/// stands for images the node has: it serves under any policy (after the store).
+pub fn choose_source<S>(
+    image: &str,
+    policy: PullPolicy,
+    stored: Option<S>,
+) -> Result<ImageSource<S>, PullError> {
+    let host = lookup(image);
+    match (policy, stored, host) {
+        (PullPolicy::Always, _, Ok(h)) => Ok(ImageSource::Host(h)),
+        (PullPolicy::Always, Some(_), Err(_)) => {
+            Err(PullError::AlwaysWithoutRegistry(image.to_string()))
+        }
+        (_, Some(s), _) if policy != PullPolicy::Always => Ok(ImageSource::Store(s)),
+        (_, _, Ok(h)) => Ok(ImageSource::Host(h)),
+        (PullPolicy::Never, _, Err(_)) => Err(PullError::NeverPull(image.to_string())),
+        (_, _, Err(e)) => Err(PullError::NotPresent(e)),
     }
 }
 
@@ -407,6 +464,55 @@ pub fn build_env(
     container: &Container,
     ctx: &EnvContext,
 ) -> Result<Vec<(String, String)>, EnvError> {
+    let mut env = container_env(pod, container, ctx)?;
+    add_defaults(&mut env, &ctx.hostname, "/root");
+    Ok(env)
+}
+
+/// The environment of a container run from a stored image: the image's `Env` (`NAME=value`
+/// entries) first, the container's own variables (`container_env`, from [`container_env`])
+/// overriding them by name, then the runtime defaults where still unset (HOME: `home`, the
+/// image user's home).
+pub fn env_over_image(
+    image_env: &[String],
+    container_env: &[(String, String)],
+    hostname: &str,
+    home: &str,
+) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = Vec::new();
+    for entry in image_env {
+        let (k, v) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
+        if !k.is_empty() {
+            set_var(&mut env, k, v.to_string());
+        }
+    }
+    for (k, v) in container_env {
+        set_var(&mut env, k, v.clone());
+    }
+    add_defaults(&mut env, hostname, home);
+    env
+}
+
+/// PATH, HOSTNAME and HOME where unset (what a container runtime adds).
+fn add_defaults(env: &mut Vec<(String, String)>, hostname: &str, home: &str) {
+    for (k, v) in [
+        ("PATH", DEFAULT_PATH),
+        ("HOSTNAME", hostname),
+        ("HOME", home),
+    ] {
+        if !env.iter().any(|(n, _)| n == k) {
+            env.push((k.to_string(), v.to_string()));
+        }
+    }
+}
+
+/// The container's own variables: envFrom (in order), then env (later entries win, values
+/// `$(VAR)`-expanded against what came before). No defaults.
+pub fn container_env(
+    pod: &Pod,
+    container: &Container,
+    ctx: &EnvContext,
+) -> Result<Vec<(String, String)>, EnvError> {
     let mut env: Vec<(String, String)> = ctx.service_env.clone();
     add_env_from(container, ctx, &mut env)?;
     for var in container.env.iter().flatten() {
@@ -421,15 +527,6 @@ pub fn build_env(
             expand(&raw, &env_lookup(&snapshot))
         };
         set_var(&mut env, &var.name, value);
-    }
-    for (k, v) in [
-        ("PATH", DEFAULT_PATH.to_string()),
-        ("HOSTNAME", ctx.hostname.clone()),
-        ("HOME", "/root".to_string()),
-    ] {
-        if !env.iter().any(|(n, _)| n == k) {
-            env.push((k.to_string(), v));
-        }
     }
     Ok(env)
 }
@@ -591,9 +688,6 @@ mod tests {
             "busybox:1.36",
             "docker.io/library/alpine:3",
             "debian:bookworm-slim",
-            "ghcr.io/storage-migrator/storage-migrator-mover:0.1.0",
-            "localhost:5000/storage-migrator-mover",
-            "storage-migrator-mover@sha256:00",
         ] {
             assert_eq!(lookup(sh).unwrap().entrypoint, vec!["sh"], "{sh}");
         }
@@ -602,11 +696,67 @@ mod tests {
             "registry:5000/nginx:1",
             "postgres:16",
             "etc/busybox2",
+            "ghcr.io/storage-migrator/storage-migrator-mover:0.1.0",
+            "ghcr.io/storage-migrator/storage-migrator:0.1.0",
+            "storage-migrator-mover@sha256:00",
         ] {
             assert_eq!(lookup(unknown), Err(ImageError::Unknown(unknown.into())));
         }
         assert_eq!(repository("localhost:5000/etcd:1"), "localhost:5000/etcd");
         assert_eq!(repository("localhost:5000/etcd"), "localhost:5000/etcd");
+    }
+
+    #[test]
+    fn pull_policy_decisions() {
+        use PullPolicy::*;
+        let ours = "ghcr.io/storage-migrator/storage-migrator:0.1.0";
+        let src = |image: &str, p, stored: Option<u8>| choose_source(image, p, stored);
+        // The store serves IfNotPresent and Never; Always cannot pull without a registry.
+        assert_eq!(src(ours, IfNotPresent, Some(1)), Ok(ImageSource::Store(1)));
+        assert_eq!(src(ours, Never, Some(1)), Ok(ImageSource::Store(1)));
+        let always = src(ours, Always, Some(1)).unwrap_err();
+        assert_eq!(always, PullError::AlwaysWithoutRegistry(ours.into()));
+        assert_eq!(always.reason(), "ErrImagePull");
+        // Absent everywhere: ErrImagePull naming the image, or ErrImageNeverPull.
+        for p in [Always, IfNotPresent] {
+            let e = src(ours, p, None).unwrap_err();
+            assert_eq!(e.reason(), "ErrImagePull");
+            assert!(e.to_string().contains(ours), "{e}");
+        }
+        let never = src(ours, Never, None).unwrap_err();
+        assert_eq!(never.reason(), "ErrImageNeverPull");
+        assert!(never.to_string().contains(ours), "{never}");
+        // Host programs stand in for images the node has, under any policy; a loaded image of
+        // the same name wins where the store is used.
+        for p in [Always, IfNotPresent, Never] {
+            assert!(matches!(src("busybox", p, None), Ok(ImageSource::Host(_))));
+        }
+        assert!(matches!(
+            src("busybox", Always, Some(1)),
+            Ok(ImageSource::Host(_))
+        ));
+        assert_eq!(src("busybox", Never, Some(1)), Ok(ImageSource::Store(1)));
+    }
+
+    #[test]
+    fn image_env_comes_first_container_env_overrides() {
+        let image_env: Vec<String> = ["PATH=/img/bin", "A=image", "B=image", "EQ=x=y", "NOVAL"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let container = vec![("B".to_string(), "container".to_string())];
+        let env = env_over_image(&image_env, &container, "pod-0", "/home/nonroot");
+        let get = |k: &str| env.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        assert_eq!(get("PATH"), Some("/img/bin"));
+        assert_eq!(get("A"), Some("image"));
+        assert_eq!(get("B"), Some("container"));
+        assert_eq!(get("EQ"), Some("x=y"));
+        assert_eq!(get("NOVAL"), Some(""));
+        assert_eq!(get("HOME"), Some("/home/nonroot"));
+        assert_eq!(get("HOSTNAME"), Some("pod-0"));
+        assert_eq!(env.iter().filter(|(n, _)| n == "B").count(), 1);
+        let bare = env_over_image(&[], &[], "h", "/");
+        assert_eq!(path_of(&bare), DEFAULT_PATH);
     }
 
     #[test]

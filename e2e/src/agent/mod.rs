@@ -3,7 +3,8 @@
 //! - [`node`]: Node objects, heartbeats, Leases.
 //! - [`pod`]: one worker per pod bound to our nodes (sandbox, volumes, containers, probes,
 //!   status, deletion).
-//! - [`image`]: image table, command/args, `$(VAR)` expansion, environment.
+//! - [`image`]: image table, pull policy (store or table), command/args, `$(VAR)` expansion,
+//!   environment.
 //! - [`volumes`], [`hosts`], [`probe`], [`status`], [`logs`]: the parts a worker uses.
 //! - [`runtime`]: host sandboxes and container processes (no Kubernetes API).
 //!

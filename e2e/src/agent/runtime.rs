@@ -1,5 +1,5 @@
 //! The node agent's host runtime: pod sandboxes (network namespace, veth on the cluster bridge,
-//! pod IP) and containers (a host program in its own mount and UTS namespace, inside the pod's
+//! pod IP) and containers (an image's program or a host program in its own mount and UTS namespace, inside the pod's
 //! network namespace, with bind-mounted volumes). Knows nothing about the Kubernetes API.
 //!
 //! How a container is built (see `init.rs`): `spawn_container` writes `<sandbox.dir>/<name>.json`
@@ -7,9 +7,10 @@
 //! set, else the current executable). That fresh, single-threaded process enters the pod's network
 //! namespace, unshares mount + UTS + IPC namespaces, makes `/` rprivate and builds a private root:
 //! a tmpfs mounted on `<sandbox.dir>/<name>.root` (only inside the container's mount namespace)
-//! holds the upper and work dirs of an overlayfs whose lower dir is the host's `/`, so the host
-//! filesystem is the image and writes outside volumes (`mkdir /data`, `/var/run/etcd`) never
-//! touch the host. Fresh `/proc`, `/sys` (read-only), `/run` and a private `/dev` are
+//! holds the upper and work dirs of an overlayfs whose lower dir is the image's root
+//! (`ContainerSpec::image_root`, a stored image's flattened layers) or, for the host-program
+//! images, the host's `/`; writes outside volumes (`mkdir /data`, `/var/run/etcd`) never touch
+//! the lower dir. Fresh `/proc`, `/sys` (read-only), `/run` and a private `/dev` are
 //! mounted in it (a small tmpfs with the host's null, zero, full, random, urandom and tty bound
 //! into it, a new devpts instance, `ptmx -> pts/ptmx`, `/dev/shm`, `/dev/mqueue`, the
 //! `fd`/`stdin`/`stdout`/`stderr` symlinks: what a container runtime gives), then `pivot_root`,
@@ -137,6 +138,14 @@ pub struct ContainerSpec {
     /// Capabilities, no_new_privs, read-only root (absent in older specs: nothing confined).
     #[serde(default)]
     pub security: ProcessSecurity,
+    /// Root filesystem of a stored image ([`crate::images`]): the lower dir of the container's
+    /// overlay root. `None`: the host's `/` (host-program images).
+    #[serde(default)]
+    pub image_root: Option<PathBuf>,
+    /// The uid the image's config asks for (its `User`, resolved in the image's `/etc/passwd`;
+    /// 0 when it names none), for `runAsNonRoot`. `None` for host-program images.
+    #[serde(default)]
+    pub image_uid: Option<u32>,
 }
 
 /// How a container process is confined besides its uid and gid (applied by `container-init`,

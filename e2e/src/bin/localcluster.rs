@@ -4,6 +4,8 @@
 //! - `localcluster up --state-dir DIR`: start it in the background; prints
 //!   `export KUBECONFIG=DIR/kubeconfig` on stdout once it is usable (progress goes to stderr).
 //! - `localcluster down --state-dir DIR`: stop it and check nothing is left.
+//! - `localcluster image load --state-dir DIR [--name REF] ARCHIVE`: import an OCI archive into
+//!   the image store the cluster's nodes run containers from (`DIR/images`, see `e2e::images`).
 
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -45,6 +47,11 @@ enum Cmd {
         #[arg(long)]
         state_dir: PathBuf,
     },
+    /// The image store shared by the cluster's nodes (`DIR/images`).
+    Image {
+        #[command(subcommand)]
+        command: ImageCmd,
+    },
     /// Run the node agent in the foreground (started by `up`).
     #[command(hide = true)]
     Agent {
@@ -54,6 +61,23 @@ enum Cmd {
     /// Enter a pod's namespaces and exec a container (started by the agent).
     #[command(hide = true)]
     ContainerInit { spec: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Import an OCI archive (a tar of an OCI image layout) into the store. Every blob is checked
+    /// against its digest and size; a refused archive leaves the store unchanged.
+    Load {
+        /// State directory of the cluster.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Name the image by this reference instead of its index.json annotation
+        /// (org.opencontainers.image.ref.name); only for an archive of one image.
+        #[arg(long)]
+        name: Option<String>,
+        /// The OCI archive.
+        archive: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -74,6 +98,14 @@ fn main() -> ExitCode {
         } => cmd_up(&state_dir, no_agent, bin_dir),
         Cmd::Down { state_dir } => cmd_down(&state_dir),
         Cmd::Agent { state_dir } => cmd_agent(&state_dir),
+        Cmd::Image {
+            command:
+                ImageCmd::Load {
+                    state_dir,
+                    name,
+                    archive,
+                },
+        } => cmd_image_load(&state_dir, name.as_deref(), &archive),
         Cmd::ContainerInit { .. } => unreachable!("dispatched above"),
     };
     match result {
@@ -161,6 +193,36 @@ fn cmd_down(state_dir: &Path) -> anyhow::Result<ExitCode> {
         }
         Ok(ExitCode::FAILURE)
     }
+}
+
+fn cmd_image_load(
+    state_dir: &Path,
+    name: Option<&str>,
+    archive: &Path,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        state_dir.is_dir(),
+        "state dir {} does not exist (start the cluster with `localcluster up --state-dir DIR`)",
+        state_dir.display()
+    );
+    let t = Instant::now();
+    let store = e2e::images::Store::new(e2e::images::store_dir(state_dir));
+    let loaded = e2e::images::load_archive(&store, archive, name)
+        .with_context(|| format!("image load {}: refused", archive.display()))?;
+    for image in &loaded {
+        let what = if image.already_present {
+            "already present"
+        } else {
+            "loaded"
+        };
+        eprintln!("{what}: {} ({})", image.name, image.digest);
+    }
+    eprintln!(
+        "localcluster image load: {} image(s) in {:.1}s",
+        loaded.len(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn cmd_agent(state_dir: &Path) -> anyhow::Result<ExitCode> {

@@ -67,7 +67,7 @@ pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster
 
 /// Entries `up` creates in a state dir; a dir holding anything else and no `cluster.json` is
 /// refused, so that a mistyped `--state-dir` never has its files replaced.
-const OWN_ENTRIES: [&str; 10] = [
+const OWN_ENTRIES: [&str; 11] = [
     "cluster.json",
     "runtime.lock",
     "kubeconfig",
@@ -78,6 +78,7 @@ const OWN_ENTRIES: [&str; 10] = [
     "pids",
     "nodes",
     "volumes",
+    "images",
 ];
 
 const ETCD_TIMEOUT: Duration = Duration::from_secs(60);

@@ -95,9 +95,9 @@ fn prepare_dir(dir: &Path) -> Result<PathBuf> {
         });
     }
     for name in OWN_ENTRIES {
-        if name == "logs" || name == "runtime.lock" {
+        if name == "logs" || name == "runtime.lock" || name == "images" {
             // Logs are appended to (each start writes a header line); the node runtime's lock
-            // file is its own (nothing holds it: nothing runs).
+            // file is its own (nothing holds it: nothing runs); loaded images stay loaded.
             continue;
         }
         let path = dir.join(name);

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::agent::hosts;
-use crate::agent::image::{self, ImageError};
+use crate::agent::image::{self, ImageConfig, ImageError, ImageSource};
 use crate::agent::logs;
 use crate::agent::pod::lifecycle::current_container;
 use crate::agent::pod::probes::run_probes;
@@ -24,6 +24,8 @@ use crate::agent::runtime::{self, ContainerSpec, MountSpec, ProcessSecurity};
 use crate::agent::security;
 use crate::agent::status::{self, CState};
 use crate::agent::volumes;
+use crate::images::user::ImageUser;
+use crate::images::{self, PullPolicy, StoredImage};
 
 /// Why a container cannot start.
 enum BuildError {
@@ -33,6 +35,129 @@ enum BuildError {
     Fail(String),
 }
 
+/// The process a container runs: argv, env, working dir, and what its image decides (root,
+/// user).
+struct Process {
+    argv: Vec<String>,
+    env: Vec<(String, String)>,
+    working_dir: Option<PathBuf>,
+    /// The stored image's root (None: a host program).
+    image_root: Option<PathBuf>,
+    /// The stored image's user (None: a host program).
+    image_user: Option<ImageUser>,
+    /// The stored image's `/etc/passwd` (for the group of a `runAsUser` without `runAsGroup`).
+    passwd: String,
+}
+
+/// Chooses the image as the kubelet's pull policy says (store or host-program table) and builds
+/// the process from it.
+fn image_process(ctx: &RunCtx, pod: &Pod, c: &Container) -> Result<Process, BuildError> {
+    let image_name = c.image.clone().unwrap_or_default();
+    let policy = PullPolicy::of(c.image_pull_policy.as_deref(), &image_name);
+    let stored = ctx.images.lookup(&image_name).map_err(|e| match e {
+        images::StoreError::Reference(e) => BuildError::Wait("InvalidImageName", e.to_string()),
+        e => BuildError::Wait("ErrImagePull", format!("image {image_name:?}: {e}")),
+    })?;
+    let source = image::choose_source(&image_name, policy, stored)
+        .map_err(|e| BuildError::Wait(e.reason(), e.to_string()))?;
+    let env_error =
+        |e: image::EnvError| BuildError::Wait("CreateContainerConfigError", e.to_string());
+    let container_wd = c.working_dir.clone().filter(|w| !w.is_empty());
+    match source {
+        ImageSource::Host(img) => {
+            let env = image::build_env(pod, c, &ctx.env_ctx).map_err(env_error)?;
+            let mut argv = image::command_line(&img, c.command.as_deref(), c.args.as_deref(), &env);
+            let Some(first) = argv.first() else {
+                return Err(BuildError::Fail(ImageError::NoCommand.to_string()));
+            };
+            let program = image::resolve_program(first, image::path_of(&env))
+                .map_err(|e| BuildError::Fail(e.to_string()))?;
+            argv[0] = program.to_string_lossy().into_owned();
+            Ok(Process {
+                argv,
+                env,
+                working_dir: container_wd.map(PathBuf::from),
+                image_root: None,
+                image_user: None,
+                passwd: String::new(),
+            })
+        }
+        ImageSource::Store(stored) => {
+            let env = image::container_env(pod, c, &ctx.env_ctx).map_err(env_error)?;
+            stored_process(ctx, c, stored, env, container_wd)
+        }
+    }
+}
+
+/// The process of a container from a stored image: the image's Entrypoint/Cmd (under the
+/// container's command/args), Env (under the container's), WorkingDir (unless the container
+/// sets one) and User (resolved in the image's /etc/passwd and /etc/group). The program is
+/// resolved on the image's PATH inside its root by `container-init`.
+fn stored_process(
+    ctx: &RunCtx,
+    c: &Container,
+    stored: StoredImage,
+    container_env: Vec<(String, String)>,
+    container_wd: Option<String>,
+) -> Result<Process, BuildError> {
+    let cfg = &stored.config;
+    let passwd = images::read_in_root(&stored.rootfs, "etc/passwd").unwrap_or_default();
+    let group = images::read_in_root(&stored.rootfs, "etc/group").unwrap_or_default();
+    let user = images::user::resolve(cfg.user.as_deref().unwrap_or(""), &passwd, &group)
+        .map_err(|e| BuildError::Wait("CreateContainerError", e.to_string()))?;
+    let img = ImageConfig {
+        entrypoint: cfg.entrypoint.clone().unwrap_or_default(),
+        cmd: cfg.cmd.clone().unwrap_or_default(),
+    };
+    // `$(VAR)` in command/args refers to the container's own variables, as in Kubernetes.
+    let argv = image::command_line(
+        &img,
+        c.command.as_deref(),
+        c.args.as_deref(),
+        &container_env,
+    );
+    if argv.first().is_none_or(|a| a.is_empty()) {
+        return Err(BuildError::Fail(ImageError::NoCommand.to_string()));
+    }
+    let env = image::env_over_image(
+        cfg.env.as_deref().unwrap_or_default(),
+        &container_env,
+        &ctx.env_ctx.hostname,
+        &user.home,
+    );
+    let working_dir = container_wd
+        .or_else(|| cfg.working_dir.clone().filter(|w| !w.is_empty()))
+        .map(PathBuf::from);
+    Ok(Process {
+        argv,
+        env,
+        working_dir,
+        image_root: Some(stored.rootfs),
+        image_user: Some(user),
+        passwd,
+    })
+}
+
+/// The uid and gid a container runs as: `runAsUser`/`runAsGroup` where set; else the image's
+/// user. A `runAsUser` without `runAsGroup` gets that uid's primary group from the image's
+/// /etc/passwd (0 when it has no entry), as container runtimes do.
+fn effective_user(
+    (uid, gid): (Option<u32>, Option<u32>),
+    process: &Process,
+) -> (Option<u32>, Option<u32>) {
+    let Some(image_user) = &process.image_user else {
+        return (uid, gid);
+    };
+    match uid {
+        Some(u) => (
+            Some(u),
+            gid.or_else(|| images::user::user_by_uid(u, &process.passwd).map(|(g, _)| g)),
+        ),
+        None if image_user.uid == 0 && image_user.gid == 0 && gid.is_none() => (None, None),
+        None => (Some(image_user.uid), Some(gid.unwrap_or(image_user.gid))),
+    }
+}
+
 /// The runtime spec of a container: argv, env, mounts (volumes, /etc/hosts, termination log).
 fn build_spec(
     ctx: &RunCtx,
@@ -40,21 +165,8 @@ fn build_spec(
     c: &Container,
     attempt: i32,
 ) -> Result<(ContainerSpec, PathBuf), BuildError> {
-    let image_name = c.image.clone().unwrap_or_default();
-    let img = image::lookup(&image_name).map_err(|e| match e {
-        ImageError::Unknown(_) => BuildError::Wait("ErrImagePull", e.to_string()),
-        other => BuildError::Fail(other.to_string()),
-    })?;
-    let env = image::build_env(pod, c, &ctx.env_ctx)
-        .map_err(|e| BuildError::Wait("CreateContainerConfigError", e.to_string()))?;
-    let mut argv = image::command_line(&img, c.command.as_deref(), c.args.as_deref(), &env);
-    let Some(first) = argv.first() else {
-        return Err(BuildError::Fail(ImageError::NoCommand.to_string()));
-    };
-    let program = image::resolve_program(first, image::path_of(&env))
-        .map_err(|e| BuildError::Fail(e.to_string()))?;
-    argv[0] = program.to_string_lossy().into_owned();
-    let mut mounts = volumes::container_mounts(c, &ctx.volumes, &env)
+    let process = image_process(ctx, pod, c)?;
+    let mut mounts = volumes::container_mounts(c, &ctx.volumes, &process.env)
         .map_err(|e| BuildError::Wait("CreateContainerConfigError", e.to_string()))?;
     if !mounts.iter().any(|m| m.target == Path::new("/etc/hosts")) {
         mounts.push(MountSpec {
@@ -64,31 +176,30 @@ fn build_spec(
         });
     }
     let term_file = termination_mount(ctx, c, &mut mounts)?;
-    // The image's user: None until images carry one (then: root).
-    let sec = container_security(pod, c, None)?;
+    let image_uid = process.image_user.as_ref().map(|u| u.uid);
+    let sec = container_security(pod, c, image_uid)?;
+    let (run_as_user, run_as_group) = effective_user((sec.run_as_user, sec.run_as_group), &process);
     let log_path = logs::log_file(&ctx.shared.dir, &c.name, attempt);
     if log_path.exists() {
         let _ = std::fs::remove_file(&log_path);
     }
     Ok((
         ContainerSpec {
-            argv,
-            env,
-            working_dir: c
-                .working_dir
-                .clone()
-                .filter(|w| !w.is_empty())
-                .map(PathBuf::from),
+            argv: process.argv,
+            env: process.env,
+            working_dir: process.working_dir,
             mounts,
             hostname: hosts::pod_hostname(pod),
             log_path,
-            run_as_user: sec.run_as_user,
-            run_as_group: sec.run_as_group,
+            run_as_user,
+            run_as_group,
             security: ProcessSecurity {
                 capabilities: Some(sec.capabilities),
                 no_new_privs: sec.no_new_privs,
                 read_only_root: sec.read_only_root,
             },
+            image_uid,
+            image_root: process.image_root,
         },
         term_file,
     ))
@@ -333,5 +444,61 @@ pub(super) async fn run_container(
         Outcome::Stopped
     } else {
         Outcome::Exited(exit_code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn process(image_user: Option<(u32, u32)>) -> Process {
+        Process {
+            argv: vec!["/bin/sh".into()],
+            env: Vec::new(),
+            working_dir: None,
+            image_root: image_user.map(|_| PathBuf::from("/img")),
+            image_user: image_user.map(|(uid, gid)| ImageUser {
+                uid,
+                gid,
+                home: "/".into(),
+            }),
+            passwd: "root:x:0:0::/root:/bin/sh\napp:x:1000:100::/app:/bin/sh\n".into(),
+        }
+    }
+
+    #[test]
+    fn security_context_wins_over_the_image_user() {
+        let nonroot = process(Some((65532, 65532)));
+        assert_eq!(
+            effective_user((None, None), &nonroot),
+            (Some(65532), Some(65532))
+        );
+        assert_eq!(
+            effective_user((None, Some(5)), &nonroot),
+            (Some(65532), Some(5))
+        );
+        assert_eq!(
+            effective_user((Some(0), None), &nonroot),
+            (Some(0), Some(0))
+        );
+        assert_eq!(
+            effective_user((Some(1000), None), &nonroot),
+            (Some(1000), Some(100))
+        );
+        assert_eq!(effective_user((Some(7), None), &nonroot), (Some(7), None));
+        assert_eq!(
+            effective_user((Some(7), Some(8)), &nonroot),
+            (Some(7), Some(8))
+        );
+        // A root image changes nothing; host programs keep the security context as it is.
+        assert_eq!(
+            effective_user((None, None), &process(Some((0, 0)))),
+            (None, None)
+        );
+        assert_eq!(effective_user((None, None), &process(None)), (None, None));
+        assert_eq!(
+            effective_user((Some(3), None), &process(None)),
+            (Some(3), None)
+        );
     }
 }

@@ -217,6 +217,7 @@ pub(super) async fn lifecycle(
         volumes,
         env_ctx,
         hosts_path,
+        images: crate::images::Store::new(crate::images::store_dir(&agent.state.dir)),
         stop: stop.clone(),
         grace,
     });

@@ -166,6 +166,8 @@ struct RunCtx {
     volumes: Vec<HostVolume>,
     env_ctx: EnvContext,
     hosts_path: PathBuf,
+    /// The cluster's image store (shared by its nodes).
+    images: crate::images::Store,
     stop: CancellationToken,
     grace: Arc<AtomicU64>,
 }

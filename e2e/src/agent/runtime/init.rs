@@ -329,7 +329,7 @@ fn mkdir_p(p: &Path) -> Result<(), RuntimeError> {
 }
 
 /// New container: the sandbox's network namespace, new mount/UTS/IPC namespaces, a private root
-/// (overlay of the host's `/`), the spec's bind mounts, the hostname.
+/// (overlay of the image's root or the host's `/`), the spec's bind mounts, the hostname.
 fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
     let spec = &init.spec;
     enter_namespaces(init)?;
@@ -337,7 +337,8 @@ fn new_container(init: &InitSpec) -> Result<(), RuntimeError> {
     // from /proc/self/fd, so targets resolve inside the new root (its absolute symlinks such as
     // /var/run -> /run included) and never on the host.
     let sources = open_mount_sources(spec)?;
-    let merged = private_root(&init.root_dir)?;
+    let lower = overlay_lower(spec)?;
+    let merged = private_root(&init.root_dir, &lower)?;
     nix::unistd::chdir(merged.as_path()).map_err(sys(format!("chdir({})", merged.display())))?;
     let old = Path::new(OLD_ROOT);
     let old_rel = Path::new(OLD_ROOT.trim_start_matches('/'));
@@ -394,9 +395,35 @@ fn open_mount_sources(spec: &ContainerSpec) -> Result<Vec<(OwnedFd, bool)>, Runt
     Ok(sources)
 }
 
-/// Builds the private root under `root`: a tmpfs holding an overlay of the host's `/` at
-/// `merged`, with fresh `proc`, `sys`, `dev` and `run`. Returns the `merged` path.
-fn private_root(root: &Path) -> Result<PathBuf, RuntimeError> {
+/// The lower dir of the container's overlay root: the stored image's root filesystem, else the
+/// host's `/`. It goes into the overlay's option string: absolute, an existing directory, and
+/// free of the characters that separate or escape overlay options.
+fn overlay_lower(spec: &ContainerSpec) -> Result<PathBuf, RuntimeError> {
+    let Some(lower) = &spec.image_root else {
+        return Ok(PathBuf::from("/"));
+    };
+    check_container_path("image root", lower)?;
+    let text = lower.to_str().unwrap_or(",");
+    if text.contains([',', ':', '\\', '=']) {
+        return Err(RuntimeError::Invalid {
+            what: "image root",
+            value: lower.display().to_string(),
+            reason: "must not contain ',', ':', '=' or '\\'",
+        });
+    }
+    if !lower.is_dir() {
+        return Err(RuntimeError::Invalid {
+            what: "image root",
+            value: lower.display().to_string(),
+            reason: "is not a directory (image removed from the store?)",
+        });
+    }
+    Ok(lower.clone())
+}
+
+/// Builds the private root under `root`: a tmpfs holding an overlay of `lower` (the image's
+/// root) at `merged`, with fresh `proc`, `sys`, `dev` and `run`. Returns the `merged` path.
+fn private_root(root: &Path, lower: &Path) -> Result<PathBuf, RuntimeError> {
     mount(
         Some(Path::new("tmpfs")),
         root,
@@ -416,7 +443,10 @@ fn private_root(root: &Path) -> Result<PathBuf, RuntimeError> {
         Path::new("merged"),
         Some("overlay"),
         MsFlags::empty(),
-        Some("lowerdir=/,upperdir=upper,workdir=work"),
+        Some(&format!(
+            "lowerdir={},upperdir=upper,workdir=work",
+            lower.display()
+        )),
     )?;
     let merged = root.join("merged");
     let at = |p: &str| merged.join(p);
@@ -599,6 +629,38 @@ mod tests {
     }
 
     #[test]
+    fn overlay_lower_is_the_image_root_or_the_host() {
+        let mut spec = ContainerSpec {
+            argv: vec!["sh".into()],
+            env: Vec::new(),
+            working_dir: None,
+            mounts: Vec::new(),
+            hostname: String::new(),
+            log_path: PathBuf::from("/l"),
+            run_as_user: None,
+            run_as_group: None,
+            security: Default::default(),
+            image_root: None,
+            image_uid: None,
+        };
+        assert_eq!(overlay_lower(&spec).unwrap(), PathBuf::from("/"));
+        let dir = std::env::temp_dir();
+        spec.image_root = Some(dir.clone());
+        assert_eq!(overlay_lower(&spec).unwrap(), dir);
+        for bad in [
+            "/a,b",
+            "/a:b",
+            "/a=b",
+            "rel",
+            "/a/../b",
+            "/nonexistent-image-root",
+        ] {
+            spec.image_root = Some(PathBuf::from(bad));
+            assert!(overlay_lower(&spec).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn container_paths_are_absolute_without_dotdot() {
         assert!(check_container_path("t", Path::new("/var/run/etcd")).is_ok());
         assert!(check_container_path("t", Path::new("data")).is_err());
@@ -639,6 +701,8 @@ mod tests {
                     no_new_privs: true,
                     read_only_root: true,
                 },
+                image_root: Some(PathBuf::from("/s/images/sha256/ab/rootfs")),
+                image_uid: Some(65532),
             },
             parent_pid: 1,
             join_pid: None,
