@@ -25,12 +25,16 @@ pub const MEMBER_LABEL: &str = "storagemigrator.io/member";
 pub const JOB_KIND_LABEL: &str = "storagemigrator.io/job-kind";
 /// Label put on old PersistentVolumes once the request succeeded.
 pub const MIGRATED_BY_LABEL: &str = "storagemigrator.io/migrated-by";
-/// Annotation on the request holding the stashed StatefulSet.
-pub const STASH_STATEFULSET_ANNOTATION: &str = "storagemigrator.io/stash-statefulset";
-/// Prefix of the annotations on the request holding stashed pods (the pod name follows).
-pub const STASH_POD_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-pod-";
-/// Prefix of the annotations on the request holding stashed claims (the claim name follows).
-pub const STASH_CLAIM_ANNOTATION_PREFIX: &str = "storagemigrator.io/stash-claim-";
+/// Label on the stash ConfigMap naming the uid of the request it belongs to (with
+/// [`REQUEST_LABEL`] naming the request): a stash left by an earlier request of the same name is
+/// never taken for this request's.
+pub const REQUEST_UID_LABEL: &str = "storagemigrator.io/request-uid";
+/// Key in the stash ConfigMap of the stashed StatefulSet.
+pub const STASH_STATEFULSET_KEY: &str = "statefulset";
+/// Prefix of the keys in the stash ConfigMap of stashed pods (the pod name follows).
+pub const STASH_POD_KEY_PREFIX: &str = "pod-";
+/// Prefix of the keys in the stash ConfigMap of stashed claims (the claim name follows).
+pub const STASH_CLAIM_KEY_PREFIX: &str = "claim-";
 /// Annotation written on a recreated claim that stays Pending, to make the PV controller look at
 /// it again (value: unix seconds of the nudge); removed once the claim is bound.
 pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
@@ -108,6 +112,13 @@ pub fn managed_by_selector() -> String {
     format!("{MANAGED_BY_LABEL}={MANAGED_BY_VALUE}")
 }
 
+/// Labels of the request's stash ConfigMap: [`owned_labels`] plus [`REQUEST_UID_LABEL`].
+pub fn stash_labels(request_name: &str, request_uid: &str) -> BTreeMap<String, String> {
+    let mut labels = owned_labels(request_name);
+    labels.insert(REQUEST_UID_LABEL.to_string(), request_uid.to_string());
+    labels
+}
+
 /// Label selector of the objects created for one request.
 pub fn request_selector(request_name: &str) -> String {
     format!("{REQUEST_LABEL}={request_name}")
@@ -125,9 +136,7 @@ mod tests {
             MEMBER_LABEL,
             JOB_KIND_LABEL,
             MIGRATED_BY_LABEL,
-            STASH_STATEFULSET_ANNOTATION,
-            STASH_POD_ANNOTATION_PREFIX,
-            STASH_CLAIM_ANNOTATION_PREFIX,
+            REQUEST_UID_LABEL,
             BIND_NUDGE_ANNOTATION,
         ] {
             assert_eq!(key.split_once('/').map(|(g, _)| g), Some(GROUP), "{key}");

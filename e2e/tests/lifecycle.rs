@@ -77,10 +77,13 @@ where
         .collect()
 }
 
-/// Waits (bounded) until no claim, Job, pod or ConfigMap of the request is left.
-async fn wait_nothing_left(ns: &TestNamespace, request: &str, timeout: Duration) {
+/// Waits (bounded) until no claim, Job, pod or ConfigMap of the request is left, except the
+/// ConfigMaps named in `kept` (the stash of a request that ended Failed is kept).
+async fn wait_nothing_left(ns: &TestNamespace, request: &str, timeout: Duration, kept: &[&str]) {
     let started = Instant::now();
     loop {
+        let mut configmaps = labelled::<ConfigMap>(ns, request).await;
+        configmaps.retain(|n| !kept.contains(&n.as_str()));
         let left = [
             (
                 "claims",
@@ -88,7 +91,7 @@ async fn wait_nothing_left(ns: &TestNamespace, request: &str, timeout: Duration)
             ),
             ("jobs", labelled::<Job>(ns, request).await),
             ("pods", labelled::<Pod>(ns, request).await),
-            ("configmaps", labelled::<ConfigMap>(ns, request).await),
+            ("configmaps", configmaps),
         ];
         if left.iter().all(|(_, names)| names.is_empty()) {
             return;
@@ -198,7 +201,18 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
         etcd_before,
         "etcd key count and hash unchanged"
     );
-    wait_nothing_left(&ns, name, Duration::from_secs(60)).await;
+    // The request ended Failed (rolled back) before it went: its stash is kept, with the
+    // StatefulSet's manifest and the stopped member's pod.
+    let stash = format!("{name}-stash");
+    wait_nothing_left(&ns, name, Duration::from_secs(60), &[stash.as_str()]).await;
+    let cm = ns.api::<ConfigMap>().get(&stash).await.unwrap();
+    let data = cm.data.unwrap_or_default();
+    assert!(data.contains_key("statefulset"), "{:?}", data.keys());
+    assert!(
+        data.keys().any(|k| k.starts_with("pod-")),
+        "{:?}",
+        data.keys()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -280,5 +294,5 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         etcd_before,
         "etcd key count and hash unchanged"
     );
-    wait_nothing_left(&ns, name, Duration::from_secs(60)).await;
+    wait_nothing_left(&ns, name, Duration::from_secs(60), &[]).await;
 }

@@ -26,11 +26,12 @@ use e2e::testing::operator::{
 use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, node_satisfies, scenario};
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, Role, StorageMigrationRequest};
+use storage_migrator::labels;
 use tracing::{info, warn};
 
 const MIGRATION: Duration = Duration::from_secs(600);
@@ -610,6 +611,26 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
         events.iter().any(|e| e.starts_with("RollingBack")),
         "{events:?}"
     );
+    // The stash is kept after the failure, and when the Failed request is deleted.
+    let rolled_back = status
+        .members
+        .iter()
+        .find(|m| m.step == MemberStep::RolledBack)
+        .map(|m| m.pod.clone())
+        .unwrap_or_default();
+    let keys = ["statefulset".to_string(), format!("pod-{rolled_back}")];
+    assert_stash(&ns, &req, &keys).await;
+    let api: Api<StorageMigrationRequest> = ns.api();
+    api.delete("copy-fails", &Default::default()).await.unwrap();
+    ns.wait_deleted(
+        api,
+        "copy-fails",
+        &req.uid().unwrap(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_stash(&ns, &req, &keys).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -762,6 +783,166 @@ async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
     );
     assert!(
         !events.iter().any(|e| e.starts_with("Successful")),
+        "{events:?}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// The stash: its own ConfigMap, surviving a replaced request, kept after a failure.
+
+/// The request's stash ConfigMap `<request>-stash`, if it exists.
+async fn stash_config_map(ns: &TestNamespace, request: &str) -> Option<ConfigMap> {
+    let cms: Api<ConfigMap> = ns.api();
+    cms.get_opt(&format!("{request}-stash")).await.unwrap()
+}
+
+/// The stash ConfigMap of `req` exists, is labelled with the request's name and uid, is owned
+/// by nothing, and holds `keys`.
+async fn assert_stash(ns: &TestNamespace, req: &StorageMigrationRequest, keys: &[String]) {
+    let name = req.name_any();
+    let cm = stash_config_map(ns, &name)
+        .await
+        .unwrap_or_else(|| panic!("no stash ConfigMap for {name}"));
+    let labels = cm.labels();
+    assert_eq!(labels.get(labels::REQUEST_LABEL), Some(&name));
+    assert_eq!(labels.get(labels::REQUEST_UID_LABEL), req.uid().as_ref());
+    assert!(
+        cm.owner_references().is_empty(),
+        "the stash is owned by nothing"
+    );
+    let data = cm.data.unwrap_or_default();
+    for key in keys {
+        assert!(
+            data.contains_key(key),
+            "no {key} in the stash: {:?}",
+            data.keys()
+        );
+    }
+}
+
+/// Each member's etcd member id, by pod name.
+async fn member_ids(ns: &TestNamespace) -> BTreeMap<String, u64> {
+    let mut ids = BTreeMap::new();
+    for mut m in e2e::testing::etcd::members(ns, SET, 3).await.unwrap() {
+        ids.insert(m.pod.clone(), m.view().await.unwrap().id);
+    }
+    ids
+}
+
+/// `kubectl replace` of the request's original manifest: a PUT of the same name and spec with
+/// the current resourceVersion, without annotations or finalizers (retried on a conflict with
+/// the operator's own writes). Returns what the API server answered.
+async fn replace_request(ns: &TestNamespace, name: &str) -> StorageMigrationRequest {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    for _ in 0..10 {
+        let current = api.get(name).await.unwrap();
+        let mut fresh = StorageMigrationRequest::new(name, current.spec.clone());
+        fresh.metadata.resource_version = current.resource_version();
+        match api.replace(name, &PostParams::default(), &fresh).await {
+            Ok(replaced) => {
+                assert_eq!(replaced.uid(), current.uid(), "the same request");
+                return replaced;
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("replace {name}: {e}"),
+        }
+    }
+    panic!("replace {name}: conflicts all along");
+}
+
+/// A request replaced (`kubectl replace`) while a member is stopped: its finalizer comes back,
+/// its stash is untouched, and it ends Successful with no acknowledged write lost and no
+/// member restarted on an empty volume; the stash is gone after success.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_replaced_mid_flight_still_succeeds() {
+    let (cluster, ns) = setup("smr-replaced").await;
+    let seeded = seed(&ns, 100).await;
+    let ids_before = member_ids(&ns).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = start_writer(&ns, stop.clone());
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    create_request(
+        &ns,
+        "replaced",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await
+    .unwrap();
+    // A member's pod is gone (stashed, deleted, not yet recreated): from Copying to
+    // RecreatingPod its manifest is only in the stash.
+    let down = |step: MemberStep| step >= MemberStep::Copying && step <= MemberStep::RecreatingPod;
+    let req = wait_status(&ns, "replaced", "member stopped", MIGRATION, move |s| {
+        s.members.iter().any(|m| down(m.step))
+    })
+    .await
+    .unwrap();
+    let members = req.status.clone().unwrap_or_default().members;
+    let stopped = members.into_iter().find(|m| down(m.step));
+    let stopped = stopped.map(|m| m.pod).unwrap_or_default();
+    assert!(req.finalizers().contains(&labels::FINALIZER.to_string()));
+    assert_stash(&ns, &req, &["statefulset".into(), format!("pod-{stopped}")]).await;
+    let replaced = replace_request(&ns, "replaced").await;
+    info!(stopped, status = %summary(&replaced), "request replaced");
+    assert!(
+        replaced.finalizers().is_empty(),
+        "the PUT dropped the finalizer"
+    );
+    assert!(replaced.annotations().is_empty());
+    // The operator puts the finalizer back while the request is in progress; the stash is
+    // untouched.
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = api.get("replaced").await.unwrap();
+        if now.finalizers().contains(&labels::FINALIZER.to_string()) {
+            assert!(!now.status.unwrap_or_default().phase.is_final());
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "finalizer not restored: {}",
+            summary(&now)
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_stash(&ns, &req, &["statefulset".into(), format!("pod-{stopped}")]).await;
+
+    let req = wait_final(&ns, "replaced", MIGRATION).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let stats = writer.await.unwrap();
+    info!(summary = %summary(&req), ?stats.attempts, ?stats.failures, ?stats.longest_gap, acked = stats.acked.len(), "replaced request done");
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    assert_eq!(status.progress.as_deref(), Some("3/3"));
+    assert!(
+        stash_config_map(&ns, "replaced").await.is_none(),
+        "stash left after success"
+    );
+    let mut acked = seeded;
+    acked.extend(stats.acked.iter().cloned());
+    check_etcd(&ns, &acked).await;
+    assert_eq!(
+        member_ids(&ns).await,
+        ids_before,
+        "etcd member ids unchanged"
+    );
+    for (claim, (_, class, _)) in claims(&ns).await {
+        assert_eq!(class, cluster.wffc_storage_class, "{claim}");
+    }
+    check_adopted(&ns, &cluster.wffc_storage_class, "1Gi").await;
+    let events = ns.events_for("replaced").await.unwrap();
+    assert!(
+        events.iter().any(|e| e.starts_with("FinalizerRestored")),
         "{events:?}"
     );
 }

@@ -359,7 +359,9 @@ pub struct StorageMigrationRequestStatus {
     /// original retention policy was (JSON), to restore it on the recreated set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_retention_policy: Option<String>,
-    /// Where the stashed StatefulSet and pod manifests are kept (see `stash`).
+    /// The ConfigMap holding the stash (`<request>-stash`): the StatefulSet, pod and claim
+    /// manifests saved before they were deleted. Recorded once it exists; deleted after success,
+    /// kept after a failure.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stash_config_map: Option<String>,
     /// The spec as accepted at preflight. Later spec changes are ignored (condition

@@ -12,7 +12,8 @@
 //! - [`mod@job`]: the measure / pre-copy / copy / verify Jobs and their one-line JSON results.
 //! - [`statefulset`]: the recreated StatefulSet and the retention-policy protection patches.
 //! - [`volume`]: patch bodies for PersistentVolumes (reclaim policy, claimRef, labels).
-//! - [`stash`]: gzip+base64 encoding of stashed manifests and the annotation size budget.
+//! - [`stash`]: gzip+base64 encoding of stashed manifests, the stash ConfigMap and its size
+//!   budget.
 //! - [`manifest`]: [`Manifest`], an object's raw JSON as the API server returned it with its
 //!   typed view; the StatefulSet and member pods are stashed, edited and recreated as raw JSON
 //!   so that fields our API structs do not know survive.
@@ -43,13 +44,11 @@ pub use claim::{
 pub use job::{JobKind, JobResult, job, parse_job_result};
 pub use manifest::Manifest;
 pub use names::{
-    is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_pod_annotation,
-    temp_claim_name,
+    is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_key, temp_claim_name,
 };
 pub use pod::{mounter_pod, recreated_pod};
 pub use stash::{
-    STASH_ANNOTATION_BUDGET, annotations_size, stash_config_map, stash_decode, stash_encode,
-    stash_fits_in_annotations,
+    STASH_BUDGET, data_size, stash_config_map, stash_decode, stash_encode, stash_fits,
 };
 pub use statefulset::{
     original_retention_policy, parse_retention_policy, protected_retention_policy,

@@ -101,8 +101,12 @@ pub fn mounter_name(req_name: &str, pod: &str) -> String {
     hashed_label(pod, "mount", &["mounter", req_name, pod])
 }
 
-/// Name of the ConfigMap that holds the stash when it does not fit in the request's annotations:
-/// `<req>-stash` (a subdomain like the request's own name; hashed only if it would exceed 253).
+/// Name of the request's stash ConfigMap: `<req>-stash` (a subdomain like the request's own
+/// name; hashed only if it would exceed 253).
+///
+/// Why a name derived from the request's name (and not generated): the operator finds it again
+/// by name after a restart, a `kubectl replace` of the request or a lost status, and so does a
+/// human reading the docs.
 pub fn stash_config_map_name(req_name: &str) -> String {
     let plain = format!("{req_name}-stash");
     if plain.len() <= MAX_SUBDOMAIN {
@@ -114,21 +118,18 @@ pub fn stash_config_map_name(req_name: &str) -> String {
     format!("{}-stash-{hash}", base.trim_end_matches(['-', '.']))
 }
 
-/// Annotation key (on the request) of the stashed manifest of pod `pod`:
-/// `storagemigrator.io/stash-pod-<pod>`.
+/// Key in the stash ConfigMap of the manifest `name` of a kind (`prefix`: `pod-`, `claim-`):
+/// `<prefix><name>`.
 ///
-/// Why the hash fallback: the name part of an annotation key is at most 63 characters, and
-/// `stash-pod-` plus a long pod name (up to 63) would exceed it: the apiserver would refuse the
-/// whole status/metadata update. Long names become `stash-pod-<prefix>-<hash6>`.
-pub fn stash_pod_annotation(pod: &str) -> String {
-    let prefix = crate::labels::STASH_POD_ANNOTATION_PREFIX;
-    let name_part_prefix = "stash-pod-";
-    if name_part_prefix.len() + pod.len() <= MAX_LABEL {
-        return format!("{prefix}{pod}");
+/// Why the hash fallback: a ConfigMap key is at most 253 characters (`[-._a-zA-Z0-9]+`), and a
+/// claim name may itself be 253 long. Long names become `<prefix><start>-<hash6>`.
+pub fn stash_key(prefix: &str, name: &str) -> String {
+    if prefix.len() + name.len() <= MAX_SUBDOMAIN {
+        return format!("{prefix}{name}");
     }
-    let hash = short_hash(&["stash-pod", pod]);
-    let room = MAX_LABEL - name_part_prefix.len() - hash.len() - 1;
-    let base: String = pod.chars().take(room).collect();
+    let hash = short_hash(&["stash-key", prefix, name]);
+    let room = MAX_SUBDOMAIN - prefix.len() - hash.len() - 1;
+    let base: String = name.chars().take(room).collect();
     format!("{prefix}{}-{hash}", base.trim_end_matches(['-', '.']))
 }
 
@@ -235,16 +236,19 @@ mod tests {
 
     #[test]
     fn stash_names() {
-        assert_eq!(
-            stash_pod_annotation("etcd-0"),
-            "storagemigrator.io/stash-pod-etcd-0"
+        assert_eq!(stash_key("pod-", "etcd-0"), "pod-etcd-0");
+        assert_eq!(stash_key("claim-", "data-etcd-0"), "claim-data-etcd-0");
+        // A 253-character claim name still gives a valid key, distinct per name.
+        let long = stash_key("claim-", &"c".repeat(253));
+        assert!(long.len() <= 253 && long.starts_with("claim-ccc"), "{long}");
+        assert!(
+            long.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)),
+            "{long}"
         );
-        let long = stash_pod_annotation(&"p".repeat(63));
-        let name_part = long.trim_start_matches("storagemigrator.io/");
-        assert!(name_part.len() <= 63, "{long}");
         assert_ne!(
-            stash_pod_annotation(&format!("{}-0", "p".repeat(61))),
-            stash_pod_annotation(&format!("{}-1", "p".repeat(61)))
+            stash_key("claim-", &format!("{}-0", "c".repeat(251))),
+            stash_key("claim-", &format!("{}-1", "c".repeat(251)))
         );
         assert_eq!(stash_config_map_name("etcd-to-fast"), "etcd-to-fast-stash");
         assert!(stash_config_map_name(&"r".repeat(253)).len() <= 253);

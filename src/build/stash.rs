@@ -1,10 +1,12 @@
-//! Stashed manifests (the StatefulSet, each stopped member's pod): gzip + base64 JSON, kept in
-//! the request's annotations while they fit, else in a ConfigMap.
+//! Stashed manifests (the StatefulSet, each stopped member's pod, each swapped claim): gzip +
+//! base64 JSON, kept in the request's stash ConfigMap ([`stash_config_map`]).
 //!
 //! Why stash at all: between the orphan delete of the set and its recreation, and between a
 //! member pod's deletion and its recreation, the stash is the only copy of those manifests. It
 //! lives in the cluster (not in the operator's memory) so that a restarted operator, or a human,
-//! can recreate them.
+//! can recreate them; and in an object of its own (not on the request) so that a `kubectl
+//! replace` or `apply` of the request, which drops its annotations, or the request's deletion,
+//! does not lose it.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -25,10 +27,12 @@ use crate::labels;
 
 use super::{BuildError, req_name, stash_config_map_name};
 
-/// Budget for the request's annotations, stash included: 200 KiB, well under the API server's
-/// 256 KiB limit on an object's annotations (keys plus values), leaving room for
-/// `kubectl.kubernetes.io/last-applied-configuration` and other tools' annotations.
-pub const STASH_ANNOTATION_BUDGET: usize = 200 * 1024;
+/// Budget for the stash ConfigMap's data (keys plus values): 900 KiB, under the API server's
+/// 1 MiB limit on a ConfigMap's data, leaving room for its metadata. A gzipped pod or StatefulSet
+/// is typically 1 to 5 KiB, a claim under 1 KiB: the budget holds a set with a few hundred
+/// members. A stash that would exceed it is refused before the destructive step it precedes
+/// (see `plan::stash`).
+pub const STASH_BUDGET: usize = 900 * 1024;
 
 /// Largest decoded stash accepted (a StatefulSet or pod is a few KiB; this only guards against a
 /// corrupted or hostile annotation inflating without bound).
@@ -67,68 +71,46 @@ pub fn stash_decode<T: DeserializeOwned>(encoded: &str) -> Result<T, BuildError>
     serde_json::from_slice(&json).map_err(|e| BuildError::StashDecode(format!("json: {e}")))
 }
 
-/// Size of annotations as the API server counts it against its limit: keys plus values.
-pub fn annotations_size(annotations: &BTreeMap<String, String>) -> usize {
-    annotations.iter().map(|(k, v)| k.len() + v.len()).sum()
+/// Size of a ConfigMap's data as the API server counts it against its limit: keys plus values.
+pub fn data_size(data: &BTreeMap<String, String>) -> usize {
+    data.iter().map(|(k, v)| k.len() + v.len()).sum()
 }
 
-/// Whether the request's annotations (`current`), with `additions` set (added or replacing the
-/// same keys), stay within [`STASH_ANNOTATION_BUDGET`].
+/// Whether stash data of `current_size` (see [`data_size`]), with `key` set to `value` (added,
+/// or replacing an entry of `replaced_size`: its key plus its value), stays within
+/// [`STASH_BUDGET`].
+pub fn stash_fits(
+    current_size: usize,
+    replaced_size: Option<usize>,
+    key: &str,
+    value: &str,
+) -> bool {
+    let without = current_size.saturating_sub(replaced_size.unwrap_or(0));
+    without + key.len() + value.len() <= STASH_BUDGET
+}
+
+/// The empty stash ConfigMap of `req`, `<req>-stash` ([`stash_config_map_name`]), labelled
+/// [`labels::stash_labels`] (request name and uid); the planner creates it before the first
+/// destructive step and sets one key per stashed manifest.
 ///
-/// Why: an update that pushes an object's annotations over 256 KiB is refused; a StatefulSet
-/// with a large template and many members' pods can get there. When this is false the stash goes
-/// to the ConfigMap of [`stash_config_map`] instead.
-pub fn stash_fits_in_annotations<K, V>(
-    current: &BTreeMap<String, String>,
-    additions: impl IntoIterator<Item = (K, V)>,
-) -> bool
-where
-    K: AsRef<str>,
-    V: AsRef<str>,
-{
-    let mut size = annotations_size(current);
-    for (k, v) in additions {
-        let (k, v) = (k.as_ref(), v.as_ref());
-        if let Some(old) = current.get(k) {
-            size -= k.len() + old.len();
-        }
-        size += k.len() + v.len();
-    }
-    size <= STASH_ANNOTATION_BUDGET
-}
-
-/// The key under which the ConfigMap stash keeps the value of stash annotation `annotation`: its
-/// name part (`stash-statefulset`, `stash-pod-<pod>`), which is a valid ConfigMap key.
-pub fn stash_config_map_key(annotation: &str) -> &str {
-    annotation
-        .strip_prefix(&format!("{}/", labels::GROUP))
-        .unwrap_or(annotation)
-}
-
-/// The ConfigMap `<req>-stash` holding `entries` (annotation key → encoded value; stored under
-/// [`stash_config_map_key`]), labelled [`labels::owned_labels`].
-///
-/// Why no ownerReference: if the request is deleted mid-flight, the stash is the only copy of
-/// stopped pods' manifests and of the orphan-deleted StatefulSet; it must survive for a human to
-/// recreate them. The operator deletes it at the end of the request.
-pub fn stash_config_map(
-    req: &StorageMigrationRequest,
-    entries: &BTreeMap<String, String>,
-) -> ConfigMap {
+/// Why no ownerReference: if the request is deleted mid-flight (or after it Failed), the stash
+/// is the only copy of stopped pods' manifests and of the orphan-deleted StatefulSet; it must
+/// survive for a human to recreate them. The operator deletes it once the request succeeded.
+/// Why the uid label: a stash kept after a failed request must never be taken for the stash of
+/// a later request of the same name.
+pub fn stash_config_map(req: &StorageMigrationRequest) -> ConfigMap {
     let name = req_name(req);
     ConfigMap {
         metadata: ObjectMeta {
             name: Some(stash_config_map_name(&name)),
             namespace: req.namespace(),
-            labels: Some(labels::owned_labels(&name)),
+            labels: Some(labels::stash_labels(
+                &name,
+                req.metadata.uid.as_deref().unwrap_or_default(),
+            )),
             ..Default::default()
         },
-        data: Some(
-            entries
-                .iter()
-                .map(|(k, v)| (stash_config_map_key(k).to_string(), v.clone()))
-                .collect(),
-        ),
+        data: Some(BTreeMap::new()),
         ..Default::default()
     }
 }
@@ -136,8 +118,8 @@ pub fn stash_config_map(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::build::{Manifest, stash_pod_annotation, testdata};
-    use crate::labels::STASH_STATEFULSET_ANNOTATION;
+    use crate::build::{Manifest, testdata};
+    use crate::labels::STASH_STATEFULSET_KEY;
     use k8s_openapi::api::apps::v1::StatefulSet;
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
@@ -201,53 +183,43 @@ mod tests {
 
     #[test]
     fn budget() {
-        let mut current = BTreeMap::from([("a".to_string(), "x".repeat(100))]);
-        assert_eq!(annotations_size(&current), 101);
-        let empty: [(&str, &str); 0] = [];
-        assert!(stash_fits_in_annotations(&current, empty));
-        let big = "y".repeat(STASH_ANNOTATION_BUDGET - 101 - 3);
-        assert!(stash_fits_in_annotations(&current, [("key", big.as_str())]));
-        assert!(!stash_fits_in_annotations(
-            &current,
-            [("key2", big.as_str())]
-        ));
+        let data = BTreeMap::from([("a".to_string(), "x".repeat(100))]);
+        assert_eq!(data_size(&data), 101);
+        assert!(stash_fits(101, None, "b", "y"));
+        let big = "y".repeat(STASH_BUDGET - 101 - 3);
+        assert!(stash_fits(101, None, "key", &big));
+        assert!(!stash_fits(101, None, "key2", &big));
         // Replacing a key counts the new value only.
-        current.insert("key".to_string(), big.clone());
-        assert!(stash_fits_in_annotations(&current, [("key", big.as_str())]));
-        assert!(!stash_fits_in_annotations(&current, [("b", "z")]));
+        let size = 101 + 3 + big.len();
+        assert!(stash_fits(size, Some(3 + big.len()), "key", &big));
+        assert!(!stash_fits(size, None, "b", "z"));
     }
 
     #[test]
-    fn realistic_stash_fits() {
+    fn a_realistic_stash_fits_many_times_over() {
         let sts = stash_encode(&testdata::statefulset_manifest()).unwrap();
-        let mut additions = vec![(STASH_STATEFULSET_ANNOTATION.to_string(), sts)];
-        for i in 0..5 {
+        let mut data = BTreeMap::from([(STASH_STATEFULSET_KEY.to_string(), sts)]);
+        for i in 0..100 {
             let mut pod = testdata::pod_manifest().into_raw();
             pod["metadata"]["name"] = format!("etcd-{i}").into();
-            additions.push((
-                stash_pod_annotation(&format!("etcd-{i}")),
-                stash_encode(&pod).unwrap(),
-            ));
+            data.insert(format!("pod-etcd-{i}"), stash_encode(&pod).unwrap());
+            let claim = stash_encode(&testdata::claim()).unwrap();
+            data.insert(format!("claim-data-etcd-{i}"), claim);
         }
-        assert!(stash_fits_in_annotations(&BTreeMap::new(), additions));
+        assert!(data_size(&data) <= STASH_BUDGET, "{}", data_size(&data));
     }
 
     #[test]
     fn config_map_stash() {
-        let req = testdata::request();
-        let entries = BTreeMap::from([
-            (
-                STASH_STATEFULSET_ANNOTATION.to_string(),
-                "H4sI-sts".to_string(),
-            ),
-            (stash_pod_annotation("etcd-1"), "H4sI-pod".to_string()),
-        ]);
-        let cm = stash_config_map(&req, &entries);
+        let mut req = testdata::request();
+        req.metadata.uid = Some("uid-1".into());
+        let cm = stash_config_map(&req);
         insta::assert_yaml_snapshot!(cm);
         assert!(cm.metadata.owner_references.is_none());
         assert_eq!(cm.metadata.name.as_deref(), Some("etcd-to-fast-stash"));
-        let data = cm.data.unwrap();
-        assert_eq!(data["stash-statefulset"], "H4sI-sts");
-        assert_eq!(data["stash-pod-etcd-1"], "H4sI-pod");
+        let labels = cm.metadata.labels.unwrap();
+        assert_eq!(labels[labels::REQUEST_LABEL], "etcd-to-fast");
+        assert_eq!(labels[labels::REQUEST_UID_LABEL], "uid-1");
+        assert_eq!(cm.data, Some(BTreeMap::new()));
     }
 }

@@ -1,7 +1,7 @@
 //! The bodies the executor sends (pure): patches, the status to apply, Events. Each is built
 //! from the action and, where the action says so, the object as just re-read.
 
-use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
 use kube::ResourceExt;
 use kube::runtime::events::{Event, EventType as KubeEventType};
 use serde_json::{Value, json};
@@ -67,6 +67,35 @@ pub fn retention_policy_patch(policy: &str) -> Result<Value, ClusterError> {
     Ok(json!({"spec": {"persistentVolumeClaimRetentionPolicy": policy}}))
 }
 
+/// The merge patch that sets `key` of the stash ConfigMap `current` to `value`, with its
+/// resourceVersion (a concurrent change makes it fail with 409). An error (its reason) when
+/// there is no such ConfigMap, or when its `storagemigrator.io/request-uid` label is not
+/// `request_uid`: another request's stash is never written.
+pub fn stash_patch(
+    current: Option<&ConfigMap>,
+    request_uid: Option<&str>,
+    key: &str,
+    value: &str,
+) -> Result<Value, String> {
+    let Some(cm) = current else {
+        return Err("it does not exist".into());
+    };
+    let label = cm
+        .labels()
+        .get(labels::REQUEST_UID_LABEL)
+        .map(String::as_str);
+    if request_uid.is_none() || label != request_uid {
+        return Err(format!(
+            "its {} label is {label:?}, not the request's uid {request_uid:?}",
+            labels::REQUEST_UID_LABEL
+        ));
+    }
+    Ok(json!({
+        "metadata": {"resourceVersion": cm.resource_version()},
+        "data": {key: value},
+    }))
+}
+
 /// The merge patch that sets (or with `None` removes) one annotation.
 pub fn annotation_patch(key: &str, value: Option<&str>) -> Value {
     json!({"metadata": {"annotations": {key: value}}})
@@ -123,6 +152,25 @@ mod tests {
         assert_eq!(owner_references_patch(&claim, &["uid-gone".into()]), None);
         claim.metadata.owner_references = None;
         assert_eq!(owner_references_patch(&claim, &["uid-set".into()]), None);
+    }
+
+    #[test]
+    fn stash_patch_writes_only_the_requests_own_config_map() {
+        let mut cm = ConfigMap::default();
+        cm.metadata.resource_version = Some("7".into());
+        cm.metadata.labels = Some(labels::stash_labels("move", "uid-1"));
+        let patch = stash_patch(Some(&cm), Some("uid-1"), "pod-etcd-0", "H4sI").unwrap();
+        assert_eq!(
+            patch,
+            json!({"metadata": {"resourceVersion": "7"}, "data": {"pod-etcd-0": "H4sI"}})
+        );
+        // Another request's (an earlier one of the same name), unlabelled, or missing: refused.
+        let e = stash_patch(Some(&cm), Some("uid-2"), "k", "v").unwrap_err();
+        assert!(e.contains("uid-1") && e.contains("uid-2"), "{e}");
+        assert!(stash_patch(Some(&cm), None, "k", "v").is_err());
+        cm.metadata.labels = None;
+        assert!(stash_patch(Some(&cm), Some("uid-1"), "k", "v").is_err());
+        assert!(stash_patch(None, Some("uid-1"), "k", "v").is_err());
     }
 
     #[test]

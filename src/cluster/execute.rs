@@ -1,8 +1,6 @@
 //! Carrying out the planner's actions: [`Cluster::execute`] dispatches each [`Action`] to one
 //! function, which does what the action's contract (in `plan::action`) says.
 
-use std::collections::BTreeMap;
-
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -11,7 +9,7 @@ use kube::api::{
 };
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tracing::{debug, info, warn};
 
 use super::bodies;
@@ -23,7 +21,7 @@ use crate::build;
 use crate::engine::{HealthReport, HealthUnavailable};
 use crate::failpoints;
 use crate::labels;
-use crate::plan::{Action, EventType, Kind, Object, Observed, Propagation, StashTarget};
+use crate::plan::{Action, EventType, Kind, Object, Observed, Propagation};
 
 impl Cluster {
     /// Carries out one action (see its contract in `plan::action`).
@@ -45,7 +43,11 @@ impl Cluster {
                 reason,
                 message,
             } => self.publish_event(req, *type_, reason, message).await,
-            Action::Stash { target, value } => self.stash_value(req, &ns, target, value).await?,
+            Action::Stash {
+                config_map,
+                key,
+                value,
+            } => self.stash_value(req, &ns, config_map, key, value).await?,
             Action::Create(obj) => self.create(&ns, obj).await?,
             Action::Delete {
                 kind,
@@ -134,37 +136,25 @@ impl Cluster {
         info!(reason, "{message}");
     }
 
+    /// Sets `key` of the request's stash ConfigMap `cm`, once its uid label is checked.
     async fn stash_value(
         &self,
         req: &StorageMigrationRequest,
         ns: &str,
-        target: &StashTarget,
+        cm: &str,
+        key: &str,
         value: &str,
     ) -> Result<(), ClusterError> {
-        let (cm, key) = match target {
-            StashTarget::Annotation(key) => {
-                let name = req.name_any();
-                let patch = bodies::annotation_patch(key, Some(value));
-                self.ns_api::<StorageMigrationRequest>(ns)
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(kube_err(format!("stash {key} on {ns}/{name}")))?;
-                return Ok(());
-            }
-            StashTarget::ConfigMap { name, key } => (name, key),
-        };
         let cms: Api<ConfigMap> = self.ns_api(ns);
-        if cms
+        let current = cms
             .get_opt(cm)
             .await
-            .map_err(kube_err(format!("get ConfigMap {cm}")))?
-            .is_none()
-        {
-            let mut obj = build::stash_config_map(req, &BTreeMap::new());
-            obj.metadata.name = Some(cm.clone());
-            create(&cms, &obj, "stash ConfigMap").await?;
-        }
-        let patch = json!({"data": {key: value}});
+            .map_err(kube_err(format!("get stash ConfigMap {cm}")))?;
+        let patch = bodies::stash_patch(current.as_ref(), req.uid().as_deref(), key, value)
+            .map_err(|reason| ClusterError::Invalid {
+                what: format!("stash ConfigMap {ns}/{cm}"),
+                reason,
+            })?;
         cms.patch(cm, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(kube_err(format!("stash {key} in ConfigMap {cm}")))?;

@@ -37,7 +37,7 @@ impl Cluster {
         // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
         // survive its recreation (see `build::manifest`).
         let stateful_set = self.get_raw::<StatefulSet>(&ns, &set_name).await?;
-        let (stash, stash_config_map_exists) = self.stash(&req, &ns, &status).await?;
+        let stash = self.stash(&req, &ns, &status).await?;
         let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
         let pods = self.member_pods(&ns, selector_source).await?;
         let (jobs, helper_pods) = self.jobs(&ns, &name).await?;
@@ -57,7 +57,6 @@ impl Cluster {
             now: k8s_openapi::jiff::Timestamp::now(),
             stateful_set,
             stash,
-            stash_config_map_exists,
             pods,
             helper_pods,
             claims,

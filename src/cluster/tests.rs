@@ -359,25 +359,47 @@ async fn label_volume_and_annotate_claim_are_merge_patches() {
     execute(observed(), annotate, vec![expected]).await.unwrap();
 }
 
+fn stash_config_map_json(uid_label: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
+        "name": "move-stash", "namespace": "demo", "uid": "uid-cm", "resourceVersion": "12",
+        "labels": {labels::REQUEST_LABEL: REQ, labels::REQUEST_UID_LABEL: uid_label},
+    }})
+}
+
 #[tokio::test]
-async fn stash_in_a_config_map_creates_it_first() {
-    let o = observed();
+async fn stash_checks_the_config_maps_uid_label_then_patches_with_its_version() {
     let action = Action::Stash {
-        target: crate::plan::StashTarget::ConfigMap {
-            name: "move-stash".into(),
-            key: "pod.etcd-0".into(),
-        },
+        config_map: "move-stash".into(),
+        key: "pod-etcd-0".into(),
         value: "encoded".into(),
     };
     let cms = "/api/v1/namespaces/demo/configmaps";
+    let ours = format!("uid-{REQ}");
     let exchanges = vec![
-        Exchange::new(Method::GET, &format!("{cms}/move-stash")).fails(404, "NotFound"),
-        Exchange::new(Method::POST, cms).fails(409, "AlreadyExists"),
+        Exchange::new(Method::GET, &format!("{cms}/move-stash"))
+            .returns(stash_config_map_json(&ours)),
         Exchange::new(Method::PATCH, &format!("{cms}/move-stash"))
-            .merge_patch(json!({"data": {"pod.etcd-0": "encoded"}}))
-            .returns(json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "move-stash"}})),
+            .merge_patch(json!({
+                "metadata": {"resourceVersion": "12"},
+                "data": {"pod-etcd-0": "encoded"},
+            }))
+            .returns(stash_config_map_json(&ours)),
     ];
-    execute(o, action, exchanges).await.unwrap();
+    execute(observed(), action.clone(), exchanges)
+        .await
+        .unwrap();
+    // Another request's ConfigMap (an earlier one of the same name): nothing written.
+    let exchanges = vec![
+        Exchange::new(Method::GET, &format!("{cms}/move-stash"))
+            .returns(stash_config_map_json("uid-earlier")),
+    ];
+    let err = execute(observed(), action.clone(), exchanges).await;
+    assert!(matches!(err, Err(ClusterError::Invalid { .. })), "{err:?}");
+    // None at all: an error too (it is created by its own action first).
+    let exchanges =
+        vec![Exchange::new(Method::GET, &format!("{cms}/move-stash")).fails(404, "NotFound")];
+    let err = execute(observed(), action, exchanges).await;
+    assert!(matches!(err, Err(ClusterError::Invalid { .. })), "{err:?}");
 }
 
 #[tokio::test]
@@ -404,6 +426,8 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
     helper["metadata"]["labels"] = json!({labels::REQUEST_LABEL: REQ, "app": "etcd"});
     let mut other = request_json(&o);
     other["metadata"]["name"] = json!("other");
+    let mut stash = stash_config_map_json(&format!("uid-{REQ}"));
+    stash["data"] = json!({"statefulset": "not base64!"});
     let owned = format!(
         "labelSelector={}%3D{REQ}",
         labels::REQUEST_LABEL.replace('/', "%2F")
@@ -411,6 +435,7 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
     let exchanges = vec![
         Exchange::new(Method::GET, &format!("{SETS}/etcd"))
             .returns(json_of(&fixtures::stateful_set(3))),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash").returns(stash),
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
             .query("&labelSelector=app%3Detcd")
             .returns(list(vec![pod.clone(), helper.clone()])),
@@ -461,7 +486,18 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         ))
     );
     assert_eq!(observed.final_hash, None);
-    assert!(!observed.stash_config_map_exists);
+    // The stash ConfigMap is read (whatever the status says) and its entries checked.
+    assert!(matches!(
+        observed.stash.object,
+        crate::plan::StashObject::Ours { .. }
+    ));
+    assert!(observed.stash.stateful_set.is_none());
+    assert_eq!(
+        observed.stash.errors.len(),
+        1,
+        "{:?}",
+        observed.stash.errors
+    );
 }
 
 #[tokio::test]

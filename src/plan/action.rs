@@ -36,15 +36,6 @@ impl Decision {
     }
 }
 
-/// Where a stashed manifest goes.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StashTarget {
-    /// An annotation on the request (this key).
-    Annotation(String),
-    /// A key of the stash ConfigMap (name, key).
-    ConfigMap { name: String, key: String },
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventType {
     Normal,
@@ -130,16 +121,21 @@ pub enum Action {
         reason: String,
         message: String,
     },
-    /// Store an encoded manifest (see `build::stash_encode`) under a key.
+    /// Store an encoded manifest (see `build::stash_encode`) under `key` of the request's
+    /// stash ConfigMap `config_map` (created beforehand by a [`Action::Create`] of
+    /// `build::stash_config_map`).
     ///
-    /// - `Annotation(key)`: the request's annotation `key` is set to `value`; a missing
-    ///   request is an error.
-    /// - `ConfigMap { name, key }`: the ConfigMap `name` is created (from
-    ///   `build::stash_config_map`: labelled, not owned by the request, so that it outlives a
-    ///   deleted request) when missing, an existing one kept, then its data `key` is set to
-    ///   `value`.
-    /// - Idempotent: storing the same value again changes nothing; other keys are kept.
-    Stash { target: StashTarget, value: String },
+    /// - Precondition: the ConfigMap exists and its `storagemigrator.io/request-uid` label is
+    ///   the request's uid; else an error, nothing is written (never another request's stash).
+    /// - Success: its data `key` is `value`; other keys are kept. The write carries the
+    ///   resourceVersion read with the label check: a concurrent change fails it (retried on the
+    ///   next reconcile).
+    /// - Idempotent: storing the same value again changes nothing.
+    Stash {
+        config_map: String,
+        key: String,
+        value: String,
+    },
     /// Create an object.
     ///
     /// - Success: an object of that name exists. An existing object (409 AlreadyExists) is a

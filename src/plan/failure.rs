@@ -107,6 +107,14 @@ pub enum Failure {
     /// A manifest could not be encoded for the stash.
     #[error("cannot stash {key}: {error}")]
     Stash { key: String, error: String },
+    /// The stash ConfigMap would exceed its size budget with this entry (nothing more is
+    /// deleted: the stash precedes every destructive step).
+    #[error("cannot stash {key}: ConfigMap {config_map} would exceed its budget of {budget} bytes")]
+    StashFull {
+        key: String,
+        config_map: String,
+        budget: usize,
+    },
     /// The recorded retention policy of the StatefulSet cannot be read back.
     #[error("cannot restore the retention policy: {error}")]
     RetentionPolicy { error: String },

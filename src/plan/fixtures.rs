@@ -22,10 +22,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use super::{
-    Action, JobOutcome, Kind, Object, Observed, ObservedJob, Propagation, Stash, StashTarget,
-    decide,
-};
+use super::{Action, JobOutcome, Kind, Object, Observed, ObservedJob, Propagation, Stash, decide};
 use crate::api::{
     MemberStep, Phase, ShrinkSpec, StorageClassChangeSpec, StorageMigrationRequest,
     StorageMigrationRequestSpec, TargetKind, TargetRef,
@@ -328,7 +325,6 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
         now: t(10),
         stateful_set: Some(manifest(stateful_set(3))),
         stash: Stash::default(),
-        stash_config_map_exists: false,
         pods,
         helper_pods: BTreeMap::new(),
         claims,
@@ -371,10 +367,51 @@ pub struct Sim {
     /// Actions the simulated API server refused (a failed resourceVersion precondition).
     pub refused: Vec<Action>,
     pub pvc_counter: u64,
+    /// The stash ConfigMap as the simulated API server holds it (`o.stash` is read from it
+    /// after every action that touches it).
+    pub stash_config_map: Option<k8s_openapi::api::core::v1::ConfigMap>,
+}
+
+/// The stash ConfigMap `o.stash` was read from (entries encoded again: the encoding is
+/// deterministic), for a [`Sim`] started on a snapshot taken from another.
+pub fn stash_config_map_of(o: &Observed) -> Option<k8s_openapi::api::core::v1::ConfigMap> {
+    use super::stash::StashKey;
+    let uid = match &o.stash.object {
+        super::StashObject::Missing => return None,
+        super::StashObject::Ours { uid, .. } => uid.clone(),
+        super::StashObject::Foreign { uid_label } => {
+            let mut cm = build::stash_config_map(&o.request);
+            let labels = cm.metadata.labels.get_or_insert_with(BTreeMap::new);
+            match uid_label {
+                Some(l) => labels.insert(labels::REQUEST_UID_LABEL.into(), l.clone()),
+                None => labels.remove(labels::REQUEST_UID_LABEL),
+            };
+            return Some(cm);
+        }
+    };
+    let mut cm = build::stash_config_map(&o.request);
+    cm.metadata.uid = uid;
+    let mut data = BTreeMap::new();
+    let mut put = |key: StashKey, value: String| data.insert(key.config_map_key(), value);
+    if let Some(set) = &o.stash.stateful_set {
+        put(StashKey::StatefulSet, build::stash_encode(set).unwrap());
+    }
+    for (pod, p) in &o.stash.pods {
+        put(StashKey::Pod(pod.clone()), build::stash_encode(p).unwrap());
+    }
+    for (claim, c) in &o.stash.claims {
+        put(
+            StashKey::Claim(claim.clone()),
+            build::stash_encode(c).unwrap(),
+        );
+    }
+    cm.data = Some(data);
+    Some(cm)
 }
 
 impl Sim {
     pub fn new(o: Observed) -> Self {
+        let stash_config_map = stash_config_map_of(&o);
         Self {
             o,
             jobs: JobScript {
@@ -387,7 +424,17 @@ impl Sim {
             next_version: 0,
             refused: Vec::new(),
             pvc_counter: 0,
+            stash_config_map,
         }
+    }
+
+    /// `o.stash` read again from the simulated stash ConfigMap, as the cluster layer does.
+    pub fn reread_stash(&mut self) {
+        self.o.stash = super::stash::read_stash(
+            self.stash_config_map.as_ref(),
+            self.o.request.uid().as_deref(),
+            &self.status(),
+        );
     }
 
     fn uid(&mut self, name: &str) -> String {
@@ -449,6 +496,25 @@ impl Sim {
             } => {
                 assert_eq!(*propagation, Propagation::Orphan);
                 assert!(self.o.stash.stateful_set.is_some(), "set not stashed");
+            }
+            Action::Delete {
+                kind: Kind::ConfigMap,
+                ..
+            } => {
+                // The stash goes only once the request is about to succeed.
+                assert_eq!(status.stage, crate::api::Stage::Finalizing);
+                assert!(status.failure.is_none());
+                assert!(
+                    status.members.iter().all(|m| m.step == MemberStep::Done),
+                    "stash deleted with members not done"
+                );
+                let spec = super::observe::effective_spec(&self.o.request);
+                if spec.database.engine == crate::api::DatabaseEngine::Etcd {
+                    assert!(
+                        status.final_hash.is_some(),
+                        "stash deleted before the final check"
+                    );
+                }
             }
             Action::PatchReclaimPolicy { volume, policy }
                 if policy != "Retain" && plan.members.iter().any(|m| &m.old_volume == volume) =>
@@ -518,21 +584,25 @@ impl Sim {
             Action::Event {
                 reason, message, ..
             } => self.events.push((reason.clone(), message.clone())),
-            Action::Stash { target, value } => {
-                let key = match target {
-                    StashTarget::Annotation(k) => {
-                        self.o
-                            .request
-                            .annotations_mut()
-                            .insert(k.clone(), value.clone());
-                        k.clone()
-                    }
-                    StashTarget::ConfigMap { key, .. } => {
-                        self.o.stash_config_map_exists = true;
-                        format!("storagemigrator.io/{key}")
-                    }
-                };
-                self.decode_stash(&key, value);
+            Action::Stash {
+                config_map,
+                key,
+                value,
+            } => {
+                let cm = self
+                    .stash_config_map
+                    .as_mut()
+                    .filter(|cm| cm.name_any() == *config_map)
+                    .expect("stash into a ConfigMap that does not exist");
+                assert_eq!(
+                    cm.labels().get(labels::REQUEST_UID_LABEL),
+                    self.o.request.uid().as_ref(),
+                    "stash into another request's ConfigMap"
+                );
+                cm.data
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(key.clone(), value.clone());
+                self.reread_stash();
             }
             Action::Create(obj) => self.create(obj.clone()),
             Action::Delete {
@@ -623,23 +693,6 @@ impl Sim {
         }
     }
 
-    fn decode_stash(&mut self, key: &str, value: &str) {
-        if key == labels::STASH_STATEFULSET_ANNOTATION {
-            self.o.stash.stateful_set = Some(build::stash_decode(value).unwrap());
-            return;
-        }
-        if let Some(claim) = key.strip_prefix(labels::STASH_CLAIM_ANNOTATION_PREFIX) {
-            self.o
-                .stash
-                .claims
-                .insert(claim.to_string(), build::stash_decode(value).unwrap());
-            return;
-        }
-        let pod: Manifest<Pod> = build::stash_decode(value).unwrap();
-        assert_eq!(build::stash_pod_annotation(&pod.name_any()), key);
-        self.o.stash.pods.insert(pod.name_any(), pod);
-    }
-
     fn create(&mut self, obj: Object) {
         match obj {
             Object::Claim(mut c) => {
@@ -683,7 +736,13 @@ impl Sim {
                 });
                 self.o.stateful_set = Some(*s);
             }
-            Object::ConfigMap(_) => self.o.stash_config_map_exists = true,
+            Object::ConfigMap(mut c) => {
+                if self.stash_config_map.is_none() {
+                    c.metadata.uid = Some(self.uid(&c.name_any()));
+                    self.stash_config_map = Some(*c);
+                    self.reread_stash();
+                }
+            }
         }
     }
 
@@ -701,8 +760,7 @@ impl Sim {
         }
     }
 
-    /// The delete's uid precondition: no uid, no object, or the object has that uid. The
-    /// stash ConfigMap is not modelled with a uid: it always matches.
+    /// The delete's uid precondition: no uid, no object, or the object has that uid.
     fn uid_matches(&self, kind: Kind, name: &str, uid: Option<&str>) -> bool {
         let Some(uid) = uid else { return true };
         let current = match kind {
@@ -711,7 +769,7 @@ impl Sim {
                 .or_else(|| self.o.helper_pods.get(name).map(|p| p.uid())),
             Kind::Job => self.o.jobs.get(name).map(|j| j.job.uid()),
             Kind::StatefulSet => self.o.stateful_set.as_ref().map(|s| s.uid()),
-            Kind::ConfigMap => None,
+            Kind::ConfigMap => self.stash_config_map.as_ref().map(|c| c.uid()),
         };
         current.is_none_or(|current| current.as_deref() == Some(uid))
     }
@@ -746,7 +804,10 @@ impl Sim {
                     p.update(|p| p.metadata.owner_references = None);
                 }
             }
-            Kind::ConfigMap => self.o.stash_config_map_exists = false,
+            Kind::ConfigMap => {
+                self.stash_config_map = None;
+                self.reread_stash();
+            }
         }
     }
 

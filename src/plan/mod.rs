@@ -82,10 +82,8 @@ pub struct Observed {
     /// The target StatefulSet, if it exists: its raw JSON as the API server returned it (what
     /// gets stashed) with the typed view the planner reads.
     pub stateful_set: Option<Manifest<StatefulSet>>,
-    /// Manifests stashed on the request (annotations) or in its stash ConfigMap, decoded.
+    /// The request's stash ConfigMap and the manifests in it, decoded (see [`stash`]).
     pub stash: Stash,
-    /// Whether the stash ConfigMap (`status.stashConfigMap`) exists.
-    pub stash_config_map_exists: bool,
     /// Pods of the target (by the StatefulSet's selector), by name, raw JSON and typed view
     /// (a member pod is stashed as the API server returned it).
     pub pods: BTreeMap<String, Manifest<Pod>>,
@@ -111,11 +109,31 @@ pub struct Observed {
 /// API structs do not know survive; claims are only read, so they are typed.
 #[derive(Debug, Clone, Default)]
 pub struct Stash {
+    /// The stash ConfigMap itself.
+    pub object: StashObject,
     pub stateful_set: Option<Manifest<StatefulSet>>,
     pub pods: BTreeMap<String, Manifest<Pod>>,
     pub claims: BTreeMap<String, PersistentVolumeClaim>,
-    /// Stash entries that exist but cannot be decoded (key, reason).
+    /// Stash entries that exist but cannot be decoded, or hold another object than their key
+    /// names (key, reason). Any one stops the request (see [`stash::stash_problem`]).
     pub errors: Vec<(String, String)>,
+}
+
+/// The request's stash ConfigMap (`<request>-stash`) as gathered.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum StashObject {
+    /// No ConfigMap of that name.
+    #[default]
+    Missing,
+    /// Ours (its `storagemigrator.io/request-uid` label is this request's uid): its uid, and
+    /// the size (key plus value) of each of its entries.
+    Ours {
+        uid: Option<String>,
+        sizes: BTreeMap<String, usize>,
+    },
+    /// A ConfigMap of that name whose uid label is not this request's (the stash kept after an
+    /// earlier request of the same name failed, or someone else's): never read nor written.
+    Foreign { uid_label: Option<String> },
 }
 
 /// A Job we created and how it ended.
@@ -343,8 +361,7 @@ pub fn decide(o: &Observed) -> Decision {
 
     spec_change(&mut cx);
     if !deleting && !has_finalizer {
-        // Accepted without it (the operator died between the status write and the finalizer).
-        cx.act(Action::AddFinalizer);
+        restore_finalizer(&mut cx);
     }
 
     // Timeout and deletion turn a progressing request into a rollback, until the members are
@@ -362,6 +379,10 @@ pub fn decide(o: &Observed) -> Decision {
             start_rollback(&mut cx, Failure::Deleted);
             return cx.finish();
         }
+    }
+
+    if stash::stopped_by_a_problem(&mut cx) {
+        return cx.finish();
     }
 
     let result = match cx.status.stage {
@@ -387,6 +408,23 @@ pub fn decide(o: &Observed) -> Decision {
         return fresh.finish();
     }
     cx.finish()
+}
+
+/// The finalizer of a request in progress, missing: added with the acceptance, it went missing
+/// since (a `kubectl replace` or `apply` of the request, a hand edit, or the operator died
+/// between the status write and the finalizer). Added back: without it a deletion would skip
+/// the rollback.
+fn restore_finalizer(cx: &mut Ctx) {
+    cx.act(Action::AddFinalizer);
+    cx.event(
+        EventType::Warning,
+        "FinalizerRestored",
+        format!(
+            "finalizer {} was missing from the request in progress (replaced or edited?); \
+             added back",
+            labels::FINALIZER
+        ),
+    );
 }
 
 /// `Some(Failure::TimedOut)` once the request's timeout has expired.

@@ -13,8 +13,8 @@ use super::member::{self, Mode};
 use super::preflight::choose_template;
 use super::stash::{StashKey, stash};
 use super::{
-    Action, Ctx, EventType, Failure, Kind, Object, Propagation, claim_class, claim_request,
-    in_flight, is_terminating, progress, stuck, volume_policy,
+    Action, Ctx, EventType, Failure, Kind, Object, Propagation, StashObject, claim_class,
+    claim_request, in_flight, is_terminating, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
 use crate::api::{
@@ -315,8 +315,8 @@ fn adopted(set: &StatefulSet) -> bool {
         && status.replicas >= want
 }
 
-/// Deletes what the request created and no longer needs: Jobs, mounter pods, temporary claims,
-/// the stash ConfigMap. Returns true when something is still there.
+/// Deletes what the request created and no longer needs: Jobs, mounter pods, temporary claims
+/// (the stash is not: see [`delete_stash`]). Returns true when something is still there.
 fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
     let mut pending = false;
     for (name, job) in &cx.o.jobs {
@@ -358,18 +358,24 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
             }
         }
     }
-    if let Some(cm) = &cx.status.stash_config_map
-        && cx.o.stash_config_map_exists
-    {
-        cx.actions.push(Action::Delete {
-            kind: Kind::ConfigMap,
-            name: cm.clone(),
-            propagation: Propagation::Background,
-            uid: None,
-            resource_version: None,
-        });
-    }
     pending
+}
+
+/// Deletes the request's stash ConfigMap (by its uid: never another request's), once the
+/// request is about to succeed: every member is on its new volume, the StatefulSet is recreated
+/// and the final check passed. A Failed request keeps it (see `plan::stash`). True while it is
+/// still there.
+fn delete_stash(cx: &mut Ctx) -> bool {
+    let StashObject::Ours { uid, .. } = &cx.o.stash.object else {
+        return false;
+    };
+    let uid = uid.clone();
+    cx.delete(
+        Kind::ConfigMap,
+        build::stash_config_map_name(&cx.name()),
+        uid,
+    );
+    true
 }
 
 /// The final consistency check first; once it passed: old-volume policy, labels, cleanup,
@@ -398,7 +404,7 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         }
         restore_new_volume_policy(cx, &ms);
     }
-    let pending = clean_up(cx, &plan);
+    let pending = clean_up(cx, &plan) | delete_stash(cx);
     if !cx.actions.is_empty() || pending {
         cx.wait(Duration::from_secs(1));
         return Ok(());

@@ -7,6 +7,8 @@ use k8s_openapi::api::core::v1::PodCondition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::ResourceExt;
 
+use std::collections::BTreeSet;
+
 use super::fixtures::*;
 use super::*;
 use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
@@ -888,24 +890,42 @@ fn retention_policy_and_claim_owner_references_are_neutralised_then_restored() {
 }
 
 #[test]
-fn stash_goes_to_a_config_map_when_annotations_are_full() {
-    let mut o = observed(spec_class_change("fast"));
-    o.request
-        .annotations_mut()
-        .insert("big".into(), "x".repeat(build::STASH_ANNOTATION_BUDGET));
-    let mut sim = Sim::new(o);
+fn the_stash_lives_in_its_config_map_from_before_the_first_delete_until_success() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
     sim.run(400);
     let s = sim.o.request.status.clone().unwrap();
     assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
     assert_eq!(s.stash_config_map.as_deref(), Some("move-stash"));
-    assert!(sim.log.iter().any(|a| matches!(
-        a,
-        Action::Stash {
-            target: StashTarget::ConfigMap { .. },
-            ..
-        }
-    )));
-    assert!(!sim.o.stash_config_map_exists, "deleted at the end");
+    let create = sim.log.iter().position(
+        |a| matches!(a, Action::Create(Object::ConfigMap(c)) if c.name_any() == "move-stash"),
+    );
+    let first_delete = sim.log.iter().position(|a| {
+        matches!(
+            a,
+            Action::Delete {
+                kind: Kind::Pod | Kind::StatefulSet | Kind::Claim,
+                ..
+            }
+        )
+    });
+    assert!(create.unwrap() < first_delete.unwrap());
+    // The set, each member's pod and claim were stashed there, nothing on the request.
+    let keys: BTreeSet<&str> = sim
+        .log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Stash { key, .. } => Some(key.as_str()),
+            _ => None,
+        })
+        .collect();
+    let expected: BTreeSet<String> = ["statefulset".to_string()]
+        .into_iter()
+        .chain((0..3).flat_map(|i| [format!("pod-etcd-{i}"), format!("claim-data-etcd-{i}")]))
+        .collect();
+    assert_eq!(keys, expected.iter().map(String::as_str).collect());
+    assert!(sim.o.request.annotations().is_empty());
+    assert!(sim.stash_config_map.is_none(), "deleted at the end");
+    assert_eq!(sim.o.stash.object, StashObject::Missing);
 }
 
 #[test]
@@ -1733,10 +1753,7 @@ fn the_retention_patch_makes_a_second_stash_and_the_run_succeeds() {
     let stashes = sim
         .log
         .iter()
-        .filter(|a| {
-            matches!(a, Action::Stash { target: StashTarget::Annotation(k), .. }
-                if k == labels::STASH_STATEFULSET_ANNOTATION)
-        })
+        .filter(|a| matches!(a, Action::Stash { key, .. } if key == labels::STASH_STATEFULSET_KEY))
         .count();
     assert_eq!(stashes, 2);
 }
