@@ -100,6 +100,24 @@ impl Foreign {
         }
     }
 
+    /// What appeared, as the start of the `Blocked` message.
+    fn sentence(&self, stage: &str) -> String {
+        match self {
+            Foreign::Pod {
+                name,
+                uid,
+                owner: Some(owner),
+            } => format!(
+                "pod {name} (uid {uid}) is controlled by {owner}, which someone else created \
+                 while the request was {stage}"
+            ),
+            _ => format!(
+                "{} was created by someone else while the request was {stage}",
+                self.describe()
+            ),
+        }
+    }
+
     /// What the user can do about it.
     fn advice(&self) -> String {
         match self {
@@ -248,9 +266,8 @@ pub(crate) fn block(cx: &mut Ctx, what: &Foreign, note: &str) {
     let stage = doing(cx.status.stage);
     let timeout = cx.spec().timeout.clone();
     let message = format!(
-        "{} was created by someone else while the request was {stage}; {}. {note}It rolls back \
-         when its timeout of {timeout} expires.",
-        what.describe(),
+        "{}; {}. {note}It rolls back when its timeout of {timeout} expires.",
+        what.sentence(stage),
         what.advice(),
     );
     if cx.set_condition(conditions::BLOCKED, true, what.reason().as_str(), &message) {
@@ -338,7 +355,8 @@ pub(crate) fn hold_member(cx: &mut Ctx, i: usize) -> Result<bool, Failure> {
         }
         _ => {}
     }
-    match pod.or(set) {
+    // The set first: it is what starts the pods, and what the user has to pause.
+    match set.or(pod) {
         Some(what) => {
             block(cx, &what, "No destructive step is taken. ");
             Ok(true)
@@ -380,7 +398,7 @@ pub(crate) fn timeout_failure(cx: &Ctx, timed_out: Failure) -> Failure {
     let in_flight = super::in_flight(&cx.status)
         .and_then(|i| cx.status.members.get(i).cloned())
         .and_then(|ms| member_plan(cx, &ms).and_then(|m| foreign_pod(cx, &m, &ms)));
-    match in_flight.or_else(|| foreign_set(cx)) {
+    match foreign_set(cx).or(in_flight) {
         Some(what) => Failure::BlockedUntilTimeout {
             timeout: cx.spec().timeout.clone(),
             what: what.describe(),

@@ -215,9 +215,41 @@ fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
     assert_eq!(reason, "ForeignPod");
     assert!(
         message.starts_with(
-            "pod etcd-0 (uid uid-p, controlled by StatefulSet etcd (uid uid-foreign))"
+            "pod etcd-0 (uid uid-p) is controlled by StatefulSet etcd (uid uid-foreign), which \
+             someone else created while the request was migrating"
         ),
         "{message}"
+    );
+}
+
+#[test]
+fn a_foreign_set_that_adopted_the_running_pods_is_named_rather_than_the_pods() {
+    let sim = sim_at(MemberStep::GatingStop);
+    let mut o = sim.o.clone();
+    o.stateful_set = Some(foreign_set());
+    for i in 0..3 {
+        o.pods.insert(
+            format!("etcd-{i}"),
+            pod_of_foreign_set(i, &format!("uid-etcd-{i}")),
+        );
+    }
+    let d = decide(&o);
+    assert!(only_status_and_events(&d), "{:?}", d.actions);
+    let (_, reason, message) = blocked(first_status(&d)).unwrap();
+    assert_eq!(reason, "ForeignStatefulSet");
+    assert!(
+        message.starts_with("StatefulSet etcd (uid uid-foreign)"),
+        "{message}"
+    );
+    let mut sim = Sim::new(o);
+    expire(&mut sim);
+    let d = decide(&sim.o);
+    assert_eq!(
+        first_status(&d).failure.as_deref(),
+        Some(
+            "the request's timeout of 30m expired while it was blocked: StatefulSet etcd (uid \
+             uid-foreign) was created by someone else"
+        )
     );
 }
 
