@@ -91,13 +91,17 @@ fn start_actor(
     })
 }
 
+fn first_member_started(s: &StorageMigrationRequestStatus) -> bool {
+    s.members.iter().any(|m| m.step != MemberStep::Pending)
+}
+
 fn blocked(s: &StorageMigrationRequestStatus) -> Option<(String, String, String)> {
     conditions::get(&s.conditions, conditions::BLOCKED)
         .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
 /// The etcd fixture, seeded; the operator; the writer; the request with `timeout`; the actor
-/// started once the first member has left `Pending`. Returns what the checks need.
+/// started once the request's status satisfies `actor_when`. Returns what the checks need.
 struct Run {
     cluster: TestCluster,
     ns: TestNamespace,
@@ -112,7 +116,12 @@ struct Run {
     started: Instant,
 }
 
-async fn start(test: &str, request: &str, timeout: &str) -> Run {
+async fn start(
+    test: &str,
+    request: &str,
+    timeout: &str,
+    actor_when: fn(&StorageMigrationRequestStatus) -> bool,
+) -> Run {
     let (cluster, ns) = scenario(test).await;
     install_crd(&ns).await.unwrap();
     ns.apply_etcd().await.unwrap();
@@ -138,11 +147,9 @@ async fn start(test: &str, request: &str, timeout: &str) -> Run {
     )
     .await
     .unwrap();
-    wait_status(&ns, request, "first member started", FINAL, |s| {
-        s.members.iter().any(|m| m.step != MemberStep::Pending)
-    })
-    .await
-    .unwrap();
+    wait_status(&ns, request, "the actor's cue", FINAL, actor_when)
+        .await
+        .unwrap();
     let stop_actor = Arc::new(AtomicBool::new(false));
     let actor = start_actor(&ns, original, stop_actor.clone());
     info!(took = ?started.elapsed(), "actor started");
@@ -218,7 +225,7 @@ async fn check_etcd(run: Run) -> (etcd::Written, TestNamespace) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_recreated_for_the_whole_request_fails_it_naming_the_set() {
-    let mut run = start("smr-foreign-fail", "held", "60s").await;
+    let mut run = start("smr-foreign-fail", "held", "60s", first_member_started).await;
     let ns = &run.ns;
     let (uid, message) = wait_blocked(ns, "held").await;
     info!(took = ?run.started.elapsed(), %message, "blocked");
@@ -273,7 +280,7 @@ async fn a_set_recreated_for_the_whole_request_fails_it_naming_the_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_recreated_then_removed_lets_the_request_finish() {
-    let run = start("smr-foreign-resume", "resumes", "10m").await;
+    let run = start("smr-foreign-resume", "resumes", "10m", first_member_started).await;
     let ns = &run.ns;
     let (uid, _) = wait_blocked(ns, "resumes").await;
     // Held still for a while: no member moves on.
@@ -322,5 +329,53 @@ async fn a_set_recreated_then_removed_lets_the_request_finish() {
         );
     }
     info!(?took, "successful after the actor stopped");
+    check_etcd(run).await;
+}
+
+/// The case: the set comes back while the first member is down for its final copy. The
+/// set's controller starts that member again on its old claim; the request must not swap a stale
+/// copy in, nor delete the claim the pod uses: it rolls back (at once, or when its timeout
+/// expires while blocked), naming the set, with every member on its original claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_recreated_while_a_member_is_down_keeps_it_on_its_old_claim() {
+    let mut run = start("smr-foreign-down", "down", "60s", |s| {
+        s.members.iter().any(|m| m.step >= MemberStep::Copying)
+    })
+    .await;
+    let ns = &run.ns;
+    let req = wait_final(ns, "down", FINAL).await.unwrap();
+    let took = run.started.elapsed();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    let uid = ns
+        .api::<StatefulSet>()
+        .get(SET)
+        .await
+        .unwrap()
+        .uid()
+        .unwrap();
+    let named = format!("StatefulSet {SET} (uid {uid})");
+    let failure = status.failure.clone().unwrap();
+    assert!(failure.contains(&named), "{failure}");
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains(&format!(
+                "{named} was created by someone else and is left alone"
+            )),
+        "{}",
+        summary(&req)
+    );
+    run.stop_actor.store(true, Ordering::Relaxed);
+    let created = (&mut run.actor).await.unwrap();
+    assert_eq!(created.first(), Some(&uid), "{created:?}");
+    assert_eq!(
+        claims(ns).await,
+        run.before,
+        "every member on its original claim and volume"
+    );
+    info!(?took, %failure, "member kept on its old claim");
     check_etcd(run).await;
 }
