@@ -448,7 +448,7 @@ pub(crate) fn hold_in_rollback(cx: &mut Ctx, i: usize) -> bool {
                 m.claim,
                 m.old_volume,
                 if claim_gone_soon {
-                    ", the claim is being deleted"
+                    ", the claim is being deleted or gone"
                 } else {
                     ""
                 },

@@ -492,3 +492,76 @@ fn blocked_reasons_are_documented() {
         );
     }
 }
+
+#[test]
+fn a_pod_of_a_foreign_set_at_every_step_blocks_or_fails_before_anything_is_touched() {
+    for step in [
+        MemberStep::CreatingClaim,
+        MemberStep::PreCopying,
+        MemberStep::GatingStop,
+        MemberStep::StoppingPod,
+        MemberStep::Copying,
+        MemberStep::RetainingVolumes,
+        MemberStep::DeletingOldClaim,
+        MemberStep::DeletingTempClaim,
+        MemberStep::ReleasingNewVolume,
+        MemberStep::RecreatingClaim,
+        MemberStep::RecreatingPod,
+    ] {
+        let sim = sim_at(step);
+        let mut o = sim.o.clone();
+        // The set itself is not in the snapshot (deleted in the background, its pod not yet).
+        o.pods
+            .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-p"));
+        let d = decide(&o);
+        assert!(only_status_and_events(&d), "{step:?}: {:?}", d.actions);
+        let s = first_status(&d);
+        match step {
+            // After the stop, with the old claim in place: the copy is stale, roll back now.
+            MemberStep::Copying | MemberStep::RetainingVolumes | MemberStep::DeletingOldClaim => {
+                assert_eq!(s.stage, Stage::RollingBack, "{step:?}");
+                let failure = s.failure.clone().unwrap();
+                assert!(failure.contains("etcd-0"), "{step:?}: {failure}");
+            }
+            _ => {
+                assert_eq!((s.stage, s.members[0].step), (Stage::Migrating, step));
+                let (status, reason, message) = blocked(s).unwrap();
+                assert_eq!((status.as_str(), reason.as_str()), ("True", "ForeignPod"));
+                assert!(
+                    message.starts_with("pod etcd-0 (uid uid-p)"),
+                    "{step:?}: {message}"
+                );
+            }
+        }
+    }
+}
+
+/// The run: the set came back while the old claim was already being deleted, and its pod
+/// holds that claim. Forward: Blocked until the timeout; the rollback holds the member and ends.
+#[test]
+fn a_pod_on_an_old_claim_being_deleted_blocks_then_the_rollback_ends_holding_it() {
+    let mut sim = sim_at(MemberStep::DeletingOldClaim);
+    sim.o.stateful_set = Some(foreign_set());
+    sim.o
+        .pods
+        .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-back"));
+    let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
+    claim.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(5)));
+    let d = decide(&sim.o);
+    assert!(only_status_and_events(&d), "{:?}", d.actions);
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::Migrating);
+    assert_eq!(blocked(s).unwrap().1, "ForeignStatefulSet");
+    sim.run(3);
+    expire(&mut sim);
+    assert!(sim.run(200) < 200, "the rollback ends");
+    let message = failed_message(&sim);
+    assert!(
+        message.contains("held on its old claim data-etcd-0")
+            && message.contains("the claim is being deleted or gone")
+            && message.contains("uid-back"),
+        "{message}"
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::DeletingOldClaim);
+}
