@@ -39,6 +39,11 @@ pub const STASH_CLAIM_KEY_PREFIX: &str = "claim-";
 /// it again (value: unix seconds of the nudge); removed once the claim is bound.
 pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
 
+/// Annotation on the StatefulSet and the member pods the operator recreates (value: the uid of
+/// the request that created them): what tells them from a set or pod that something else
+/// created under the same name while the request ran (see `plan::foreign`).
+pub const CREATED_BY_REQUEST_ANNOTATION: &str = "storagemigrator.io/created-by-request";
+
 // ---- recommended labels ------------------------------------------------------------------------
 
 /// `app.kubernetes.io/managed-by`, set to [`MANAGED_BY_VALUE`] on everything we create.

@@ -81,8 +81,8 @@ pub const RULES: &[Rule] = &[
     Rule {
         group: "",
         resource: "configmaps",
-        verbs: &["get", "create", "update", "patch", "delete"],
-        why: "the stash",
+        verbs: &["get", "create", "patch", "delete"],
+        why: "the stash ConfigMap of each request",
     },
     Rule {
         group: "",

@@ -8,6 +8,9 @@ pub const ACCEPTED: &str = "Accepted";
 pub const PROGRESSING: &str = "Progressing";
 pub const HEALTH_GATE: &str = "HealthGate";
 pub const FAILED: &str = "Failed";
+/// True while a progressing request holds still because a StatefulSet or member pod that the
+/// operator did not create appeared under the target's names (see `plan::foreign`).
+pub const BLOCKED: &str = "Blocked";
 /// A `Pending` request waiting for another request on the same target (see the preflight).
 pub const QUEUED: &str = "Queued";
 

@@ -372,6 +372,10 @@ pub struct StorageMigrationRequestStatus {
     /// recorded before any old volume's reclaim policy is restored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_hash: Option<String>,
+    /// The uid of the StatefulSet the operator recreated (recorded when it is first seen): any
+    /// other set of the target's name after the orphan delete was created by someone else.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recreated_stateful_set_uid: Option<String>,
 }
 
 /// The migration plan, fixed at preflight. Member order may adapt to leadership changes; the
@@ -463,6 +467,10 @@ pub struct MemberStatus {
     pub downtime_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Set when a rollback left this member in the middle of its swap instead of carrying it
+    /// forward (something else recreated its pod or the StatefulSet): why, and where its data is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
 }
 
 #[cfg(test)]

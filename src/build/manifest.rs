@@ -54,6 +54,37 @@ where
         Ok(Self { raw, typed })
     }
 
+    /// The same object with annotation `key` set to `value` in its raw JSON (every other field
+    /// kept), e.g. the marker that tells the operator's own recreated objects from others.
+    pub fn with_annotation(&self, key: &str, value: &str) -> Result<Self, BuildError> {
+        let mut raw = self.raw.clone();
+        let Some(obj) = raw.as_object_mut() else {
+            return Err(BuildError::Manifest {
+                kind: K::KIND,
+                reason: "not a JSON object".to_string(),
+            });
+        };
+        let meta = obj
+            .entry("metadata")
+            .or_insert_with(|| Value::Object(Map::new()));
+        let Some(meta) = meta.as_object_mut() else {
+            return Err(BuildError::Manifest {
+                kind: K::KIND,
+                reason: "metadata is not an object".to_string(),
+            });
+        };
+        let annotations = meta
+            .entry("annotations")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !annotations.is_object() {
+            *annotations = Value::Object(Map::new());
+        }
+        if let Some(a) = annotations.as_object_mut() {
+            a.insert(key.to_string(), Value::from(value));
+        }
+        Self::from_raw(raw)
+    }
+
     /// Wraps an object built by us (its JSON is exactly what the typed struct serializes to).
     pub fn from_typed(typed: K) -> Result<Self, BuildError>
     where

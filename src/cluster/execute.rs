@@ -164,13 +164,15 @@ impl Cluster {
     async fn create(&self, ns: &str, obj: &Object) -> Result<(), ClusterError> {
         match obj {
             Object::Claim(c) => create(&self.ns_api(ns), c.as_ref(), "claim").await,
-            Object::Pod(p) => self.create_raw(ns, p.as_ref(), "pod").await,
+            Object::Pod(p) => self.create_raw(ns, p.as_ref(), "pod", true).await,
             Object::Job(j) => {
                 let mut job = j.as_ref().clone();
                 failpoints::before_create_job(&mut job);
                 create(&self.ns_api(ns), &job, "Job").await
             }
-            Object::StatefulSet(s) => self.create_raw(ns, s.as_ref(), "StatefulSet").await,
+            // A set of that name may be someone else's: never taken for ours (see
+            // `plan::foreign`).
+            Object::StatefulSet(s) => self.create_raw(ns, s.as_ref(), "StatefulSet", false).await,
             Object::ConfigMap(c) => create(&self.ns_api(ns), c.as_ref(), "ConfigMap").await,
         }
     }

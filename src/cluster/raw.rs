@@ -79,12 +79,14 @@ impl Cluster {
     }
 
     /// CREATE from raw JSON, so that nothing is dropped on the way out; an existing object of
-    /// that name is a success.
+    /// that name is a success when `exists_ok`, else an error (409, transient: the next decision
+    /// looks at what is there).
     pub(crate) async fn create_raw<K>(
         &self,
         ns: &str,
         obj: &Manifest<K>,
         what: &str,
+        exists_ok: bool,
     ) -> Result<(), ClusterError>
     where
         K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
@@ -106,7 +108,7 @@ impl Cluster {
         req.extensions_mut().insert("create");
         match self.client.request::<Value>(req).await {
             Ok(_) => Ok(()),
-            Err(e) if is_status(&e, 409) => Ok(()),
+            Err(e) if exists_ok && is_status(&e, 409) => Ok(()),
             Err(e) => Err(err(e)),
         }
     }

@@ -249,6 +249,21 @@ async fn create_of_a_claim_that_exists_is_a_success() {
     assert_eq!(retry(err), Retry::Permanent);
 }
 
+/// A StatefulSet of that name may be one someone else created: a 409 is not taken for ours.
+#[tokio::test]
+async fn create_of_a_stateful_set_that_exists_is_an_error() {
+    let set = fixtures::manifest(fixtures::stateful_set(3));
+    let action = Action::Create(Object::StatefulSet(Box::new(set.clone())));
+    let post = || Exchange::new(Method::POST, SETS).json(set.raw().clone());
+    let created = post().returns(set.raw().clone());
+    execute(observed(), action.clone(), vec![created])
+        .await
+        .unwrap();
+    let exists = post().fails(409, "AlreadyExists");
+    let err = execute(observed(), action, vec![exists]).await;
+    assert_eq!(retry(err), Retry::Transient);
+}
+
 #[tokio::test]
 async fn set_status_applies_the_status_subresource_with_our_field_manager() {
     let o = observed();

@@ -139,7 +139,10 @@ pub enum Action {
     /// Create an object.
     ///
     /// - Success: an object of that name exists. An existing object (409 AlreadyExists) is a
-    ///   success and is left as it is: nothing is compared or updated.
+    ///   success and is left as it is: nothing is compared or updated. Except for a
+    ///   StatefulSet: a set of that name may be one that someone else created, so a 409 is an
+    ///   error (transient); the next decision tells the operator's own set (by its
+    ///   `created-by-request` annotation and recorded uid) from a foreign one.
     /// - Pods and StatefulSets are sent as their raw JSON, unknown fields included.
     /// - Test builds only (feature `failpoints`): the failpoint `copy-job-fails` replaces a
     ///   copy Job's script by one that fails (see `crate::failpoints`).

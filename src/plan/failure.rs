@@ -6,6 +6,19 @@ use crate::build::JobResult;
 /// A reason to stop and roll back (see `machine::STAGES`: the transitions to `RollingBack`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Failure {
+    /// `spec.timeout` expired while the request was blocked by a StatefulSet or a member pod
+    /// that something else created (see `plan::foreign`).
+    #[error(
+        "the request's timeout of {timeout} expired while it was blocked: {what} was created by someone else"
+    )]
+    BlockedUntilTimeout { timeout: String, what: String },
+    /// A member's pod ran again after its final copy while its old claim was still in place
+    /// (something else started it): the copy may lack its writes, so it is not swapped in.
+    #[error(
+        "{} ({what}): the copy is stale, so the member stays on its old claim",
+        stale_copy_prefix(pod)
+    )]
+    StaleCopy { pod: String, what: String },
     /// `spec.timeout` expired while the request was orphaning or migrating.
     #[error("the request's timeout of {timeout} expired")]
     TimedOut { timeout: String },
@@ -80,6 +93,12 @@ pub enum Failure {
     /// Something else recreated the member's pod while its data was being copied.
     #[error("member pod {pod} came back during its copy (something else recreated it)")]
     PodCameBack { pod: String },
+    /// Something else started the member's pod again during its copy (a foreign StatefulSet,
+    /// named in `what`): the member is rolled back to its untouched old claim.
+    #[error(
+        "{what} came back during the copy of member {pod}: the member is rolled back to its old claim"
+    )]
+    ForeignPodDuringCopy { pod: String, what: String },
     /// The member's original claim was replaced (another uid under its name) before it was
     /// deleted: the claim now there is not deleted.
     #[error(
@@ -118,4 +137,9 @@ pub enum Failure {
     /// The recorded retention policy of the StatefulSet cannot be read back.
     #[error("cannot restore the retention policy: {error}")]
     RetentionPolicy { error: String },
+}
+
+/// How the message of [`Failure::StaleCopy`] of member `pod` begins.
+pub fn stale_copy_prefix(pod: &str) -> String {
+    format!("member {pod} ran again after its final copy")
 }

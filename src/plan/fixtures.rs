@@ -727,6 +727,8 @@ impl Sim {
             }
             Object::StatefulSet(mut s) => {
                 if self.o.stateful_set.is_some() {
+                    // 409: an error for a StatefulSet (it may be someone else's); nothing applied.
+                    self.refused.push(Action::Create(Object::StatefulSet(s)));
                     return;
                 }
                 let uid = self.uid("etcd");

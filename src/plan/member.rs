@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
+use super::foreign;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
@@ -36,9 +37,10 @@ struct Member {
     i: usize,
     m: PlannedMember,
     ms: MemberStatus,
+    mode: Mode,
 }
 
-fn member(cx: &Ctx, i: usize) -> Result<Member, Failure> {
+fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
     let ms = cx
         .status
         .members
@@ -54,12 +56,12 @@ fn member(cx: &Ctx, i: usize) -> Result<Member, Failure> {
         .ok_or_else(|| Failure::NotInPlan {
             pod: ms.pod.clone(),
         })?;
-    Ok(Member { i, m, ms })
+    Ok(Member { i, m, ms, mode })
 }
 
 /// Runs the member's current step.
 pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
-    let mb = member(cx, i)?;
+    let mb = member(cx, i, mode)?;
     match mb.ms.step {
         MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => Ok(()),
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
@@ -72,7 +74,7 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
         MemberStep::DeletingTempClaim => deleting_temp_claim(cx, &mb),
         MemberStep::ReleasingNewVolume => releasing_new_volume(cx, &mb),
         MemberStep::RecreatingClaim => recreating_claim(cx, &mb),
-        MemberStep::RecreatingPod => recreating_pod(cx, &mb, mode),
+        MemberStep::RecreatingPod => recreating_pod(cx, &mb),
     }
 }
 
@@ -694,8 +696,14 @@ fn pod_using_claim(cx: &Ctx, claim: &str) -> Option<String> {
 
 /// During the swap the member's pod must stay gone (the operator recreates it only after the
 /// swap): a pod of that name that appeared anyway holds the swap where it is, with a message
-/// naming it; the request's timeout bounds the wait. True when it is there.
+/// naming it; the request's timeout bounds the wait. True when it is there. Rolling back, the
+/// swap is not held (see `foreign::hold_in_rollback`: a member whose old claim is still in place
+/// is held on it before this; after that the remaining steps touch only the operator's own
+/// temporary claim and new volume, and no rollback waits without end).
 fn pod_reappeared(cx: &mut Ctx, mb: &Member) -> bool {
+    if mb.mode == Mode::Rollback {
+        return false;
+    }
     let Some(pod) = cx.o.pods.get(&mb.m.pod) else {
         return false;
     };
@@ -852,9 +860,15 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 
 /// Recreate the pod from the stash; wait until it is Ready and the engine's gate after return
 /// opens; record the member's downtime.
-fn recreating_pod(cx: &mut Ctx, mb: &Member, mode: Mode) -> Result<(), Failure> {
+fn recreating_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
+    let mode = mb.mode;
     let Some(pod) = cx.o.pods.get(&m.pod).cloned() else {
+        if mode == Mode::Rollback && foreign::foreign_set(cx).is_some() {
+            // Not created over a foreign set: that set starts it on the swapped claim.
+            finish_member(cx, mb, None);
+            return Ok(());
+        }
         let Some(stashed) = cx.o.stash.pods.get(&m.pod) else {
             if mode == Mode::Rollback {
                 // The recreated StatefulSet creates it.
@@ -864,7 +878,7 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member, mode: Mode) -> Result<(), Failure> 
             stuck(cx, &format!("the stash of pod {} is missing", m.pod));
             return Ok(());
         };
-        match build::recreated_pod(stashed) {
+        match our_pod(cx, stashed) {
             Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
             Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
         }
@@ -895,6 +909,15 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member, mode: Mode) -> Result<(), Failure> 
         closed => waiting_for_health(cx, &closed.to_string()),
     }
     Ok(())
+}
+
+/// The member pod recreated from its stash, marked as the operator's (see `foreign`).
+fn our_pod(
+    cx: &Ctx,
+    stashed: &build::Manifest<Pod>,
+) -> Result<build::Manifest<Pod>, build::BuildError> {
+    build::recreated_pod(stashed)?
+        .with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
 }
 
 fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jiff::Timestamp>) {
@@ -934,7 +957,7 @@ fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jif
 /// Rollback of a member whose swap had not begun: drop its temporary objects, bring its pod
 /// back on its untouched claim.
 pub(crate) fn undo(cx: &mut Ctx, i: usize) {
-    let Ok(mb) = member(cx, i) else {
+    let Ok(mb) = member(cx, i, Mode::Rollback) else {
         return;
     };
     let m = &mb.m;
@@ -967,9 +990,11 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
     match cx.o.pods.get(&m.pod) {
         Some(p) if is_terminating(p.typed()) => pending = true,
         Some(_) => {}
+        // A foreign set starts it on its untouched claim: no pod of ours is created over it.
+        None if foreign::foreign_set(cx).is_some() => {}
         None => {
             if let Some(stashed) = cx.o.stash.pods.get(&m.pod) {
-                match build::recreated_pod(stashed) {
+                match our_pod(cx, stashed) {
                     Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
                     Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
                 }

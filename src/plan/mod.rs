@@ -36,6 +36,7 @@ use crate::labels;
 
 pub mod action;
 pub mod failure;
+pub mod foreign;
 pub mod machine;
 pub mod member;
 pub mod observe;
@@ -49,6 +50,8 @@ pub use failure::Failure;
 
 #[cfg(test)]
 pub(crate) mod fixtures;
+#[cfg(test)]
+mod foreign_tests;
 #[cfg(test)]
 mod tests;
 
@@ -372,6 +375,7 @@ pub fn decide(o: &Observed) -> Decision {
     ) && cx.status.failure.is_none()
     {
         if let Some(failure) = expired(&cx) {
+            let failure = foreign::timeout_failure(&cx, failure);
             start_rollback(&mut cx, failure);
             return cx.finish();
         }

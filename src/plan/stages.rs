@@ -9,6 +9,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
+use super::foreign;
 use super::member::{self, Mode};
 use super::preflight::choose_template;
 use super::stash::{StashKey, stash};
@@ -153,7 +154,13 @@ fn protect_claim(cx: &mut Ctx, m: &PlannedMember) {
 /// One member at a time, the member in flight first, then the engine's choice.
 pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
     if let Some(i) = in_flight(&cx.status) {
+        if foreign::hold_member(cx, i)? {
+            return Ok(());
+        }
         return member::step(cx, i, Mode::Forward);
+    }
+    if foreign::hold_stage(cx) {
+        return Ok(());
     }
     let remaining: Vec<String> = cx
         .status
@@ -242,13 +249,17 @@ fn recreate_stateful_set(
             .as_ref()
             .and_then(|s| s.persistent_volume_claim_retention_policy.clone()),
     };
-    let set = match build::recreated_statefulset(
+    let built = build::recreated_statefulset(
         stashed,
         &plan.volume_claim_template,
         &class,
         &size,
         retention,
-    ) {
+    )
+    .and_then(|set| {
+        set.with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
+    });
+    let set = match built {
         Ok(set) => set,
         Err(e) => {
             stuck(
@@ -274,6 +285,19 @@ fn recreate_stateful_set(
 /// adopted its pods.
 pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
+    foreign::record_our_set(cx);
+    if let Some(set) = foreign::foreign_set(cx) {
+        if let Some(timed_out) = super::expired(cx) {
+            return Err(foreign::timeout_failure(cx, timed_out));
+        }
+        foreign::block(
+            cx,
+            &set,
+            "The operator's StatefulSet is not recreated over it. ",
+        );
+        return Ok(());
+    }
+    foreign::unblock(cx);
     match cx.o.stateful_set.clone() {
         None => {
             let Some(stashed) = cx.o.stash.stateful_set.clone() else {
@@ -345,7 +369,13 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
                 });
             }
         }
-        if let Some(claim) = cx.o.claims.get(&m.temp_claim) {
+        let held = cx
+            .status
+            .members
+            .iter()
+            .any(|ms| ms.pod == m.pod && ms.held.is_some());
+        // A held member's copy stays on its temporary claim (see `foreign`).
+        if let Some(claim) = cx.o.claims.get(&m.temp_claim).filter(|_| !held) {
             pending = true;
             if !is_terminating(claim) {
                 cx.actions.push(Action::Delete {
@@ -622,6 +652,7 @@ fn restore_new_volume_policy(cx: &mut Ctx, ms: &MemberStatus) {
 /// is carried forward; then the StatefulSet is recreated with a template that fits; `Failed`.
 pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
+    foreign::record_our_set(cx);
     if roll_back_member_in_flight(cx) {
         return Ok(());
     }
@@ -654,6 +685,7 @@ fn roll_back_member_in_flight(cx: &mut Ctx) -> bool {
         let step = cx.status.members[i].step;
         match step {
             MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => continue,
+            s if s.swap_begun() && foreign::hold_in_rollback(cx, i) => continue,
             s if s.swap_begun() => {
                 if let Err(failure) = member::step(cx, i, Mode::Rollback) {
                     stuck(cx, &failure.to_string());
@@ -670,8 +702,12 @@ fn roll_back_member_in_flight(cx: &mut Ctx) -> bool {
 }
 
 /// The StatefulSet: the original's retention policy restored when it was never deleted, else
-/// recreated from the stash. True while that is under way.
+/// recreated from the stash. True while that is under way. A set someone else created is left
+/// alone (see `foreign`).
 fn restore_stateful_set(cx: &mut Ctx, plan: &Plan) -> Result<bool, Failure> {
+    if foreign::foreign_set(cx).is_some() {
+        return Ok(false);
+    }
     match cx.o.stateful_set.clone() {
         Some(set) if is_terminating(set.typed()) => {
             cx.wait(Duration::from_secs(1));
@@ -710,7 +746,8 @@ fn fail(cx: &mut Ctx, plan: &Plan) {
         .clone()
         .unwrap_or_else(|| "unknown failure".to_string());
     let locations = data_locations(cx, plan);
-    let message = format!("failed: {failure}. Data: {locations}");
+    let note = foreign::failed_note(cx);
+    let message = format!("failed: {failure}. Data: {locations}{note}");
     cx.status.phase = Phase::Failed;
     cx.enter_stage(Stage::Done);
     cx.status.completion_time = Some(cx.now.clone());
@@ -737,6 +774,9 @@ fn data_locations(cx: &Ctx, plan: &Plan) -> String {
         .iter()
         .filter_map(|ms| {
             let m = plan.members.iter().find(|m| m.pod == ms.pod)?;
+            if let Some(held) = &ms.held {
+                return Some(format!("{} {held}", m.pod));
+            }
             Some(if ms.step == MemberStep::Done {
                 format!(
                     "{} on claim {} -> new volume {} ({}; old volume {} kept, Retain)",

@@ -184,3 +184,85 @@ pub async fn assert_keys_everywhere(
         hashes.into_iter().next().unwrap_or(0),
     )
 }
+
+/// What a background writer ([`start_writer`]) did.
+#[derive(Debug, Default)]
+pub struct Written {
+    /// The keys whose put was acknowledged.
+    pub acked: std::collections::BTreeSet<String>,
+    pub attempts: u64,
+    pub failures: u64,
+}
+
+/// The client endpoints (`http://<pod IP>:2379`) of the members of `<set>-0 ..
+/// <set>-(replicas-1)` that have an IP and are not being deleted now.
+async fn live_endpoints(
+    client: &kube::Client,
+    ns: &str,
+    set: &str,
+    replicas: usize,
+) -> Vec<String> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), ns);
+    let mut eps = Vec::new();
+    for i in 0..replicas {
+        if let Ok(Some(p)) = pods.get_opt(&format!("{set}-{i}")).await
+            && p.metadata.deletion_timestamp.is_none()
+            && let Some(ip) = p.status.and_then(|s| s.pod_ip)
+        {
+            eps.push(format!("http://{ip}:2379"));
+        }
+    }
+    eps
+}
+
+/// Puts `<prefix><n>` about every 100 ms through the members' endpoints (re-resolved after a
+/// failure: recreated pods get new IPs), one retry per key, until `stop`; returns what was
+/// acknowledged. Use a prefix under `seed/` to check the keys with [`assert_keys_everywhere`].
+pub fn start_writer(
+    ns: &TestNamespace,
+    set: &str,
+    replicas: usize,
+    prefix: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<Written> {
+    let (kube_client, ns_name) = (ns.client(), ns.name.clone());
+    let (set, prefix) = (set.to_string(), prefix.to_string());
+    tokio::spawn(async move {
+        let mut written = Written::default();
+        let mut client: Option<Client> = None;
+        let mut n = 0u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let key = format!("{prefix}{n:06}");
+            for _ in 0..2 {
+                written.attempts += 1;
+                if client.is_none() {
+                    let eps = live_endpoints(&kube_client, &ns_name, &set, replicas).await;
+                    let options = ConnectOptions::new()
+                        .with_connect_timeout(Duration::from_secs(2))
+                        .with_timeout(Duration::from_secs(3));
+                    client = Client::connect(eps, Some(options)).await.ok();
+                }
+                let Some(c) = client.as_mut() else {
+                    written.failures += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                };
+                match c.put(key.clone(), format!("value-{n}"), None).await {
+                    Ok(_) => {
+                        written.acked.insert(key.clone());
+                        n += 1;
+                        break;
+                    }
+                    Err(e) => {
+                        written.failures += 1;
+                        tracing::warn!(key, error = %e, "write failed");
+                        client = None;
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        written
+    })
+}

@@ -38,7 +38,7 @@ impl std::fmt::Display for ForeignOwner {
 
 impl ForeignOwner {
     /// How the user pauses this owner.
-    fn how_to_pause(&self) -> String {
+    pub(crate) fn how_to_pause(&self) -> String {
         match self {
             Self::Controller { kind, .. } => format!(
                 "pause the reconciliation of the {kind} (or scale its operator down) as its \
