@@ -25,6 +25,7 @@ variants=(
   "text-logs|--set logFormat=text --set logLevel=debug"
   "no-rbac|--set rbac.create=false --set serviceAccount.create=false --set serviceAccount.name=ops"
   "pinned-image|--set image.repository=registry.example/smr --set image.tag=0.1.0-rc1 --set image.pullPolicy=Always"
+  "single-replica|--set replicaCount=1 --set leaderElection.enabled=false --set metrics.service.enabled=false"
 )
 for v in "${variants[@]}"; do
   name="${v%%|*}"
@@ -43,7 +44,9 @@ done
 bad=(
   "logFormat|--set logFormat=xml"
   "pullPolicy|--set image.pullPolicy=Sometimes"
-  "replicaCount|--set replicaCount=2"
+  "replicaCount|--set replicaCount=-1"
+  "leaderElection|--set replicaCount=2 --set leaderElection.enabled=false"
+  "renewGraceSeconds|--set leaderElection.renewGraceSeconds=20"
   "imagee|--set imagee.tag=1"
 )
 for b in "${bad[@]}"; do
@@ -56,4 +59,11 @@ for b in "${bad[@]}"; do
   grep -q "$field" "$OUT/err" || fail "error for '${args[*]}' does not name $field: $(cat "$OUT/err")"
   echo "check-chart: '${args[*]}' refused: $(grep -m1 "$field" "$OUT/err" | sed 's/^ *//')"
 done
+# The ServiceMonitor renders (its CRD is not in the Kubernetes schemas, so only its shape is
+# checked here).
+"$HELM" template smr "$CHART" --set metrics.serviceMonitor.enabled=true \
+  --show-only templates/servicemonitor.yaml >"$OUT/sm.yaml"
+grep -q "^kind: ServiceMonitor" "$OUT/sm.yaml" && grep -q "port: http-metrics" "$OUT/sm.yaml" \
+  || fail "the ServiceMonitor does not render: $(cat "$OUT/sm.yaml")"
+echo "check-chart: ServiceMonitor renders"
 echo "check-chart: ok (helm $("$HELM" version --short))"

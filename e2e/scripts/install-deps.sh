@@ -7,7 +7,7 @@
 set -euo pipefail
 
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-CACHE_REV="r1"
+CACHE_REV="r2"
 CACHE_ROOT="${STORAGE_MIGRATOR_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/storage-migrator}"
 BIN_DIR="$CACHE_ROOT/kubernetes-1.20.2-${CACHE_REV}/bin"
 
@@ -79,10 +79,15 @@ cp -r "$R2"/. vendor/github.com/modern-go/reflect2/
 export GOPATH="$GOPATH_DIR" GO111MODULE=off CGO_ENABLED=0 GOFLAGS="" GOCACHE="$WORK/gocache"
 log "generating files (about 2 minutes)"
 make generated_files >&2
+# The version the API server reports (/version): GOPATH mode builds the vendored copy of
+# component-base, so the -X flags name the vendor path (else it reports v0.0.0-master, which
+# tools such as Helm compare with a chart's kubeVersion).
+VERSION_PKG=k8s.io/kubernetes/vendor/k8s.io/component-base/version
+VERSION_FLAGS="-X $VERSION_PKG.gitVersion=v1.20.2 -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=20 -X $VERSION_PKG.gitTreeState=clean"
 mkdir -p "$BIN_DIR.tmp"
 for b in kube-apiserver kube-controller-manager kube-scheduler; do
   log "building $b"
-  go build -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=v1.20.2 -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=20" \
+  go build -ldflags "-s -w $VERSION_FLAGS" \
     -o "$BIN_DIR.tmp/$b" "./cmd/$b" >&2
 done
 rm -rf "$BIN_DIR"; mv "$BIN_DIR.tmp" "$BIN_DIR"

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 mod cluster;
 pub mod etcd;
+pub mod helm;
 mod namespace;
 mod objects;
 pub mod operator;
