@@ -27,6 +27,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::api::{MemberStep, StorageMigrationRequest};
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
+use crate::image::ImageRef;
 use crate::labels;
 use crate::plan::{self, Action};
 
@@ -48,12 +49,14 @@ type Key = ObjectRef<StorageMigrationRequest>;
 pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
+    /// The operator's own image (`--image`), the default image of the Jobs it creates.
+    pub image: ImageRef,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
 }
 
 impl Context {
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, image: ImageRef) -> Self {
         let instance = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok());
@@ -63,6 +66,7 @@ impl Context {
                 controller: labels::EVENT_REPORTER.to_string(),
                 instance,
             },
+            image,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
         }
     }
@@ -204,7 +208,7 @@ pub async fn reconcile(
             };
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
             let observed = cluster.gather(current, &engine).await?;
-            let decision = plan::decide(&observed);
+            let decision = plan::decide(&observed, &ctx.image);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
                 break;
@@ -295,7 +299,8 @@ pub fn error_policy(
 }
 
 /// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
-pub async fn run(client: Client, namespace: Option<String>) {
+/// `image`: the operator's own image, which its Jobs run unless a request sets `moverImage`.
+pub async fn run(client: Client, namespace: Option<String>, image: ImageRef) {
     let (requests, jobs, pods) = match &namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
@@ -311,9 +316,10 @@ pub async fn run(client: Client, namespace: Option<String>) {
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     info!(
         namespace = namespace.as_deref().unwrap_or("<all>"),
+        %image,
         "starting controller"
     );
-    let ctx = Arc::new(Context::new(client));
+    let ctx = Arc::new(Context::new(client, image));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)

@@ -9,6 +9,7 @@
 //! - [`cluster`]: the only code that talks to the API server (gather, execute).
 //! - [`controller`]: kube-runtime wiring and error policy.
 //! - [`failpoints`]: fault injection for the end-to-end tests (feature `failpoints`).
+//! - [`image`]: the operator's image reference (`--image`), also its Jobs' default image.
 
 pub mod api;
 pub mod build;
@@ -16,5 +17,6 @@ pub mod cluster;
 pub mod controller;
 pub mod engine;
 pub mod failpoints;
+pub mod image;
 pub mod labels;
 pub mod plan;

@@ -1,11 +1,12 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kube::{CustomResourceExt, ResourceExt};
 
 use storage_migrator::api::StorageMigrationRequest;
 use storage_migrator::cluster::Cluster;
+use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::plan::preflight;
 
 #[derive(Parser)]
@@ -21,6 +22,24 @@ enum LogFormat {
     Json,
 }
 
+/// The operator's own image, also the default image of the Jobs and pods it creates.
+#[derive(Args)]
+struct ImageArg {
+    /// The operator's own image (the Helm chart sets it from its image values). Its copy,
+    /// verify and measure Jobs and its mounter pods run it, unless a request sets
+    /// spec.copy.moverImage.
+    #[arg(long = "image", env = "STORAGE_MIGRATOR_IMAGE", value_name = "REF", default_value = DEFAULT_IMAGE)]
+    image: String,
+}
+
+impl ImageArg {
+    /// The checked reference; the error names the flag and its variable.
+    fn image_ref(&self) -> anyhow::Result<ImageRef> {
+        ImageRef::parse(&self.image)
+            .with_context(|| "invalid --image (env STORAGE_MIGRATOR_IMAGE)".to_string())
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Print the CustomResourceDefinition YAML.
@@ -33,6 +52,8 @@ enum Command {
         /// Log format.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
+        #[command(flatten)]
+        image: ImageArg,
     },
     /// Dry run: print the plan a request YAML would get on the current cluster (no writes).
     Plan {
@@ -42,6 +63,8 @@ enum Command {
         /// Namespace, when the manifest has none (default: the kubeconfig's).
         #[arg(short = 'n', long)]
         namespace: Option<String>,
+        #[command(flatten)]
+        image: ImageArg,
     },
 }
 
@@ -70,67 +93,86 @@ async fn main() -> anyhow::Result<()> {
         Command::Run {
             namespace,
             log_format,
+            image,
         } => {
+            // Checked before anything else: a bad reference would fail every Job much later.
+            let image = image.image_ref()?;
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            storage_migrator::controller::run(client, namespace).await;
+            storage_migrator::controller::run(client, namespace, image).await;
         }
-        Command::Plan { file, namespace } => {
-            init_tracing(LogFormat::Text);
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            let mut req: StorageMigrationRequest = serde_norway::from_str(&text)
-                .with_context(|| format!("{} is not a StorageMigrationRequest", file.display()))?;
-            let client = kube::Client::try_default()
-                .await
-                .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            let ns = req
-                .namespace()
-                .or(namespace)
-                .unwrap_or_else(|| client.default_namespace().to_string());
-            req.metadata.namespace = Some(ns);
-            req.status = None;
-            let cluster = Cluster::new(
-                client.clone(),
-                kube::runtime::events::Recorder::new(
-                    client,
-                    kube::runtime::events::Reporter {
-                        controller: "storage-migrator-plan".into(),
-                        instance: None,
-                    },
-                ),
+        Command::Plan {
+            file,
+            namespace,
+            image,
+        } => plan(&file, namespace, image.image_ref()?).await?,
+    }
+    Ok(())
+}
+
+/// `storage-migrator plan`: what preflight would decide for the request in `file`, and the
+/// image its Jobs would run.
+async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow::Result<()> {
+    init_tracing(LogFormat::Text);
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let mut req: StorageMigrationRequest = serde_norway::from_str(&text)
+        .with_context(|| format!("{} is not a StorageMigrationRequest", file.display()))?;
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
+    let ns = req
+        .namespace()
+        .or(namespace)
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    req.metadata.namespace = Some(ns);
+    req.status = None;
+    let cluster = Cluster::new(
+        client.clone(),
+        kube::runtime::events::Recorder::new(
+            client,
+            kube::runtime::events::Reporter {
+                controller: "storage-migrator-plan".into(),
+                instance: None,
+            },
+        ),
+    );
+    let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
+    let observed = cluster.gather(req, &engine).await?;
+    let created =
+        (observed.request.metadata.creation_timestamp.as_ref()).map_or(observed.now, |t| t.0);
+    let name = observed.request.name_any();
+    if let Some(ahead) = preflight::waiting_for(&name, Some(created), &observed.other_requests) {
+        println!(
+            "# would wait for request {} ({:?}) on the same StatefulSet; then:",
+            ahead.name, ahead.phase
+        );
+    }
+    match preflight::dry_run(&observed, &image) {
+        Ok(plan) => {
+            println!("# would be accepted; the plan (members in migration order):");
+            print!("{}", serde_norway::to_string(&plan)?);
+            let copy = &observed.request.spec.copy;
+            let from = match copy.mover_image {
+                Some(_) => "spec.copy.moverImage",
+                None => "the operator's --image",
+            };
+            println!(
+                "# copy Jobs would run image {} ({from})",
+                copy.mover_image(image.as_str())
             );
-            let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
-            let observed = cluster.gather(req, &engine).await?;
-            let created = (observed.request.metadata.creation_timestamp.as_ref())
-                .map_or(observed.now, |t| t.0);
-            let name = observed.request.name_any();
-            if let Some(ahead) =
-                preflight::waiting_for(&name, Some(created), &observed.other_requests)
-            {
+            if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {
                 println!(
-                    "# would wait for request {} ({:?}) on the same StatefulSet; then:",
-                    ahead.name, ahead.phase
+                    "# used bytes are measured by a Job on each member's node when the request runs"
                 );
             }
-            match preflight::dry_run(&observed) {
-                Ok(plan) => {
-                    println!("# would be accepted; the plan (members in migration order):");
-                    print!("{}", serde_norway::to_string(&plan)?);
-                    if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {
-                        println!(
-                            "# used bytes are measured by a Job on each member's node when the request runs"
-                        );
-                    }
-                }
-                Err(d) => {
-                    println!("# would be denied: {}: {}", d.reason, d.message);
-                    std::process::exit(2);
-                }
-            }
+        }
+        Err(d) => {
+            println!("# would be denied: {}: {}", d.reason, d.message);
+            std::process::exit(2);
         }
     }
     Ok(())
