@@ -1940,3 +1940,54 @@ fn claim_replaced_names_the_claim_and_both_uids() {
          the claim now there is left alone"
     );
 }
+
+// --- The image of what the planner creates. -------------------------------------------------
+
+/// The images of the Jobs (by kind) and mounter pods a whole simulated request created.
+fn created_images(spec: StorageMigrationRequestSpec) -> Vec<(String, String)> {
+    let mut sim = Sim::new(observed(spec));
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
+    sim.log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Create(Object::Job(j)) => {
+                let pod = j.spec.as_ref()?.template.spec.as_ref()?;
+                let kind = j.labels()[labels::JOB_KIND_LABEL].clone();
+                Some((kind, image(&pod.containers[0])))
+            }
+            Action::Create(Object::Pod(p)) => {
+                let c = &p.typed().spec.as_ref()?.containers[0];
+                (c.name == "mounter").then(|| ("mounter".to_string(), image(c)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one() {
+    for spec in [spec_class_change("fast"), spec_shrink("256Mi")] {
+        let got = created_images(spec.clone());
+        let kinds: std::collections::BTreeSet<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        let want: &[&str] = if spec.type_ == crate::api::MigrationType::Shrink {
+            // Same (Immediate) class: no mounter needed.
+            &["copy", "measure", "precopy", "verify"]
+        } else {
+            // WaitForFirstConsumer class: mounters get the volumes provisioned.
+            &["copy", "mounter", "precopy", "verify"]
+        };
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), want);
+        assert!(got.iter().all(|(_, i)| i == IMAGE.as_str()), "{got:?}");
+
+        let mut own = spec;
+        own.copy.mover_image = Some("registry.test/my-mover:2".into());
+        let got = created_images(own);
+        assert!(!got.is_empty());
+        assert!(
+            got.iter().all(|(_, i)| i == "registry.test/my-mover:2"),
+            "{got:?}"
+        );
+    }
+}
