@@ -1,11 +1,15 @@
 # The storage-migrator image: the operator binary and everything its copy, verify and measure
-# Jobs run (a POSIX sh, rsync, du, sed, grep, tr, head), CA certificates and a `nonroot` user.
+# Jobs run (a POSIX sh, rsync, du, sed, grep, tr, head, sleep), CA certificates and a `nonroot`
+# user.
 # The operator runs as that user; it also uses this image, at the same version, as the default
 # image of its Jobs (which run as root, see src/build/job.rs).
 #
 # A user who reaches a registry builds it with the defaults:
 #     docker build -t ghcr.io/storage-migrator/storage-migrator:0.1.0 .
-#     podman build -t ghcr.io/storage-migrator/storage-migrator:0.1.0 .
+# buildah 1.28 (Debian 12's; podman builds with buildah) skips a stage that a FROM names only
+# through an ARG's default, so with it pass the two stage-selecting arguments explicitly:
+#     podman build --build-arg BINARY=build --build-arg RUNTIME_BASE=runtime-debian \
+#       -t ghcr.io/storage-migrator/storage-migrator:0.1.0 .
 # e2e/scripts/build-image.sh builds this same file without a registry: it passes BINARY=context
 # (the operator built on the host) and RUNTIME_BASE=<a Debian root made with mmdebstrap>, so only
 # the stages `binary-context` and the final one are built, and neither has a RUN.

@@ -14,7 +14,8 @@
 #   4. buildah push to target/image/storage-migrator-<version>.oci.tar (an OCI archive whose
 #      index names the full reference), then check-image.sh checks what is inside.
 #
-# Needs root (mmdebstrap --mode=root, buildah's storage). Installs buildah, mmdebstrap and umoci
+# Needs root (mmdebstrap --mode=root, buildah's storage). One run at a time: it empties its
+# buildah storage of everything but the cached base after each build. Installs buildah, mmdebstrap and umoci
 # and jq with apt when missing. Idempotent; a warm run rebuilds only the final image. Never reads stdin.
 #
 # Usage: e2e/scripts/build-image.sh          (prints the archive's path on stdout)
@@ -140,18 +141,24 @@ build_image() {
   rm -f "$OUT.tmp"
   buildah_ push --quiet "$REF" "oci-archive:$OUT.tmp:$REF" >&2
   mv "$OUT.tmp" "$OUT"
-  # Keep only the runtime base in the dedicated storage: the image lives on in the archive.
+  # Keep only the runtime base in the dedicated storage (the image lives on in the archive):
+  # buildah 1.28 leaves the working containers of stages used by COPY --from, and their images.
+  buildah_ rm --all >/dev/null
   buildah_ rmi "$REF" >/dev/null
-  buildah_ rmi --prune >/dev/null 2>&1 || true
+  buildah_ rmi --prune >/dev/null
   log "image built and archived in $(took "$t0")"
 }
+
+SOURCES=""
+cleanup() { [ -z "$SOURCES" ] || rm -f "$SOURCES"; }
+trap cleanup EXIT
 
 main() {
   local start sources key base_tar base_image
   start="$(now)"
   install_tools
   sources="$(mktemp /tmp/build-image-sources.XXXXXX)"
-  trap 'rm -f "$sources"' EXIT
+  SOURCES="$sources"
   host_sources > "$sources"
   grep -q '^Types: deb\|^deb ' "$sources" \
     || die "no '$SUITE' deb entry in this machine's apt sources (/etc/apt/sources.list[.d])"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project on this machine, installing what it needs first:
-#   formatting, clippy, the CRD staleness check, unit tests, then the end-to-end scenarios on a
+#   formatting, clippy, the build, the image (build-image.sh: the OCI archive of the operator's
+#   image, checked), the CRD staleness check, unit tests, then the end-to-end scenarios on a
 #   fresh local cluster (brought up in a temporary state dir and brought down at the end).
 # Usage: e2e/scripts/test-all.sh            (from anywhere)
 # Env:   KEEP_CLUSTER=1  leave the local cluster running after the tests (prints its KUBECONFIG)
@@ -22,6 +23,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "build"
 cargo build --workspace --all-features --bins
+
+step "image (operator release build, OCI archive, checked; base root cached)"
+bash e2e/scripts/build-image.sh >/dev/null
 
 step "CRD is generated from the Rust types"
 CRDGEN_BIN="$ROOT/target/debug/storage-migrator" bash .ci/check-crd.sh
