@@ -4,7 +4,7 @@ use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use kube::{CustomResourceExt, ResourceExt};
 
-use storage_migrator::api::StorageMigrationRequest;
+use storage_migrator::api::{CopySpec, StorageMigrationRequest};
 use storage_migrator::cluster::Cluster;
 use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::plan::preflight;
@@ -35,8 +35,7 @@ struct ImageArg {
 impl ImageArg {
     /// The checked reference; the error names the flag and its variable.
     fn image_ref(&self) -> anyhow::Result<ImageRef> {
-        ImageRef::parse(&self.image)
-            .with_context(|| "invalid --image (env STORAGE_MIGRATOR_IMAGE)".to_string())
+        ImageRef::parse(&self.image).context("invalid --image (env STORAGE_MIGRATOR_IMAGE)")
     }
 }
 
@@ -113,6 +112,18 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `plan` line that names the image of the request's Jobs, and where it comes from.
+fn jobs_image_line(copy: &CopySpec, image: &ImageRef) -> String {
+    let from = match copy.mover_image {
+        Some(_) => "spec.copy.moverImage",
+        None => "the operator's --image",
+    };
+    format!(
+        "# copy Jobs would run image {} ({from})",
+        copy.mover_image(image.as_str())
+    )
+}
+
 /// `storage-migrator plan`: what preflight would decide for the request in `file`, and the
 /// image its Jobs would run.
 async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow::Result<()> {
@@ -155,15 +166,7 @@ async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow
         Ok(plan) => {
             println!("# would be accepted; the plan (members in migration order):");
             print!("{}", serde_norway::to_string(&plan)?);
-            let copy = &observed.request.spec.copy;
-            let from = match copy.mover_image {
-                Some(_) => "spec.copy.moverImage",
-                None => "the operator's --image",
-            };
-            println!(
-                "# copy Jobs would run image {} ({from})",
-                copy.mover_image(image.as_str())
-            );
+            println!("{}", jobs_image_line(&observed.request.spec.copy, &image));
             if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {
                 println!(
                     "# used bytes are measured by a Job on each member's node when the request runs"
@@ -176,4 +179,47 @@ async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_names_the_jobs_image_and_its_source() {
+        let image = ImageRef::parse("registry.test/storage-migrator:9").unwrap();
+        let mut copy = CopySpec::default();
+        assert_eq!(
+            jobs_image_line(&copy, &image),
+            "# copy Jobs would run image registry.test/storage-migrator:9 (the operator's --image)"
+        );
+        copy.mover_image = Some("registry.test/mine:1".into());
+        assert_eq!(
+            jobs_image_line(&copy, &image),
+            "# copy Jobs would run image registry.test/mine:1 (spec.copy.moverImage)"
+        );
+    }
+
+    #[test]
+    fn image_flag_defaults_to_the_operator_image_and_refuses_a_bad_one() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            match cli.command {
+                Command::Run { image, .. } => image.image_ref().map_err(|e| format!("{e:#}")),
+                _ => unreachable!(),
+            }
+        };
+        // The variable is not set in the test process, so the default applies.
+        if std::env::var_os("STORAGE_MIGRATOR_IMAGE").is_none() {
+            assert_eq!(parse(&["sm", "run"]), Ok(ImageRef::default_image()));
+        }
+        let ok = parse(&["sm", "run", "--image", "localhost:5000/sm:dev"]);
+        assert_eq!(ok.unwrap().as_str(), "localhost:5000/sm:dev");
+        let err = parse(&["sm", "run", "--image", ""]).unwrap_err();
+        assert!(
+            err.starts_with("invalid --image (env STORAGE_MIGRATOR_IMAGE): "),
+            "{err}"
+        );
+        assert!(err.contains("empty"), "{err}");
+    }
 }
