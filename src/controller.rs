@@ -27,6 +27,7 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::api::{MemberStep, StorageMigrationRequest};
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
+use crate::image::ImageRef;
 use crate::labels;
 use crate::metrics::Metrics;
 use crate::plan::{self, Action};
@@ -50,12 +51,14 @@ pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
     pub metrics: Arc<Metrics>,
+    /// The operator's own image (`--image`), the default image of the Jobs it creates.
+    pub image: ImageRef,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, image: ImageRef, metrics: Arc<Metrics>) -> Self {
         let instance = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok());
@@ -66,6 +69,7 @@ impl Context {
                 instance,
             },
             metrics,
+            image,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
         }
     }
@@ -210,7 +214,7 @@ pub async fn reconcile(
             };
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
             let observed = cluster.gather(current, &engine).await?;
-            let decision = plan::decide(&observed);
+            let decision = plan::decide(&observed, &ctx.image);
             record_status(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
@@ -324,7 +328,13 @@ pub fn error_policy(
 }
 
 /// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
-pub async fn run(client: Client, namespace: Option<String>, metrics: Arc<Metrics>) {
+/// `image`: the operator's own image, which its Jobs run unless a request sets `moverImage`.
+pub async fn run(
+    client: Client,
+    namespace: Option<String>,
+    image: ImageRef,
+    metrics: Arc<Metrics>,
+) {
     let (requests, jobs, pods) = match &namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
@@ -340,9 +350,10 @@ pub async fn run(client: Client, namespace: Option<String>, metrics: Arc<Metrics
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     info!(
         namespace = namespace.as_deref().unwrap_or("<all>"),
+        %image,
         "starting controller"
     );
-    let ctx = Arc::new(Context::new(client, metrics));
+    let ctx = Arc::new(Context::new(client, image, metrics));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)

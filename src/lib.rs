@@ -12,6 +12,7 @@
 //! - [`leader`]: leader election on a Lease, with a fence that stops a replica that cannot renew.
 //! - [`metrics`], [`serve`], [`permissions`]: `/metrics`, `/healthz`, `/readyz`, and the table of
 //!   every RBAC rule the operator uses (checked against the chart and at run time).
+//! - [`image`]: the operator's image reference (`--image`), also its Jobs' default image.
 
 pub mod api;
 pub mod build;
@@ -19,6 +20,7 @@ pub mod cluster;
 pub mod controller;
 pub mod engine;
 pub mod failpoints;
+pub mod image;
 pub mod labels;
 pub mod leader;
 pub mod metrics;

@@ -1,13 +1,14 @@
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use kube::{CustomResourceExt, ResourceExt};
 
-use storage_migrator::api::StorageMigrationRequest;
+use storage_migrator::api::{CopySpec, StorageMigrationRequest};
 use storage_migrator::cluster::Cluster;
+use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::leader::{self, LeaseConfig, Term};
 use storage_migrator::metrics::Metrics;
 use storage_migrator::plan::preflight;
@@ -24,6 +25,23 @@ struct Cli {
 enum LogFormat {
     Text,
     Json,
+}
+
+/// The operator's own image, also the default image of the Jobs and pods it creates.
+#[derive(Args)]
+struct ImageArg {
+    /// The operator's own image (the Helm chart sets it from its image values). Its copy,
+    /// verify and measure Jobs and its mounter pods run it, unless a request sets
+    /// spec.copy.moverImage.
+    #[arg(long = "image", env = "STORAGE_MIGRATOR_IMAGE", value_name = "REF", default_value = DEFAULT_IMAGE)]
+    image: String,
+}
+
+impl ImageArg {
+    /// The checked reference; the error names the flag and its variable.
+    fn image_ref(&self) -> anyhow::Result<ImageRef> {
+        ImageRef::parse(&self.image).context("invalid --image (env STORAGE_MIGRATOR_IMAGE)")
+    }
 }
 
 #[derive(Subcommand)]
@@ -43,6 +61,8 @@ enum Command {
         http_address: std::net::SocketAddr,
         #[command(flatten)]
         lease: LeaseArgs,
+        #[command(flatten)]
+        image: ImageArg,
     },
     /// Dry run: print the plan a request YAML would get on the current cluster (no writes).
     Plan {
@@ -52,6 +72,8 @@ enum Command {
         /// Namespace, when the manifest has none (default: the kubeconfig's).
         #[arg(short = 'n', long)]
         namespace: Option<String>,
+        #[command(flatten)]
+        image: ImageArg,
     },
 }
 
@@ -115,6 +137,7 @@ fn init_tracing(format: LogFormat) {
 async fn run(
     client: kube::Client,
     namespace: Option<String>,
+    image: ImageRef,
     http_address: std::net::SocketAddr,
     lease: &LeaseArgs,
 ) -> anyhow::Result<()> {
@@ -126,7 +149,7 @@ async fn run(
     tokio::spawn(health.keep_checking(client.clone(), namespace.clone()));
     let work = {
         let (client, namespace, metrics) = (client.clone(), namespace.clone(), metrics.clone());
-        move || storage_migrator::controller::run(client, namespace, metrics)
+        move || storage_migrator::controller::run(client, namespace, image, metrics)
     };
     if !lease.leader_election {
         tracing::warn!("leader election is off: this replica acts at once");
@@ -185,68 +208,134 @@ async fn main() -> anyhow::Result<()> {
             log_format,
             http_address,
             lease,
+            image,
         } => {
+            // Checked before anything else: a bad reference would fail every Job much later.
+            let image = image.image_ref()?;
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            run(client, namespace, http_address, &lease).await?;
+            run(client, namespace, image, http_address, &lease).await?;
         }
-        Command::Plan { file, namespace } => {
-            init_tracing(LogFormat::Text);
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            let mut req: StorageMigrationRequest = serde_norway::from_str(&text)
-                .with_context(|| format!("{} is not a StorageMigrationRequest", file.display()))?;
-            let client = kube::Client::try_default()
-                .await
-                .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            let ns = req
-                .namespace()
-                .or(namespace)
-                .unwrap_or_else(|| client.default_namespace().to_string());
-            req.metadata.namespace = Some(ns);
-            req.status = None;
-            let cluster = Cluster::new(
-                client.clone(),
-                kube::runtime::events::Recorder::new(
-                    client,
-                    kube::runtime::events::Reporter {
-                        controller: "storage-migrator-plan".into(),
-                        instance: None,
-                    },
-                ),
-            );
-            let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
-            let observed = cluster.gather(req, &engine).await?;
-            let created = (observed.request.metadata.creation_timestamp.as_ref())
-                .map_or(observed.now, |t| t.0);
-            let name = observed.request.name_any();
-            if let Some(ahead) =
-                preflight::waiting_for(&name, Some(created), &observed.other_requests)
-            {
+        Command::Plan {
+            file,
+            namespace,
+            image,
+        } => plan(&file, namespace, image.image_ref()?).await?,
+    }
+    Ok(())
+}
+
+/// The `plan` line that names the image of the request's Jobs, and where it comes from.
+fn jobs_image_line(copy: &CopySpec, image: &ImageRef) -> String {
+    let from = match copy.mover_image {
+        Some(_) => "spec.copy.moverImage",
+        None => "the operator's --image",
+    };
+    format!(
+        "# copy Jobs would run image {} ({from})",
+        copy.mover_image(image.as_str())
+    )
+}
+
+/// `storage-migrator plan`: what preflight would decide for the request in `file`, and the
+/// image its Jobs would run.
+async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow::Result<()> {
+    init_tracing(LogFormat::Text);
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let mut req: StorageMigrationRequest = serde_norway::from_str(&text)
+        .with_context(|| format!("{} is not a StorageMigrationRequest", file.display()))?;
+    let client = kube::Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
+    let ns = req
+        .namespace()
+        .or(namespace)
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    req.metadata.namespace = Some(ns);
+    req.status = None;
+    let cluster = Cluster::new(
+        client.clone(),
+        kube::runtime::events::Recorder::new(
+            client,
+            kube::runtime::events::Reporter {
+                controller: "storage-migrator-plan".into(),
+                instance: None,
+            },
+        ),
+    );
+    let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
+    let observed = cluster.gather(req, &engine).await?;
+    let created =
+        (observed.request.metadata.creation_timestamp.as_ref()).map_or(observed.now, |t| t.0);
+    let name = observed.request.name_any();
+    if let Some(ahead) = preflight::waiting_for(&name, Some(created), &observed.other_requests) {
+        println!(
+            "# would wait for request {} ({:?}) on the same StatefulSet; then:",
+            ahead.name, ahead.phase
+        );
+    }
+    match preflight::dry_run(&observed, &image) {
+        Ok(plan) => {
+            println!("# would be accepted; the plan (members in migration order):");
+            print!("{}", serde_norway::to_string(&plan)?);
+            println!("{}", jobs_image_line(&observed.request.spec.copy, &image));
+            if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {
                 println!(
-                    "# would wait for request {} ({:?}) on the same StatefulSet; then:",
-                    ahead.name, ahead.phase
+                    "# used bytes are measured by a Job on each member's node when the request runs"
                 );
             }
-            match preflight::dry_run(&observed) {
-                Ok(plan) => {
-                    println!("# would be accepted; the plan (members in migration order):");
-                    print!("{}", serde_norway::to_string(&plan)?);
-                    if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {
-                        println!(
-                            "# used bytes are measured by a Job on each member's node when the request runs"
-                        );
-                    }
-                }
-                Err(d) => {
-                    println!("# would be denied: {}: {}", d.reason, d.message);
-                    std::process::exit(2);
-                }
-            }
+        }
+        Err(d) => {
+            println!("# would be denied: {}: {}", d.reason, d.message);
+            std::process::exit(2);
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plan_names_the_jobs_image_and_its_source() {
+        let image = ImageRef::parse("registry.test/storage-migrator:9").unwrap();
+        let mut copy = CopySpec::default();
+        assert_eq!(
+            jobs_image_line(&copy, &image),
+            "# copy Jobs would run image registry.test/storage-migrator:9 (the operator's --image)"
+        );
+        copy.mover_image = Some("registry.test/mine:1".into());
+        assert_eq!(
+            jobs_image_line(&copy, &image),
+            "# copy Jobs would run image registry.test/mine:1 (spec.copy.moverImage)"
+        );
+    }
+
+    #[test]
+    fn image_flag_defaults_to_the_operator_image_and_refuses_a_bad_one() {
+        let parse = |args: &[&str]| {
+            let cli = Cli::try_parse_from(args).unwrap();
+            match cli.command {
+                Command::Run { image, .. } => image.image_ref().map_err(|e| format!("{e:#}")),
+                _ => unreachable!(),
+            }
+        };
+        // The variable is not set in the test process, so the default applies.
+        if std::env::var_os("STORAGE_MIGRATOR_IMAGE").is_none() {
+            assert_eq!(parse(&["sm", "run"]), Ok(ImageRef::default_image()));
+        }
+        let ok = parse(&["sm", "run", "--image", "localhost:5000/sm:dev"]);
+        assert_eq!(ok.unwrap().as_str(), "localhost:5000/sm:dev");
+        let err = parse(&["sm", "run", "--image", ""]).unwrap_err();
+        assert!(
+            err.starts_with("invalid --image (env STORAGE_MIGRATOR_IMAGE): "),
+            "{err}"
+        );
+        assert!(err.contains("empty"), "{err}");
+    }
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the project on this machine, installing what it needs first:
-#   formatting, clippy, the CRD staleness check, unit tests, then the end-to-end scenarios on a
+#   formatting, clippy, the build, the image (build-image.sh: the OCI archive of the operator's
+#   image, checked), the CRD staleness check, unit tests, then the end-to-end scenarios on a
 #   fresh local cluster (brought up in a temporary state dir and brought down at the end).
 # Usage: e2e/scripts/test-all.sh            (from anywhere)
 # Env:   KEEP_CLUSTER=1  leave the local cluster running after the tests (prints its KUBECONFIG)
@@ -22,6 +23,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 
 step "build"
 cargo build --workspace --all-features --bins
+
+step "image (operator release build, OCI archive, checked; base root cached)"
+IMAGE_ARCHIVE="$(bash e2e/scripts/build-image.sh)"
 
 step "CRD is generated from the Rust types"
 CRDGEN_BIN="$ROOT/target/debug/storage-migrator" bash .ci/check-crd.sh
@@ -50,6 +54,8 @@ trap cleanup EXIT
 step "local cluster up"
 eval "$("$LC" up --state-dir "$STATE_DIR")"
 export KUBECONFIG
+step "load the operator's image into the local cluster's image store"
+"$LC" image load --state-dir "$STATE_DIR" "$IMAGE_ARCHIVE"
 export STORAGE_MIGRATOR_BIN="$ROOT/target/debug/storage-migrator"
 export E2E_LOCALCLUSTER=1
 

@@ -12,9 +12,6 @@ use serde::{Deserialize, Serialize};
 
 pub mod conditions;
 
-/// Default image of the copy/verify/measure Jobs (rsync and a POSIX shell).
-pub const DEFAULT_MOVER_IMAGE: &str = "ghcr.io/storage-migrator/storage-migrator-mover:0.1.0";
-
 /// Move the volumes of one StatefulSet's members, one member at a time, to another StorageClass
 /// or to a smaller size, keeping the claims' names and the workload's quorum.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
@@ -153,7 +150,8 @@ pub struct CopySpec {
     /// volumes stay `Retain` after success.
     #[serde(default = "default_true")]
     pub verify: bool,
-    /// Image of the copy Jobs; must provide `rsync` and `sh`.
+    /// Image of the copy Jobs; must provide `sh`, `rsync` and `du`. Default: the operator's own
+    /// image (its `--image`), which has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover_image: Option<String>,
     /// Resources of the copy Jobs' container.
@@ -173,8 +171,10 @@ impl Default for CopySpec {
 }
 
 impl CopySpec {
-    pub fn mover_image(&self) -> &str {
-        self.mover_image.as_deref().unwrap_or(DEFAULT_MOVER_IMAGE)
+    /// The image of this request's Jobs: `moverImage` if set, else `operator_image` (the
+    /// operator's own image, see `crate::image`).
+    pub fn mover_image<'a>(&'a self, operator_image: &'a str) -> &'a str {
+        self.mover_image.as_deref().unwrap_or(operator_image)
     }
 }
 
@@ -498,7 +498,14 @@ spec:
         assert_eq!(spec.old_pv_reclaim_policy, Some(OldPvReclaimPolicy::Retain));
         assert_eq!(spec.apply, ApplyPolicy::IfReady);
         assert!(spec.copy.pre_copy && spec.copy.verify);
-        assert_eq!(spec.copy.mover_image(), DEFAULT_MOVER_IMAGE);
+        assert_eq!(spec.copy.mover_image("operator:1"), "operator:1");
+        let mut copy = spec.copy.clone();
+        copy.mover_image = Some("mine:2".into());
+        assert_eq!(
+            copy.mover_image("operator:1"),
+            "mine:2",
+            "moverImage overrides"
+        );
         assert_eq!(spec.database.engine, DatabaseEngine::Generic);
         let back = serde_json::to_value(spec).unwrap();
         assert_eq!(back["oldPVReclaimPolicy"], "Retain");

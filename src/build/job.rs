@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 
 use crate::api::{PlannedMember, StorageMigrationRequest};
+use crate::image::ImageRef;
 use crate::labels::JOB_KIND_LABEL;
 
 use super::{BuildError, job_name, member_meta, pinned_to_node, req_name, tolerate_all};
@@ -155,7 +156,8 @@ printf '%s' "$result" > /dev/termination-log
 "#;
 
 /// The Job of `kind` for `member`, bounded by `deadline_seconds` (the request's remaining
-/// timeout; at least 1).
+/// timeout; at least 1), running the request's `moverImage` or else `image`, the operator's own
+/// image (`--image`).
 ///
 /// Why each part:
 /// - Node affinity to the member's node ([`super::pinned_to_node`]), not `nodeName`: a
@@ -175,6 +177,7 @@ printf '%s' "$result" > /dev/termination-log
 ///   result, the log tail still explains why.
 pub fn job(
     req: &StorageMigrationRequest,
+    image: &ImageRef,
     member: &PlannedMember,
     kind: JobKind,
     deadline_seconds: i64,
@@ -193,7 +196,7 @@ pub fn job(
                     labels: pod_labels,
                     ..Default::default()
                 }),
-                spec: Some(job_pod_spec(req, member, kind)),
+                spec: Some(job_pod_spec(req, image, member, kind)),
             },
             ..Default::default()
         }),
@@ -216,7 +219,12 @@ fn job_metadata(
 }
 
 /// The pod of the Job: pinned to the member's node, root, no API access, never restarted.
-fn job_pod_spec(req: &StorageMigrationRequest, member: &PlannedMember, kind: JobKind) -> PodSpec {
+fn job_pod_spec(
+    req: &StorageMigrationRequest,
+    image: &ImageRef,
+    member: &PlannedMember,
+    kind: JobKind,
+) -> PodSpec {
     let (volumes, mounts) = job_volumes(member, kind);
     PodSpec {
         affinity: Some(pinned_to_node(&member.node)),
@@ -231,7 +239,7 @@ fn job_pod_spec(req: &StorageMigrationRequest, member: &PlannedMember, kind: Job
             run_as_non_root: Some(false),
             ..Default::default()
         }),
-        containers: vec![job_container(req, kind, mounts)],
+        containers: vec![job_container(req, image, kind, mounts)],
         volumes: Some(volumes),
         ..Default::default()
     }
@@ -273,12 +281,13 @@ fn volume_mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 /// locale, the request's resources, the result in the termination message.
 fn job_container(
     req: &StorageMigrationRequest,
+    image: &ImageRef,
     kind: JobKind,
     mounts: Vec<VolumeMount>,
 ) -> Container {
     Container {
         name: JOB_CONTAINER.to_string(),
-        image: Some(req.spec.copy.mover_image().to_string()),
+        image: Some(req.spec.copy.mover_image(image.as_str()).to_string()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         command: Some(vec![
             "sh".to_string(),
@@ -404,7 +413,7 @@ mod tests {
         let req = testdata::request();
         let member = testdata::member();
         for kind in KINDS {
-            let job = job(&req, &member, kind, 1200);
+            let job = job(&req, &testdata::image(), &member, kind, 1200);
             insta::assert_yaml_snapshot!(format!("job_{}", kind.as_str()), job);
         }
     }
@@ -414,7 +423,7 @@ mod tests {
         let req = testdata::request();
         let member = testdata::member();
         for kind in KINDS {
-            let job = job(&req, &member, kind, 1200);
+            let job = job(&req, &testdata::image(), &member, kind, 1200);
             let name = job.metadata.name.clone().unwrap();
             assert!(crate::build::is_dns1123_label(&name), "{name}");
             let refs = job.metadata.owner_references.clone().unwrap();
@@ -450,6 +459,11 @@ mod tests {
             assert_eq!(mounts[0].mount_path, "/source");
             assert_eq!(mounts[0].read_only, Some(true));
             assert_eq!(c.resources, req.spec.copy.resources);
+            assert_eq!(
+                c.image.as_deref(),
+                Some(testdata::IMAGE),
+                "the operator's image"
+            );
             let command = c.command.clone().unwrap();
             assert_eq!(command[..2], ["sh".to_string(), "-c".to_string()]);
             assert_eq!(command[2], kind.script());
@@ -467,8 +481,26 @@ mod tests {
     }
 
     #[test]
+    fn mover_image_overrides_the_operator_image() {
+        let mut req = testdata::request();
+        req.spec.copy.mover_image = Some("registry.test/my-mover:1".into());
+        for kind in KINDS {
+            let job = job(&req, &testdata::image(), &testdata::member(), kind, 60);
+            let pod = job.spec.unwrap().template.spec.unwrap();
+            let image = pod.containers[0].image.as_deref();
+            assert_eq!(image, Some("registry.test/my-mover:1"), "{kind:?}");
+        }
+    }
+
+    #[test]
     fn deadline_is_positive() {
-        let job = job(&testdata::request(), &testdata::member(), JobKind::Copy, -5);
+        let job = job(
+            &testdata::request(),
+            &testdata::image(),
+            &testdata::member(),
+            JobKind::Copy,
+            -5,
+        );
         assert_eq!(job.spec.unwrap().active_deadline_seconds, Some(1));
     }
 

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{
 use serde_json::Value;
 
 use crate::api::{PlannedMember, StorageMigrationRequest};
+use crate::image::ImageRef;
 
 use super::manifest::{Manifest, for_create};
 use super::{BuildError, member_meta, mounter_name, pinned_to_node, req_name, tolerate_all};
@@ -34,8 +35,9 @@ pub const MOUNTER_PATH: &str = "/target";
 /// or zonal volumes are reachable only from their node or zone. Why an ownerReference to the
 /// request: the pod is disposable and must not outlive it. Why `restartPolicy: Never`, no
 /// service-account token and a short grace period: nothing here should run longer or do more
-/// than hold the mount until the claim is bound.
-pub fn mounter_pod(req: &StorageMigrationRequest, member: &PlannedMember) -> Pod {
+/// than hold the mount until the claim is bound. Its image is the Jobs' (the request's
+/// `moverImage`, else `image`, the operator's own), which the node pulls anyway.
+pub fn mounter_pod(req: &StorageMigrationRequest, image: &ImageRef, member: &PlannedMember) -> Pod {
     Pod {
         metadata: member_meta(
             req,
@@ -52,7 +54,7 @@ pub fn mounter_pod(req: &StorageMigrationRequest, member: &PlannedMember) -> Pod
             termination_grace_period_seconds: Some(5),
             containers: vec![Container {
                 name: "mounter".to_string(),
-                image: Some(req.spec.copy.mover_image().to_string()),
+                image: Some(req.spec.copy.mover_image(image.as_str()).to_string()),
                 image_pull_policy: Some("IfNotPresent".to_string()),
                 command: Some(MOUNTER_COMMAND.iter().map(|s| s.to_string()).collect()),
                 volume_mounts: Some(vec![VolumeMount {
@@ -122,7 +124,7 @@ mod tests {
     fn mounter_pod_snapshot_and_invariants() {
         let req = testdata::request();
         let member = testdata::member();
-        let pod = mounter_pod(&req, &member);
+        let pod = mounter_pod(&req, &testdata::image(), &member);
         insta::assert_yaml_snapshot!(pod);
         let spec = pod.spec.clone().unwrap();
         assert!(
@@ -154,6 +156,13 @@ mod tests {
         assert!(crate::build::is_dns1123_label(
             pod.metadata.name.as_deref().unwrap()
         ));
+        let image = spec.containers[0].image.as_deref();
+        assert_eq!(image, Some(testdata::IMAGE), "the operator's image");
+        let mut own = req.clone();
+        own.spec.copy.mover_image = Some("registry.test/my-mover:1".into());
+        let pod = mounter_pod(&own, &testdata::image(), &member);
+        let image = pod.spec.unwrap().containers[0].image.clone();
+        assert_eq!(image.as_deref(), Some("registry.test/my-mover:1"));
     }
 
     #[test]

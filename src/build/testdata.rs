@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use serde_json::{Value, json};
 
 use crate::api::{Plan, PlannedMember, StorageMigrationRequest};
+use crate::image::ImageRef;
 
 use super::{Manifest, temp_claim_name};
 
@@ -56,6 +57,14 @@ where
 
 pub fn claim() -> PersistentVolumeClaim {
     serde_norway::from_str(include_str!("testdata/claim.yaml")).unwrap()
+}
+
+/// The operator's image in the builders' tests (not the real default, so that the snapshots do
+/// not change with the version).
+pub const IMAGE: &str = "registry.test/storage-migrator:test";
+
+pub fn image() -> ImageRef {
+    ImageRef::parse(IMAGE).unwrap()
 }
 
 /// The request, its plan's temporary claim names computed as the planner would.

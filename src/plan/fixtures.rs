@@ -35,6 +35,11 @@ pub const NS: &str = "demo";
 pub const REQ: &str = "move";
 pub const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
 
+/// The operator's image (`--image`) in the planner's tests.
+pub static IMAGE: std::sync::LazyLock<crate::image::ImageRef> = std::sync::LazyLock::new(|| {
+    crate::image::ImageRef::parse("registry.test/storage-migrator:test").unwrap()
+});
+
 pub fn t(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap()
 }
@@ -948,7 +953,7 @@ impl Sim {
             if self.phase().is_final() && self.o.request.finalizers().is_empty() {
                 return round;
             }
-            let d = decide(&self.o);
+            let d = decide(&self.o, &IMAGE);
             for a in &d.actions {
                 self.apply(a);
             }
@@ -964,7 +969,7 @@ impl Sim {
             if self.phase().is_final() && self.o.request.finalizers().is_empty() {
                 return round;
             }
-            let d = decide(&self.o);
+            let d = decide(&self.o, &IMAGE);
             let n = if round == crash_at {
                 keep.min(d.actions.len())
             } else {

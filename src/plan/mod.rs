@@ -32,6 +32,7 @@ use crate::api::{
 };
 use crate::build::Manifest;
 use crate::engine::{FinalHashError, HealthReport, HealthUnavailable};
+use crate::image::ImageRef;
 use crate::labels;
 
 pub mod action;
@@ -170,6 +171,9 @@ pub struct OtherRequest {
 /// The working state of one decision: a copy of the status to change, the actions so far.
 pub(crate) struct Ctx<'a> {
     pub o: &'a Observed,
+    /// The operator's own image (`--image`): the Jobs' and mounters' image unless the request
+    /// sets `spec.copy.moverImage`.
+    pub image: &'a ImageRef,
     /// The request with the accepted spec (the spec as accepted, even if it changed since).
     pub req: StorageMigrationRequest,
     pub status: StorageMigrationRequestStatus,
@@ -181,12 +185,13 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub(crate) fn new(o: &'a Observed) -> Self {
+    pub(crate) fn new(o: &'a Observed, image: &'a ImageRef) -> Self {
         let status = o.request.status.clone().unwrap_or_default();
         let mut req = o.request.clone();
         req.spec = observe::effective_spec(&o.request);
         Self {
             o,
+            image,
             req,
             status,
             actions: Vec::new(),
@@ -295,7 +300,7 @@ impl<'a> Ctx<'a> {
     /// out).
     fn finish(self) -> Decision {
         if let Some(e) = &self.rejected {
-            let mut fresh = Ctx::new(self.o);
+            let mut fresh = Ctx::new(self.o, self.image);
             stuck(
                 &mut fresh,
                 &format!("the planner tried a transition its state machine does not allow: {e}"),
@@ -332,9 +337,10 @@ pub fn timeout_seconds(s: &str) -> Result<i64, PlanError> {
     Ok(secs)
 }
 
-/// Decides what to do next. Pure.
-pub fn decide(o: &Observed) -> Decision {
-    let mut cx = Ctx::new(o);
+/// Decides what to do next. Pure. `image` is the operator's own image (`--image`), which its
+/// Jobs run unless the request names a `moverImage`.
+pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
+    let mut cx = Ctx::new(o, image);
     let deleting = o.request.metadata.deletion_timestamp.is_some();
     let has_finalizer = o
         .request
@@ -406,7 +412,7 @@ pub fn decide(o: &Observed) -> Decision {
     if let Err(failure) = result
         && cx.rejected.is_none()
     {
-        let mut fresh = Ctx::new(o);
+        let mut fresh = Ctx::new(o, image);
         spec_change(&mut fresh);
         start_rollback(&mut fresh, failure);
         return fresh.finish();

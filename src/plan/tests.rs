@@ -210,7 +210,7 @@ fn denials_name_the_problem() {
     for (name, tweak, reason, needle) in cases {
         let mut o = observed(spec_class_change("fast"));
         tweak(&mut o);
-        let d = decide(&o);
+        let d = decide(&o, &IMAGE);
         let (got, message) = denial_reason(&d);
         assert_eq!(got, reason, "{name}: {message}");
         assert!(
@@ -262,14 +262,17 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
     let mut bad = observed(spec_class_change("gold"));
     bad.request.metadata.creation_timestamp = Some(Time(t(-10)));
     bad.other_requests.push(other(REQ, 0, Phase::Pending));
-    assert_eq!(denial_reason(&decide(&bad)).0, "StorageClassNotFound");
+    assert_eq!(
+        denial_reason(&decide(&bad, &IMAGE)).0,
+        "StorageClassNotFound"
+    );
 
     // The younger good one waits while the older one is Pending, touching nothing.
     let mut o = observed(spec_class_change("fast"));
     o.other_requests.push(other("bad", -10, Phase::Pending));
     let mut sim = Sim::new(o);
     for _ in 0..5 {
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         assert_eq!(d.requeue, REQUEUE_QUEUED);
         for a in &d.actions {
             sim.apply(a);
@@ -295,7 +298,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
 
     // The older one is denied: the younger one is judged, accepted and runs to the end.
     sim.o.other_requests[0].phase = Phase::Denied;
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Progressing);
     let (cond, reason, _) = queued_condition(s).unwrap();
@@ -341,7 +344,7 @@ fn a_final_request_never_blocks() {
         let mut o = observed(spec_class_change("fast"));
         o.other_requests.push(other("first", -10, phase));
         o.other_requests.push(other("later", 10, Phase::Pending));
-        let d = decide(&o);
+        let d = decide(&o, &IMAGE);
         let s = first_status(&d);
         assert_eq!(s.phase, Phase::Progressing, "{phase:?}");
         assert_eq!(queued_condition(s), None, "never queued: no condition");
@@ -353,9 +356,9 @@ fn requests_created_in_the_same_second_go_by_name() {
     // Same creation time as "move": "alpha" is ahead, "zulu" behind.
     let mut o = observed(spec_class_change("fast"));
     o.other_requests.push(other("zulu", 0, Phase::Pending));
-    assert_eq!(first_status(&decide(&o)).phase, Phase::Progressing);
+    assert_eq!(first_status(&decide(&o, &IMAGE)).phase, Phase::Progressing);
     o.other_requests.push(other("alpha", 0, Phase::Pending));
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Pending);
     let (_, _, message) = queued_condition(s).unwrap();
@@ -370,7 +373,7 @@ fn a_malformed_request_is_denied_at_once_even_when_queued() {
     });
     o.other_requests
         .push(other("running", -10, Phase::Progressing));
-    assert_eq!(denial_reason(&decide(&o)).0, "InvalidSpec");
+    assert_eq!(denial_reason(&decide(&o, &IMAGE)).0, "InvalidSpec");
 }
 
 #[test]
@@ -378,7 +381,7 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
     let mut o = observed(spec_class_change("fast"));
     o.request.spec.apply = ApplyPolicy::Always;
     not_ready(&mut o, "etcd-2");
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert_eq!(first_status(&d).phase, Phase::Progressing);
     let mut sim = Sim::new(o);
     sim.run(40);
@@ -397,7 +400,7 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
 #[test]
 fn accept_records_the_plan_before_anything() {
     let o = observed(spec_class_change("fast"));
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Progressing);
     assert_eq!(s.stage, Stage::OrphaningStatefulSet);
@@ -590,7 +593,7 @@ fn crash_at_any_point_resumes_to_the_same_end() {
         let d_len = {
             let mut probe = Sim::new(observed(spec_class_change("fast")));
             probe.run(crash_at);
-            decide(&probe.o).actions.len()
+            decide(&probe.o, &IMAGE).actions.len()
         };
         for keep in 0..d_len {
             let mut sim = Sim::new(observed(spec_class_change("fast")));
@@ -683,7 +686,7 @@ fn timeout_after_the_swap_began_carries_the_member_forward() {
         if sim.step_of("etcd-1") == MemberStep::DeletingOldClaim {
             break;
         }
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -742,7 +745,7 @@ fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
         if sim.step_of("etcd-0") == MemberStep::Copying {
             break;
         }
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -765,7 +768,7 @@ fn spec_change_after_acceptance_is_ignored() {
     sim.run(5);
     sim.o.request.spec = spec_class_change("slow");
     sim.o.request.metadata.generation = Some(2);
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     let s = first_status(&d);
     let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
     assert_eq!(c.status, "True");
@@ -795,7 +798,7 @@ fn leader_goes_last_and_hands_over_first() {
             m.leader = m.pod == "etcd-0";
         }
     }
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     let plan = first_status(&d).plan.clone().unwrap();
     assert_eq!(
         plan.members
@@ -955,7 +958,7 @@ fn at_step(step: MemberStep) -> Observed {
         if sim.step_of("etcd-0") == step {
             break;
         }
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -973,7 +976,7 @@ fn member0(d: &Decision) -> MemberStatus {
 fn resume_stopping_pod_when_the_pod_is_already_gone() {
     let mut o = at_step(MemberStep::StoppingPod);
     // The stash and the delete happened; the status write of the next step did not.
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert!(
         matches!(d.actions[0], Action::Stash { .. }),
         "{:?}",
@@ -983,7 +986,7 @@ fn resume_stopping_pod_when_the_pod_is_already_gone() {
     sim.apply(&d.actions[0]);
     o = sim.o.clone();
     o.pods.remove("etcd-0");
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert_eq!(member0(&d).step, MemberStep::Copying);
     assert!(member0(&d).pod_deleted_at.is_some());
 }
@@ -992,7 +995,7 @@ fn resume_stopping_pod_when_the_pod_is_already_gone() {
 fn resume_deleting_old_claim_when_it_is_gone() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     o.claims.remove("data-etcd-0");
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert_eq!(member0(&d).step, MemberStep::DeletingTempClaim);
 }
 
@@ -1000,7 +1003,7 @@ fn resume_deleting_old_claim_when_it_is_gone() {
 fn resume_recreating_claim_when_it_is_already_bound() {
     let o = at_step(MemberStep::RecreatingClaim);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert!(
         matches!(&d.actions[..], [Action::Create(Object::Claim(_))]),
         "{:?}",
@@ -1008,7 +1011,7 @@ fn resume_recreating_claim_when_it_is_already_bound() {
     );
     sim.apply(&d.actions[0]);
     sim.settle();
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
 }
 
@@ -1033,7 +1036,7 @@ fn resume_copying_reads_the_finished_jobs() {
             },
         ),
     ]);
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     let ms = member0(&d);
     assert_eq!(ms.step, MemberStep::RetainingVolumes);
     assert_eq!((ms.bytes_copied, ms.files_copied), (Some(7), Some(1)));
@@ -1048,7 +1051,7 @@ fn resume_copying_reads_the_finished_jobs() {
 fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
     let mut o = at_step(MemberStep::Copying);
     o.pods.insert("etcd-0".into(), manifest(member_pod(0)));
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
     assert!(s.failure.as_deref().unwrap().contains("came back"));
@@ -1059,20 +1062,20 @@ fn retaining_volumes_records_policies_before_patching() {
     let o = at_step(MemberStep::RetainingVolumes);
     let mut sim = Sim::new(o);
     // Stash the claim, then record, then patch.
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert!(
         matches!(&d.actions[..], [Action::Stash { .. }]),
         "{:?}",
         d.actions
     );
     sim.apply(&d.actions[0]);
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     let ms = member0(&d);
     assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(ms.new_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(d.actions.len(), 1, "status only: {:?}", d.actions);
     sim.apply(&d.actions[0]);
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert_eq!(
         d.actions
             .iter()
@@ -1097,15 +1100,15 @@ fn quantities_and_timeouts() {
 fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let o = at_step(MemberStep::RecreatingClaim);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     sim.apply(&d.actions[0]);
     // Created now, still Pending: wait.
     let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
     claim.metadata.creation_timestamp = Some(Time(sim.o.now));
-    assert!(decide(&sim.o).actions.is_empty());
+    assert!(decide(&sim.o, &IMAGE).actions.is_empty());
     // Pending for 3 s: nudge (an annotation update makes the PV controller sync it again).
     sim.o.now = k8s_openapi::jiff::Timestamp::from_second(sim.o.now.as_second() + 3).unwrap();
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert!(
         matches!(
             &d.actions[..],
@@ -1115,10 +1118,13 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
         d.actions
     );
     sim.apply(&d.actions[0]);
-    assert!(decide(&sim.o).actions.is_empty(), "one nudge per interval");
+    assert!(
+        decide(&sim.o, &IMAGE).actions.is_empty(),
+        "one nudge per interval"
+    );
     // Bound: the annotation goes, the step advances.
     sim.settle();
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
     assert!(
         d.actions
@@ -1233,7 +1239,7 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
     let before = sim.o.request.status.clone().unwrap();
     assert_eq!(before.stage, Stage::OrphaningStatefulSet);
     let o = sim.o.clone();
-    let mut cx = Ctx::new(&o);
+    let mut cx = Ctx::new(&o, &IMAGE);
     cx.act(Action::AddFinalizer);
     cx.advance_member(0, MemberStep::Done);
     cx.enter_stage(Stage::Preflight);
@@ -1261,7 +1267,7 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
 fn a_refused_stage_transition_is_reported() {
     let sim = Sim::new(observed(spec_class_change("fast")));
     let o = sim.o.clone();
-    let mut cx = Ctx::new(&o);
+    let mut cx = Ctx::new(&o, &IMAGE);
     cx.enter_stage(Stage::RollingBack);
     let d = cx.finish();
     let s = first_status(&d);
@@ -1415,7 +1421,7 @@ fn etcd_spec() -> crate::api::StorageMigrationRequestSpec {
 /// done yet).
 fn run_to_finalizing(sim: &mut Sim) {
     for _ in 0..400 {
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1529,7 +1535,7 @@ fn an_etcd_check_that_cannot_be_computed_waits_then_fails_at_the_timeout() {
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
     for _ in 0..20 {
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1572,7 +1578,7 @@ fn an_etcd_check_that_becomes_computable_succeeds() {
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
     for _ in 0..5 {
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1637,7 +1643,7 @@ fn generic_without_verification_keeps_old_volumes_on_retain() {
 /// that decision, not applied.
 fn until_orphan_delete(sim: &mut Sim) -> Decision {
     for _ in 0..100 {
-        let d = decide(&sim.o);
+        let d = decide(&sim.o, &IMAGE);
         if d.actions.iter().any(|a| {
             matches!(
                 a,
@@ -1696,7 +1702,7 @@ fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_vers
     assert_eq!(sim.refused.len(), 1, "{:?}", sim.refused);
     assert!(sim.o.stateful_set.is_some());
     // The next pass stashes the set as it is now, and deletes nothing.
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert!(set_delete_version(&d).is_none(), "{:?}", d.actions);
     assert!(
         d.actions.iter().any(|a| matches!(a, Action::Stash { .. })),
@@ -1710,7 +1716,7 @@ fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_vers
     assert_eq!(restashed.resource_version().as_deref(), Some("edited-7"));
     assert_eq!(restashed.spec.as_ref().unwrap().replicas, Some(5));
     // Then the delete carries the new version, and the set goes.
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     assert_eq!(set_delete_version(&d), Some(Some("edited-7".into())));
     for a in &d.actions {
         sim.apply(a);
@@ -1787,7 +1793,7 @@ fn the_old_claim_is_deleted_by_its_stashed_uid() {
     let o = at_step(MemberStep::DeletingOldClaim);
     let stashed = o.stash.claims["data-etcd-0"].uid();
     assert!(stashed.is_some());
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     let uid = d.actions.iter().find_map(|a| match a {
         Action::Delete {
             kind: Kind::Claim,
@@ -1809,7 +1815,7 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
             pod.metadata.deletion_timestamp = Some(Time(t(5)));
         }
         o.helper_pods.insert("backup-reader".into(), pod);
-        let d = decide(&o);
+        let d = decide(&o, &IMAGE);
         assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
         let s = first_status(&d);
         assert_eq!(member0(&d).step, MemberStep::DeletingOldClaim);
@@ -1821,7 +1827,7 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
         // Once the pod is gone the claim is deleted.
         o.helper_pods.remove("backup-reader");
         o.request.status = Some(s.clone());
-        assert!(deletes_claim(&decide(&o), "data-etcd-0"));
+        assert!(deletes_claim(&decide(&o, &IMAGE), "data-etcd-0"));
     }
 }
 
@@ -1830,7 +1836,7 @@ fn an_old_claim_replaced_by_another_uid_fails_the_member_naming_both_uids() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     let stashed = o.stash.claims["data-etcd-0"].uid().unwrap();
     o.claims.get_mut("data-etcd-0").unwrap().metadata.uid = Some("uid-successor".into());
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
@@ -1848,14 +1854,14 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
     let o = at_step(MemberStep::StoppingPod);
     let mut sim = Sim::new(o);
     // The first pass stashes the pod.
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     for a in &d.actions {
         sim.apply(a);
     }
     assert!(sim.o.stash.pods.contains_key("etcd-0"));
     let mut o = sim.o.clone();
     not_ready(&mut o, "etcd-2");
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert!(
         !d.actions.iter().any(|a| matches!(
             a,
@@ -1878,7 +1884,7 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
     );
     // With the gate open the pod is deleted.
     assert!(
-        decide(&sim.o)
+        decide(&sim.o, &IMAGE)
             .actions
             .iter()
             .any(|a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "etcd-0"))
@@ -1889,7 +1895,7 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
 fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
     let o = at_step(MemberStep::StoppingPod);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o);
+    let d = decide(&sim.o, &IMAGE);
     for a in &d.actions {
         sim.apply(a);
     }
@@ -1899,12 +1905,12 @@ fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
         .get_mut("etcd-0")
         .unwrap()
         .update(|p| p.metadata.deletion_timestamp = Some(Time(t(5))));
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert!(d.actions.iter().all(
         |a| !matches!(a, Action::SetStatus(s) if s.members[0].step != MemberStep::StoppingPod)
     ));
     o.pods.remove("etcd-0");
-    let d = decide(&o);
+    let d = decide(&o, &IMAGE);
     assert_eq!(member0(&d).step, MemberStep::Copying);
 }
 
@@ -1921,7 +1927,7 @@ fn a_member_pod_that_appears_during_the_swap_holds_it_with_a_message() {
         let mut pod = member_pod(0);
         pod.metadata.uid = Some("uid-intruder".into());
         o.pods.insert("etcd-0".into(), manifest(pod));
-        let d = decide(&o);
+        let d = decide(&o, &IMAGE);
         assert!(
             d.actions
                 .iter()
@@ -1950,4 +1956,55 @@ fn claim_replaced_names_the_claim_and_both_uids() {
         "claim data-etcd-0 was replaced before its deletion: stashed uid uid-a, now uid uid-b; \
          the claim now there is left alone"
     );
+}
+
+// --- The image of what the planner creates. -------------------------------------------------
+
+/// The images of the Jobs (by kind) and mounter pods a whole simulated request created.
+fn created_images(spec: StorageMigrationRequestSpec) -> Vec<(String, String)> {
+    let mut sim = Sim::new(observed(spec));
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
+    sim.log
+        .iter()
+        .filter_map(|a| match a {
+            Action::Create(Object::Job(j)) => {
+                let pod = j.spec.as_ref()?.template.spec.as_ref()?;
+                let kind = j.labels()[labels::JOB_KIND_LABEL].clone();
+                Some((kind, image(&pod.containers[0])))
+            }
+            Action::Create(Object::Pod(p)) => {
+                let c = &p.typed().spec.as_ref()?.containers[0];
+                (c.name == "mounter").then(|| ("mounter".to_string(), image(c)))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one() {
+    for spec in [spec_class_change("fast"), spec_shrink("256Mi")] {
+        let got = created_images(spec.clone());
+        let kinds: std::collections::BTreeSet<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
+        let want: &[&str] = if spec.type_ == crate::api::MigrationType::Shrink {
+            // Same (Immediate) class: no mounter needed.
+            &["copy", "measure", "precopy", "verify"]
+        } else {
+            // WaitForFirstConsumer class: mounters get the volumes provisioned.
+            &["copy", "mounter", "precopy", "verify"]
+        };
+        assert_eq!(kinds.into_iter().collect::<Vec<_>>(), want);
+        assert!(got.iter().all(|(_, i)| i == IMAGE.as_str()), "{got:?}");
+
+        let mut own = spec;
+        own.copy.mover_image = Some("registry.test/my-mover:2".into());
+        let got = created_images(own);
+        assert!(!got.is_empty());
+        assert!(
+            got.iter().all(|(_, i)| i == "registry.test/my-mover:2"),
+            "{got:?}"
+        );
+    }
 }

@@ -33,6 +33,11 @@ app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
+{{/* The operator's image; also its Jobs' default image (env STORAGE_MIGRATOR_IMAGE). */}}
+{{- define "storage-migrator.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) }}
+{{- end }}
+
 {{- define "storage-migrator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}
 {{- default (include "storage-migrator.fullname" .) .Values.serviceAccount.name }}

@@ -33,8 +33,9 @@ pub use pods::{ClaimMount, JobOutcome, MoverSpec, PodOutcome, describe_pod, move
 
 /// Field manager of every server-side apply done by the tests.
 pub const FIELD_MANAGER: &str = "storage-migrator-e2e";
-/// Default mover image (the local cluster's agent runs it as the host's rsync and sh).
-pub const DEFAULT_MOVER_IMAGE: &str = "storage-migrator-mover:latest";
+/// Default mover image: the project's own image at this version (the operator's default
+/// `--image`), which `test-all.sh` builds and loads into the local cluster's image store.
+pub const DEFAULT_MOVER_IMAGE: &str = storage_migrator::image::DEFAULT_IMAGE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TestError {

@@ -3,6 +3,9 @@
 //! `<workspace>/target/debug/storage-migrator`), the CRD, and creating / waiting for
 //! `StorageMigrationRequest`s in a [`TestNamespace`].
 //!
+//! The operator's `--image` (env `STORAGE_MIGRATOR_IMAGE`, the default image of its Jobs) is
+//! the tests' mover image ([`operator_image`]) unless the environment sets it.
+//!
 //! The operator's log goes to `<workspace>/target/e2e-logs/<namespace>-operator-<run>.log` and
 //! is kept; when the test panics, its tail is printed. `OPERATOR_LOG` sets its `RUST_LOG`
 //! (default `info,kube=warn`).
@@ -19,7 +22,7 @@ use storage_migrator::api::{StorageMigrationRequest, StorageMigrationRequestStat
 use tokio::process::{Child, Command};
 use tracing::{info, warn};
 
-use super::{FIELD_MANAGER, TestError, TestNamespace};
+use super::{DEFAULT_MOVER_IMAGE, FIELD_MANAGER, TestError, TestNamespace};
 
 /// The CRD of `StorageMigrationRequest`, as the repository ships it.
 pub const CRD: &str = include_str!("../../../crds/storagemigrationrequests.yaml");
@@ -82,6 +85,16 @@ pub fn operator_bin() -> PathBuf {
         .unwrap_or_else(|| workspace().join("target/debug/storage-migrator"))
 }
 
+/// The operator's `--image` in the tests: `STORAGE_MIGRATOR_IMAGE` if set, else the tests' mover
+/// image (`E2E_MOVER_IMAGE`, default [`DEFAULT_MOVER_IMAGE`]: the project's image, from the
+/// local cluster's image store).
+pub fn operator_image() -> String {
+    ["STORAGE_MIGRATOR_IMAGE", "E2E_MOVER_IMAGE"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .unwrap_or_else(|| DEFAULT_MOVER_IMAGE.to_string())
+}
+
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -136,6 +149,7 @@ impl Operator {
                 "RUST_LOG",
                 std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
             )
+            .env("STORAGE_MIGRATOR_IMAGE", operator_image())
             .env_remove("FAILPOINTS")
             .stdin(Stdio::null())
             .stdout(out)

@@ -362,7 +362,7 @@ mod tests {
         let spec = MoverSpec::shell("fill", "dd if=/dev/zero of=/data/f")
             .on_node("node-b")
             .mount("small", "/data");
-        let pod = mover_pod_spec("storage-migrator-mover:latest", &spec);
+        let pod = mover_pod_spec(crate::testing::DEFAULT_MOVER_IMAGE, &spec);
         assert_eq!(pod.node_name, None);
         assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
         let terms = pod

@@ -19,6 +19,7 @@ use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_QUEUED, REQUEUE_W
 use crate::api::conditions;
 use crate::api::{MemberStatus, MigrationType, Phase, Plan, Stage};
 use crate::build::JobKind;
+use crate::image::ImageRef;
 use crate::labels;
 
 mod classes;
@@ -81,8 +82,8 @@ pub(crate) fn run(cx: &mut Ctx) {
 /// What preflight would decide for a new request, without creating anything (no measure Jobs:
 /// a Shrink plan then has no `usedBytes`), once its turn comes: other requests on the same
 /// target are not looked at (see [`waiting_for`]). For `storage-migrator plan`.
-pub fn dry_run(o: &super::Observed) -> Result<Plan, Denial> {
-    check(&Ctx::new(o))
+pub fn dry_run(o: &super::Observed, image: &ImageRef) -> Result<Plan, Denial> {
+    check(&Ctx::new(o, image))
 }
 
 /// Every check but the measuring, in order; the plan when all pass.

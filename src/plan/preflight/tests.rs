@@ -317,10 +317,10 @@ fn an_owned_set_is_denied_after_the_target_check_and_accepted_when_paused() {
     set.labels_mut().insert(name.into(), "apps".into());
     set.labels_mut().insert(ns.into(), "flux-system".into());
     o.stateful_set = Some(manifest(set));
-    assert_eq!(reason(dry_run(&o)), DenialReason::ForeignOwner);
+    assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::ForeignOwner);
     o.request.spec.owner_paused = true;
-    assert!(dry_run(&o).is_ok());
-    let d = crate::plan::decide(&o);
+    assert!(dry_run(&o, &IMAGE).is_ok());
+    let d = crate::plan::decide(&o, &IMAGE);
     let accepted = match d.actions.first() {
         Some(crate::plan::Action::SetStatus(s)) => s.message.clone().unwrap_or_default(),
         other => panic!("expected SetStatus first, got {other:?}"),
@@ -942,7 +942,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
 
     let o = observed(spec_shrink("256Mi"));
-    let mut cx = Ctx::new(&o);
+    let mut cx = Ctx::new(&o, &IMAGE);
     let got = measure::measure(&mut cx, &mut ms, &size).unwrap();
     assert_eq!(got, Measurement::Running);
     let created: Vec<String> = cx
@@ -963,7 +963,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     o.jobs.insert(name, j);
     let (name, j) = measure_job("etcd-1", JobOutcome::Running);
     o.jobs.insert(name, j);
-    let mut cx = Ctx::new(&o);
+    let mut cx = Ctx::new(&o, &IMAGE);
     assert_eq!(
         measure::measure(&mut cx, &mut ms, &size).unwrap(),
         Measurement::Running
@@ -973,7 +973,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
 
     let (name, j) = measure_job("etcd-1", done);
     o.jobs.insert(name, j);
-    let mut cx = Ctx::new(&o);
+    let mut cx = Ctx::new(&o, &IMAGE);
     assert_eq!(
         measure::measure(&mut cx, &mut ms, &size).unwrap(),
         Measurement::Complete
@@ -991,7 +991,7 @@ fn a_failed_measure_job_denies() {
     o.jobs.insert(name, j);
     let mut ms = vec![planned(0, "1Gi")];
     let d = denied(measure::measure(
-        &mut Ctx::new(&o),
+        &mut Ctx::new(&o, &IMAGE),
         &mut ms,
         &Quantity("256Mi".into()),
     ));
@@ -1006,7 +1006,7 @@ fn a_failed_measure_job_denies() {
 
 #[test]
 fn dry_run_plans_without_measuring() {
-    let plan = dry_run(&observed(spec_shrink("256Mi"))).unwrap();
+    let plan = dry_run(&observed(spec_shrink("256Mi")), &IMAGE).unwrap();
     assert_eq!(plan.target_storage_class, "standard");
     assert_eq!(plan.source_storage_class.as_deref(), Some("standard"));
     assert_eq!(plan.target_size, Quantity("256Mi".into()));
@@ -1014,5 +1014,5 @@ fn dry_run_plans_without_measuring() {
     assert!(plan.members.iter().all(|m| m.used_bytes.is_none()));
     let mut o = observed(spec_class_change("fast"));
     o.stateful_set = None;
-    assert_eq!(reason(dry_run(&o)), DenialReason::TargetNotFound);
+    assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::TargetNotFound);
 }
