@@ -7,7 +7,7 @@
 set -euo pipefail
 
 K8S_SRC_VERSION="1.20.5+really1.20.2-1.1+deb12u1"
-CACHE_REV="r2"
+CACHE_REV="r3"
 CACHE_ROOT="${STORAGE_MIGRATOR_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/storage-migrator}"
 BIN_DIR="$CACHE_ROOT/kubernetes-1.20.2-${CACHE_REV}/bin"
 
@@ -79,11 +79,18 @@ cp -r "$R2"/. vendor/github.com/modern-go/reflect2/
 export GOPATH="$GOPATH_DIR" GO111MODULE=off CGO_ENABLED=0 GOFLAGS="" GOCACHE="$WORK/gocache"
 log "generating files (about 2 minutes)"
 make generated_files >&2
-# The version the API server reports (/version): GOPATH mode builds the vendored copy of
-# component-base, so the -X flags name the vendor path (else it reports v0.0.0-master, which
-# tools such as Helm compare with a chart's kubeVersion).
-VERSION_PKG=k8s.io/kubernetes/vendor/k8s.io/component-base/version
-VERSION_FLAGS="-X $VERSION_PKG.gitVersion=v1.20.2 -X $VERSION_PKG.gitMajor=1 -X $VERSION_PKG.gitMinor=20 -X $VERSION_PKG.gitTreeState=clean"
+# The version the components report (--version, the API server's /version): GOPATH mode builds
+# the vendored copies, so the -X flags name the vendor paths (else it reports v0.0.0-master,
+# which tools such as Helm compare with a chart's kubeVersion).
+# The API server's /version comes from another copy of the same variables (client-go's and the
+# legacy pkg/version), so every copy is set; -X of a package not linked in is ignored.
+VERSION_FLAGS=""
+for pkg in k8s.io/kubernetes/vendor/k8s.io/component-base/version \
+  k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version k8s.io/kubernetes/pkg/version \
+  k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  VERSION_FLAGS="$VERSION_FLAGS -X $pkg.gitVersion=v1.20.2 -X $pkg.gitMajor=1 -X $pkg.gitMinor=20"
+  VERSION_FLAGS="$VERSION_FLAGS -X $pkg.gitTreeState=clean"
+done
 mkdir -p "$BIN_DIR.tmp"
 for b in kube-apiserver kube-controller-manager kube-scheduler; do
   log "building $b"

@@ -144,6 +144,29 @@ async fn kill_leader(ns: &TestNamespace, leader: &str) -> Duration {
     }
 }
 
+/// Until `stop`: the images of every pod the operator creates for its Jobs and mounters
+/// (labelled with the job kind), polled every 500 ms.
+fn watch_job_images(
+    ns: &TestNamespace,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<BTreeSet<String>> {
+    let pods: Api<Pod> = ns.api();
+    tokio::spawn(async move {
+        let mut seen = BTreeSet::new();
+        let lp = ListParams::default().labels(labels::JOB_KIND_LABEL);
+        while !stop.load(Ordering::Relaxed) {
+            if let Ok(list) = pods.list(&lp).await {
+                for p in &list.items {
+                    let containers = p.spec.iter().flat_map(|s| s.containers.iter());
+                    seen.extend(containers.filter_map(|c| c.image.clone()));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        seen
+    })
+}
+
 /// Everything `helm install` created is gone after `helm uninstall`; the CRD stays.
 async fn check_uninstalled(ns: &TestNamespace, release: &str) {
     helm(&["uninstall", release, "-n", &ns.name, "--wait"])
@@ -234,7 +257,7 @@ async fn helm_installed_operator_migrates_and_survives_losing_its_leader() {
         "database": {"engine": "Etcd"},
     });
     create_request(&ns, "move", spec).await.unwrap();
-    // The first member in its copy: its Jobs run the operator's own image.
+    let jobs_seen = watch_job_images(&ns, stop.clone());
     wait_status(
         &ns,
         "move",
@@ -244,23 +267,6 @@ async fn helm_installed_operator_migrates_and_survives_losing_its_leader() {
     )
     .await
     .unwrap();
-    let job_pods = ns
-        .api::<Pod>()
-        .list(&ListParams::default().labels(labels::JOB_KIND_LABEL))
-        .await
-        .unwrap()
-        .items;
-    let images: BTreeSet<String> = job_pods
-        .iter()
-        .flat_map(|p| p.spec.iter().flat_map(|s| s.containers.iter()))
-        .filter_map(|c| c.image.clone())
-        .collect();
-    assert_eq!(
-        images,
-        BTreeSet::from([IMAGE.to_string()]),
-        "Job pods' images"
-    );
-
     let takeover = kill_leader(&ns, &leader).await;
     assert!(
         takeover <= LEASE_DURATION + Duration::from_secs(5),
@@ -277,6 +283,12 @@ async fn helm_installed_operator_migrates_and_survives_losing_its_leader() {
     );
     stop.store(true, Ordering::Relaxed);
     let written = writer.await.unwrap();
+    let images = jobs_seen.await.unwrap();
+    assert_eq!(
+        images,
+        BTreeSet::from([IMAGE.to_string()]),
+        "images of the Job and mounter pods seen during the request"
+    );
     let mut expected = seeded.clone();
     expected.extend(written.acked.iter().cloned());
     etcd::assert_keys_everywhere(&ns, SET, 3, &expected).await;

@@ -36,10 +36,24 @@ pub async fn helm_bin() -> Result<PathBuf, TestError> {
 }
 
 /// Runs `helm ARGS` against the cluster of `KUBECONFIG`; its stdout, or an error with stderr.
+///
+/// Helm runs with `HOME` in a directory beside the kubeconfig: its Kubernetes HTTP cache
+/// (`~/.kube/cache`) is keyed by the API server's address, and a local cluster brought up
+/// again on a port an earlier one used would otherwise be answered from the earlier one's cache
+/// (its `/version` among others).
 pub async fn helm(args: &[&str]) -> Result<String, TestError> {
     let bin = helm_bin().await?;
+    let kubeconfig = std::env::var_os("KUBECONFIG")
+        .map(PathBuf::from)
+        .ok_or_else(|| unexpected("helm", "KUBECONFIG is not set"))?;
+    let home = kubeconfig
+        .parent()
+        .map_or_else(|| PathBuf::from("helm-home"), |d| d.join("helm-home"));
+    std::fs::create_dir_all(&home)
+        .map_err(|e| unexpected(format!("create {}", home.display()), e.to_string()))?;
     let out = Command::new(&bin)
         .args(args)
+        .env("HOME", &home)
         .output()
         .await
         .map_err(|e| unexpected(format!("helm {}", args.join(" ")), e.to_string()))?;
