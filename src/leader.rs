@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::{Api, Client};
-use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use thiserror::Error;
 use tracing::{info, warn};
 
@@ -50,7 +50,7 @@ pub enum LeaderError {
         source: LeaseManagerError,
     },
     #[error(
-        "invalid leader election timing: the grace ({grace:?}) must be at least 2 s and shorter than the lease duration ({duration:?})"
+        "invalid leader election timing: --lease-grace ({grace:?}) must be at least 2 s and shorter than --lease-duration ({duration:?})"
     )]
     Timing { duration: Duration, grace: Duration },
 }
@@ -106,15 +106,39 @@ impl LeaseConfig {
         FenceVerdict::Valid(renewed + self.margin())
     }
 
+    fn lease_error(&self, source: LeaseManagerError) -> LeaderError {
+        LeaderError::Lease {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            source,
+        }
+    }
+
     /// How long after a renewal this replica may act: `duration - grace / 2`.
     pub fn margin(&self) -> Duration {
         self.duration.saturating_sub(self.grace / 2)
     }
 }
 
-/// Runs `work` only while this replica holds the lease; `on_role(true/false)` reports the role.
-/// Returns when `work` finishes (the lease is then released) or when leadership ends.
+/// Builds the lease manager (reads or creates the Lease: the first API calls of leader
+/// election).
+pub async fn connect(client: Client, cfg: &LeaseConfig) -> Result<LeaseManager, LeaderError> {
+    cfg.validate()?;
+    LeaseManagerBuilder::new(client, &cfg.name)
+        .with_namespace(&cfg.namespace)
+        .with_identity(&cfg.identity)
+        .with_duration(cfg.duration.as_secs())
+        .with_grace(cfg.grace.as_secs())
+        .build()
+        .await
+        .map_err(|source| cfg.lease_error(source))
+}
+
+/// Runs `work` only while this replica holds the lease of `manager` (from [`connect`]);
+/// `on_role(true/false)` reports the role. Returns when `work` finishes (the lease is then
+/// released) or when leadership ends.
 pub async fn lead<W, F>(
+    manager: LeaseManager,
     client: Client,
     cfg: &LeaseConfig,
     on_role: impl Fn(bool),
@@ -124,20 +148,7 @@ where
     W: FnOnce() -> F,
     F: Future<Output = ()>,
 {
-    cfg.validate()?;
-    let lease_err = |source| LeaderError::Lease {
-        namespace: cfg.namespace.clone(),
-        name: cfg.name.clone(),
-        source,
-    };
-    let manager = LeaseManagerBuilder::new(client.clone(), &cfg.name)
-        .with_namespace(&cfg.namespace)
-        .with_identity(&cfg.identity)
-        .with_duration(cfg.duration.as_secs())
-        .with_grace(cfg.grace.as_secs())
-        .build()
-        .await
-        .map_err(lease_err)?;
+    let lease_err = |source| cfg.lease_error(source);
     let (mut leading, task) = manager.watch().await;
     on_role(false);
     info!(lease = %format!("{}/{}", cfg.namespace, cfg.name), identity = %cfg.identity,
@@ -199,7 +210,7 @@ async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig) -> String {
 
 /// Stops the lease manager (it releases the lease when it still holds it) and reports `term`.
 async fn finish(
-    task: tokio::task::JoinHandle<Result<kube_lease_manager::LeaseManager, LeaseManagerError>>,
+    task: tokio::task::JoinHandle<Result<LeaseManager, LeaseManagerError>>,
     term: Term,
 ) -> Result<Term, LeaseManagerError> {
     match tokio::time::timeout(Duration::from_secs(5), task).await {

@@ -161,7 +161,7 @@ async fn run(
     let cfg = lease.config(&client, namespace.as_deref());
     let role = |leading| metrics.set_leader(leading);
     let term = tokio::select! {
-        term = leader::lead(client, &cfg, role, work) => term?,
+        term = elect_and_lead(client, &cfg, role, work) => term?,
         () = shutdown_signal() => Term::Finished,
     };
     server.abort();
@@ -176,6 +176,33 @@ async fn run(
             "stopped acting: {reason}; exiting so that a fresh process waits as a follower"
         ),
     }
+}
+
+/// Connects to the Lease, retrying (1 s doubling to 30 s) while the API server cannot be reached
+/// or refuses: the process stays up and not ready (`/readyz` says why) instead of crash-looping.
+async fn elect_and_lead<W, F>(
+    client: kube::Client,
+    cfg: &LeaseConfig,
+    role: impl Fn(bool),
+    work: W,
+) -> Result<Term, leader::LeaderError>
+where
+    W: FnOnce() -> F,
+    F: std::future::Future<Output = ()>,
+{
+    let mut delay = Duration::from_secs(1);
+    let manager = loop {
+        match leader::connect(client.clone(), cfg).await {
+            Ok(m) => break m,
+            Err(e @ leader::LeaderError::Timing { .. }) => return Err(e),
+            Err(e) => {
+                tracing::error!(error = %e, retry_in = ?delay, "cannot start leader election");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    };
+    leader::lead(manager, client, cfg, role, work).await
 }
 
 /// SIGTERM or SIGINT (a follower has no controller to stop: it just exits).

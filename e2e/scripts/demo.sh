@@ -3,13 +3,19 @@
 # StatefulSet on StorageClass `standard`, the operator, then migrate every member to StorageClass
 # `fast` with a StorageMigrationRequest while showing its progress.
 #
-# Usage: e2e/scripts/demo.sh [STATE_DIR]        run (default: ./.localcluster; reused if up)
-#        e2e/scripts/demo.sh down [STATE_DIR]   stop the operator, then the local cluster
+# The operator's image is built (build-image.sh) and loaded into the cluster's image store: its
+# copy Jobs run it. By default the operator itself runs on this machine (log in STATE_DIR/logs);
+# with --in-cluster it runs in the cluster from that image, installed by Helm from the chart.
+#
+# Usage: e2e/scripts/demo.sh [--in-cluster] [STATE_DIR]   run (default: ./.localcluster; reused if up)
+#        e2e/scripts/demo.sh down [STATE_DIR]             stop the operator, then the local cluster
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 MODE=run
+IN_CLUSTER=0
 if [ "${1:-}" = down ]; then MODE=down; shift; fi
+if [ "${1:-}" = --in-cluster ]; then IN_CLUSTER=1; shift; fi
 STATE_DIR="$(realpath -m "${1:-$ROOT/.localcluster}")"
 NS=demo
 say() { printf '\n==> %s\n' "$*"; }
@@ -36,6 +42,8 @@ fi
 say "installing dependencies (first run builds the Kubernetes control plane: several minutes)"
 bash e2e/scripts/install-deps.sh >/dev/null
 cargo build -q --workspace --bins
+say "building the operator's image (first run: the release build and a Debian root, minutes)"
+ARCHIVE="$(bash e2e/scripts/build-image.sh)"
 
 if [ -f "$STATE_DIR/cluster.json" ] && KUBECONFIG="$STATE_DIR/kubeconfig" kubectl get --raw /readyz >/dev/null 2>&1; then
   say "local cluster already up in $STATE_DIR"
@@ -45,6 +53,7 @@ else
   eval "$(target/debug/localcluster up --state-dir "$STATE_DIR")"
   export KUBECONFIG
 fi
+target/debug/localcluster image load --state-dir "$STATE_DIR" "$ARCHIVE"
 kubectl get nodes -L topology.kubernetes.io/zone
 kubectl get storageclass
 
@@ -55,13 +64,35 @@ kubectl -n "$NS" rollout status statefulset/etcd --timeout=180s
 kubectl -n "$NS" get pods -o wide
 kubectl -n "$NS" get pvc
 
-say "starting the operator (log: $STATE_DIR/logs/storage-migrator.log)"
 kubectl apply -f crds/storagemigrationrequests.yaml >/dev/null
-if operator_running; then
-  echo "already running"
+if [ "$IN_CLUSTER" = 1 ]; then
+  say "installing the operator in the cluster with Helm (2 replicas, leader election)"
+  if operator_running; then
+    echo "stopping the operator this script started on this machine earlier (only one may act)"
+    pid="$(cat "$OPERATOR_PID")"; kill "$pid"; rm -f "$OPERATOR_PID"
+  fi
+  HELM="$(bash e2e/scripts/install-helm.sh)/helm"
+  # Helm's Kubernetes HTTP cache is keyed by the API server's address, which a later local
+  # cluster may reuse: keep it with this cluster.
+  mkdir -p "$STATE_DIR/helm-home"
+  HOME="$STATE_DIR/helm-home" "$HELM" upgrade --install storage-migrator charts/storage-migrator \
+    --namespace storage-migrator --create-namespace --set watchNamespace="$NS" >/dev/null
+  kubectl -n storage-migrator rollout status deployment/storage-migrator --timeout=180s
+  kubectl -n storage-migrator get pods -o wide
+  kubectl -n storage-migrator get lease storage-migrator
 else
-  setsid target/debug/storage-migrator run --http-address 127.0.0.1:9808 >>"$STATE_DIR/logs/storage-migrator.log" 2>&1 </dev/null &
-  echo $! > "$OPERATOR_PID"
+  say "starting the operator on this machine (log: $STATE_DIR/logs/storage-migrator.log)"
+  if kubectl -n storage-migrator get deployment storage-migrator >/dev/null 2>&1; then
+    echo "the operator is installed in the cluster (demo.sh --in-cluster ran before): use that, or" >&2
+    echo "remove it first: helm uninstall storage-migrator -n storage-migrator" >&2
+    exit 1
+  fi
+  if operator_running; then
+    echo "already running"
+  else
+    setsid target/debug/storage-migrator run --http-address 127.0.0.1:9808 >>"$STATE_DIR/logs/storage-migrator.log" 2>&1 </dev/null &
+    echo $! > "$OPERATOR_PID"
+  fi
 fi
 
 say "migrating etcd to StorageClass fast"
