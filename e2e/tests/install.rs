@@ -95,6 +95,21 @@ async fn member_ids(ns: &TestNamespace) -> BTreeMap<String, u64> {
     ids
 }
 
+/// Every expected key on every member, the member ids unchanged, every claim bound on `class`.
+async fn assert_migrated(
+    ns: &TestNamespace,
+    expected: &BTreeSet<String>,
+    ids_before: &BTreeMap<String, u64>,
+    class: &str,
+) {
+    etcd::assert_keys_everywhere(ns, SET, 3, expected).await;
+    assert_eq!(&member_ids(ns).await, ids_before, "etcd member ids");
+    let claims = e2e::testing::assert_claims_bound(ns, SET, 3).await;
+    for (claim, (_, c, _)) in &claims {
+        assert_eq!(c, class, "{claim}");
+    }
+}
+
 /// Both replicas ready; the Lease holder says leader 1 on /metrics, the other 0. Returns the
 /// leader's pod name.
 async fn check_endpoints(ns: &TestNamespace, release: &str) -> String {
@@ -291,12 +306,7 @@ async fn helm_installed_operator_migrates_and_survives_losing_its_leader() {
     );
     let mut expected = seeded.clone();
     expected.extend(written.acked.iter().cloned());
-    etcd::assert_keys_everywhere(&ns, SET, 3, &expected).await;
-    assert_eq!(member_ids(&ns).await, ids_before, "etcd member ids");
-    let claims = e2e::testing::assert_claims_bound(&ns, SET, 3).await;
-    for (claim, (_, class, _)) in &claims {
-        assert_eq!(class, &cluster.wffc_storage_class, "{claim}");
-    }
+    assert_migrated(&ns, &expected, &ids_before, &cluster.wffc_storage_class).await;
     info!(
         acked = written.acked.len(),
         failures = written.failures,
