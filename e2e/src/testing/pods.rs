@@ -7,8 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
-    PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSpec, PodTemplateSpec,
-    Volume, VolumeMount,
+    PersistentVolumeClaim, PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -145,6 +145,13 @@ pub fn mover_pod_spec(image: &str, spec: &MoverSpec) -> PodSpec {
         restart_policy: Some("Never".into()),
         affinity,
         termination_grace_period_seconds: Some(5),
+        // Root, as the operator's Jobs run: the project's image defaults to its nonroot user,
+        // and a fresh volume's root directory belongs to root.
+        security_context: Some(PodSecurityContext {
+            run_as_user: Some(0),
+            run_as_group: Some(0),
+            ..Default::default()
+        }),
         containers: vec![Container {
             name: "mover".into(),
             image: Some(image.to_string()),
