@@ -61,4 +61,4 @@ export E2E_LOCALCLUSTER=1
 
 step "end-to-end tests"
 # shellcheck disable=SC2086
-cargo test -p e2e --all-features --test '*' -- --test-threads=2 ${E2E_ARGS:-}
+cargo test -p e2e --all-features --no-fail-fast --test '*' -- --test-threads=2 ${E2E_ARGS:-}
