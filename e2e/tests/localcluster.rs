@@ -165,9 +165,11 @@ fn down_leaves_nothing_behind() {
             .build()
             .unwrap();
         rt.block_on(async {
-            let cluster = TestCluster::from_kubeconfig_file(&kubeconfig)
+            let mut cluster = TestCluster::from_kubeconfig_file(&kubeconfig)
                 .await
                 .unwrap();
+            // This cluster's image store is empty: the holder runs a host-program image.
+            cluster.mover_image = "busybox:1.36".into();
             let ns = cluster.namespace("localcluster-down").await.unwrap();
             ns.create_pvc("data", &cluster.storage_class, "16Mi")
                 .await
