@@ -45,16 +45,6 @@ async fn claims(ns: &TestNamespace) -> BTreeMap<String, (String, String, String)
     e2e::testing::assert_claims_bound(ns, SET, 3).await
 }
 
-/// `pod → etcd member id` of the three members.
-async fn member_ids(ns: &TestNamespace) -> BTreeMap<String, u64> {
-    let mut ids = BTreeMap::new();
-    for mut m in etcd::members(ns, SET, 3).await.unwrap() {
-        let view = m.view().await.unwrap();
-        ids.insert(m.pod.clone(), view.id);
-    }
-    ids
-}
-
 /// The StatefulSet as its owner would apply it again: the live object without what the API
 /// server set.
 async fn original_set(ns: &TestNamespace) -> StatefulSet {
@@ -126,7 +116,7 @@ async fn start(
     install_crd(&ns).await.unwrap();
     ns.apply_etcd().await.unwrap();
     let seeded = etcd::seed_keys(&ns, SET, 50).await.unwrap();
-    let ids = member_ids(&ns).await;
+    let ids = etcd::member_ids(&ns, SET, 3).await;
     let before = claims(&ns).await;
     let original = original_set(&ns).await;
     let stop_writer = Arc::new(AtomicBool::new(false));
@@ -209,7 +199,7 @@ async fn check_etcd(run: Run) -> (etcd::Written, TestNamespace) {
     let (count, hash) = etcd::assert_keys_everywhere(&run.ns, SET, 3, &expected).await;
     assert!(count >= expected.len());
     assert_eq!(
-        member_ids(&run.ns).await,
+        etcd::member_ids(&run.ns, SET, 3).await,
         run.ids,
         "no member restarted on an empty volume: the etcd member ids are unchanged"
     );

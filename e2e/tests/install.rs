@@ -85,16 +85,6 @@ async fn holder(ns: &TestNamespace) -> Option<String> {
     lease.spec?.holder_identity
 }
 
-/// `pod → etcd member id` of the three members.
-async fn member_ids(ns: &TestNamespace) -> BTreeMap<String, u64> {
-    let mut ids = BTreeMap::new();
-    for mut m in etcd::members(ns, SET, 3).await.unwrap() {
-        let view = m.view().await.unwrap();
-        ids.insert(m.pod.clone(), view.id);
-    }
-    ids
-}
-
 /// Every expected key on every member, the member ids unchanged, every claim bound on `class`.
 async fn assert_migrated(
     ns: &TestNamespace,
@@ -103,7 +93,11 @@ async fn assert_migrated(
     class: &str,
 ) {
     etcd::assert_keys_everywhere(ns, SET, 3, expected).await;
-    assert_eq!(&member_ids(ns).await, ids_before, "etcd member ids");
+    assert_eq!(
+        &etcd::member_ids(ns, SET, 3).await,
+        ids_before,
+        "etcd member ids"
+    );
     let claims = e2e::testing::assert_claims_bound(ns, SET, 3).await;
     for (claim, (_, c, _)) in &claims {
         assert_eq!(c, class, "{claim}");
@@ -243,7 +237,7 @@ async fn helm_installed_operator_migrates_and_survives_losing_its_leader() {
     install_crd(&ns).await.unwrap();
     ns.apply_etcd().await.unwrap();
     let seeded = etcd::seed_keys(&ns, SET, 50).await.unwrap();
-    let ids_before = member_ids(&ns).await;
+    let ids_before = etcd::member_ids(&ns, SET, 3).await;
 
     let release = format!("smr-{}", ns.name.rsplit('-').next().unwrap_or("x"));
     let chart = chart_dir();

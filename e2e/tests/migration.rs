@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, node_satisfies, scenario};
+use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, node_satisfies, scenario};
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -820,15 +820,6 @@ async fn assert_stash(ns: &TestNamespace, req: &StorageMigrationRequest, keys: &
     }
 }
 
-/// Each member's etcd member id, by pod name.
-async fn member_ids(ns: &TestNamespace) -> BTreeMap<String, u64> {
-    let mut ids = BTreeMap::new();
-    for mut m in e2e::testing::etcd::members(ns, SET, 3).await.unwrap() {
-        ids.insert(m.pod.clone(), m.view().await.unwrap().id);
-    }
-    ids
-}
-
 /// `kubectl replace` of the request's original manifest: a PUT of the same name and spec with
 /// the current resourceVersion, without annotations or finalizers (retried on a conflict with
 /// the operator's own writes). Returns what the API server answered.
@@ -859,7 +850,7 @@ async fn replace_request(ns: &TestNamespace, name: &str) -> StorageMigrationRequ
 async fn a_request_replaced_mid_flight_still_succeeds() {
     let (cluster, ns) = setup("smr-replaced").await;
     let seeded = seed(&ns, 100).await;
-    let ids_before = member_ids(&ns).await;
+    let ids_before = etcd::member_ids(&ns, SET, 3).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = start_writer(&ns, stop.clone());
     let _op = Operator::start(&ns.name, 0, None).unwrap();
@@ -932,7 +923,7 @@ async fn a_request_replaced_mid_flight_still_succeeds() {
     acked.extend(stats.acked.iter().cloned());
     check_etcd(&ns, &acked).await;
     assert_eq!(
-        member_ids(&ns).await,
+        etcd::member_ids(&ns, SET, 3).await,
         ids_before,
         "etcd member ids unchanged"
     );

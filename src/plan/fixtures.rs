@@ -983,6 +983,23 @@ impl Sim {
         max
     }
 
+    /// A class-change request simulated until member etcd-0 is at `step` (the set orphaned).
+    pub fn at(step: MemberStep) -> Sim {
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        for _ in 0..400 {
+            if sim.step_of("etcd-0") == step {
+                break;
+            }
+            let d = decide(&sim.o, &IMAGE);
+            for a in &d.actions {
+                sim.apply(a);
+            }
+            sim.settle();
+        }
+        assert_eq!(sim.step_of("etcd-0"), step);
+        sim
+    }
+
     pub fn step_of(&self, pod: &str) -> MemberStep {
         self.status()
             .members

@@ -22,23 +22,6 @@ fn members_of(sim: &Sim) -> Vec<MemberStatus> {
     sim.o.request.status.clone().unwrap_or_default().members
 }
 
-/// Runs the simulated cluster until member etcd-0 is at `step`.
-fn sim_at(step: MemberStep) -> Sim {
-    let mut sim = Sim::new(observed(spec_class_change("fast")));
-    for _ in 0..400 {
-        if sim.step_of("etcd-0") == step {
-            break;
-        }
-        let d = decide(&sim.o, &IMAGE);
-        for a in &d.actions {
-            sim.apply(a);
-        }
-        sim.settle();
-    }
-    assert_eq!(sim.step_of("etcd-0"), step);
-    sim
-}
-
 /// The original StatefulSet, applied again by someone else: same name, another uid.
 fn foreign_set() -> crate::build::Manifest<k8s_openapi::api::apps::v1::StatefulSet> {
     let mut set = stateful_set(3);
@@ -97,7 +80,7 @@ const HELD_STEPS: [MemberStep; 8] = [
 #[test]
 fn a_foreign_set_blocks_every_step_then_the_member_resumes_when_it_is_gone() {
     for step in HELD_STEPS {
-        let sim = sim_at(step);
+        let sim = Sim::at(step);
         let unblocked = decide(&sim.o, &IMAGE);
         let mut o = sim.o.clone();
         o.stateful_set = Some(foreign_set());
@@ -142,7 +125,7 @@ fn once_the_old_claim_is_gone_a_foreign_set_alone_does_not_stop_the_claim_steps(
         MemberStep::ReleasingNewVolume,
         MemberStep::RecreatingClaim,
     ] {
-        let sim = sim_at(step);
+        let sim = Sim::at(step);
         let unblocked = decide(&sim.o, &IMAGE);
         let mut o = sim.o.clone();
         o.stateful_set = Some(foreign_set());
@@ -160,7 +143,7 @@ fn once_the_old_claim_is_gone_a_foreign_set_alone_does_not_stop_the_claim_steps(
 
 #[test]
 fn a_foreign_set_run_through_recreating_pod_creates_no_pod_of_ours() {
-    let mut sim = sim_at(MemberStep::RecreatingClaim);
+    let mut sim = Sim::at(MemberStep::RecreatingClaim);
     sim.o.stateful_set = Some(foreign_set());
     let from = sim.log.len();
     sim.run(40);
@@ -184,7 +167,7 @@ fn a_foreign_set_run_through_recreating_pod_creates_no_pod_of_ours() {
 #[test]
 fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
     // StoppingPod, after the stash: the pod there is not the stashed one.
-    let mut sim = sim_at(MemberStep::StoppingPod);
+    let mut sim = Sim::at(MemberStep::StoppingPod);
     let d = decide(&sim.o, &IMAGE);
     for a in &d.actions {
         sim.apply(a);
@@ -205,7 +188,7 @@ fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
     );
 
     // RecreatingPod: a pod controlled by a foreign set (the set itself already gone).
-    let sim = sim_at(MemberStep::RecreatingPod);
+    let sim = Sim::at(MemberStep::RecreatingPod);
     let mut o = sim.o.clone();
     o.pods
         .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-p"));
@@ -224,7 +207,7 @@ fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
 
 #[test]
 fn a_foreign_set_that_adopted_the_running_pods_is_named_rather_than_the_pods() {
-    let sim = sim_at(MemberStep::GatingStop);
+    let sim = Sim::at(MemberStep::GatingStop);
     let mut o = sim.o.clone();
     o.stateful_set = Some(foreign_set());
     for i in 0..3 {
@@ -330,7 +313,7 @@ fn failed_message(sim: &Sim) -> String {
 #[test]
 fn the_timeout_while_blocked_rolls_back_naming_the_set_and_leaves_it_alone() {
     for step in HELD_STEPS {
-        let mut sim = sim_at(step);
+        let mut sim = Sim::at(step);
         sim.o.stateful_set = Some(foreign_set());
         sim.run(3);
         assert_eq!(sim.step_of("etcd-0"), step, "blocked");
@@ -378,7 +361,7 @@ fn the_timeout_while_blocked_rolls_back_naming_the_set_and_leaves_it_alone() {
 #[test]
 fn a_pod_back_on_the_old_claim_after_the_copy_rolls_back_and_holds_the_member_there() {
     for step in [MemberStep::RetainingVolumes, MemberStep::DeletingOldClaim] {
-        let mut sim = sim_at(step);
+        let mut sim = Sim::at(step);
         sim.o.stateful_set = Some(foreign_set());
         sim.o
             .pods
@@ -421,7 +404,7 @@ fn a_pod_back_on_the_old_claim_after_the_copy_rolls_back_and_holds_the_member_th
 
 #[test]
 fn a_pod_of_a_foreign_set_during_the_copy_rolls_the_member_back_naming_the_set() {
-    let mut sim = sim_at(MemberStep::Copying);
+    let mut sim = Sim::at(MemberStep::Copying);
     sim.o.stateful_set = Some(foreign_set());
     sim.o
         .pods
@@ -445,7 +428,7 @@ fn a_pod_of_a_foreign_set_during_the_copy_rolls_the_member_back_naming_the_set()
 
 #[test]
 fn a_claim_someone_else_created_during_the_swap_ends_the_rollback_holding_the_member() {
-    let mut sim = sim_at(MemberStep::RecreatingClaim);
+    let mut sim = Sim::at(MemberStep::RecreatingClaim);
     sim.o.stateful_set = Some(foreign_set());
     // The set's controller was quicker: an empty claim from its template, on another volume.
     let empty = bound_claim("data-etcd-0", "standard", "1Gi", "pv-empty");
@@ -466,7 +449,7 @@ fn a_claim_someone_else_created_during_the_swap_ends_the_rollback_holding_the_me
 
 #[test]
 fn a_rollback_before_the_swap_with_a_foreign_set_creates_no_pod_and_ends() {
-    let mut sim = sim_at(MemberStep::Copying);
+    let mut sim = Sim::at(MemberStep::Copying);
     sim.jobs.hang = true;
     sim.o.stateful_set = Some(foreign_set());
     expire(&mut sim);
@@ -508,7 +491,7 @@ fn a_pod_of_a_foreign_set_at_every_step_blocks_or_fails_before_anything_is_touch
         MemberStep::RecreatingClaim,
         MemberStep::RecreatingPod,
     ] {
-        let sim = sim_at(step);
+        let sim = Sim::at(step);
         let mut o = sim.o.clone();
         // The set itself is not in the snapshot (deleted in the background, its pod not yet).
         o.pods
@@ -540,7 +523,7 @@ fn a_pod_of_a_foreign_set_at_every_step_blocks_or_fails_before_anything_is_touch
 /// holds that claim. Forward: Blocked until the timeout; the rollback holds the member and ends.
 #[test]
 fn a_pod_on_an_old_claim_being_deleted_blocks_then_the_rollback_ends_holding_it() {
-    let mut sim = sim_at(MemberStep::DeletingOldClaim);
+    let mut sim = Sim::at(MemberStep::DeletingOldClaim);
     sim.o.stateful_set = Some(foreign_set());
     sim.o
         .pods

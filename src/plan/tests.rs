@@ -953,19 +953,7 @@ fn read_write_once_pod_skips_the_pre_copy() {
 
 /// An accepted request with member etcd-0 at `step`, the set already orphaned.
 fn at_step(step: MemberStep) -> Observed {
-    let mut sim = Sim::new(observed(spec_class_change("fast")));
-    for _ in 0..400 {
-        if sim.step_of("etcd-0") == step {
-            break;
-        }
-        let d = decide(&sim.o, &IMAGE);
-        for a in &d.actions {
-            sim.apply(a);
-        }
-        sim.settle();
-    }
-    assert_eq!(sim.step_of("etcd-0"), step);
-    sim.o
+    Sim::at(step).o
 }
 
 fn member0(d: &Decision) -> MemberStatus {

@@ -48,6 +48,24 @@ pub async fn connect(endpoint: &str) -> Result<Client, TestError> {
         .map_err(err(endpoint))
 }
 
+/// `pod → etcd member id` of the members `<set>-0 .. <set>-(replicas-1)` (unchanged ids show
+/// that no member restarted on an empty volume). Panics naming the member it cannot read.
+pub async fn member_ids(
+    ns: &TestNamespace,
+    set: &str,
+    replicas: usize,
+) -> std::collections::BTreeMap<String, u64> {
+    let mut ids = std::collections::BTreeMap::new();
+    for mut m in members(ns, set, replicas).await.unwrap() {
+        let view = m
+            .view()
+            .await
+            .unwrap_or_else(|e| panic!("member {}: {e}", m.pod));
+        ids.insert(m.pod.clone(), view.id);
+    }
+    ids
+}
+
 /// Clients for the members `<set>-0 .. <set>-(replicas-1)` of a StatefulSet, at their pod
 /// IPs, port 2379.
 pub async fn members(
