@@ -39,6 +39,11 @@ pub const STASH_CLAIM_KEY_PREFIX: &str = "claim-";
 /// it again (value: unix seconds of the nudge); removed once the claim is bound.
 pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
 
+/// Annotation a user (or `kubectl smr abort`) puts on a progressing request to have it rolled
+/// back, like a timeout: any value asks for it (the plugin writes the time it asked). Honoured
+/// while the request orphans the StatefulSet or migrates members; later stages finish.
+pub const ABORT_ANNOTATION: &str = "storagemigrator.io/abort";
+
 /// Annotation on the StatefulSet and the member pods the operator recreates (value: the uid of
 /// the request that created them): what tells them from a set or pod that something else
 /// created under the same name while the request ran (see `plan::foreign`).

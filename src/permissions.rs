@@ -56,6 +56,12 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         group: "",
+        resource: "pods/log",
+        verbs: &["get"],
+        why: "live copy progress from the tail of a copy Job's log",
+    },
+    Rule {
+        group: "",
         resource: "persistentvolumeclaims",
         verbs: &["get", "list", "watch", "create", "delete", "patch"],
         why: "temporary claims and the swap",

@@ -23,9 +23,12 @@ pub mod conditions;
     shortname = "smr",
     namespaced,
     status = "StorageMigrationRequestStatus",
-    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type"}"#,
-    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.target.name"}"#,
+    printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.type","priority":1}"#,
+    printcolumn = r#"{"name":"Target","type":"string","jsonPath":".spec.target.name","priority":1}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Stage","type":"string","jsonPath":".status.stage"}"#,
+    printcolumn = r#"{"name":"Member","type":"string","jsonPath":".status.currentMember","description":"the member in flight"}"#,
+    printcolumn = r#"{"name":"Percent","type":"integer","jsonPath":".status.percent","description":"overall progress in percent"}"#,
     printcolumn = r#"{"name":"Members","type":"string","jsonPath":".status.progress","description":"members done/total"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
@@ -343,6 +346,14 @@ pub struct StorageMigrationRequestStatus {
     /// Members done / total, e.g. `2/3` (printer column).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<String>,
+    /// The member in flight (its pod name), while one is (printer column `Member`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_member: Option<String>,
+    /// Overall progress of the migration in percent, 0 to 100 (printer column `Percent`): each
+    /// member weighs the same; the member in flight counts by its step and its copy's progress
+    /// (see `plan::progress`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub percent: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -451,6 +462,10 @@ pub struct MemberStatus {
     pub bytes_copied: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_copied: Option<i64>,
+    /// Live progress of the member's running copy (pre-copy or final pass), read from the copy
+    /// Job's log every few seconds while it runs; the last reading stays after it ends.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_progress: Option<CopyProgress>,
     /// When the verification Job found the copy identical to the original in content and
     /// metadata; unset when `spec.copy.verify` is false. The final check of a `Generic` request
     /// requires it of every migrated member.
@@ -471,6 +486,44 @@ pub struct MemberStatus {
     /// forward (something else recreated its pod or the StatefulSet): why, and where its data is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
+}
+
+/// An rsync pass of a member's copy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CopyPass {
+    /// The first pass, while the member serves.
+    #[default]
+    PreCopy,
+    /// The final pass, while the member is stopped.
+    Copy,
+}
+
+/// The progress of a running rsync pass, as its `--info=progress2` lines report it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CopyProgress {
+    /// Which pass: `PreCopy` (while the member serves) or `Copy` (the final pass).
+    pub pass: CopyPass,
+    /// Bytes rsync has dealt with so far in this pass.
+    pub bytes_done: i64,
+    /// The bytes of the whole tree as far as rsync knows them (estimated from its percentage;
+    /// before the first percent, the size measured at preflight when there is one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<i64>,
+    /// rsync's percentage, 0 to 100.
+    pub percent: i32,
+    /// Current transfer rate in bytes per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_per_second: Option<i64>,
+    /// Seconds left at the current rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eta_seconds: Option<i64>,
+    /// Files (and directories) checked so far, for trees of many small files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_done: Option<i64>,
+    /// Files (and directories) in the tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_total: Option<i64>,
 }
 
 #[cfg(test)]

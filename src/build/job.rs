@@ -76,17 +76,31 @@ impl JobKind {
 /// longer exists on the source. `--modify-window=-1` makes rsync's quick check compare
 /// modification times to the nanosecond: by default it compares whole seconds, so a file that a
 /// member rewrote within the second after the pre-copy, at the same size (etcd preallocates its
-/// WAL segments), would be skipped by the final pass. The stats are parsed into `{"bytes","files","totalBytes"}`;
-/// rsync groups digits with `,` (C locale), hence the `tr`.
+/// WAL segments), would be skipped by the final pass.
+///
+/// Progress: `--info=progress2` reports the whole transfer (bytes, percent, rate, files) and
+/// `--no-inc-recursive` lets rsync know the whole tree before it starts, so its percentage is
+/// of the whole tree. rsync separates its updates with carriage returns; `tr` turns them into
+/// lines, line-buffered by `stdbuf` where the image has it (without it the lines come in blocks
+/// of 4 KiB), and `sed -u` writes every line to the log (`w /dev/stderr`, which GNU sed and
+/// busybox sed write without opening a file) while passing on only the lines without a `%` (the
+/// summary and the exit code) to `$out`. So `kubectl logs -f` shows the copy live and the
+/// operator reads the tail of the log (`build::progress`). rsync's exit code travels as the last
+/// line, `rc=N` (a plain `sh` has no `pipefail`).
+///
+/// The stats are parsed into `{"bytes","files","totalBytes"}`; rsync groups digits with `,`
+/// (C locale), hence the `tr`.
 macro_rules! rsync_copy_script {
     ($ok:literal) => {
         concat!(
             "set -u\nok=' ",
             $ok,
             r#" '
-out=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --stats /source/ /target/)
-rc=$?
-printf '%s\n' "$out"
+lb=
+if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
+out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p')
+rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
+rc=${rc:-1}
 case "$ok" in
 *" $rc "*) ;;
 *)
@@ -508,8 +522,9 @@ mod tests {
     fn scripts_use_fixed_flags() {
         for script in [PRECOPY_SCRIPT, COPY_SCRIPT] {
             assert!(script.contains(
-                "rsync -aHAXS --numeric-ids --delete --modify-window=-1 --stats /source/ /target/"
+                "rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
             ));
+            assert!(script.contains("tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p'"));
         }
         assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
         assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
@@ -684,6 +699,16 @@ mod tests {
             assert_eq!(r.files, Some(4), "{r:?}");
             assert!(r.bytes.unwrap() >= 100_000, "{r:?}");
             assert!(r.total_bytes.unwrap() >= r.bytes.unwrap());
+            // The progress went to the log, one update a line, and reads as complete.
+            let progress =
+                crate::build::parse_progress(&copy.stderr, crate::api::CopyPass::Copy, None)
+                    .unwrap_or_else(|| panic!("no progress line in {:?}", copy.stderr));
+            // rsync may stop at 99 % (its percentage counts sizes it does not transfer), but it
+            // checked every entry.
+            assert!(progress.percent >= 99, "{progress:?}");
+            assert_eq!(progress.files_done, progress.files_total, "{progress:?}");
+            assert_eq!(progress.files_total, Some(9), "{progress:?}");
+            assert!(!copy.stderr.contains('\r'), "{:?}", copy.stderr);
 
             assert!(!dst.join("stale").exists());
             let a = std::fs::metadata(dst.join("a.txt")).unwrap();

@@ -34,6 +34,7 @@ pub mod job;
 pub mod manifest;
 pub mod names;
 pub mod pod;
+pub mod progress;
 pub mod stash;
 pub mod statefulset;
 pub mod volume;
@@ -47,6 +48,7 @@ pub use names::{
     is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_key, temp_claim_name,
 };
 pub use pod::{mounter_pod, recreated_pod};
+pub use progress::parse_progress;
 pub use stash::{
     STASH_BUDGET, data_size, stash_config_map, stash_decode, stash_encode, stash_fits,
 };

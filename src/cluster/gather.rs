@@ -17,8 +17,12 @@ use crate::api::{Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::build::Manifest;
 use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
-use crate::plan::observe::{effective_spec, expected_members, job_outcome};
+use crate::plan::observe::{copy_log_pod, effective_spec, expected_members, job_outcome};
 use crate::plan::{self, Observed, ObservedJob, OtherRequest};
+
+/// Lines of a running copy's log read for its progress (one update a line; the summary that
+/// follows the last one is shorter than this).
+const COPY_LOG_TAIL_LINES: i64 = 40;
 
 /// Our Jobs with their outcome, and our helper pods, by name.
 type JobsAndHelpers = (BTreeMap<String, ObservedJob>, BTreeMap<String, Pod>);
@@ -107,14 +111,44 @@ impl Cluster {
                 .await
                 .map_err(kube_err("list helper pods"))?,
         );
-        let jobs = job_list
-            .into_iter()
-            .map(|job| {
-                let outcome = job_outcome(&job, &helper_pods);
-                (job.name_any(), ObservedJob { job, outcome })
-            })
-            .collect();
+        let mut jobs = BTreeMap::new();
+        for job in job_list {
+            let outcome = job_outcome(&job, &helper_pods);
+            let progress = match copy_log_pod(&job, &outcome, &helper_pods) {
+                Some((pod, pass)) => self.copy_progress(ns, &pod, pass).await,
+                None => None,
+            };
+            let observed = ObservedJob {
+                job,
+                outcome,
+                progress,
+            };
+            jobs.insert(observed.job.name_any(), observed);
+        }
         Ok((jobs, helper_pods))
+    }
+
+    /// The latest progress line in the last lines of a copy pod's log. Best effort: a log that
+    /// cannot be read (the pod just ended, the node is unreachable) gives no reading, and the
+    /// status keeps the previous one.
+    async fn copy_progress(
+        &self,
+        ns: &str,
+        pod: &str,
+        pass: crate::api::CopyPass,
+    ) -> Option<crate::api::CopyProgress> {
+        let params = kube::api::LogParams {
+            container: Some(crate::build::job::JOB_CONTAINER.to_string()),
+            tail_lines: Some(COPY_LOG_TAIL_LINES),
+            ..Default::default()
+        };
+        match self.ns_api::<Pod>(ns).logs(pod, &params).await {
+            Ok(log) => crate::build::parse_progress(&log, pass, None),
+            Err(e) => {
+                tracing::debug!(pod, error = %e, "cannot read the copy's log");
+                None
+            }
+        }
     }
 
     /// Every claim of the namespace.

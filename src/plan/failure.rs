@@ -25,6 +25,9 @@ pub enum Failure {
     /// The request was deleted while orphaning or migrating.
     #[error("the request was deleted while progressing")]
     Deleted,
+    /// Someone asked for a rollback with the abort annotation (`kubectl smr abort`).
+    #[error("aborted: annotation {annotation} asked for a rollback")]
+    Aborted { annotation: String },
 
     /// The pre-copy Job of a member failed.
     #[error("pre-copy of member {pod} failed: {reason}")]

@@ -728,6 +728,7 @@ impl Sim {
                 self.o.jobs.entry(name).or_insert(ObservedJob {
                     job: *j,
                     outcome: JobOutcome::Running,
+                    progress: None,
                 });
             }
             Object::StatefulSet(mut s) => {
@@ -1022,7 +1023,15 @@ pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob)
     };
     job.labels_mut()
         .insert(labels::JOB_KIND_LABEL.to_string(), kind.to_string());
-    (name.to_string(), ObservedJob { job, outcome })
+    let progress = None;
+    (
+        name.to_string(),
+        ObservedJob {
+            job,
+            outcome,
+            progress,
+        },
+    )
 }
 
 /// The simulator against the actions' contracts (`plan::action`).

@@ -115,6 +115,7 @@ fn run_job(
             Ok(None)
         }
         Some(JobOutcome::Running) => {
+            record_progress(cx, mb, kind);
             cx.wait(Duration::from_secs(1));
             Ok(None)
         }
@@ -124,6 +125,15 @@ fn run_job(
                 .as_deref()
                 .and_then(|msg| build::parse_job_result(msg).ok()),
         )),
+    }
+}
+
+/// Puts the running copy's latest progress reading, if any, in the member's status.
+fn record_progress(cx: &mut Ctx, mb: &Member, kind: JobKind) {
+    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    let progress = cx.o.jobs.get(&name).and_then(|j| j.progress.clone());
+    if let (Some(p), Some(ms)) = (progress, ms_mut(cx, mb)) {
+        ms.copy_progress = Some(p);
     }
 }
 

@@ -42,6 +42,7 @@ pub mod machine;
 pub mod member;
 pub mod observe;
 pub mod preflight;
+pub mod progress;
 pub mod quantity;
 pub mod stages;
 pub mod stash;
@@ -145,6 +146,8 @@ pub enum StashObject {
 pub struct ObservedJob {
     pub job: Job,
     pub outcome: JobOutcome,
+    /// A running copy's progress, read from the tail of its pod's log (PreCopy and Copy Jobs).
+    pub progress: Option<crate::api::CopyProgress>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -308,9 +311,14 @@ impl<'a> Ctx<'a> {
             return fresh.finish();
         }
         let original = self.o.request.status.clone().unwrap_or_default();
+        let pre_copy = self.spec().copy.pre_copy;
+        let mut status = self.status;
+        if status.stage != Stage::Preflight {
+            progress::summarize(&mut status, pre_copy);
+        }
         let mut actions = Vec::with_capacity(self.actions.len() + 1);
-        if self.status != original {
-            actions.push(Action::SetStatus(Box::new(self.status)));
+        if status != original {
+            actions.push(Action::SetStatus(Box::new(status)));
         }
         actions.extend(self.actions);
         Decision {
@@ -389,6 +397,15 @@ pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
             start_rollback(&mut cx, Failure::Deleted);
             return cx.finish();
         }
+        if aborted(&o.request) {
+            start_rollback(
+                &mut cx,
+                Failure::Aborted {
+                    annotation: labels::ABORT_ANNOTATION.to_string(),
+                },
+            );
+            return cx.finish();
+        }
     }
 
     if stash::stopped_by_a_problem(&mut cx) {
@@ -435,6 +452,11 @@ fn restore_finalizer(cx: &mut Ctx) {
             labels::FINALIZER
         ),
     );
+}
+
+/// True when the request carries the abort annotation ([`labels::ABORT_ANNOTATION`]).
+pub fn aborted(req: &StorageMigrationRequest) -> bool {
+    req.annotations().contains_key(labels::ABORT_ANNOTATION)
 }
 
 /// `Some(Failure::TimedOut)` once the request's timeout has expired.

@@ -13,6 +13,7 @@ use crate::api::{
     StorageMigrationRequest, StorageMigrationRequestSpec, StorageMigrationRequestStatus,
 };
 use crate::build;
+use crate::labels;
 
 /// The spec the request runs with: the accepted one once accepted, else the current one.
 pub fn effective_spec(req: &StorageMigrationRequest) -> StorageMigrationRequestSpec {
@@ -90,6 +91,27 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
 
 /// The pods of Job `name`, oldest first. They carry `job-name` (and on newer clusters
 /// `batch.kubernetes.io/job-name`).
+/// The pod whose log shows a running copy Job's progress, and the pass it copies: the Job's
+/// newest pod, when the Job is a PreCopy or Copy Job, still running, and its pod `Running`.
+pub fn copy_log_pod(
+    job: &Job,
+    outcome: &JobOutcome,
+    pods: &BTreeMap<String, Pod>,
+) -> Option<(String, crate::api::CopyPass)> {
+    use crate::api::CopyPass;
+    let pass = match job.labels().get(labels::JOB_KIND_LABEL).map(String::as_str) {
+        Some(k) if k == build::JobKind::PreCopy.as_str() => CopyPass::PreCopy,
+        Some(k) if k == build::JobKind::Copy.as_str() => CopyPass::Copy,
+        _ => return None,
+    };
+    if *outcome != JobOutcome::Running {
+        return None;
+    }
+    let pod = *job_pods(&job.name_any(), pods).last()?;
+    let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+    running.then(|| (pod.name_any(), pass))
+}
+
 fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod> {
     let mut job_pods: Vec<&Pod> = pods
         .values()
@@ -193,6 +215,31 @@ mod tests {
             ..Default::default()
         };
         (name.to_string(), pod)
+    }
+
+    #[test]
+    fn the_log_of_a_running_copy_pod_is_read() {
+        let mut running = job_pod("new", "job-name", 5, None);
+        running.1.status.as_mut().unwrap().phase = Some("Running".into());
+        let pending = job_pod("old", "job-name", 0, None);
+        let pods = BTreeMap::from([running, pending.clone()]);
+        let mut copy = job(&[]);
+        copy.labels_mut()
+            .insert(labels::JOB_KIND_LABEL.into(), "copy".into());
+        let got = copy_log_pod(&copy, &JobOutcome::Running, &pods);
+        assert_eq!(got, Some(("new".into(), crate::api::CopyPass::Copy)));
+        let done = JobOutcome::Succeeded { message: None };
+        assert_eq!(copy_log_pod(&copy, &done, &pods), None, "not running");
+        let only_pending = BTreeMap::from([pending]);
+        assert_eq!(
+            copy_log_pod(&copy, &JobOutcome::Running, &only_pending),
+            None
+        );
+        let mut verify = copy.clone();
+        verify
+            .labels_mut()
+            .insert(labels::JOB_KIND_LABEL.into(), "verify".into());
+        assert_eq!(copy_log_pod(&verify, &JobOutcome::Running, &pods), None);
     }
 
     #[test]

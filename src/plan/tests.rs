@@ -739,6 +739,42 @@ fn timeout_while_jobs_hang_rolls_back() {
 }
 
 #[test]
+fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.hang = true;
+    sim.run(60);
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::PreCopying);
+    let name = build::job_name(REQ, "etcd-0", JobKind::PreCopy);
+    let reading = crate::api::CopyProgress {
+        pass: crate::api::CopyPass::PreCopy,
+        bytes_done: 512,
+        bytes_total: Some(1024),
+        percent: 50,
+        ..Default::default()
+    };
+    sim.o.jobs.get_mut(&name).unwrap().progress = Some(reading.clone());
+    let d = decide(&sim.o, &IMAGE);
+    let s = first_status(&d);
+    let ms = s.members.iter().find(|m| m.pod == "etcd-0").unwrap();
+    assert_eq!(ms.copy_progress.as_ref(), Some(&reading));
+    assert_eq!(s.current_member.as_deref(), Some("etcd-0"));
+    assert_eq!(s.percent, Some(11), "0.7 * 0.5 / 3");
+    assert!(d.requeue <= Duration::from_secs(5), "{:?}", d.requeue);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    let again = decide(&sim.o, &IMAGE);
+    assert!(
+        !again
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::SetStatus(_))),
+        "{:?}",
+        again.actions
+    );
+}
+
+#[test]
 fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
     let mut sim = Sim::new(observed(spec_class_change("fast")));
     for _ in 0..400 {
@@ -760,6 +796,43 @@ fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
     assert!(sim.o.request.finalizers().is_empty());
     assert_eq!(sim.o.pods.len(), 3, "etcd-0 recreated from its stash");
     assert!(sim.o.stateful_set.is_some());
+}
+
+#[test]
+fn the_abort_annotation_rolls_a_migrating_request_back() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    for _ in 0..400 {
+        if sim.step_of("etcd-1") == MemberStep::Copying {
+            break;
+        }
+        let d = decide(&sim.o, &IMAGE);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::Done);
+    sim.o.request.annotations_mut().insert(
+        labels::ABORT_ANNOTATION.into(),
+        "2026-12-01T18:00:00Z".into(),
+    );
+    sim.run(300);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed);
+    assert_eq!(
+        s.failure.as_deref(),
+        Some("aborted: annotation storagemigrator.io/abort asked for a rollback")
+    );
+    assert_machine_transitions(&sim);
+    assert_eq!(sim.step_of("etcd-1"), MemberStep::RolledBack);
+    assert_eq!(
+        sim.step_of("etcd-0"),
+        MemberStep::Done,
+        "a finished member stays moved"
+    );
+    assert!(sim.o.jobs.is_empty());
+    assert!(sim.o.stateful_set.is_some());
+    assert_eq!(sim.o.pods.len(), 3);
 }
 
 #[test]
