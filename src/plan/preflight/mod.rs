@@ -22,6 +22,7 @@ use crate::build::JobKind;
 use crate::image::ImageRef;
 use crate::labels;
 
+mod all;
 mod classes;
 mod denial;
 mod health;
@@ -34,6 +35,7 @@ mod target;
 #[cfg(test)]
 mod tests;
 
+pub use all::all_denials;
 pub use denial::{Denial, DenialReason};
 pub use measure::MIN_HEADROOM_BYTES;
 pub use owner::{ForeignOwner, foreign_owner};
