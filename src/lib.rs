@@ -12,6 +12,7 @@
 //! - [`leader`]: leader election on a Lease, with a fence that stops a replica that cannot renew.
 //! - [`metrics`], [`serve`], [`permissions`]: `/metrics`, `/healthz`, `/readyz`, and the table of
 //!   every RBAC rule the operator uses (checked against the chart and at run time).
+//! - [`plugin`]: `kubectl smr` (binary `kubectl-smr`): plan, watch, describe, abort, orphans.
 //! - [`image`]: the operator's image reference (`--image`), also its Jobs' default image.
 
 pub mod api;
@@ -26,4 +27,5 @@ pub mod leader;
 pub mod metrics;
 pub mod permissions;
 pub mod plan;
+pub mod plugin;
 pub mod serve;

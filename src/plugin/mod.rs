@@ -1,0 +1,378 @@
+//! `kubectl smr`, the kubectl plugin (binary `kubectl-smr`): plan, watch, describe, abort and
+//! orphans against the cluster the user's KUBECONFIG names.
+//!
+//! The commands read with the user's own credentials and write only on request: `abort` adds
+//! the annotation [`labels::ABORT_ANNOTATION`], `orphans --delete` deletes volumes after
+//! confirmation. What they print is built by pure functions in [`render`] and [`orphans`].
+
+use std::collections::BTreeSet;
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{CommandFactory, Parser, Subcommand};
+use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::{Client, ResourceExt};
+
+use crate::api::{MigrationType, StorageMigrationRequest};
+use crate::cluster::Cluster;
+use crate::image::ImageRef;
+use crate::labels;
+use crate::plan::preflight;
+
+pub mod orphans;
+pub mod render;
+
+/// Exit status of a command that failed to run (no cluster, no such request, refused).
+pub const EXIT_ERROR: u8 = 1;
+/// Exit status of `plan` when the request would be denied (and of `watch` on `Denied`).
+pub const EXIT_DENIED: u8 = 2;
+
+/// See a StorageMigrationRequest through: plan it, watch it, describe it, abort it, and find
+/// the volumes left behind.
+#[derive(Parser)]
+#[command(name = "kubectl-smr", bin_name = "kubectl smr", version)]
+pub struct Cli {
+    /// Namespace (default: the kubeconfig's).
+    #[arg(short = 'n', long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Dry run against the live cluster: the member order with roles, nodes and sizes, what a
+    /// Shrink measures, and every reason the request would be denied (exit 2). Writes nothing.
+    Plan {
+        /// The StorageMigrationRequest manifest.
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+    },
+    /// Follow a request to its end: per-member progress (bytes, rate, ETA, step), then the final
+    /// phase and each member's downtime. Exit 0 Successful, 3 Failed, 2 Denied.
+    Watch {
+        name: String,
+        /// Seconds between looks.
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60))]
+        interval: u64,
+        /// Give up after this many seconds (exit 1); 0 waits for the end.
+        #[arg(long, default_value_t = 0)]
+        timeout: u64,
+    },
+    /// The plan, each member's steps with times and where its data is now, and the events.
+    Describe { name: String },
+    /// Ask the operator to roll the request back (annotation storagemigrator.io/abort).
+    Abort { name: String },
+    /// PersistentVolumes no claim refers to (any namespace), with the command to delete each.
+    Orphans {
+        /// Delete them (after confirmation).
+        #[arg(long)]
+        delete: bool,
+        /// Confirm the deletion without asking (for scripts).
+        #[arg(long, requires = "delete")]
+        yes: bool,
+    },
+    /// Print a shell completion script.
+    Completion { shell: clap_complete::Shell },
+}
+
+/// Runs the command line; the process's exit status.
+pub async fn main() -> u8 {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            EXIT_ERROR
+        }
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<u8> {
+    if let Command::Completion { shell } = cli.command {
+        let mut cmd = Cli::command();
+        clap_complete::generate(shell, &mut cmd, "kubectl-smr", &mut std::io::stdout());
+        return Ok(0);
+    }
+    let client = Client::try_default()
+        .await
+        .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
+    let ns = cli
+        .namespace
+        .unwrap_or_else(|| client.default_namespace().to_string());
+    match cli.command {
+        Command::Plan { file } => plan(client, &file, ns).await,
+        Command::Watch {
+            name,
+            interval,
+            timeout,
+        } => watch(client, &ns, &name, interval, timeout).await,
+        Command::Describe { name } => describe(client, &ns, &name).await,
+        Command::Abort { name } => abort(client, &ns, &name).await,
+        Command::Orphans { delete, yes } => orphans_cmd(client, delete, yes).await,
+        Command::Completion { .. } => Ok(0),
+    }
+}
+
+fn print_lines(lines: &[String]) {
+    for l in lines {
+        println!("{l}");
+    }
+}
+
+/// The request in `file`, in its namespace or `ns`, as a new request (no status).
+fn read_request(file: &Path, ns: String) -> anyhow::Result<StorageMigrationRequest> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let mut req: StorageMigrationRequest = serde_norway::from_str(&text)
+        .with_context(|| format!("{} is not a StorageMigrationRequest", file.display()))?;
+    if req.metadata.namespace.is_none() {
+        req.metadata.namespace = Some(ns);
+    }
+    req.status = None;
+    Ok(req)
+}
+
+fn cluster(client: Client) -> Cluster {
+    let recorder = kube::runtime::events::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "kubectl-smr".into(),
+            instance: None,
+        },
+    );
+    Cluster::new(client, recorder)
+}
+
+/// `plan`: gathers what the operator would see (reads only), then every denial or the plan.
+async fn plan(client: Client, file: &Path, ns: String) -> anyhow::Result<u8> {
+    let req = read_request(file, ns)?;
+    let cluster = cluster(client);
+    let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
+    let observed = cluster.gather(req, &engine).await?;
+    let name = observed.request.name_any();
+    let created =
+        (observed.request.metadata.creation_timestamp.as_ref()).map_or(observed.now, |t| t.0);
+    if let Some(ahead) = preflight::waiting_for(&name, Some(created), &observed.other_requests) {
+        println!(
+            "Would wait for request {} ({:?}) on the same StatefulSet first; then:",
+            ahead.name, ahead.phase
+        );
+    }
+    // The image only names the Jobs; nothing is created.
+    let image = ImageRef::default_image();
+    let denials = preflight::all_denials(&observed, &image);
+    if !denials.is_empty() {
+        print_lines(&render::denial_lines(&denials));
+        return Ok(EXIT_DENIED);
+    }
+    let plan = preflight::dry_run(&observed, &image).map_err(|d| anyhow::anyhow!("{d}"))?;
+    println!("Would be accepted. Members in migration order:");
+    print_lines(&render::plan_lines(&plan));
+    if observed.request.spec.type_ == MigrationType::Shrink {
+        print_lines(&render::shrink_measurement_lines(&plan));
+    }
+    Ok(0)
+}
+
+async fn get_request(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> anyhow::Result<StorageMigrationRequest> {
+    Api::<StorageMigrationRequest>::namespaced(client.clone(), ns)
+        .get(name)
+        .await
+        .with_context(|| format!("cannot read StorageMigrationRequest {ns}/{name}"))
+}
+
+/// `watch`: redraws in place on a terminal; elsewhere prints a line whenever one changed.
+async fn watch(
+    client: Client,
+    ns: &str,
+    name: &str,
+    interval: u64,
+    timeout: u64,
+) -> anyhow::Result<u8> {
+    let tty = std::io::stdout().is_terminal();
+    let started = std::time::Instant::now();
+    let mut shown: Vec<String> = Vec::new();
+    loop {
+        let req = get_request(&client, ns, name).await?;
+        let status = req.status.clone().unwrap_or_default();
+        let lines = render::watch_lines(name, &status);
+        show(&lines, &mut shown, tty);
+        if let Some(code) = render::exit_code(status.phase) {
+            print_lines(&render::final_lines(name, &status));
+            return Ok(code);
+        }
+        if timeout > 0 && started.elapsed() >= Duration::from_secs(timeout) {
+            eprintln!("gave up after {timeout}s; the request goes on");
+            return Ok(EXIT_ERROR);
+        }
+        tokio::time::sleep(Duration::from_secs(interval)).await;
+    }
+}
+
+/// Prints `lines`: on a terminal over the previous ones; else only the lines that changed.
+fn show(lines: &[String], shown: &mut Vec<String>, tty: bool) {
+    let mut out = std::io::stdout().lock();
+    if tty {
+        if !shown.is_empty() {
+            let _ = write!(out, "\x1b[{}A\x1b[J", shown.len());
+        }
+        for l in lines {
+            let _ = writeln!(out, "{l}");
+        }
+    } else {
+        for (i, l) in lines.iter().enumerate() {
+            if shown.get(i) != Some(l) {
+                let _ = writeln!(out, "{l}");
+            }
+        }
+    }
+    let _ = out.flush();
+    *shown = lines.to_vec();
+}
+
+/// `describe`: status, plan, members with times and data location, events.
+async fn describe(client: Client, ns: &str, name: &str) -> anyhow::Result<u8> {
+    let req = get_request(&client, ns, name).await?;
+    let s = req.status.clone().unwrap_or_default();
+    print_lines(&[render::header_line(name, &s)]);
+    for (label, v) in [("Message", &s.message), ("Failure", &s.failure)] {
+        if let Some(v) = v {
+            println!("{label}: {v}");
+        }
+    }
+    match &s.plan {
+        Some(plan) => {
+            println!("Plan:");
+            print_lines(&render::plan_lines(plan));
+        }
+        None => println!("Plan: none yet"),
+    }
+    println!("Members:");
+    for m in &s.members {
+        let planned = (s.plan.as_ref()).and_then(|p| p.members.iter().find(|p| p.pod == m.pod));
+        println!("  {} {:?}", m.pod, m.step);
+        println!("    {:<12} {}", "data", render::data_location(m, planned));
+        print_lines(&render::member_times(m));
+    }
+    println!("Events:");
+    print_lines(&event_lines(&client, ns, &req).await?);
+    Ok(0)
+}
+
+async fn event_lines(
+    client: &Client,
+    ns: &str,
+    req: &StorageMigrationRequest,
+) -> anyhow::Result<Vec<String>> {
+    let selector = format!("involvedObject.name={}", req.name_any());
+    let mut events: Vec<Event> = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&selector))
+        .await
+        .context("cannot list events")?
+        .items
+        .into_iter()
+        .filter(|e| e.involved_object.uid == req.uid())
+        .collect();
+    events.sort_by_key(|e| {
+        (e.event_time.as_ref().map(|t| t.0))
+            .or(e.last_timestamp.as_ref().map(|t| t.0))
+            .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    });
+    Ok(events.iter().map(render::event_line).collect())
+}
+
+/// `abort`: the annotation the operator honours by rolling back.
+async fn abort(client: Client, ns: &str, name: &str) -> anyhow::Result<u8> {
+    let req = get_request(&client, ns, name).await?;
+    let s = req.status.clone().unwrap_or_default();
+    if let Some(line) = render::abort_refusal(name, &s) {
+        eprintln!("{line}");
+        return Ok(EXIT_ERROR);
+    }
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let patch = serde_json::json!({"metadata": {"annotations": {labels::ABORT_ANNOTATION: now}}});
+    Api::<StorageMigrationRequest>::namespaced(client, ns)
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .with_context(|| format!("cannot annotate {ns}/{name}"))?;
+    println!(
+        "{name}: asked the operator to roll back ({}={now}); follow it with: kubectl smr watch {name} -n {ns}",
+        labels::ABORT_ANNOTATION
+    );
+    Ok(0)
+}
+
+/// `orphans`: lists them; with `--delete`, deletes them after confirmation.
+async fn orphans_cmd(client: Client, delete: bool, yes: bool) -> anyhow::Result<u8> {
+    let pvs = Api::<PersistentVolume>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("cannot list PersistentVolumes")?
+        .items;
+    let claims = Api::<PersistentVolumeClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("cannot list PersistentVolumeClaims")?
+        .items;
+    let busy = busy_volumes(&client).await?;
+    let found = orphans::orphans(&pvs, &claims, &busy, k8s_openapi::jiff::Timestamp::now());
+    print_lines(&orphans::table(&found));
+    if !delete || found.is_empty() {
+        return Ok(0);
+    }
+    if !yes && !confirm(found.len())? {
+        println!("Nothing deleted.");
+        return Ok(EXIT_ERROR);
+    }
+    let api = Api::<PersistentVolume>::all(client);
+    for o in &found {
+        // The uid precondition: a volume replaced since it was listed is not deleted.
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(o.uid.clone()),
+                resource_version: None,
+            }),
+            ..Default::default()
+        };
+        api.delete(&o.name, &params)
+            .await
+            .with_context(|| format!("cannot delete PersistentVolume {}", o.name))?;
+        println!("persistentvolume/{} deleted", o.name);
+    }
+    Ok(0)
+}
+
+/// Volumes named by requests still in progress: in the middle of a swap, never orphans.
+async fn busy_volumes(client: &Client) -> anyhow::Result<BTreeSet<String>> {
+    let reqs = Api::<StorageMigrationRequest>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .context("cannot list StorageMigrationRequests")?;
+    Ok(reqs
+        .items
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .filter(|s| !s.phase.is_final())
+        .flat_map(render::volumes_of)
+        .collect())
+}
+
+/// Asks on the terminal; refuses without one.
+fn confirm(n: usize) -> anyhow::Result<bool> {
+    if !std::io::stdin().is_terminal() {
+        anyhow::bail!("--delete without --yes needs a terminal to confirm on; nothing deleted");
+    }
+    print!("Delete these {n} PersistentVolumes? Their data may be lost. [y/N] ");
+    std::io::stdout().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().read_line(&mut answer)?;
+    Ok(render::confirmed(&answer))
+}
