@@ -381,31 +381,12 @@ pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
         restore_finalizer(&mut cx);
     }
 
-    // Timeout and deletion turn a progressing request into a rollback, until the members are
-    // all done (recreating the StatefulSet and finalizing are then the fastest way out).
-    if matches!(
-        cx.status.stage,
-        Stage::OrphaningStatefulSet | Stage::Migrating
-    ) && cx.status.failure.is_none()
-    {
-        if let Some(failure) = expired(&cx) {
-            let failure = foreign::timeout_failure(&cx, failure);
-            start_rollback(&mut cx, failure);
-            return cx.finish();
-        }
-        if deleting {
-            start_rollback(&mut cx, Failure::Deleted);
-            return cx.finish();
-        }
-        if aborted(&o.request) {
-            start_rollback(
-                &mut cx,
-                Failure::Aborted {
-                    annotation: labels::ABORT_ANNOTATION.to_string(),
-                },
-            );
-            return cx.finish();
-        }
+    // Timeout, deletion and abort turn a progressing request into a rollback, until the
+    // members are all done (recreating the StatefulSet and finalizing are then the fastest way
+    // out).
+    if let Some(failure) = rollback_asked(&cx, deleting) {
+        start_rollback(&mut cx, failure);
+        return cx.finish();
     }
 
     if stash::stopped_by_a_problem(&mut cx) {
@@ -452,6 +433,27 @@ fn restore_finalizer(cx: &mut Ctx) {
             labels::FINALIZER
         ),
     );
+}
+
+/// Why an orphaning or migrating request must roll back now, if it must: its timeout expired,
+/// it is being deleted, or it carries the abort annotation.
+fn rollback_asked(cx: &Ctx, deleting: bool) -> Option<Failure> {
+    let early = matches!(
+        cx.status.stage,
+        Stage::OrphaningStatefulSet | Stage::Migrating
+    );
+    if !early || cx.status.failure.is_some() {
+        return None;
+    }
+    if let Some(failure) = expired(cx) {
+        return Some(foreign::timeout_failure(cx, failure));
+    }
+    if deleting {
+        return Some(Failure::Deleted);
+    }
+    aborted(&cx.o.request).then(|| Failure::Aborted {
+        annotation: labels::ABORT_ANNOTATION.to_string(),
+    })
 }
 
 /// True when the request carries the abort annotation ([`labels::ABORT_ANNOTATION`]).
