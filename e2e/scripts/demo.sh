@@ -97,7 +97,8 @@ fi
 
 say "migrating etcd to StorageClass fast"
 kubectl -n "$NS" delete storagemigrationrequest etcd-to-fast --ignore-not-found >/dev/null
-kubectl -n "$NS" apply -f - <<'YAML'
+REQUEST="$STATE_DIR/etcd-to-fast.yaml"
+cat >"$REQUEST" <<'YAML'
 apiVersion: storagemigrator.io/v1alpha1
 kind: StorageMigrationRequest
 metadata:
@@ -109,16 +110,10 @@ spec:
   timeout: 20m
   database: {engine: Etcd}     # Raft-aware: followers first, leadership handed over, leader last
 YAML
-last=""
-for _ in $(seq 1 1200); do
-  line="$(kubectl -n "$NS" get smr etcd-to-fast --no-headers 2>/dev/null || true)"
-  members="$(kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{range .status.members[*]}{.pod}={.step} {end}' 2>/dev/null || true)"
-  now="$line | $members"
-  if [ "$now" != "$last" ]; then echo "$(date +%H:%M:%S) $now"; last="$now"; fi
-  phase="$(kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.phase}' 2>/dev/null || true)"
-  case "$phase" in Successful|Failed|Denied) break ;; esac
-  sleep 1
-done
+# The user's path: plan (a dry run), apply, watch (kubectl smr = target/debug/kubectl-smr).
+target/debug/kubectl-smr -n "$NS" plan -f "$REQUEST"
+kubectl -n "$NS" apply -f "$REQUEST"
+target/debug/kubectl-smr -n "$NS" watch etcd-to-fast || true
 kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.message}{"\n"}'
 kubectl -n "$NS" get pvc
 kubectl -n "$NS" get pods -o wide
