@@ -69,25 +69,27 @@ pub fn copy_progress(p: &CopyProgress) -> String {
     s
 }
 
-/// One member's line in `watch`: pod, step, and the copy's progress while it copies, its
-/// downtime once done.
+/// One member's line in `watch`: pod, step, and the copy's progress while it copies (the
+/// reading of the pass the step runs), its downtime once done, else the member's message.
 pub fn member_line(m: &MemberStatus) -> String {
-    let mut s = format!("  {:<12} {:<18}", m.pod, format!("{:?}", m.step));
-    let copying = matches!(m.step, MemberStep::PreCopying | MemberStep::Copying);
-    match (&m.copy_progress, m.step) {
-        (Some(p), _) if copying => s.push_str(&copy_progress(p)),
-        (_, MemberStep::Done) => {
-            if let Some(d) = m.downtime_seconds {
-                let _ = write!(s, "downtime {d:.1}s");
-            }
-            if let Some(b) = m.bytes_copied {
-                let _ = write!(s, "  copied {}", bytes(b));
-            }
+    let mut s = format!("  {:<12} {:<19} ", m.pod, format!("{:?}", m.step));
+    let pass = match m.step {
+        MemberStep::PreCopying => Some(CopyPass::PreCopy),
+        MemberStep::Copying => Some(CopyPass::Copy),
+        _ => None,
+    };
+    let reading = (m.copy_progress.as_ref()).filter(|p| pass == Some(p.pass));
+    if let Some(p) = reading {
+        s.push_str(&copy_progress(p));
+    } else if m.step == MemberStep::Done {
+        if let Some(d) = m.downtime_seconds {
+            let _ = write!(s, "downtime {d:.1}s");
         }
-        _ => {}
-    }
-    if let Some(msg) = m.message.as_deref().filter(|_| !copying) {
-        let _ = write!(s, "  {msg}");
+        if let Some(b) = m.bytes_copied {
+            let _ = write!(s, "  copied {}", bytes(b));
+        }
+    } else if let Some(msg) = &m.message {
+        s.push_str(msg);
     }
     s.trim_end().to_string()
 }
@@ -392,15 +394,22 @@ mod tests {
         };
         assert_eq!(
             member_line(&m),
-            "  etcd-1       Copying           final copy [##########----------]  50%  \
+            "  etcd-1       Copying             final copy [##########----------]  50%  \
              50.0 MiB / 100.0 MiB  10.0 MiB/s  ETA 5s  files 7/52"
+        );
+        // The pre-copy's last reading is not the final copy's.
+        m.copy_progress.as_mut().unwrap().pass = CopyPass::PreCopy;
+        m.message = Some("copying".into());
+        assert_eq!(
+            member_line(&m),
+            "  etcd-1       Copying             copying"
         );
         m.step = MemberStep::Done;
         m.downtime_seconds = Some(4.25);
         m.bytes_copied = Some(2048);
         assert_eq!(
             member_line(&m),
-            "  etcd-1       Done              downtime 4.2s  copied 2.0 KiB"
+            "  etcd-1       Done                downtime 4.2s  copied 2.0 KiB"
         );
         let pending = MemberStatus {
             pod: "etcd-2".into(),
