@@ -17,7 +17,9 @@ use crate::api::{Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::build::Manifest;
 use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
-use crate::plan::observe::{copy_log_pod, effective_spec, expected_members, job_outcome};
+use crate::plan::observe::{
+    copy_log_pod, effective_spec, expected_members, job_outcome, measured_bytes,
+};
 use crate::plan::{self, Observed, ObservedJob, OtherRequest};
 
 /// Lines of a running copy's log read for its progress (one update a line; the summary that
@@ -44,7 +46,7 @@ impl Cluster {
         let stash = self.stash(&req, &ns, &status).await?;
         let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
         let pods = self.member_pods(&ns, selector_source).await?;
-        let (jobs, helper_pods) = self.jobs(&ns, &name).await?;
+        let (jobs, helper_pods) = self.jobs(&ns, &name, &status).await?;
         let claims = self.claims(&ns).await?;
         let volumes = self.volumes(&claims, &status).await?;
         let storage_classes = self.storage_classes().await?;
@@ -98,7 +100,12 @@ impl Cluster {
     /// Our Jobs (with how they ended) and our helper pods. Jobs before their pods: a Job seen
     /// Complete then has its pod's final status (and termination message) in the pod list
     /// taken after it.
-    async fn jobs(&self, ns: &str, request: &str) -> Result<JobsAndHelpers, ClusterError> {
+    async fn jobs(
+        &self,
+        ns: &str,
+        request: &str,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<JobsAndHelpers, ClusterError> {
         let owned = ListParams::default().labels(&labels::request_selector(request));
         let job_list = self
             .ns_api::<Job>(ns)
@@ -115,7 +122,10 @@ impl Cluster {
         for job in job_list {
             let outcome = job_outcome(&job, &helper_pods);
             let progress = match copy_log_pod(&job, &outcome, &helper_pods) {
-                Some((pod, pass)) => self.copy_progress(ns, &pod, pass).await,
+                Some((pod, pass)) => {
+                    let measured = measured_bytes(&job, status);
+                    self.copy_progress(ns, &pod, pass, measured).await
+                }
                 None => None,
             };
             let observed = ObservedJob {
@@ -136,6 +146,7 @@ impl Cluster {
         ns: &str,
         pod: &str,
         pass: crate::api::CopyPass,
+        measured: Option<i64>,
     ) -> Option<crate::api::CopyProgress> {
         let params = kube::api::LogParams {
             container: Some(crate::build::job::JOB_CONTAINER.to_string()),
@@ -143,7 +154,7 @@ impl Cluster {
             ..Default::default()
         };
         match self.ns_api::<Pod>(ns).logs(pod, &params).await {
-            Ok(log) => crate::build::parse_progress(&log, pass, None),
+            Ok(log) => crate::build::parse_progress(&log, pass, measured),
             Err(e) => {
                 tracing::debug!(pod, error = %e, "cannot read the copy's log");
                 None

@@ -112,6 +112,14 @@ pub fn copy_log_pod(
     running.then(|| (pod.name_any(), pass))
 }
 
+/// The used bytes measured at preflight (Shrink) of the member a Job copies, if any: the total
+/// of its copy until rsync reports a percentage.
+pub fn measured_bytes(job: &Job, status: &StorageMigrationRequestStatus) -> Option<i64> {
+    let pod = job.labels().get(labels::MEMBER_LABEL)?;
+    let plan = status.plan.as_ref()?;
+    (plan.members.iter().find(|m| &m.pod == pod)).and_then(|m| m.used_bytes)
+}
+
 fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod> {
     let mut job_pods: Vec<&Pod> = pods
         .values()
@@ -240,6 +248,25 @@ mod tests {
             .labels_mut()
             .insert(labels::JOB_KIND_LABEL.into(), "verify".into());
         assert_eq!(copy_log_pod(&verify, &JobOutcome::Running, &pods), None);
+    }
+
+    #[test]
+    fn the_measured_size_of_the_copied_member() {
+        let mut copy = job(&[]);
+        let mut status = StorageMigrationRequestStatus::default();
+        assert_eq!(measured_bytes(&copy, &status), None);
+        copy.labels_mut()
+            .insert(labels::MEMBER_LABEL.into(), "etcd-1".into());
+        let member = |pod: &str, used| PlannedMember {
+            pod: pod.into(),
+            used_bytes: used,
+            ..Default::default()
+        };
+        status.plan = Some(Plan {
+            members: vec![member("etcd-0", Some(1)), member("etcd-1", Some(42))],
+            ..Default::default()
+        });
+        assert_eq!(measured_bytes(&copy, &status), Some(42));
     }
 
     #[test]
