@@ -80,7 +80,8 @@ impl JobKind {
 ///
 /// Progress: `--info=progress2` reports the whole transfer (bytes, percent, rate, files) and
 /// `--no-inc-recursive` lets rsync know the whole tree before it starts, so its percentage is
-/// of the whole tree. rsync separates its updates with carriage returns; `tr` turns them into
+/// of the whole tree (the price: the whole file list in memory at once, on the order of 100
+/// bytes a file, so ten million files want about a GiB; `spec.copy.resources` must allow it). rsync separates its updates with carriage returns; `tr` turns them into
 /// lines, line-buffered by `stdbuf` where the image has it (without it the lines come in blocks
 /// of 4 KiB), and `sed -u` writes every line to the log (`w /dev/stderr`, which GNU sed and
 /// busybox sed write without opening a file) while passing on only the lines without a `%` (the
