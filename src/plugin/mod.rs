@@ -217,13 +217,13 @@ async fn watch(
     }
 }
 
-/// Prints `lines`: on a terminal over the previous ones; else only the lines that changed.
+/// Prints `lines`: on a terminal, on a cleared screen (as `watch(1)` does: lines wider than the
+/// terminal wrap, so redrawing over the previous lines would miscount); else only the lines that
+/// changed.
 fn show(lines: &[String], shown: &mut Vec<String>, tty: bool) {
     let mut out = std::io::stdout().lock();
     if tty {
-        if !shown.is_empty() {
-            let _ = write!(out, "\x1b[{}A\x1b[J", shown.len());
-        }
+        let _ = write!(out, "\x1b[H\x1b[2J");
         for l in lines {
             let _ = writeln!(out, "{l}");
         }
