@@ -29,6 +29,8 @@ pub struct Exchange {
     pub body: Option<Value>,
     pub status: u16,
     pub response: Value,
+    /// Answer with `response`'s string as plain text (a pod's log), not as JSON.
+    pub text: bool,
 }
 
 impl Exchange {
@@ -41,6 +43,7 @@ impl Exchange {
             body: None,
             status: 200,
             response: json!({}),
+            text: false,
         }
     }
 
@@ -74,6 +77,14 @@ impl Exchange {
     pub fn returns(mut self, response: Value) -> Self {
         self.status = 200;
         self.response = response;
+        self
+    }
+
+    /// Answers with this plain text (a pod's log).
+    pub fn returns_text(mut self, text: &str) -> Self {
+        self.status = 200;
+        self.response = Value::String(text.to_string());
+        self.text = true;
         self
     }
 
@@ -120,7 +131,10 @@ impl ApiServerVerifier {
         }
         let response = Response::builder()
             .status(e.status)
-            .body(Body::from(serde_json::to_vec(&e.response).unwrap()))
+            .body(Body::from(match (&e.response, e.text) {
+                (Value::String(text), true) => text.clone().into_bytes(),
+                _ => serde_json::to_vec(&e.response).unwrap(),
+            }))
             .unwrap();
         send.send_response(response);
     }

@@ -515,6 +515,74 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
     );
 }
 
+/// A running copy Job's progress is read from the tail of its running pod's log; a log that
+/// cannot be read gives no reading and no error.
+#[tokio::test]
+async fn gather_reads_a_running_copys_progress_from_its_log() {
+    let o = observed();
+    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
+    let owned = format!(
+        "labelSelector={}%3D{REQ}",
+        labels::REQUEST_LABEL.replace('/', "%2F")
+    );
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "etcd-0-copy-abc123", "namespace": NS,
+        "labels": {labels::REQUEST_LABEL: REQ, labels::JOB_KIND_LABEL: "copy"},
+    }, "status": {}});
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "etcd-0-copy-abc123-xyz", "namespace": NS,
+        "labels": {labels::REQUEST_LABEL: REQ, "job-name": "etcd-0-copy-abc123"},
+    }, "status": {"phase": "Running"}});
+    let log = "/api/v1/namespaces/demo/pods/etcd-0-copy-abc123-xyz/log";
+    let exchanges = |answer: Exchange| {
+        vec![
+            Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(404, "NotFound"),
+            Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash")
+                .fails(404, "NotFound"),
+            Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
+                .query(&format!("&{owned}"))
+                .returns(list(vec![job.clone()])),
+            Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+                .query(&format!("&{owned}"))
+                .returns(list(vec![pod.clone()])),
+            answer,
+            Exchange::new(Method::GET, CLAIMS).returns(list(vec![])),
+            Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
+                .returns(list(vec![])),
+            Exchange::new(Method::GET, REQUESTS).returns(list(vec![])),
+        ]
+    };
+    let gather = |answer: Exchange| {
+        let request = o.request.clone();
+        super::mock::verify(exchanges(answer), move |cluster| async move {
+            let engine = Err("no engine in this test".to_string());
+            cluster.gather(request, &engine).await
+        })
+    };
+    let tail = "&container=mover&tailLines=40";
+    let text =
+        "    512  25%  1.00kB/s  0:00:01\r\n  1,024  50%  1.00kB/s  0:00:01 (xfr#1, to-chk=1/4)\n";
+    let read = Exchange::new(Method::GET, log)
+        .query(tail)
+        .returns_text(text);
+    let observed = gather(read).await.unwrap();
+    let progress = observed.jobs["etcd-0-copy-abc123"]
+        .progress
+        .clone()
+        .unwrap();
+    assert_eq!(progress.pass, crate::api::CopyPass::Copy);
+    assert_eq!((progress.bytes_done, progress.percent), (1024, 50));
+    assert_eq!(
+        (progress.files_done, progress.files_total),
+        (Some(3), Some(4))
+    );
+    let refused = Exchange::new(Method::GET, log)
+        .query(tail)
+        .fails(500, "InternalError");
+    let observed = gather(refused).await.unwrap();
+    assert_eq!(observed.jobs["etcd-0-copy-abc123"].progress, None);
+}
+
 #[tokio::test]
 async fn delete_with_a_resource_version_sends_both_preconditions_and_a_conflict_is_an_error() {
     let action = Action::Delete {
