@@ -118,6 +118,25 @@ async fn plan_accepts_and_lists_every_denial() {
     }
     assert!(run.stdout.contains("1Gi -> 1Gi"), "{run:?}");
 
+    // A Shrink: what its measurement will require of each member.
+    let mut shrink = class_change(&cluster);
+    shrink["type"] = json!("Shrink");
+    shrink["shrink"] = json!({"size": "256Mi"});
+    shrink.as_object_mut().unwrap().remove("storageClassChange");
+    let small = request_file(&dir, "smaller", shrink);
+    let run = smr(
+        &["plan", "-f", &small, "-n", &ns.name],
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(run.stdout.contains("Shrink measurement: "), "{run:?}");
+    assert!(
+        run.stdout
+            .contains("  etcd-0: claim data-etcd-0 (1Gi -> 256Mi) may have at most "),
+        "{run:?}"
+    );
+
     let mut spec = class_change(&cluster);
     spec["storageClassChange"]["storageClassName"] = json!("no-such-class");
     spec["timeout"] = json!("soon");

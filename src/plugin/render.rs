@@ -8,7 +8,7 @@ use crate::api::{
     CopyPass, CopyProgress, MemberStatus, MemberStep, Phase, Plan, PlannedMember, Role,
     StorageMigrationRequestStatus,
 };
-use crate::plan::preflight::Denial;
+use crate::plan::preflight::{self, Denial};
 
 /// `1536` → `1.5 KiB`.
 pub fn bytes(n: i64) -> String {
@@ -208,9 +208,13 @@ pub fn shrink_measurement_lines(plan: &Plan) -> Vec<String> {
             .to_string(),
     ];
     for m in &plan.members {
+        let most = (crate::plan::quantity::bytes(&m.new_size))
+            .and_then(|b| i64::try_from(b).ok())
+            .map(preflight::max_used_bytes);
+        let most = most.map_or_else(|| "?".to_string(), bytes);
         lines.push(format!(
-            "  {}: claim {} must hold at most {} in use (minus headroom)",
-            m.pod, m.claim, m.new_size.0
+            "  {}: claim {} ({} -> {}) may have at most {most} in use",
+            m.pod, m.claim, m.old_size.0, m.new_size.0
         ));
     }
     lines
@@ -494,7 +498,7 @@ mod tests {
         assert!(shrink[0].contains("du -s -B1"), "{shrink:?}");
         assert_eq!(
             shrink[1],
-            "  etcd-0: claim data-etcd-0 must hold at most 512Mi in use (minus headroom)"
+            "  etcd-0: claim data-etcd-0 (1Gi -> 512Mi) may have at most 465.5 MiB in use"
         );
         let d = [
             Denial::new(

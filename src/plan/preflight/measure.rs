@@ -104,6 +104,24 @@ pub(super) fn check_measured_bytes(
         })
 }
 
+/// The most bytes in use that still fit `size_bytes` with headroom (see [`check_fits`]); 0 when
+/// nothing fits.
+pub fn max_used_bytes(size_bytes: i64) -> i64 {
+    let fits = |used: i64| {
+        let used = i128::from(used);
+        used + (used / 10).max(MIN_HEADROOM_BYTES) <= i128::from(size_bytes)
+    };
+    let (mut lo, mut hi) = (0_i64, size_bytes.max(0));
+    if !fits(0) {
+        return 0;
+    }
+    while lo < hi {
+        let mid = lo + (hi - lo + 1) / 2;
+        if fits(mid) { lo = mid } else { hi = mid - 1 }
+    }
+    lo
+}
+
 /// The used bytes plus headroom (a tenth, at least [`MIN_HEADROOM_BYTES`]) fit the size.
 pub(super) fn check_fits(m: &PlannedMember, used: i64, size: &Quantity) -> Result<(), Denial> {
     let size_bytes = quantity::bytes(size).unwrap_or_default();

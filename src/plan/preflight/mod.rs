@@ -37,7 +37,7 @@ mod tests;
 
 pub use all::all_denials;
 pub use denial::{Denial, DenialReason};
-pub use measure::MIN_HEADROOM_BYTES;
+pub use measure::{MIN_HEADROOM_BYTES, max_used_bytes};
 pub use owner::{ForeignOwner, foreign_owner};
 pub use queue::{Ahead, waiting_for};
 pub use spec::validate_spec;

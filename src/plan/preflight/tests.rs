@@ -1016,3 +1016,17 @@ fn dry_run_plans_without_measuring() {
     o.stateful_set = None;
     assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::TargetNotFound);
 }
+
+#[test]
+fn the_most_a_member_may_use_fits_with_its_headroom() {
+    let mib = 1_i64 << 20;
+    let max = max_used_bytes(256 * mib);
+    let fits = |used: i64| measure::check_fits(&planned(0, "1Gi"), used, &Quantity("256Mi".into()));
+    assert!(fits(max).is_ok());
+    assert!(fits(max + 1).is_err());
+    // Below 176 MiB the 16 MiB floor is the headroom.
+    assert_eq!(max_used_bytes(100 * mib), 84 * mib);
+    assert!(fits(0).is_ok());
+    assert_eq!(max_used_bytes(8 * mib), 0);
+    assert_eq!(max_used_bytes(-1), 0);
+}
