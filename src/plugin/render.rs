@@ -261,8 +261,9 @@ pub fn data_location(m: &MemberStatus, planned: Option<&PlannedMember>) -> Strin
         | MemberStep::RecreatingClaim => {
             format!("on {new}, being bound to claim {claim}; the original stays on {old} (kept)")
         }
+        // The old volume is kept until the final check; then `oldPVReclaimPolicy` applies.
         MemberStep::RecreatingPod | MemberStep::Done => {
-            format!("on {new} (claim {claim}); the original stays on {old}")
+            format!("on {new} (claim {claim}); original volume {old}")
         }
     }
 }
@@ -538,7 +539,7 @@ mod tests {
         m.step = MemberStep::Done;
         assert_eq!(
             data_location(&m, Some(&p)),
-            "on pv-new (claim data-etcd-0); the original stays on pv-old"
+            "on pv-new (claim data-etcd-0); original volume pv-old"
         );
         m.held = Some("pod came back".into());
         assert_eq!(data_location(&m, None), "held mid-swap: pod came back");
