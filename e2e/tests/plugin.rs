@@ -211,7 +211,7 @@ async fn watch_follows_a_migration_to_its_end_and_describe_tells_it() {
     assert!(out.contains("Plan:\n"), "{out}");
     assert!(out.contains("  etcd-0 Done\n"), "{out}");
     assert!(
-        out.contains("(claim data-etcd-0); the original stays on"),
+        out.contains("(claim data-etcd-0); original volume pvc-"),
         "{out}"
     );
     assert!(out.contains("    downtime "), "{out}");
