@@ -350,12 +350,16 @@ async fn orphans_cmd(client: Client, delete: bool, yes: bool) -> anyhow::Result<
     Ok(0)
 }
 
-/// Volumes named by requests still in progress: in the middle of a swap, never orphans.
+/// Volumes named by requests still in progress: in the middle of a swap, never orphans. None
+/// where the CRD is not installed (the API server answers 404: there are no requests).
 async fn busy_volumes(client: &Client) -> anyhow::Result<BTreeSet<String>> {
-    let reqs = Api::<StorageMigrationRequest>::all(client.clone())
+    let listed = Api::<StorageMigrationRequest>::all(client.clone())
         .list(&ListParams::default())
-        .await
-        .context("cannot list StorageMigrationRequests")?;
+        .await;
+    let reqs = match listed {
+        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(BTreeSet::new()),
+        other => other.context("cannot list StorageMigrationRequests")?,
+    };
     Ok(reqs
         .items
         .iter()
