@@ -27,9 +27,9 @@ use tracing::{Instrument, error, info, info_span, warn};
 use crate::api::{MemberStep, StorageMigrationRequest};
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
-use crate::image::ImageRef;
 use crate::labels;
 use crate::metrics::Metrics;
+use crate::plan::Settings;
 use crate::plan::{self, Action};
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
@@ -51,14 +51,15 @@ pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
     pub metrics: Arc<Metrics>,
-    /// The operator's own image (`--image`), the default image of the Jobs it creates.
-    pub image: ImageRef,
+    /// The operator's configuration the planner needs (its image, `--allow-request-mover-image`,
+    /// `--helper-start-timeout`).
+    pub settings: Settings,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
 }
 
 impl Context {
-    pub fn new(client: Client, image: ImageRef, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
         let instance = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok());
@@ -69,7 +70,7 @@ impl Context {
                 instance,
             },
             metrics,
-            image,
+            settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
         }
     }
@@ -214,7 +215,7 @@ pub async fn reconcile(
             };
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
             let observed = cluster.gather(current, &engine).await?;
-            let decision = plan::decide(&observed, &ctx.image);
+            let decision = plan::decide(&observed, &ctx.settings);
             record_status(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
@@ -328,11 +329,11 @@ pub fn error_policy(
 }
 
 /// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
-/// `image`: the operator's own image, which its Jobs run unless a request sets `moverImage`.
+/// `settings`: the operator's image and how its helper pods run (see [`Settings`]).
 pub async fn run(
     client: Client,
     namespace: Option<String>,
-    image: ImageRef,
+    settings: Settings,
     metrics: Arc<Metrics>,
 ) {
     let (requests, jobs, pods) = match &namespace {
@@ -350,10 +351,12 @@ pub async fn run(
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     info!(
         namespace = namespace.as_deref().unwrap_or("<all>"),
-        %image,
+        image = %settings.image,
+        allow_request_mover_image = settings.allow_request_mover_image,
+        helper_start_timeout = ?settings.helper_start_timeout,
         "starting controller"
     );
-    let ctx = Arc::new(Context::new(client, image, metrics));
+    let ctx = Arc::new(Context::new(client, settings, metrics));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)

@@ -73,6 +73,12 @@ pub const RULES: &[Rule] = &[
         why: "preflight: the target class and its binding mode",
     },
     Rule {
+        group: "",
+        resource: "namespaces",
+        verbs: &["get"],
+        why: "preflight: the namespace's Pod Security level (label, by name, never list)",
+    },
+    Rule {
         group: "batch",
         resource: "jobs",
         verbs: &["get", "list", "watch", "create", "delete"],

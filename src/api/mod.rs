@@ -150,8 +150,10 @@ pub struct CopySpec {
     /// volumes stay `Retain` after success.
     #[serde(default = "default_true")]
     pub verify: bool,
-    /// Image of the copy Jobs; must provide `sh`, `rsync` and `du`. Default: the operator's own
-    /// image (its `--image`), which has them.
+    /// Image of the copy Jobs and mounter pods; must provide `sh`, `rsync` and `du`. Allowed
+    /// only when the operator runs with `--allow-request-mover-image` (otherwise the request
+    /// is Denied, reason `MoverImageNotAllowed`). Default: the operator's own image (its
+    /// `--image`), which has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover_image: Option<String>,
     /// Resources of the copy Jobs' container.
@@ -167,14 +169,6 @@ impl Default for CopySpec {
             mover_image: None,
             resources: None,
         }
-    }
-}
-
-impl CopySpec {
-    /// The image of this request's Jobs: `moverImage` if set, else `operator_image` (the
-    /// operator's own image, see `crate::image`).
-    pub fn mover_image<'a>(&'a self, operator_image: &'a str) -> &'a str {
-        self.mover_image.as_deref().unwrap_or(operator_image)
     }
 }
 
@@ -498,14 +492,7 @@ spec:
         assert_eq!(spec.old_pv_reclaim_policy, Some(OldPvReclaimPolicy::Retain));
         assert_eq!(spec.apply, ApplyPolicy::IfReady);
         assert!(spec.copy.pre_copy && spec.copy.verify);
-        assert_eq!(spec.copy.mover_image("operator:1"), "operator:1");
-        let mut copy = spec.copy.clone();
-        copy.mover_image = Some("mine:2".into());
-        assert_eq!(
-            copy.mover_image("operator:1"),
-            "mine:2",
-            "moverImage overrides"
-        );
+        assert_eq!(spec.copy.mover_image, None);
         assert_eq!(spec.database.engine, DatabaseEngine::Generic);
         let back = serde_json::to_value(spec).unwrap();
         assert_eq!(back["oldPVReclaimPolicy"], "Retain");

@@ -10,6 +10,7 @@
 //!   clean-up.
 //! - [`pod`]: the WaitForFirstConsumer mounter pod and the member pod recreated from its stash.
 //! - [`mod@job`]: the measure / pre-copy / copy / verify Jobs and their one-line JSON results.
+//! - [`security`]: the security contexts of the Jobs' and mounter pods (least capabilities).
 //! - [`statefulset`]: the recreated StatefulSet and the retention-policy protection patches.
 //! - [`volume`]: patch bodies for PersistentVolumes (reclaim policy, claimRef, labels).
 //! - [`stash`]: gzip+base64 encoding of stashed manifests, the stash ConfigMap and its size
@@ -34,6 +35,7 @@ pub mod job;
 pub mod manifest;
 pub mod names;
 pub mod pod;
+pub mod security;
 pub mod stash;
 pub mod statefulset;
 pub mod volume;

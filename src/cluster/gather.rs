@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams};
 use kube::{ResourceExt, api::ObjectList};
@@ -45,6 +45,7 @@ impl Cluster {
         let volumes = self.volumes(&claims, &status).await?;
         let storage_classes = self.storage_classes().await?;
         let other_requests = self.other_requests(&ns, &name, &set_name).await?;
+        let namespace_labels = self.namespace_labels(&ns, &status).await?;
         let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
         let member_pods: Vec<Pod> = expected
             .iter()
@@ -55,6 +56,7 @@ impl Cluster {
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
+            namespace_labels,
             stateful_set,
             stash,
             pods,
@@ -115,6 +117,23 @@ impl Cluster {
             })
             .collect();
         Ok((jobs, helper_pods))
+    }
+
+    /// The labels of the request's namespace, read only in Preflight (its Pod Security level);
+    /// empty in other stages.
+    async fn namespace_labels(
+        &self,
+        ns: &str,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<BTreeMap<String, String>, ClusterError> {
+        if status.phase.is_final() || status.stage != Stage::Preflight {
+            return Ok(BTreeMap::new());
+        }
+        let namespace = Api::<Namespace>::all(self.client.clone())
+            .get(ns)
+            .await
+            .map_err(kube_err(format!("get namespace {ns}")))?;
+        Ok(namespace.metadata.labels.unwrap_or_default())
     }
 
     /// Every claim of the namespace.

@@ -428,7 +428,8 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
 }
 
 /// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
-/// and helper pods, the claims and their volumes, the classes, the other requests.
+/// and helper pods, the claims and their volumes, the classes, the other requests, and (in
+/// Preflight) the namespace.
 #[tokio::test]
 async fn gather_reads_everything_the_planner_needs_in_order() {
     let o = observed();
@@ -465,6 +466,11 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
             .returns(list(vec![json_of(&fixtures::class("fast", "Immediate"))])),
         Exchange::new(Method::GET, REQUESTS).returns(list(vec![request_json(&o), other])),
+        // In Preflight only: the namespace, for its Pod Security level.
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "demo", "labels": {labels::POD_SECURITY_ENFORCE_LABEL: "baseline"}},
+        })),
     ];
     let request = o.request.clone();
     let observed = super::mock::verify(exchanges, move |cluster| async move {
@@ -494,6 +500,10 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         .map(|r| r.name.as_str())
         .collect();
     assert_eq!(others, ["other"]);
+    assert_eq!(
+        observed.namespace_labels[labels::POD_SECURITY_ENFORCE_LABEL],
+        "baseline"
+    );
     assert_eq!(
         observed.health,
         Err(crate::engine::HealthUnavailable::NoEngine(

@@ -40,6 +40,10 @@ pub static IMAGE: std::sync::LazyLock<crate::image::ImageRef> = std::sync::LazyL
     crate::image::ImageRef::parse("registry.test/storage-migrator:test").unwrap()
 });
 
+/// The operator's settings in the planner's tests: the defaults of the flags with [`IMAGE`].
+pub static SETTINGS: std::sync::LazyLock<super::Settings> =
+    std::sync::LazyLock::new(|| super::Settings::new(IMAGE.clone()));
+
 pub fn t(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap()
 }
@@ -328,6 +332,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
     Observed {
         request: request(spec),
         now: t(10),
+        namespace_labels: BTreeMap::new(),
         stateful_set: Some(manifest(stateful_set(3))),
         stash: Stash::default(),
         pods,
@@ -375,6 +380,9 @@ pub struct Sim {
     /// The stash ConfigMap as the simulated API server holds it (`o.stash` is read from it
     /// after every action that touches it).
     pub stash_config_map: Option<k8s_openapi::api::core::v1::ConfigMap>,
+    /// The operator's settings the decisions are made with ([`SETTINGS`] unless a test changes
+    /// them).
+    pub settings: super::Settings,
 }
 
 /// The stash ConfigMap `o.stash` was read from (entries encoded again: the encoding is
@@ -430,6 +438,7 @@ impl Sim {
             refused: Vec::new(),
             pvc_counter: 0,
             stash_config_map,
+            settings: SETTINGS.clone(),
         }
     }
 
@@ -953,7 +962,7 @@ impl Sim {
             if self.phase().is_final() && self.o.request.finalizers().is_empty() {
                 return round;
             }
-            let d = decide(&self.o, &IMAGE);
+            let d = decide(&self.o, &self.settings);
             for a in &d.actions {
                 self.apply(a);
             }
@@ -969,7 +978,7 @@ impl Sim {
             if self.phase().is_final() && self.o.request.finalizers().is_empty() {
                 return round;
             }
-            let d = decide(&self.o, &IMAGE);
+            let d = decide(&self.o, &self.settings);
             let n = if round == crash_at {
                 keep.min(d.actions.len())
             } else {
@@ -990,7 +999,7 @@ impl Sim {
             if sim.step_of("etcd-0") == step {
                 break;
             }
-            let d = decide(&sim.o, &IMAGE);
+            let d = decide(&sim.o, &sim.settings);
             for a in &d.actions {
                 sim.apply(a);
             }

@@ -95,7 +95,7 @@ fn job_outcome<'o>(cx: &Ctx<'o>, mb: &Member, kind: JobKind) -> Option<&'o JobOu
 
 fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, cx.image, &mb.m, kind, deadline);
+    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline);
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
 }
@@ -214,7 +214,7 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         _ => {
             if wffc && !cx.o.helper_pods.contains_key(&mounter) {
-                let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, cx.image, m))
+                let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, &cx.image, m))
                     .map_err(|e| Failure::MounterPod {
                         error: e.to_string(),
                     })?;

@@ -83,6 +83,8 @@ pub struct Observed {
     /// The request, fresh from the API server (spec, status, annotations, deletionTimestamp).
     pub request: StorageMigrationRequest,
     pub now: Timestamp,
+    /// The labels of the request's namespace (preflight reads its Pod Security level).
+    pub namespace_labels: BTreeMap<String, String>,
     /// The target StatefulSet, if it exists: its raw JSON as the API server returned it (what
     /// gets stashed) with the typed view the planner reads.
     pub stateful_set: Option<Manifest<StatefulSet>>,
@@ -168,12 +170,68 @@ pub struct OtherRequest {
     pub phase: Phase,
 }
 
+/// The operator's configuration that decisions depend on (the `run` flags), threaded into
+/// [`decide`] as the image used to be alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The operator's own image (`--image`): the image of every Job and mounter pod.
+    pub image: ImageRef,
+    /// `--allow-request-mover-image`: a request's `spec.copy.moverImage` replaces [`image`]
+    /// for that request. Off by default: such a request is Denied
+    /// (`DenialReason::MoverImageNotAllowed`), since whoever writes a request would otherwise
+    /// pick the code that runs with the data volumes mounted.
+    ///
+    /// [`image`]: Settings::image
+    pub allow_request_mover_image: bool,
+    /// `--helper-start-timeout`: how long a copy, verify, measure or mounter pod may stay
+    /// unstarted (image not pulled, not scheduled, not admitted) before its member fails.
+    pub helper_start_timeout: Duration,
+    /// `--max-evictions`: how many times a helper pod evicted from its node is replaced
+    /// before its member fails.
+    pub max_evictions: u32,
+}
+
+/// Default of `--helper-start-timeout`.
+pub const DEFAULT_HELPER_START_TIMEOUT: Duration = Duration::from_secs(180);
+/// Default of `--max-evictions`.
+pub const DEFAULT_MAX_EVICTIONS: u32 = 2;
+
+impl Settings {
+    /// The defaults of every flag with `image` as the operator's image.
+    pub fn new(image: ImageRef) -> Self {
+        Self {
+            image,
+            allow_request_mover_image: false,
+            helper_start_timeout: DEFAULT_HELPER_START_TIMEOUT,
+            max_evictions: DEFAULT_MAX_EVICTIONS,
+        }
+    }
+
+    /// The image of `req`'s Jobs and mounter pods: its `moverImage` when the operator allows
+    /// one and it is a valid reference (preflight denies an invalid one), else the operator's.
+    /// A request accepted while the flag was on and resumed after it was turned off goes on
+    /// with the operator's image.
+    pub fn mover_image(&self, spec: &StorageMigrationRequestSpec) -> ImageRef {
+        self.mover_image_of(&spec.copy)
+    }
+
+    /// [`Settings::mover_image`] of a copy spec.
+    pub fn mover_image_of(&self, copy: &crate::api::CopySpec) -> ImageRef {
+        match &copy.mover_image {
+            Some(own) if self.allow_request_mover_image => {
+                ImageRef::parse(own).unwrap_or_else(|_| self.image.clone())
+            }
+            _ => self.image.clone(),
+        }
+    }
+}
+
 /// The working state of one decision: a copy of the status to change, the actions so far.
 pub(crate) struct Ctx<'a> {
     pub o: &'a Observed,
-    /// The operator's own image (`--image`): the Jobs' and mounters' image unless the request
-    /// sets `spec.copy.moverImage`.
-    pub image: &'a ImageRef,
+    pub settings: &'a Settings,
+    /// The image of this request's Jobs and mounter pods ([`Settings::mover_image`]).
+    pub image: ImageRef,
     /// The request with the accepted spec (the spec as accepted, even if it changed since).
     pub req: StorageMigrationRequest,
     pub status: StorageMigrationRequestStatus,
@@ -185,13 +243,14 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub(crate) fn new(o: &'a Observed, image: &'a ImageRef) -> Self {
+    pub(crate) fn new(o: &'a Observed, settings: &'a Settings) -> Self {
         let status = o.request.status.clone().unwrap_or_default();
         let mut req = o.request.clone();
         req.spec = observe::effective_spec(&o.request);
         Self {
             o,
-            image,
+            settings,
+            image: settings.mover_image(&req.spec),
             req,
             status,
             actions: Vec::new(),
@@ -300,7 +359,7 @@ impl<'a> Ctx<'a> {
     /// out).
     fn finish(self) -> Decision {
         if let Some(e) = &self.rejected {
-            let mut fresh = Ctx::new(self.o, self.image);
+            let mut fresh = Ctx::new(self.o, self.settings);
             stuck(
                 &mut fresh,
                 &format!("the planner tried a transition its state machine does not allow: {e}"),
@@ -337,10 +396,10 @@ pub fn timeout_seconds(s: &str) -> Result<i64, PlanError> {
     Ok(secs)
 }
 
-/// Decides what to do next. Pure. `image` is the operator's own image (`--image`), which its
-/// Jobs run unless the request names a `moverImage`.
-pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
-    let mut cx = Ctx::new(o, image);
+/// Decides what to do next. Pure. `settings` is the operator's configuration (its image, whether
+/// a request may name its own, how long a helper pod may take to start).
+pub fn decide(o: &Observed, settings: &Settings) -> Decision {
+    let mut cx = Ctx::new(o, settings);
     let deleting = o.request.metadata.deletion_timestamp.is_some();
     let has_finalizer = o
         .request
@@ -412,7 +471,7 @@ pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
     if let Err(failure) = result
         && cx.rejected.is_none()
     {
-        let mut fresh = Ctx::new(o, image);
+        let mut fresh = Ctx::new(o, settings);
         spec_change(&mut fresh);
         start_rollback(&mut fresh, failure);
         return fresh.finish();

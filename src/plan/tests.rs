@@ -210,7 +210,7 @@ fn denials_name_the_problem() {
     for (name, tweak, reason, needle) in cases {
         let mut o = observed(spec_class_change("fast"));
         tweak(&mut o);
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         let (got, message) = denial_reason(&d);
         assert_eq!(got, reason, "{name}: {message}");
         assert!(
@@ -263,7 +263,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
     bad.request.metadata.creation_timestamp = Some(Time(t(-10)));
     bad.other_requests.push(other(REQ, 0, Phase::Pending));
     assert_eq!(
-        denial_reason(&decide(&bad, &IMAGE)).0,
+        denial_reason(&decide(&bad, &SETTINGS)).0,
         "StorageClassNotFound"
     );
 
@@ -272,7 +272,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
     o.other_requests.push(other("bad", -10, Phase::Pending));
     let mut sim = Sim::new(o);
     for _ in 0..5 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         assert_eq!(d.requeue, REQUEUE_QUEUED);
         for a in &d.actions {
             sim.apply(a);
@@ -298,7 +298,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
 
     // The older one is denied: the younger one is judged, accepted and runs to the end.
     sim.o.other_requests[0].phase = Phase::Denied;
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Progressing);
     let (cond, reason, _) = queued_condition(s).unwrap();
@@ -344,7 +344,7 @@ fn a_final_request_never_blocks() {
         let mut o = observed(spec_class_change("fast"));
         o.other_requests.push(other("first", -10, phase));
         o.other_requests.push(other("later", 10, Phase::Pending));
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         let s = first_status(&d);
         assert_eq!(s.phase, Phase::Progressing, "{phase:?}");
         assert_eq!(queued_condition(s), None, "never queued: no condition");
@@ -356,9 +356,12 @@ fn requests_created_in_the_same_second_go_by_name() {
     // Same creation time as "move": "alpha" is ahead, "zulu" behind.
     let mut o = observed(spec_class_change("fast"));
     o.other_requests.push(other("zulu", 0, Phase::Pending));
-    assert_eq!(first_status(&decide(&o, &IMAGE)).phase, Phase::Progressing);
+    assert_eq!(
+        first_status(&decide(&o, &SETTINGS)).phase,
+        Phase::Progressing
+    );
     o.other_requests.push(other("alpha", 0, Phase::Pending));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Pending);
     let (_, _, message) = queued_condition(s).unwrap();
@@ -373,7 +376,7 @@ fn a_malformed_request_is_denied_at_once_even_when_queued() {
     });
     o.other_requests
         .push(other("running", -10, Phase::Progressing));
-    assert_eq!(denial_reason(&decide(&o, &IMAGE)).0, "InvalidSpec");
+    assert_eq!(denial_reason(&decide(&o, &SETTINGS)).0, "InvalidSpec");
 }
 
 #[test]
@@ -381,7 +384,7 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
     let mut o = observed(spec_class_change("fast"));
     o.request.spec.apply = ApplyPolicy::Always;
     not_ready(&mut o, "etcd-2");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(first_status(&d).phase, Phase::Progressing);
     let mut sim = Sim::new(o);
     sim.run(40);
@@ -400,7 +403,7 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
 #[test]
 fn accept_records_the_plan_before_anything() {
     let o = observed(spec_class_change("fast"));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Progressing);
     assert_eq!(s.stage, Stage::OrphaningStatefulSet);
@@ -593,7 +596,7 @@ fn crash_at_any_point_resumes_to_the_same_end() {
         let d_len = {
             let mut probe = Sim::new(observed(spec_class_change("fast")));
             probe.run(crash_at);
-            decide(&probe.o, &IMAGE).actions.len()
+            decide(&probe.o, &SETTINGS).actions.len()
         };
         for keep in 0..d_len {
             let mut sim = Sim::new(observed(spec_class_change("fast")));
@@ -686,7 +689,7 @@ fn timeout_after_the_swap_began_carries_the_member_forward() {
         if sim.step_of("etcd-1") == MemberStep::DeletingOldClaim {
             break;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -745,7 +748,7 @@ fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
         if sim.step_of("etcd-0") == MemberStep::Copying {
             break;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -768,7 +771,7 @@ fn spec_change_after_acceptance_is_ignored() {
     sim.run(5);
     sim.o.request.spec = spec_class_change("slow");
     sim.o.request.metadata.generation = Some(2);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let s = first_status(&d);
     let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
     assert_eq!(c.status, "True");
@@ -798,7 +801,7 @@ fn leader_goes_last_and_hands_over_first() {
             m.leader = m.pod == "etcd-0";
         }
     }
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let plan = first_status(&d).plan.clone().unwrap();
     assert_eq!(
         plan.members
@@ -964,7 +967,7 @@ fn member0(d: &Decision) -> MemberStatus {
 fn resume_stopping_pod_when_the_pod_is_already_gone() {
     let mut o = at_step(MemberStep::StoppingPod);
     // The stash and the delete happened; the status write of the next step did not.
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(
         matches!(d.actions[0], Action::Stash { .. }),
         "{:?}",
@@ -974,7 +977,7 @@ fn resume_stopping_pod_when_the_pod_is_already_gone() {
     sim.apply(&d.actions[0]);
     o = sim.o.clone();
     o.pods.remove("etcd-0");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::Copying);
     assert!(member0(&d).pod_deleted_at.is_some());
 }
@@ -983,7 +986,7 @@ fn resume_stopping_pod_when_the_pod_is_already_gone() {
 fn resume_deleting_old_claim_when_it_is_gone() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     o.claims.remove("data-etcd-0");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::DeletingTempClaim);
 }
 
@@ -991,7 +994,7 @@ fn resume_deleting_old_claim_when_it_is_gone() {
 fn resume_recreating_claim_when_it_is_already_bound() {
     let o = at_step(MemberStep::RecreatingClaim);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(&d.actions[..], [Action::Create(Object::Claim(_))]),
         "{:?}",
@@ -999,7 +1002,7 @@ fn resume_recreating_claim_when_it_is_already_bound() {
     );
     sim.apply(&d.actions[0]);
     sim.settle();
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
 }
 
@@ -1024,7 +1027,7 @@ fn resume_copying_reads_the_finished_jobs() {
             },
         ),
     ]);
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.step, MemberStep::RetainingVolumes);
     assert_eq!((ms.bytes_copied, ms.files_copied), (Some(7), Some(1)));
@@ -1039,7 +1042,7 @@ fn resume_copying_reads_the_finished_jobs() {
 fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
     let mut o = at_step(MemberStep::Copying);
     o.pods.insert("etcd-0".into(), manifest(member_pod(0)));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
     assert!(s.failure.as_deref().unwrap().contains("came back"));
@@ -1050,20 +1053,20 @@ fn retaining_volumes_records_policies_before_patching() {
     let o = at_step(MemberStep::RetainingVolumes);
     let mut sim = Sim::new(o);
     // Stash the claim, then record, then patch.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(&d.actions[..], [Action::Stash { .. }]),
         "{:?}",
         d.actions
     );
     sim.apply(&d.actions[0]);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(ms.new_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(d.actions.len(), 1, "status only: {:?}", d.actions);
     sim.apply(&d.actions[0]);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(
         d.actions
             .iter()
@@ -1088,15 +1091,15 @@ fn quantities_and_timeouts() {
 fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let o = at_step(MemberStep::RecreatingClaim);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     sim.apply(&d.actions[0]);
     // Created now, still Pending: wait.
     let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
     claim.metadata.creation_timestamp = Some(Time(sim.o.now));
-    assert!(decide(&sim.o, &IMAGE).actions.is_empty());
+    assert!(decide(&sim.o, &SETTINGS).actions.is_empty());
     // Pending for 3 s: nudge (an annotation update makes the PV controller sync it again).
     sim.o.now = k8s_openapi::jiff::Timestamp::from_second(sim.o.now.as_second() + 3).unwrap();
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(
             &d.actions[..],
@@ -1107,12 +1110,12 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     );
     sim.apply(&d.actions[0]);
     assert!(
-        decide(&sim.o, &IMAGE).actions.is_empty(),
+        decide(&sim.o, &SETTINGS).actions.is_empty(),
         "one nudge per interval"
     );
     // Bound: the annotation goes, the step advances.
     sim.settle();
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
     assert!(
         d.actions
@@ -1227,7 +1230,7 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
     let before = sim.o.request.status.clone().unwrap();
     assert_eq!(before.stage, Stage::OrphaningStatefulSet);
     let o = sim.o.clone();
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     cx.act(Action::AddFinalizer);
     cx.advance_member(0, MemberStep::Done);
     cx.enter_stage(Stage::Preflight);
@@ -1255,7 +1258,7 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
 fn a_refused_stage_transition_is_reported() {
     let sim = Sim::new(observed(spec_class_change("fast")));
     let o = sim.o.clone();
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     cx.enter_stage(Stage::RollingBack);
     let d = cx.finish();
     let s = first_status(&d);
@@ -1409,7 +1412,7 @@ fn etcd_spec() -> crate::api::StorageMigrationRequestSpec {
 /// done yet).
 fn run_to_finalizing(sim: &mut Sim) {
     for _ in 0..400 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1523,7 +1526,7 @@ fn an_etcd_check_that_cannot_be_computed_waits_then_fails_at_the_timeout() {
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
     for _ in 0..20 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1566,7 +1569,7 @@ fn an_etcd_check_that_becomes_computable_succeeds() {
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
     for _ in 0..5 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1631,7 +1634,7 @@ fn generic_without_verification_keeps_old_volumes_on_retain() {
 /// that decision, not applied.
 fn until_orphan_delete(sim: &mut Sim) -> Decision {
     for _ in 0..100 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         if d.actions.iter().any(|a| {
             matches!(
                 a,
@@ -1690,7 +1693,7 @@ fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_vers
     assert_eq!(sim.refused.len(), 1, "{:?}", sim.refused);
     assert!(sim.o.stateful_set.is_some());
     // The next pass stashes the set as it is now, and deletes nothing.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(set_delete_version(&d).is_none(), "{:?}", d.actions);
     assert!(
         d.actions.iter().any(|a| matches!(a, Action::Stash { .. })),
@@ -1704,7 +1707,7 @@ fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_vers
     assert_eq!(restashed.resource_version().as_deref(), Some("edited-7"));
     assert_eq!(restashed.spec.as_ref().unwrap().replicas, Some(5));
     // Then the delete carries the new version, and the set goes.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(set_delete_version(&d), Some(Some("edited-7".into())));
     for a in &d.actions {
         sim.apply(a);
@@ -1781,7 +1784,7 @@ fn the_old_claim_is_deleted_by_its_stashed_uid() {
     let o = at_step(MemberStep::DeletingOldClaim);
     let stashed = o.stash.claims["data-etcd-0"].uid();
     assert!(stashed.is_some());
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let uid = d.actions.iter().find_map(|a| match a {
         Action::Delete {
             kind: Kind::Claim,
@@ -1803,7 +1806,7 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
             pod.metadata.deletion_timestamp = Some(Time(t(5)));
         }
         o.helper_pods.insert("backup-reader".into(), pod);
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
         let s = first_status(&d);
         assert_eq!(member0(&d).step, MemberStep::DeletingOldClaim);
@@ -1815,7 +1818,7 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
         // Once the pod is gone the claim is deleted.
         o.helper_pods.remove("backup-reader");
         o.request.status = Some(s.clone());
-        assert!(deletes_claim(&decide(&o, &IMAGE), "data-etcd-0"));
+        assert!(deletes_claim(&decide(&o, &SETTINGS), "data-etcd-0"));
     }
 }
 
@@ -1824,7 +1827,7 @@ fn an_old_claim_replaced_by_another_uid_fails_the_member_naming_both_uids() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     let stashed = o.stash.claims["data-etcd-0"].uid().unwrap();
     o.claims.get_mut("data-etcd-0").unwrap().metadata.uid = Some("uid-successor".into());
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
@@ -1842,14 +1845,14 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
     let o = at_step(MemberStep::StoppingPod);
     let mut sim = Sim::new(o);
     // The first pass stashes the pod.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     for a in &d.actions {
         sim.apply(a);
     }
     assert!(sim.o.stash.pods.contains_key("etcd-0"));
     let mut o = sim.o.clone();
     not_ready(&mut o, "etcd-2");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(
         !d.actions.iter().any(|a| matches!(
             a,
@@ -1872,7 +1875,7 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
     );
     // With the gate open the pod is deleted.
     assert!(
-        decide(&sim.o, &IMAGE)
+        decide(&sim.o, &SETTINGS)
             .actions
             .iter()
             .any(|a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "etcd-0"))
@@ -1883,7 +1886,7 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
 fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
     let o = at_step(MemberStep::StoppingPod);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     for a in &d.actions {
         sim.apply(a);
     }
@@ -1893,12 +1896,12 @@ fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
         .get_mut("etcd-0")
         .unwrap()
         .update(|p| p.metadata.deletion_timestamp = Some(Time(t(5))));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(d.actions.iter().all(
         |a| !matches!(a, Action::SetStatus(s) if s.members[0].step != MemberStep::StoppingPod)
     ));
     o.pods.remove("etcd-0");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::Copying);
 }
 
@@ -1915,7 +1918,7 @@ fn a_member_pod_that_appears_during_the_swap_holds_it_with_a_message() {
         let mut pod = member_pod(0);
         pod.metadata.uid = Some("uid-intruder".into());
         o.pods.insert("etcd-0".into(), manifest(pod));
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert!(
             d.actions
                 .iter()
@@ -1949,8 +1952,9 @@ fn claim_replaced_names_the_claim_and_both_uids() {
 // --- The image of what the planner creates. -------------------------------------------------
 
 /// The images of the Jobs (by kind) and mounter pods a whole simulated request created.
-fn created_images(spec: StorageMigrationRequestSpec) -> Vec<(String, String)> {
+fn created_images(spec: StorageMigrationRequestSpec, allow: bool) -> Vec<(String, String)> {
     let mut sim = Sim::new(observed(spec));
+    sim.settings.allow_request_mover_image = allow;
     sim.run(400);
     assert_eq!(sim.phase(), Phase::Successful);
     let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
@@ -1972,9 +1976,9 @@ fn created_images(spec: StorageMigrationRequestSpec) -> Vec<(String, String)> {
 }
 
 #[test]
-fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one() {
+fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one_and_may() {
     for spec in [spec_class_change("fast"), spec_shrink("256Mi")] {
-        let got = created_images(spec.clone());
+        let got = created_images(spec.clone(), false);
         let kinds: std::collections::BTreeSet<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
         let want: &[&str] = if spec.type_ == crate::api::MigrationType::Shrink {
             // Same (Immediate) class: no mounter needed.
@@ -1988,7 +1992,7 @@ fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one() {
 
         let mut own = spec;
         own.copy.mover_image = Some("registry.test/my-mover:2".into());
-        let got = created_images(own);
+        let got = created_images(own, true);
         assert!(!got.is_empty());
         assert!(
             got.iter().all(|(_, i)| i == "registry.test/my-mover:2"),

@@ -42,6 +42,14 @@ denial_reasons! {
     /// type's block is given, `shrink.size` is not a positive quantity, `timeout` does not
     /// parse, or `target.name` is empty.
     InvalidSpec,
+    /// `spec.copy.moverImage` is set and the operator runs without
+    /// `--allow-request-mover-image` (chart value `allowRequestMoverImage`): the copy Jobs run
+    /// the operator's own image only.
+    MoverImageNotAllowed,
+    /// The namespace's Pod Security level (label `pod-security.kubernetes.io/enforce`) would
+    /// refuse the copy Jobs (`restricted` refuses their added capabilities and uid 0; an
+    /// unknown level is evaluated as `restricted`).
+    PodSecurityLevel,
     /// The target StatefulSet does not exist in the request's namespace (or is being deleted).
     TargetNotFound,
     /// Another controller owns the StatefulSet (an ownerReference with `controller: true`), or
@@ -189,6 +197,8 @@ mod tests {
             strings,
             [
                 "InvalidSpec",
+                "MoverImageNotAllowed",
+                "PodSecurityLevel",
                 "TargetNotFound",
                 "ForeignOwner",
                 "TemplateNotFound",

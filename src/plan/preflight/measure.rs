@@ -58,7 +58,7 @@ pub(super) fn measure(
 
 fn create_measure_job(cx: &mut Ctx, m: &PlannedMember) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, cx.image, m, JobKind::Measure, deadline);
+    let job = build::job(&cx.req, &cx.image, m, JobKind::Measure, deadline);
     cx.act(Action::Create(Object::Job(Box::new(job))));
 }
 

@@ -19,7 +19,6 @@ use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_QUEUED, REQUEUE_W
 use crate::api::conditions;
 use crate::api::{MemberStatus, MigrationType, Phase, Plan, Stage};
 use crate::build::JobKind;
-use crate::image::ImageRef;
 use crate::labels;
 
 mod classes;
@@ -27,6 +26,7 @@ mod denial;
 mod health;
 mod measure;
 mod members;
+mod mover;
 mod owner;
 mod queue;
 mod spec;
@@ -82,8 +82,8 @@ pub(crate) fn run(cx: &mut Ctx) {
 /// What preflight would decide for a new request, without creating anything (no measure Jobs:
 /// a Shrink plan then has no `usedBytes`), once its turn comes: other requests on the same
 /// target are not looked at (see [`waiting_for`]). For `storage-migrator plan`.
-pub fn dry_run(o: &super::Observed, image: &ImageRef) -> Result<Plan, Denial> {
-    check(&Ctx::new(o, image))
+pub fn dry_run(o: &super::Observed, settings: &super::Settings) -> Result<Plan, Denial> {
+    check(&Ctx::new(o, settings))
 }
 
 /// Every check but the measuring, in order; the plan when all pass.
@@ -91,8 +91,10 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
     let o = cx.o;
     let spec = cx.spec();
     validate_spec(spec)?;
-    let set_name = spec.target.name.as_str();
     let namespace = o.request.namespace().unwrap_or_default();
+    mover::check_mover_image(spec, cx.settings.allow_request_mover_image)?;
+    mover::check_pod_security(&namespace, &o.namespace_labels)?;
+    let set_name = spec.target.name.as_str();
     let set = target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)?;
     owner::check_owner(set, spec.owner_paused)?;
     let template = choose_template(set, spec.volume_claim_template.as_deref())?;

@@ -317,10 +317,10 @@ fn an_owned_set_is_denied_after_the_target_check_and_accepted_when_paused() {
     set.labels_mut().insert(name.into(), "apps".into());
     set.labels_mut().insert(ns.into(), "flux-system".into());
     o.stateful_set = Some(manifest(set));
-    assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::ForeignOwner);
+    assert_eq!(reason(dry_run(&o, &SETTINGS)), DenialReason::ForeignOwner);
     o.request.spec.owner_paused = true;
-    assert!(dry_run(&o, &IMAGE).is_ok());
-    let d = crate::plan::decide(&o, &IMAGE);
+    assert!(dry_run(&o, &SETTINGS).is_ok());
+    let d = crate::plan::decide(&o, &SETTINGS);
     let accepted = match d.actions.first() {
         Some(crate::plan::Action::SetStatus(s)) => s.message.clone().unwrap_or_default(),
         other => panic!("expected SetStatus first, got {other:?}"),
@@ -942,7 +942,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
 
     let o = observed(spec_shrink("256Mi"));
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     let got = measure::measure(&mut cx, &mut ms, &size).unwrap();
     assert_eq!(got, Measurement::Running);
     let created: Vec<String> = cx
@@ -963,7 +963,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     o.jobs.insert(name, j);
     let (name, j) = measure_job("etcd-1", JobOutcome::Running);
     o.jobs.insert(name, j);
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     assert_eq!(
         measure::measure(&mut cx, &mut ms, &size).unwrap(),
         Measurement::Running
@@ -973,7 +973,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
 
     let (name, j) = measure_job("etcd-1", done);
     o.jobs.insert(name, j);
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     assert_eq!(
         measure::measure(&mut cx, &mut ms, &size).unwrap(),
         Measurement::Complete
@@ -991,7 +991,7 @@ fn a_failed_measure_job_denies() {
     o.jobs.insert(name, j);
     let mut ms = vec![planned(0, "1Gi")];
     let d = denied(measure::measure(
-        &mut Ctx::new(&o, &IMAGE),
+        &mut Ctx::new(&o, &SETTINGS),
         &mut ms,
         &Quantity("256Mi".into()),
     ));
@@ -1006,7 +1006,7 @@ fn a_failed_measure_job_denies() {
 
 #[test]
 fn dry_run_plans_without_measuring() {
-    let plan = dry_run(&observed(spec_shrink("256Mi")), &IMAGE).unwrap();
+    let plan = dry_run(&observed(spec_shrink("256Mi")), &SETTINGS).unwrap();
     assert_eq!(plan.target_storage_class, "standard");
     assert_eq!(plan.source_storage_class.as_deref(), Some("standard"));
     assert_eq!(plan.target_size, Quantity("256Mi".into()));
@@ -1014,5 +1014,48 @@ fn dry_run_plans_without_measuring() {
     assert!(plan.members.iter().all(|m| m.used_bytes.is_none()));
     let mut o = observed(spec_class_change("fast"));
     o.stateful_set = None;
-    assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::TargetNotFound);
+    assert_eq!(reason(dry_run(&o, &SETTINGS)), DenialReason::TargetNotFound);
+}
+
+#[test]
+fn a_requests_mover_image_and_a_restricted_namespace_are_denied_before_anything_else() {
+    let mut spec = spec_class_change("fast");
+    spec.copy.mover_image = Some("registry.test/mine:1".into());
+    let mut o = observed(spec);
+    // Checked right after the spec, before the target (here missing too).
+    o.stateful_set = None;
+    let d = denied(dry_run(&o, &SETTINGS));
+    assert_eq!(d.reason, DenialReason::MoverImageNotAllowed, "{d}");
+    let mut allowed = SETTINGS.clone();
+    allowed.allow_request_mover_image = true;
+    assert_eq!(reason(dry_run(&o, &allowed)), DenialReason::TargetNotFound);
+
+    let mut o = observed(spec_class_change("fast"));
+    o.namespace_labels.insert(
+        crate::labels::POD_SECURITY_ENFORCE_LABEL.into(),
+        "restricted".into(),
+    );
+    let d = denied(dry_run(&o, &SETTINGS));
+    assert_eq!(d.reason, DenialReason::PodSecurityLevel, "{d}");
+    // The whole decision: Denied, with the label named in the status.
+    let decision = crate::plan::decide(&o, &SETTINGS);
+    let status = decision
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            crate::plan::Action::SetStatus(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(status.phase, crate::api::Phase::Denied);
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("pod-security.kubernetes.io/enforce=restricted"),
+        "{message}"
+    );
+    o.namespace_labels.insert(
+        crate::labels::POD_SECURITY_ENFORCE_LABEL.into(),
+        "baseline".into(),
+    );
+    assert!(dry_run(&o, &SETTINGS).is_ok());
 }
