@@ -461,10 +461,18 @@ pub struct MemberStatus {
     pub downtime_seconds: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Helper pods of this member (its Jobs' pods, its mounter) the kubelet evicted and the
+    /// operator replaced; at `--max-evictions` the next eviction fails the member.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub helper_evictions: u32,
     /// Set when a rollback left this member in the middle of its swap instead of carrying it
     /// forward (something else recreated its pod or the StatefulSet): why, and where its data is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[cfg(test)]

@@ -139,16 +139,36 @@ pub fn pinned_to_node(node: &str) -> Affinity {
     }
 }
 
-/// Tolerate every taint.
+/// Seconds a helper pod stays on a node that stopped answering (taints
+/// `node.kubernetes.io/unreachable` and `not-ready`, effect NoExecute) before the taint manager
+/// deletes it; its member then fails within `--helper-start-timeout` (see `plan::helpers`).
+pub const NODE_GONE_TOLERATION_SECONDS: i64 = 60;
+
+/// Tolerate every taint, but leave a node that stopped answering after
+/// [`NODE_GONE_TOLERATION_SECONDS`].
 ///
-/// Why: our helper pods must run on the member's node and nowhere else (node affinity pins
-/// them), and that node may carry taints that the workload tolerates (dedicated database nodes);
-/// without tolerating them the pod would stay Pending until the request times out.
+/// Why every taint: our helper pods must run on the member's node and nowhere else (node
+/// affinity pins them), and that node may carry taints that the workload tolerates (dedicated
+/// database nodes); without tolerating them the pod would stay Pending until the request times
+/// out. Why not forever on a dead node: a copy pod there would look Running until the request's
+/// deadline. The taint manager applies, per taint, the first toleration that matches it, so the
+/// two bounded ones come before the catch-all.
 fn tolerate_all() -> Vec<Toleration> {
-    vec![Toleration {
+    let gone = |key: &str| Toleration {
+        key: Some(key.to_string()),
         operator: Some("Exists".to_string()),
+        effect: Some("NoExecute".to_string()),
+        toleration_seconds: Some(NODE_GONE_TOLERATION_SECONDS),
         ..Default::default()
-    }]
+    };
+    vec![
+        gone("node.kubernetes.io/unreachable"),
+        gone("node.kubernetes.io/not-ready"),
+        Toleration {
+            operator: Some("Exists".to_string()),
+            ..Default::default()
+        },
+    ]
 }
 
 #[cfg(test)]

@@ -120,6 +120,9 @@ pub enum Failure {
         pod: String,
     },
 
+    /// The mounter pod of a member cannot start or finish (see `plan::helpers`).
+    #[error("the mounter pod of member {pod} failed: {reason}")]
+    MounterStuck { pod: String, reason: String },
     /// The mounter pod's manifest could not be built.
     #[error("cannot build the mounter pod: {error}")]
     MounterPod { error: String },

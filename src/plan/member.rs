@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::foreign;
+use super::helpers::{self, Trouble};
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
@@ -109,22 +110,80 @@ fn run_job(
     kind: JobKind,
     failed: impl FnOnce(String) -> Failure,
 ) -> Result<Option<Option<JobResult>>, Failure> {
+    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    let job = cx.o.jobs.get(&name).map(|j| &j.job);
+    if job.is_some_and(is_terminating) {
+        // An evicted Job being replaced: wait until it is gone.
+        cx.wait(Duration::from_secs(1));
+        return Ok(None);
+    }
+    let trouble = job.and_then(|j| {
+        helpers::job_trouble(
+            j,
+            &cx.o.helper_pods,
+            cx.o.now,
+            cx.settings.helper_start_timeout,
+        )
+    });
     match job_outcome(cx, mb, kind).cloned() {
         None => {
             create_job(cx, mb, kind);
             Ok(None)
         }
-        Some(JobOutcome::Running) => {
-            cx.wait(Duration::from_secs(1));
-            Ok(None)
-        }
-        Some(JobOutcome::Failed { reason }) => Err(failed(reason)),
+        Some(JobOutcome::Running) => match trouble {
+            Some(Trouble::Stuck(reason)) => Err(failed(reason)),
+            _ => {
+                cx.wait(Duration::from_secs(1));
+                Ok(None)
+            }
+        },
+        Some(JobOutcome::Failed { reason }) => match trouble {
+            Some(Trouble::Evicted(why)) => {
+                replace_evicted(cx, mb, kind, why).map_err(|why| failed(format!("{reason}; {why}")))
+            }
+            _ => Err(failed(reason)),
+        },
         Some(JobOutcome::Succeeded { message }) => Ok(Some(
             message
                 .as_deref()
                 .and_then(|msg| build::parse_job_result(msg).ok()),
         )),
     }
+}
+
+/// A Job whose pod was evicted: deleted (the next pass creates it again) and counted in the
+/// member's `helperEvictions`, while fewer than `--max-evictions` were; else the reason why not.
+fn replace_evicted(
+    cx: &mut Ctx,
+    mb: &Member,
+    kind: JobKind,
+    why: String,
+) -> Result<Option<Option<JobResult>>, String> {
+    count_eviction(cx, mb, &why)?;
+    delete_jobs(cx, mb, &[kind]);
+    cx.wait(Duration::from_secs(1));
+    Ok(None)
+}
+
+/// Counts one more eviction of the member's helper pods, with a Warning Event, while the budget
+/// (`--max-evictions`) allows; `Err` once it is spent.
+fn count_eviction(cx: &mut Ctx, mb: &Member, why: &str) -> Result<(), String> {
+    let max = cx.settings.max_evictions;
+    let done = mb.ms.helper_evictions;
+    if done >= max {
+        return Err(format!(
+            "{why} ({done} evictions replaced already, --max-evictions is {max})"
+        ));
+    }
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.helper_evictions = done + 1;
+    }
+    cx.event(
+        EventType::Warning,
+        "HelperEvicted",
+        format!("{why}; replacing it ({} of {max})", done + 1),
+    );
+    Ok(())
 }
 
 /// Deletes the member's Jobs of these kinds that still exist.
@@ -213,17 +272,43 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             });
         }
         _ => {
-            if wffc && !cx.o.helper_pods.contains_key(&mounter) {
-                let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, &cx.image, m))
-                    .map_err(|e| Failure::MounterPod {
-                        error: e.to_string(),
-                    })?;
-                cx.act(Action::Create(Object::Pod(Box::new(pod))));
+            if wffc {
+                mounter_pod(cx, mb, mounter)?;
             }
             cx.wait(Duration::from_secs(1));
         }
     }
     Ok(())
+}
+
+/// The mounter pod of a WaitForFirstConsumer claim: created when missing; one that cannot start
+/// fails the member with its reason; an evicted one is deleted (and created again on the next
+/// pass) within the eviction budget.
+fn mounter_pod(cx: &mut Ctx, mb: &Member, mounter: String) -> Result<(), Failure> {
+    let m = &mb.m;
+    let Some(pod) = cx.o.helper_pods.get(&mounter) else {
+        let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, &cx.image, m)).map_err(
+            |e| Failure::MounterPod {
+                error: e.to_string(),
+            },
+        )?;
+        cx.act(Action::Create(Object::Pod(Box::new(pod))));
+        return Ok(());
+    };
+    let stuck = |reason: String| Failure::MounterStuck {
+        pod: m.pod.clone(),
+        reason,
+    };
+    match helpers::pod_trouble(pod, cx.o.now, cx.settings.helper_start_timeout) {
+        Some(Trouble::Stuck(reason)) => Err(stuck(reason)),
+        Some(Trouble::Evicted(why)) if !is_terminating(pod) => {
+            let uid = pod.uid();
+            count_eviction(cx, mb, &why).map_err(stuck)?;
+            cx.delete(Kind::Pod, mounter, uid);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Creates the temporary claim from the member's original claim.

@@ -38,6 +38,7 @@ use crate::labels;
 pub mod action;
 pub mod failure;
 pub mod foreign;
+pub mod helpers;
 pub mod machine;
 pub mod member;
 pub mod observe;

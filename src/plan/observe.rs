@@ -88,19 +88,9 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
     JobOutcome::Running
 }
 
-/// The pods of Job `name`, oldest first. They carry `job-name` (and on newer clusters
-/// `batch.kubernetes.io/job-name`).
+/// The pods of Job `name`, oldest first.
 fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod> {
-    let mut job_pods: Vec<&Pod> = pods
-        .values()
-        .filter(|p| {
-            let l = p.labels();
-            l.get("job-name").map(String::as_str) == Some(name)
-                || l.get("batch.kubernetes.io/job-name").map(String::as_str) == Some(name)
-        })
-        .collect();
-    job_pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    job_pods
+    super::helpers::job_pods(name, pods)
 }
 
 /// A failed Job's termination message for humans: the script's `error` with its exit code when

@@ -1387,6 +1387,13 @@ fn failure_messages() {
         "cannot build the mounter pod: e"
     );
     assert_eq!(
+        s(Failure::MounterStuck {
+            pod: "p".into(),
+            reason: "r".into()
+        }),
+        "the mounter pod of member p failed: r"
+    );
+    assert_eq!(
         s(Failure::Stash {
             key: "k".into(),
             error: "e".into()
@@ -1999,4 +2006,166 @@ fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one_and_may
             "{got:?}"
         );
     }
+}
+
+// --- Helper pods that cannot start or are evicted. -------------------------------------------
+
+/// A pod of Job `job` created at `created`, in `status`.
+fn job_pod(job: &str, created: k8s_openapi::jiff::Timestamp, status: PodStatusFixture) -> Pod {
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("{job}-x1"),
+            "namespace": NS,
+            "labels": {"job-name": job},
+            "creationTimestamp": created.to_string(),
+        },
+        "spec": {"containers": [{"name": "mover"}], "nodeName": "node-a"},
+    }))
+    .unwrap();
+    pod.status = Some(match status {
+        PodStatusFixture::Waiting(reason) => serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "containerStatuses": [{"name": "mover", "image": "x", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"waiting": {"reason": reason, "message": "Back-off pulling image \"nope:1\""}}}],
+        }))
+        .unwrap(),
+        PodStatusFixture::Evicted => serde_json::from_value(serde_json::json!({
+            "phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: ephemeral-storage.",
+        }))
+        .unwrap(),
+    });
+    pod
+}
+
+enum PodStatusFixture {
+    Waiting(&'static str),
+    Evicted,
+}
+
+#[test]
+fn a_copy_pod_that_cannot_pull_its_image_fails_the_member_within_the_start_timeout() {
+    let mut sim = Sim::at(MemberStep::Copying);
+    sim.jobs.hang = true;
+    sim.run(1);
+    let job = build::job_name(REQ, "etcd-0", JobKind::Copy);
+    assert!(sim.o.jobs.contains_key(&job), "copy Job created");
+    let created = sim.o.now;
+    let pod = job_pod(&job, created, PodStatusFixture::Waiting("ImagePullBackOff"));
+    sim.o.helper_pods.insert(pod.name_any(), pod);
+    let timeout = sim.settings.helper_start_timeout.as_secs() as i64;
+    // Within the timeout: waiting.
+    sim.o.now = created + k8s_openapi::jiff::SignedDuration::from_secs(timeout);
+    let d = decide(&sim.o, &sim.settings);
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SetStatus(s) if s.failure.is_some())),
+        "{d:?}"
+    );
+    // Past it: the member fails, quoting the pod's reason, and rolls back.
+    sim.o.now = created + k8s_openapi::jiff::SignedDuration::from_secs(timeout + 1);
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    let failure = s.failure.unwrap();
+    assert!(failure.contains("copy of claim data-etcd-0"), "{failure}");
+    assert!(
+        failure.contains(&format!(
+            "did not start within {timeout}s: ImagePullBackOff"
+        )),
+        "{failure}"
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+    assert!(sim.o.jobs.is_empty(), "{:?}", sim.o.jobs.keys());
+    assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
+}
+
+#[test]
+fn an_evicted_copy_is_replaced_up_to_the_budget_then_fails_the_member() {
+    let mut sim = Sim::at(MemberStep::Copying);
+    sim.jobs.hang = true;
+    let job = build::job_name(REQ, "etcd-0", JobKind::Copy);
+    let max = sim.settings.max_evictions;
+    for round in 0..=max {
+        for _ in 0..5 {
+            if sim.o.jobs.contains_key(&job) {
+                break;
+            }
+            sim.run(1);
+        }
+        assert!(
+            sim.o.jobs.contains_key(&job),
+            "round {round}: copy Job (re)created"
+        );
+        // The kubelet evicts its pod: the Job (backoffLimit 0) fails.
+        let pod = job_pod(&job, sim.o.now, PodStatusFixture::Evicted);
+        sim.o.helper_pods.insert(pod.name_any(), pod);
+        sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::Failed {
+            reason: format!("Job {job} failed: BackoffLimitExceeded"),
+        };
+        let d = decide(&sim.o, &sim.settings);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.o.helper_pods.clear();
+        if round < max {
+            assert_eq!(sim.phase(), Phase::Progressing, "round {round}");
+            assert!(
+                !sim.o.jobs.contains_key(&job),
+                "round {round}: evicted Job deleted"
+            );
+            let ms = &sim.o.request.status.as_ref().unwrap().members[0];
+            assert_eq!(ms.helper_evictions, round + 1);
+            assert!(
+                sim.events
+                    .iter()
+                    .any(|(r, m)| r == "HelperEvicted" && m.contains("ephemeral-storage")),
+                "{:?}",
+                sim.events
+            );
+        }
+    }
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    let failure = s.failure.unwrap();
+    assert!(failure.contains("was evicted"), "{failure}");
+    assert!(
+        failure.contains(&format!("--max-evictions is {max}")),
+        "{failure}"
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+}
+
+#[test]
+fn a_mounter_that_cannot_start_fails_the_member() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    // Until the mounter exists (the "fast" class waits for a consumer).
+    let name = build::mounter_name(REQ, "etcd-0");
+    for _ in 0..50 {
+        if sim.o.helper_pods.contains_key(&name) {
+            break;
+        }
+        let d = decide(&sim.o, &sim.settings);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+    }
+    assert!(sim.o.helper_pods.contains_key(&name), "mounter created");
+    let mut pod = job_pod(
+        "none",
+        sim.o.now,
+        PodStatusFixture::Waiting("InvalidImageName"),
+    );
+    pod.metadata = sim.o.helper_pods[&name].metadata.clone();
+    sim.o.helper_pods.insert(name, pod);
+    let d = decide(&sim.o, &sim.settings);
+    let s = first_status(&d);
+    let failure = s.failure.clone().unwrap_or_default();
+    assert!(
+        failure.contains("the mounter pod of member etcd-0 failed")
+            && failure.contains("cannot start: InvalidImageName"),
+        "{failure}"
+    );
 }

@@ -94,7 +94,8 @@ denial_reasons! {
     /// A Shrink of `ReadWriteOncePod` claims: their used bytes cannot be measured while the
     /// members run.
     CannotMeasure,
-    /// A measure Job failed or reported no used bytes.
+    /// A measure Job failed, did not start within `--helper-start-timeout` (the message quotes
+    /// its pod's reason), or reported no used bytes.
     MeasureFailed,
     /// A member's used bytes (measured by a Job on its node) plus headroom (10%, at least 16
     /// MiB) exceed the shrink size.

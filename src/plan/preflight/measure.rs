@@ -7,6 +7,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::{Denial, DenialReason};
 use crate::api::PlannedMember;
 use crate::build::{self, JobKind};
+use crate::plan::helpers::{self, Trouble};
 use crate::plan::quantity::{self, human};
 use crate::plan::{Action, Ctx, JobOutcome, Object};
 
@@ -39,7 +40,10 @@ pub(super) fn measure(
                 create_measure_job(cx, m);
                 measurement = Measurement::Running;
             }
-            Some(JobOutcome::Running) => measurement = Measurement::Running,
+            Some(JobOutcome::Running) => {
+                check_started(cx, &job_name, m)?;
+                measurement = Measurement::Running;
+            }
             Some(JobOutcome::Failed { reason }) => {
                 return Err(Denial::new(
                     DenialReason::MeasureFailed,
@@ -54,6 +58,22 @@ pub(super) fn measure(
         }
     }
     Ok(measurement)
+}
+
+/// A measure Job whose pod cannot start (see `plan::helpers`) denies the request with the pod's
+/// reason, within `--helper-start-timeout`.
+fn check_started(cx: &Ctx, job_name: &str, m: &PlannedMember) -> Result<(), Denial> {
+    let Some(job) = cx.o.jobs.get(job_name) else {
+        return Ok(());
+    };
+    let timeout = cx.settings.helper_start_timeout;
+    match helpers::job_trouble(&job.job, &cx.o.helper_pods, cx.o.now, timeout) {
+        Some(Trouble::Stuck(reason) | Trouble::Evicted(reason)) => Err(Denial::new(
+            DenialReason::MeasureFailed,
+            format!("measuring the used bytes of {} failed: {reason}", m.claim),
+        )),
+        None => Ok(()),
+    }
 }
 
 fn create_measure_job(cx: &mut Ctx, m: &PlannedMember) {
