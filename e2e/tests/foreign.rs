@@ -131,7 +131,6 @@ async fn start(
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": timeout,
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )

@@ -271,7 +271,6 @@ async fn storage_class_change_while_a_client_writes() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -385,7 +384,6 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             "target": {"kind": "StatefulSet", "name": SET},
             "shrink": {"size": "32Mi"},
             "timeout": "10m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -432,7 +430,6 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             "target": {"kind": "StatefulSet", "name": SET},
             "shrink": {"size": "256Mi"},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -516,7 +513,6 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "20m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -576,7 +572,6 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -638,9 +633,15 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-timeout").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
-    // No pre-copy, and a mover image no node has: the member stops, its copy Job can never
-    // start, and the 45 s timeout expires with the member down.
+    // No pre-copy, and a mover image no node has (allowed for the request, and waited for
+    // longer than the request's timeout): the member stops, its copy Job can never start, and
+    // the 45 s timeout expires with the member down.
+    let flags = [
+        "--allow-request-mover-image",
+        "--helper-start-timeout",
+        "3600",
+    ];
+    let _op = Operator::start_with(&ns.name, 0, None, &flags).unwrap();
     create_request(
         &ns,
         "times-out",
@@ -702,6 +703,97 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
     assert!(left.is_empty(), "temporary claims left: {left:?}");
 }
 
+/// Names of the Jobs and temporary claims left in the namespace.
+async fn leftovers(ns: &TestNamespace) -> Vec<String> {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
+    let mut left: Vec<String> = jobs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|j| format!("job {}", j.name_any()))
+        .collect();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    left.extend(
+        claims
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .filter(|n| n.contains("-smr-"))
+            .map(|n| format!("claim {n}")),
+    );
+    left
+}
+
+/// A mover image no node has fails the member within `--helper-start-timeout`, quoting the
+/// kubelet's reason, long before the request's timeout; the member rolls back and nothing of
+/// the request is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mover_image_that_cannot_be_pulled_fails_the_member_within_the_start_timeout() {
+    let (cluster, ns) = setup("smr-no-image").await;
+    let seeded = seed(&ns, 100).await;
+    let before = claims(&ns).await;
+    let flags = [
+        "--allow-request-mover-image",
+        "--helper-start-timeout",
+        "20",
+    ];
+    let _op = Operator::start_with(&ns.name, 0, None, &flags).unwrap();
+    let started = Instant::now();
+    create_request(
+        &ns,
+        "no-image",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": "registry.invalid/no-such-mover:0"},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "no-image", MIGRATION).await.unwrap();
+    let took = started.elapsed();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    let failure = status.failure.clone().unwrap();
+    assert!(failure.contains("did not start within 20s"), "{failure}");
+    assert!(
+        failure.contains("ErrImagePull") || failure.contains("ImagePullBackOff"),
+        "{failure}"
+    );
+    assert!(
+        failure.contains("registry.invalid/no-such-mover:0"),
+        "{failure}"
+    );
+    // The 20 s bound plus claim provisioning and the rollback, far from the 15 m timeout.
+    assert!(took < Duration::from_secs(150), "failed after {took:?}");
+    eprintln!("NOTE unpullable mover image: Failed after {took:?}: {failure}");
+    assert!(
+        status
+            .members
+            .iter()
+            .any(|m| m.step == MemberStep::RolledBack),
+        "{}",
+        summary(&req)
+    );
+    assert_eq!(
+        claims(&ns).await,
+        before,
+        "every claim on its original volume"
+    );
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    check_etcd(&ns, &seeded).await;
+    let left = leftovers(&ns).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
     let (cluster, ns) = setup("smr-final-check").await;
@@ -717,7 +809,6 @@ async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -862,7 +953,6 @@ async fn a_request_replaced_mid_flight_still_succeeds() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )

@@ -62,7 +62,6 @@ async fn a_flux_managed_set_is_denied_unless_declared_paused() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "30m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
             "ownerPaused": paused,
         })

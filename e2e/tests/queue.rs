@@ -77,7 +77,6 @@ async fn requests_on_one_set_are_judged_one_at_a_time_oldest_first() {
             "type": type_,
             "target": {"kind": "StatefulSet", "name": SET},
             "timeout": "10m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         });
         spec.as_object_mut()

@@ -114,10 +114,20 @@ impl Operator {
         run: usize,
         failpoints: Option<&str>,
     ) -> Result<Operator, OperatorError> {
+        Self::start_with(ns, run, failpoints, &[])
+    }
+
+    /// [`Operator::start`] with more flags for `run` (e.g. `--allow-request-mover-image`).
+    pub fn start_with(
+        ns: &str,
+        run: usize,
+        failpoints: Option<&str>,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
         let log = workspace()
             .join("target/e2e-logs")
             .join(format!("{ns}-operator-{run}.log"));
-        Self::spawn(&operator_bin(), ns, log, failpoints)
+        Self::spawn_with(&operator_bin(), ns, log, failpoints, flags)
     }
 
     /// Starts `bin run --namespace NS`, logging to `log` (its directory is created);
@@ -127,6 +137,17 @@ impl Operator {
         ns: &str,
         log: PathBuf,
         failpoints: Option<&str>,
+    ) -> Result<Operator, OperatorError> {
+        Self::spawn_with(bin, ns, log, failpoints, &[])
+    }
+
+    /// [`Operator::spawn`] with more flags for `run`.
+    pub fn spawn_with(
+        bin: &Path,
+        ns: &str,
+        log: PathBuf,
+        failpoints: Option<&str>,
+        flags: &[&str],
     ) -> Result<Operator, OperatorError> {
         let log_error = |source| OperatorError::Log {
             path: log.clone(),
@@ -145,6 +166,7 @@ impl Operator {
         let identity = format!("e2e-{ns}");
         cmd.args(["run", "--namespace", ns, "--http-address", "127.0.0.1:0"])
             .args(["--lease-identity", &identity])
+            .args(flags)
             .env(
                 "RUST_LOG",
                 std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),

@@ -86,7 +86,7 @@ fn request_spec(cluster: &TestCluster, pre_copy: bool) -> serde_json::Value {
         "target": {"kind": "StatefulSet", "name": SET},
         "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
         "timeout": REQUEST_TIMEOUT,
-        "copy": {"preCopy": pre_copy, "moverImage": cluster.mover_image},
+        "copy": {"preCopy": pre_copy},
         "database": {"engine": "Generic"},
     })
 }
