@@ -103,6 +103,12 @@ pub const RULES: &[Rule] = &[
         why: "one Event per step (core v1)",
     },
     Rule {
+        group: "",
+        resource: "events",
+        verbs: &["list"],
+        why: "a Job that creates no pod: the API server's reason (its FailedCreate Events)",
+    },
+    Rule {
         group: "events.k8s.io",
         resource: "events",
         verbs: &["create", "patch"],

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams};
 use kube::{ResourceExt, api::ObjectList};
@@ -109,14 +109,41 @@ impl Cluster {
                 .await
                 .map_err(kube_err("list helper pods"))?,
         );
-        let jobs = job_list
-            .into_iter()
-            .map(|job| {
-                let outcome = job_outcome(&job, &helper_pods);
-                (job.name_any(), ObservedJob { job, outcome })
-            })
-            .collect();
+        let mut jobs = BTreeMap::new();
+        for job in job_list {
+            let name = job.name_any();
+            let outcome = job_outcome(&job, &helper_pods);
+            let podless = plan::helpers::job_pods(&name, &helper_pods).is_empty();
+            let refused = if outcome == plan::JobOutcome::Running && podless {
+                self.failed_create(ns, &name).await?
+            } else {
+                None
+            };
+            let observed = ObservedJob {
+                job,
+                outcome,
+                refused,
+            };
+            jobs.insert(name, observed);
+        }
         Ok((jobs, helper_pods))
+    }
+
+    /// The message of the newest `FailedCreate` Event of Job `name`: why the API server refused
+    /// its pod. Read only for a running Job that has no pod.
+    async fn failed_create(&self, ns: &str, name: &str) -> Result<Option<String>, ClusterError> {
+        let fields =
+            format!("involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate");
+        let events = self
+            .ns_api::<Event>(ns)
+            .list(&ListParams::default().fields(&fields))
+            .await
+            .map_err(kube_err(format!("list FailedCreate events of Job {name}")))?;
+        Ok(events
+            .items
+            .into_iter()
+            .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
+            .and_then(|e| e.message))
     }
 
     /// The labels of the request's namespace, read only in Preflight (its Pod Security level);

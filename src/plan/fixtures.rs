@@ -737,6 +737,7 @@ impl Sim {
                 self.o.jobs.entry(name).or_insert(ObservedJob {
                     job: *j,
                     outcome: JobOutcome::Running,
+                    refused: None,
                 });
             }
             Object::StatefulSet(mut s) => {
@@ -1031,7 +1032,14 @@ pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob)
     };
     job.labels_mut()
         .insert(labels::JOB_KIND_LABEL.to_string(), kind.to_string());
-    (name.to_string(), ObservedJob { job, outcome })
+    (
+        name.to_string(),
+        ObservedJob {
+            job,
+            outcome,
+            refused: None,
+        },
+    )
 }
 
 /// The simulator against the actions' contracts (`plan::action`).

@@ -20,11 +20,11 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
+use super::ObservedJob;
 use crate::labels::JOB_NAME_LABELS;
 
 /// Waiting reasons after which a container can never start, whatever the wait.
@@ -132,21 +132,26 @@ pub fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod>
 /// The trouble of a Job: that of its newest pod, or, with no pod a timeout after the Job's
 /// creation, its pods refused at admission.
 pub fn job_trouble(
-    job: &Job,
+    job: &ObservedJob,
     pods: &BTreeMap<String, Pod>,
     now: Timestamp,
     timeout: Duration,
 ) -> Option<Trouble> {
-    let name = job.name_any();
+    let name = job.job.name_any();
     match job_pods(&name, pods).last() {
         Some(pod) => pod_trouble(pod, now, timeout),
-        None if age(job.metadata.creation_timestamp.as_ref(), now)
+        None if age(job.job.metadata.creation_timestamp.as_ref(), now)
             > i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX) =>
         {
+            let why = match &job.refused {
+                Some(message) => format!("the API server refused its pod: {message}"),
+                None => format!(
+                    "its pods are refused (a quota, Pod Security admission or a policy \
+                     webhook; `kubectl describe job {name}` shows the FailedCreate Events)"
+                ),
+            };
             Some(Trouble::Stuck(format!(
-                "Job {name} has created no pod within {}s: its pods are refused (a quota, Pod \
-                 Security admission or a policy webhook; `kubectl describe job {name}` shows \
-                 the FailedCreate Events with the API server's reason)",
+                "Job {name} has created no pod within {}s: {why}",
                 timeout.as_secs()
             )))
         }
@@ -312,19 +317,31 @@ mod tests {
 
     #[test]
     fn a_job_without_pods_is_refused_at_admission() {
-        let job = Job {
-            metadata: ObjectMeta {
-                name: Some("move-etcd-0-copy".into()),
-                creation_timestamp: Some(Time(t(0))),
+        let mut job = ObservedJob {
+            job: k8s_openapi::api::batch::v1::Job {
+                metadata: ObjectMeta {
+                    name: Some("move-etcd-0-copy".into()),
+                    creation_timestamp: Some(Time(t(0))),
+                    ..Default::default()
+                },
                 ..Default::default()
             },
-            ..Default::default()
+            outcome: super::super::JobOutcome::Running,
+            refused: None,
         };
         let none = BTreeMap::new();
         assert_eq!(job_trouble(&job, &none, t(180), TIMEOUT), None);
         let m = stuck(job_trouble(&job, &none, t(181), TIMEOUT));
         assert!(m.contains("has created no pod within 180s"), "{m}");
         assert!(m.contains("FailedCreate"), "{m}");
+        // With the API server's reason from the Job's FailedCreate Event, quoted.
+        let quota = "Error creating: pods \"x\" is forbidden: exceeded quota: q";
+        job.refused = Some(quota.into());
+        let m = stuck(job_trouble(&job, &none, t(181), TIMEOUT));
+        assert!(
+            m.contains(&format!("the API server refused its pod: {quota}")),
+            "{m}"
+        );
         // With a pod, the pod's trouble.
         let p = pod(0, waiting("ErrImagePull", "not found"));
         let pods = BTreeMap::from([("p".to_string(), p)]);

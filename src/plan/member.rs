@@ -111,8 +111,8 @@ fn run_job(
     failed: impl FnOnce(String) -> Failure,
 ) -> Result<Option<Option<JobResult>>, Failure> {
     let name = build::job_name(&cx.name(), &mb.m.pod, kind);
-    let job = cx.o.jobs.get(&name).map(|j| &j.job);
-    if job.is_some_and(is_terminating) {
+    let job = cx.o.jobs.get(&name);
+    if job.is_some_and(|j| is_terminating(&j.job)) {
         // An evicted Job being replaced: wait until it is gone.
         cx.wait(Duration::from_secs(1));
         return Ok(None);

@@ -148,6 +148,9 @@ pub enum StashObject {
 pub struct ObservedJob {
     pub job: Job,
     pub outcome: JobOutcome,
+    /// For a running Job with no pod: the message of its newest `FailedCreate` Event (the API
+    /// server's reason for refusing its pod: quota, admission), when there is one.
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

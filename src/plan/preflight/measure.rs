@@ -67,7 +67,7 @@ fn check_started(cx: &Ctx, job_name: &str, m: &PlannedMember) -> Result<(), Deni
         return Ok(());
     };
     let timeout = cx.settings.helper_start_timeout;
-    match helpers::job_trouble(&job.job, &cx.o.helper_pods, cx.o.now, timeout) {
+    match helpers::job_trouble(job, &cx.o.helper_pods, cx.o.now, timeout) {
         Some(Trouble::Stuck(reason) | Trouble::Evicted(reason)) => Err(Denial::new(
             DenialReason::MeasureFailed,
             format!("measuring the used bytes of {} failed: {reason}", m.claim),
