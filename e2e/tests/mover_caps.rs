@@ -302,3 +302,70 @@ async fn the_unprivileged_mounter_still_gets_a_claim_provisioned() {
         .await
         .unwrap_or_else(|e| panic!("the mounter does not run: {e}"));
 }
+
+/// Preflight on a real API server: a request's own moverImage is Denied unless the operator
+/// allows it, and a namespace whose Pod Security level is `restricted` is Denied naming the
+/// label (read with the operator's `get namespaces`). Both are checked before the target, so
+/// no StatefulSet is needed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_denies_a_requests_image_and_a_restricted_namespace() {
+    use e2e::testing::operator::{Operator, create_request, install_crd, wait_final};
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, Patch, PatchParams};
+    use storage_migrator::api::Phase;
+
+    let (cluster, ns) = scenario("mover-preflight").await;
+    install_crd(&ns).await.unwrap();
+    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let spec = |image: Option<&str>| {
+        let mut spec = json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": "etcd"},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "5m",
+        });
+        if let Some(image) = image {
+            spec["copy"] = json!({"moverImage": image});
+        }
+        spec
+    };
+    let reason_of = |req: &StorageMigrationRequest| {
+        let status = req.status.clone().unwrap_or_default();
+        let accepted = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Accepted")
+            .cloned();
+        (status.phase, accepted.map(|c| (c.reason, c.message)))
+    };
+    create_request(&ns, "own-image", spec(Some("registry.test/mine:1")))
+        .await
+        .unwrap();
+    let req = wait_final(&ns, "own-image", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (phase, accepted) = reason_of(&req);
+    assert_eq!(phase, Phase::Denied);
+    let (reason, message) = accepted.expect("Accepted condition");
+    assert_eq!(reason, "MoverImageNotAllowed", "{message}");
+    assert!(message.contains("--allow-request-mover-image"), "{message}");
+
+    let label = "pod-security.kubernetes.io/enforce";
+    let patch = json!({"metadata": {"labels": {label: "restricted"}}});
+    Api::<Namespace>::all(ns.client())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    create_request(&ns, "restricted", spec(None)).await.unwrap();
+    let req = wait_final(&ns, "restricted", Duration::from_secs(60))
+        .await
+        .unwrap();
+    let (phase, accepted) = reason_of(&req);
+    assert_eq!(phase, Phase::Denied);
+    let (reason, message) = accepted.expect("Accepted condition");
+    assert_eq!(reason, "PodSecurityLevel", "{message}");
+    assert!(
+        message.contains(&format!("{label}=restricted")),
+        "{message}"
+    );
+}
