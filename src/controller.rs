@@ -31,6 +31,7 @@ use crate::image::ImageRef;
 use crate::labels;
 use crate::metrics::Metrics;
 use crate::plan::{self, Action};
+use crate::scope::WatchScope;
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
 const MAX_ROUNDS: usize = 40;
@@ -327,15 +328,23 @@ pub fn error_policy(
     Requeue::requeue(verdict.delay)
 }
 
-/// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
+/// Runs the controller until SIGTERM/SIGINT, one watch per namespace of `scope` (one for all).
 /// `image`: the operator's own image, which its Jobs run unless a request sets `moverImage`.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    image: ImageRef,
-    metrics: Arc<Metrics>,
-) {
-    let (requests, jobs, pods) = match &namespace {
+pub async fn run(client: Client, scope: WatchScope, image: ImageRef, metrics: Arc<Metrics>) {
+    info!(namespaces = %scope, %image, "starting controller");
+    let ctx = Arc::new(Context::new(client.clone(), image, metrics));
+    let controllers = scope
+        .namespaces()
+        .into_iter()
+        .map(|ns| watch_namespace(client.clone(), ns, ctx.clone()));
+    futures::future::join_all(controllers).await;
+    info!("controller stopped");
+}
+
+/// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace) and
+/// the Jobs and pods they own.
+async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Context>) {
+    let (requests, jobs, pods) = match namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
             Api::<Job>::namespaced(client.clone(), ns),
@@ -348,12 +357,6 @@ pub async fn run(
         ),
     };
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
-    info!(
-        namespace = namespace.as_deref().unwrap_or("<all>"),
-        %image,
-        "starting controller"
-    );
-    let ctx = Arc::new(Context::new(client, image, metrics));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)
@@ -374,7 +377,6 @@ pub async fn run(
             }
         })
         .await;
-    info!("controller stopped");
 }
 
 #[cfg(test)]

@@ -11,7 +11,9 @@ use storage_migrator::cluster::Cluster;
 use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::leader::{self, LeaseConfig, Term};
 use storage_migrator::metrics::Metrics;
+use storage_migrator::permissions::CheckScope;
 use storage_migrator::plan::preflight;
+use storage_migrator::scope::WatchScope;
 use storage_migrator::serve::{self, Health};
 
 #[derive(Parser)]
@@ -50,9 +52,10 @@ enum Command {
     Crd,
     /// Run the controller (KUBECONFIG or in-cluster config).
     Run {
-        /// Watch only this namespace (default: all namespaces).
-        #[arg(long, env = "WATCH_NAMESPACE")]
-        namespace: Option<String>,
+        /// Watch only these namespaces (repeat the flag or separate with commas; default: all
+        /// namespaces). The chart's `watchNamespaces` grants Roles in exactly these.
+        #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',')]
+        namespaces: Vec<String>,
         /// Log format.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
@@ -87,7 +90,8 @@ struct LeaseArgs {
     /// Name of the Lease.
     #[arg(long, default_value = storage_migrator::labels::LEASE_NAME)]
     lease_name: String,
-    /// Namespace of the Lease (default: the watched namespace, else the client's default).
+    /// Namespace of the Lease (default: the watched namespace when there is one, else the
+    /// client's default).
     #[arg(long, env = "POD_NAMESPACE")]
     lease_namespace: Option<String>,
     /// This replica's identity in the Lease; unique per replica (default: host name and pid).
@@ -136,7 +140,7 @@ fn init_tracing(format: LogFormat) {
 /// The controller under leader election, with the HTTP endpoints and the readiness checks.
 async fn run(
     client: kube::Client,
-    namespace: Option<String>,
+    scope: WatchScope,
     image: ImageRef,
     http_address: std::net::SocketAddr,
     lease: &LeaseArgs,
@@ -146,10 +150,15 @@ async fn run(
     let (bound, server) = serve::bind(http_address, health.clone(), metrics.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let server = tokio::spawn(server);
-    tokio::spawn(health.keep_checking(client.clone(), namespace.clone()));
+    let cfg = lease.config(&client, scope.single());
+    let checks = CheckScope {
+        watch: scope.clone(),
+        lease_namespace: lease.leader_election.then(|| cfg.namespace.clone()),
+    };
+    tokio::spawn(health.keep_checking(client.clone(), checks));
     let work = {
-        let (client, namespace, metrics) = (client.clone(), namespace.clone(), metrics.clone());
-        move || storage_migrator::controller::run(client, namespace, image, metrics)
+        let (client, metrics) = (client.clone(), metrics.clone());
+        move || storage_migrator::controller::run(client, scope, image, metrics)
     };
     if !lease.leader_election {
         tracing::warn!("leader election is off: this replica acts at once");
@@ -158,7 +167,6 @@ async fn run(
         server.abort();
         return Ok(());
     }
-    let cfg = lease.config(&client, namespace.as_deref());
     let role = |leading| metrics.set_leader(leading);
     let term = tokio::select! {
         term = elect_and_lead(client, &cfg, role, work) => term?,
@@ -231,7 +239,7 @@ async fn main() -> anyhow::Result<()> {
             );
         }
         Command::Run {
-            namespace,
+            namespaces,
             log_format,
             http_address,
             lease,
@@ -239,12 +247,13 @@ async fn main() -> anyhow::Result<()> {
         } => {
             // Checked before anything else: a bad reference would fail every Job much later.
             let image = image.image_ref()?;
+            let scope = WatchScope::parse(&namespaces)?;
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            run(client, namespace, image, http_address, &lease).await?;
+            run(client, scope, image, http_address, &lease).await?;
         }
         Command::Plan {
             file,

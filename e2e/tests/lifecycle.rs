@@ -119,7 +119,7 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
         assert_eq!(class, &cluster.storage_class, "{claim}");
     }
     let etcd_before = check_etcd(&ns, &seeded).await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     let name = "deleted";
     create_request(
@@ -230,7 +230,7 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         )
         .await
         .unwrap();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     let name = "generic";
     let started = Instant::now();

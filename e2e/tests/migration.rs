@@ -261,7 +261,7 @@ async fn storage_class_change_while_a_client_writes() {
     let writer = start_writer(&ns, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     let started = Instant::now();
     create_request(
         &ns,
@@ -374,7 +374,7 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
         .await
         .unwrap()
         .uid();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     // etcd preallocates 64 MiB WAL files: far more than 32Mi is in use.
     create_request(
@@ -536,7 +536,7 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
         "stage-RecreatingStatefulSet=return", // every member migrated, set not yet recreated
     ];
     for (run, fp) in points.iter().enumerate() {
-        let mut op = Operator::start(&ns.name, run, Some(fp)).unwrap();
+        let mut op = Operator::start(&ns, run, Some(fp)).await.unwrap();
         let code = op.wait_exit(Duration::from_secs(300)).await.unwrap();
         assert_eq!(
             code,
@@ -547,7 +547,7 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
         let req: StorageMigrationRequest = ns.api().get("killed").await.unwrap();
         info!(run, fp, status = %summary(&req), "operator killed at failpoint");
     }
-    let _op = Operator::start(&ns.name, points.len(), None).unwrap();
+    let _op = Operator::start(&ns, points.len(), None).await.unwrap();
     let req = wait_final(&ns, "killed", MIGRATION).await.unwrap();
     assert_eq!(
         req.status.as_ref().unwrap().phase,
@@ -567,7 +567,9 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-copy-fails").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, Some("copy-job-fails=return")).unwrap();
+    let _op = Operator::start(&ns, 0, Some("copy-job-fails=return"))
+        .await
+        .unwrap();
     create_request(
         &ns,
         "copy-fails",
@@ -638,7 +640,7 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-timeout").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     // No pre-copy, and a mover image no node has: the member stops, its copy Job can never
     // start, and the 45 s timeout expires with the member down.
     create_request(
@@ -708,7 +710,9 @@ async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
     let (_, hash_before) = check_etcd(&ns, &seeded).await;
-    let _op = Operator::start(&ns.name, 0, Some("final-check-fails=return")).unwrap();
+    let _op = Operator::start(&ns, 0, Some("final-check-fails=return"))
+        .await
+        .unwrap();
     create_request(
         &ns,
         "check-fails",
@@ -853,7 +857,7 @@ async fn a_request_replaced_mid_flight_still_succeeds() {
     let ids_before = etcd::member_ids(&ns, SET, 3).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = start_writer(&ns, stop.clone());
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     create_request(
         &ns,
         "replaced",

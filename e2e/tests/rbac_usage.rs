@@ -1,0 +1,120 @@
+//! Every RBAC rule the operator has is used, and none it needs is missing: read from the local
+//! cluster's audit log after the whole e2e suite ran its operators under the chart's RBAC.
+//!
+//! Ignored by default: it proves something only after every other e2e scenario ran against the
+//! same cluster. `e2e/scripts/test-all.sh` runs it last (`--ignored`).
+//!
+//! - **Missing**: any request of the operator's ServiceAccount the API server refused (403), and
+//!   any successful request whose verb and resource no rule of `permissions::RULES` names (other
+//!   than the SelfSubjectAccessReviews every user may create).
+//! - **Unused**: a verb of a rule in `RULES` that no operator request used.
+
+use std::collections::BTreeSet;
+
+use e2e::testing::rbac::{SERVICE_ACCOUNT_SUFFIX, audit_log};
+use serde_json::Value;
+use storage_migrator::permissions::RULES;
+
+type Triple = (String, String, String);
+
+/// (group, resource[/subresource], verb) of one audit event of the operator, and its code.
+fn operator_request(event: &Value) -> Option<(Triple, i64)> {
+    let user = event["user"]["username"].as_str()?;
+    let sa = user.strip_prefix("system:serviceaccount:")?;
+    let (_, name) = sa.split_once(':')?;
+    if !name.ends_with(SERVICE_ACCOUNT_SUFFIX) {
+        return None;
+    }
+    let obj = &event["objectRef"];
+    let resource = obj["resource"].as_str()?;
+    let resource = match obj["subresource"].as_str() {
+        Some(sub) => format!("{resource}/{sub}"),
+        None => resource.to_string(),
+    };
+    let group = obj["apiGroup"].as_str().unwrap_or("").to_string();
+    let verb = event["verb"].as_str()?.to_string();
+    let code = event["responseStatus"]["code"].as_i64().unwrap_or(0);
+    Some(((group, resource, verb), code))
+}
+
+fn granted() -> BTreeSet<Triple> {
+    RULES
+        .iter()
+        .flat_map(|r| {
+            r.verbs
+                .iter()
+                .map(|v| (r.group.to_string(), r.resource.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Allowed to every authenticated user (`system:basic-user`), so in no rule of ours.
+fn everyone_may(t: &Triple) -> bool {
+    t.0 == "authorization.k8s.io" && t.1 == "selfsubjectaccessreviews" && t.2 == "create"
+}
+
+#[test]
+#[ignore = "meaningful only after the whole e2e suite: test-all.sh runs it last"]
+fn every_rule_is_used_and_none_is_missing() {
+    let path = audit_log().expect("KUBECONFIG names the local cluster");
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("read the audit log {}: {e}", path.display()));
+    let mut used = BTreeSet::new();
+    let mut refused = BTreeSet::new();
+    let mut events = 0;
+    for line in text.lines() {
+        let Ok(event) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        let Some((triple, code)) = operator_request(&event) else {
+            continue;
+        };
+        events += 1;
+        if code == 403 {
+            refused.insert(triple);
+        } else {
+            used.insert(triple);
+        }
+    }
+    eprintln!(
+        "NOTE audit: {events} operator requests, {} distinct",
+        used.len()
+    );
+    assert!(events > 0, "no operator request in {}", path.display());
+    let granted = granted();
+    assert!(refused.is_empty(), "refused (missing rules): {refused:?}");
+    let unlisted: Vec<_> = used
+        .iter()
+        .filter(|t| !granted.contains(*t) && !everyone_may(t))
+        .collect();
+    assert!(unlisted.is_empty(), "used but in no rule: {unlisted:?}");
+    let unused: Vec<_> = granted.difference(&used).collect();
+    assert!(unused.is_empty(), "rules no e2e scenario used: {unused:?}");
+}
+
+#[test]
+fn operator_requests_are_recognised_by_service_account() {
+    let event = serde_json::json!({
+        "user": {"username": "system:serviceaccount:db:smr-storage-migrator"},
+        "verb": "patch",
+        "objectRef": {"resource": "storagemigrationrequests", "subresource": "status",
+                      "apiGroup": "storagemigrator.io", "namespace": "db"},
+        "responseStatus": {"code": 200}
+    });
+    assert_eq!(
+        operator_request(&event),
+        Some((
+            (
+                "storagemigrator.io".into(),
+                "storagemigrationrequests/status".into(),
+                "patch".into()
+            ),
+            200
+        ))
+    );
+    let other = serde_json::json!({
+        "user": {"username": "system:serviceaccount:db:default"},
+        "verb": "get", "objectRef": {"resource": "pods"}
+    });
+    assert_eq!(operator_request(&other), None);
+}
