@@ -7,7 +7,13 @@
 //! - **Missing**: any request of the operator's ServiceAccount the API server refused (403), and
 //!   any successful request whose verb and resource no rule of `permissions::RULES` names (other
 //!   than the SelfSubjectAccessReviews every user may create).
-//! - **Unused**: a verb of a rule in `RULES` that no operator request used.
+//! - **Unused**: a verb of a rule in `RULES` that no operator request used, unless
+//!   [`NOT_EXERCISED`] says why no scenario on the local cluster can use it (and then it must
+//!   indeed be unused: an entry that a scenario uses fails the test, so the list only shrinks).
+//!
+//! A refusal counts as a missing rule only when the same ServiceAccount was never allowed that
+//! verb: refusals after the RBAC was revoked (`helm uninstall` removes the Roles while the
+//! operator's pods are still terminating) are not.
 
 use std::collections::BTreeSet;
 
@@ -16,6 +22,40 @@ use serde_json::Value;
 use storage_migrator::permissions::RULES;
 
 type Triple = (String, String, String);
+
+/// Rule verbs no e2e scenario can use on the local cluster (Kubernetes 1.20), and why.
+const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
+    (
+        "storagemigrator.io",
+        "storagemigrationrequests/finalizers",
+        "update",
+        "checked by the OwnerReferencesPermissionEnforcement admission plugin (blockOwnerDeletion), never a request",
+    ),
+    (
+        "apps",
+        "statefulsets",
+        "patch",
+        "the retention-policy patch: persistentVolumeClaimRetentionPolicy exists from Kubernetes 1.23",
+    ),
+    (
+        "",
+        "persistentvolumeclaims",
+        "get",
+        "RemoveOwnerReferences: claims owned through a retention policy, Kubernetes 1.23+",
+    ),
+    (
+        "",
+        "secrets",
+        "get",
+        "etcd TLS and auth Secrets: no e2e scenario runs the operator against a TLS or auth etcd yet",
+    ),
+    (
+        "events.k8s.io",
+        "events",
+        "patch",
+        "kube-runtime's Recorder patches an Event's series only when the same event repeats",
+    ),
+];
 
 /// (group, resource[/subresource], verb) of one audit event of the operator, and its code.
 fn operator_request(event: &Value) -> Option<(Triple, i64)> {
@@ -60,6 +100,7 @@ fn every_rule_is_used_and_none_is_missing() {
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("read the audit log {}: {e}", path.display()));
     let mut used = BTreeSet::new();
+    let mut allowed_to = BTreeSet::new();
     let mut refused = BTreeSet::new();
     let mut events = 0;
     for line in text.lines() {
@@ -69,13 +110,24 @@ fn every_rule_is_used_and_none_is_missing() {
         let Some((triple, code)) = operator_request(&event) else {
             continue;
         };
+        let user = event["user"]["username"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
         events += 1;
         if code == 403 {
-            refused.insert(triple);
+            refused.insert((user, triple));
         } else {
+            allowed_to.insert((user, triple.clone()));
             used.insert(triple);
         }
     }
+    // Refused but allowed to the same account at another time: revoked, not missing.
+    let refused: BTreeSet<_> = refused
+        .into_iter()
+        .filter(|r| !allowed_to.contains(r))
+        .map(|(_, t)| t)
+        .collect();
     eprintln!(
         "NOTE audit: {events} operator requests, {} distinct",
         used.len()
@@ -88,7 +140,27 @@ fn every_rule_is_used_and_none_is_missing() {
         .filter(|t| !granted.contains(*t) && !everyone_may(t))
         .collect();
     assert!(unlisted.is_empty(), "used but in no rule: {unlisted:?}");
-    let unused: Vec<_> = granted.difference(&used).collect();
+    let exempt: BTreeSet<Triple> = NOT_EXERCISED
+        .iter()
+        .map(|(g, r, v, why)| {
+            eprintln!("NOTE not exercised here: {v} {r} ({g:?}): {why}");
+            (g.to_string(), r.to_string(), v.to_string())
+        })
+        .collect();
+    let now_used: Vec<_> = exempt.intersection(&used).collect();
+    assert!(
+        now_used.is_empty(),
+        "used now, drop from NOT_EXERCISED: {now_used:?}"
+    );
+    let stale: Vec<_> = exempt.difference(&granted).collect();
+    assert!(
+        stale.is_empty(),
+        "NOT_EXERCISED names rules RULES lacks: {stale:?}"
+    );
+    let unused: Vec<_> = granted
+        .difference(&used)
+        .filter(|t| !exempt.contains(*t))
+        .collect();
     assert!(unused.is_empty(), "rules no e2e scenario used: {unused:?}");
 }
 

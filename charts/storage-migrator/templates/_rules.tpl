@@ -5,46 +5,47 @@ rule with its RuleScope); a unit test compares the two, so edit both together.
 
 {{/* Cluster-scoped objects: a ClusterRole in every mode. */}}
 {{- define "storage-migrator.rules.cluster" -}}
-# Reclaim policy to Retain, claimRef re-pointing, migrated-by label. Never delete.
+# Reclaim policy to Retain, claimRef re-pointing, migrated-by label (merge patches). Never delete.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
-  verbs: ["get", "list", "watch", "patch", "update"]
+  verbs: ["get", "patch"]
 # Preflight: target class exists, binding modes match.
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list"]
 {{- end }}
 
 {{/* Objects in the requests' namespaces: the ClusterRole (all namespaces) or a Role in each
 watched namespace. */}}
 {{- define "storage-migrator.rules.watched" -}}
-# The requests: watched; the finalizer (update); status records every step.
+# The requests: watched; the finalizer (merge patch); status records every step (patch).
 - apiGroups: ["storagemigrator.io"]
   resources: ["storagemigrationrequests"]
-  verbs: ["get", "list", "watch", "update", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["storagemigrator.io"]
   resources: ["storagemigrationrequests/status"]
-  verbs: ["get", "update", "patch"]
+  verbs: ["patch"]
 # Owned Jobs and pods carry blockOwnerDeletion, which needs update on the owner's finalizers.
 - apiGroups: ["storagemigrator.io"]
   resources: ["storagemigrationrequests/finalizers"]
   verbs: ["update"]
-# Read, protect (retention policy), orphan-delete and recreate the target StatefulSet.
+# Read, protect (retention policy, Kubernetes 1.23+), orphan-delete and recreate the target
+# StatefulSet.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# Member pods (stop, recreate), mounter pods.
+  verbs: ["get", "create", "delete", "patch"]
+# Member pods (stop, recreate), mounter pods; the owned ones are watched.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Temporary claims, the swap (delete, recreate), ownerReference removal.
+  verbs: ["list", "watch", "create", "delete"]
+# Temporary claims, the swap (delete, recreate), ownerReference removal (get, then patch).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+  verbs: ["get", "list", "create", "delete", "patch"]
 # Measure / pre-copy / copy / verify Jobs.
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 # The stash ConfigMap <request>-stash: created, read, patched one key at a time, deleted after
 # success.
 - apiGroups: [""]
@@ -54,8 +55,8 @@ watched namespace. */}}
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
-# One Event per step (events.k8s.io/v1 from kube-runtime; core v1 for older tooling).
-- apiGroups: ["", "events.k8s.io"]
+# One Event per step (kube-runtime's Recorder: events.k8s.io/v1; patch when one repeats).
+- apiGroups: ["events.k8s.io"]
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
