@@ -24,6 +24,7 @@ use crate::labels;
 
 mod classes;
 mod denial;
+mod headroom;
 mod health;
 mod measure;
 mod members;

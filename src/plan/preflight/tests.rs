@@ -930,6 +930,71 @@ fn used_bytes_fit_with_headroom() {
     );
 }
 
+/// `statfs` of a 1 GiB ext4 volume made by `mkfs.ext4` (4 KiB blocks), `files` in use.
+fn ext4_1gib(files: i64) -> crate::build::FsReport {
+    crate::build::FsReport {
+        fs_type: "ext2/ext3".into(),
+        block_size: 4096,
+        blocks: 249_195,
+        blocks_free: 200_000,
+        blocks_available: 183_000,
+        inodes: 65_536,
+        inodes_free: 65_536 - files,
+    }
+}
+
+#[test]
+fn a_shrink_counts_what_the_new_filesystem_takes() {
+    let m = planned(0, "1Gi");
+    let fs = ext4_1gib(100);
+    let check = |used: i64, size: &str| {
+        measure::check_filesystem_fits(&m, &fs, 1 << 30, used, &Quantity(size.into()))
+    };
+    // 100 MiB passes the naive rule for 128Mi (116 MiB with headroom), but a 128 MiB ext4
+    // volume holds about 104 MiB.
+    assert!(measure::check_fits(&m, 100 << 20, &Quantity("128Mi".into())).is_ok());
+    let d = denied(check(100 << 20, "128Mi"));
+    assert_eq!(d.reason, DenialReason::InsufficientSize);
+    assert!(
+        d.message.starts_with(
+            "member etcd-0 uses 100Mi on claim data-etcd-0: with headroom it needs 116Mi, but a \
+             128Mi volume holds about 103.8Mi once its filesystem is made"
+        ),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("ext4: inode tables 8Mi, journal 4Mi"),
+        "{}",
+        d.message
+    );
+    assert!(check(100 << 20, "160Mi").is_ok());
+}
+
+#[test]
+fn a_shrink_counts_inodes_on_ext4() {
+    let m = planned(0, "1Gi");
+    // 40,000 files fit 1 GiB (65,536 inodes), not 128 MiB (32,440 after group rounding).
+    let d = denied(measure::check_filesystem_fits(
+        &m,
+        &ext4_1gib(40_000),
+        1 << 30,
+        10 << 20,
+        &Quantity("128Mi".into()),
+    ));
+    assert!(
+        d.message.contains("has 40000 files and directories") && d.message.contains("32440 inodes"),
+        "{}",
+        d.message
+    );
+    // On a disk shared with others (a host path), nothing is predicted: only headroom counts.
+    let mut shared = ext4_1gib(40_000);
+    shared.blocks = 25_000_000;
+    let ok =
+        measure::check_filesystem_fits(&m, &shared, 1 << 30, 10 << 20, &Quantity("128Mi".into()));
+    assert!(ok.is_ok());
+}
+
 /// The measure Job of `pod`, as observed.
 fn measure_job(pod: &str, outcome: JobOutcome) -> (String, ObservedJob) {
     let name = crate::build::job_name(REQ, pod, crate::build::JobKind::Measure);
