@@ -193,6 +193,16 @@ async fn seed(ns: &TestNamespace, n: usize) -> Vec<String> {
 
 /// The recreated set owns the pods, which existed before it (adopted, not recreated), with no
 /// restarts, one revision, and the template's class/size as expected.
+/// The whole MiB at or above the figure after `prefix` in `message` ("... it needs 77.2Mi ...").
+fn mib_after(message: &str, prefix: &str) -> u64 {
+    let figure = message
+        .split_once(prefix)
+        .and_then(|(_, rest)| rest.split_once("Mi"))
+        .and_then(|(n, _)| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no \"{prefix}<n>Mi\" in {message:?}"));
+    figure.ceil() as u64
+}
+
 async fn check_adopted(ns: &TestNamespace, class: &str, size: &str) -> BTreeMap<String, String> {
     let sets: Api<StatefulSet> = ns.api();
     let pods: Api<Pod> = ns.api();
@@ -423,6 +433,43 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             .is_empty(),
         "measure Jobs deleted"
     );
+
+    // A size the used bytes plus headroom fit, which an ext4 volume of that size does not hold
+    // once its journal, inode tables and reserves are taken: denied too, with those numbers.
+    let needs = mib_after(&accepted.message, "it needs ");
+    create_request(
+        &ns,
+        "naive-fit",
+        json!({
+            "type": "Shrink",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "shrink": {"size": format!("{}Mi", needs + 8)},
+            "timeout": "10m",
+            "copy": {"moverImage": cluster.mover_image},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "naive-fit", Duration::from_secs(180))
+        .await
+        .unwrap();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
+    let accepted = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted")
+        .unwrap();
+    assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
+    assert!(
+        accepted
+            .message
+            .contains("once its filesystem is made (ext4: inode tables"),
+        "{}",
+        accepted.message
+    );
+    assert_eq!(claims(&ns).await, before, "nothing changed");
 
     create_request(
         &ns,
