@@ -498,12 +498,7 @@ fn spec_change(cx: &mut Ctx) {
 
 /// Whether any member is past `Pending` but not finished.
 pub(crate) fn in_flight(status: &StorageMigrationRequestStatus) -> Option<usize> {
-    status.members.iter().position(|m| {
-        !matches!(
-            m.step,
-            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-        )
-    })
+    status.members.iter().position(|m| m.step.in_flight())
 }
 
 /// `done/total` for the printer column.
@@ -511,7 +506,7 @@ pub(crate) fn progress(status: &StorageMigrationRequestStatus) -> String {
     let done = status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done)
+        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
         .count();
     format!("{done}/{}", status.members.len())
 }
@@ -562,6 +557,11 @@ pub(crate) fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
 
 pub(crate) fn claim_class(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim.spec.as_ref()?.storage_class_name.as_deref()
+}
+
+/// The StorageClass of a volume (`spec.storageClassName`).
+pub(crate) fn volume_class(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec.as_ref()?.storage_class_name.as_deref()
 }
 
 pub(crate) fn claim_request(
