@@ -50,6 +50,8 @@ pub use action::*;
 pub use failure::Failure;
 
 #[cfg(test)]
+mod finish_tests;
+#[cfg(test)]
 pub(crate) mod fixtures;
 #[cfg(test)]
 mod foreign_tests;

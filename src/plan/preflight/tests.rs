@@ -697,7 +697,11 @@ fn members_already_there_come_first_and_the_leader_still_last() {
     ms.reverse();
     members::order(&mut ms);
     let order: Vec<i32> = ms.iter().map(|m| m.ordinal).collect();
-    assert_eq!(order, [2, 3, 0, 1], "already there (by ordinal), then followers, leader last");
+    assert_eq!(
+        order,
+        [2, 3, 0, 1],
+        "already there (by ordinal), then followers, leader last"
+    );
 }
 
 // ---- classes and sizes ---------------------------------------------------------------------
@@ -759,14 +763,20 @@ fn a_member_is_already_there_when_its_claim_and_volume_are_on_the_target() {
     let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
     assert_eq!(work_of(&o, &mut ms, "fast"), [Migrate, Migrate, Migrate]);
     move_member(&mut o, 0, "fast");
-    assert_eq!(work_of(&o, &mut ms, "fast"), [AlreadyThere, Migrate, Migrate]);
+    assert_eq!(
+        work_of(&o, &mut ms, "fast"),
+        [AlreadyThere, Migrate, Migrate]
+    );
     // Only the claim, or only the volume, on the target: not there.
     let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
     let claim = o.claims.get_mut("data-etcd-1").unwrap();
     claim.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
     let pv = o.volumes.get_mut("pv-old-2").unwrap();
     pv.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
-    assert_eq!(work_of(&o, &mut ms, "fast"), [AlreadyThere, Migrate, Migrate]);
+    assert_eq!(
+        work_of(&o, &mut ms, "fast"),
+        [AlreadyThere, Migrate, Migrate]
+    );
     // Back to the source class: the other way round.
     let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
     move_member(&mut o, 1, "standard");
