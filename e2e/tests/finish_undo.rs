@@ -12,6 +12,9 @@
 //!    migrate; `Successful`, the StatefulSet's template on the new class like its claims;
 //! 3. a third request back to `standard` moves all three back; the template follows.
 //!
+//! And the undo of the same partial failure: a request back to `standard` right after it moves
+//! only the migrated member; the two members already there are never stopped.
+//!
 //! Throughout: no acknowledged write is lost and no member restarts on an empty volume (the etcd
 //! member ids are unchanged).
 //!
@@ -226,9 +229,24 @@ async fn check_finished(
     assert_all_on(ns, class_b).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_partly_failed_request_is_finished_then_undone() {
-    let (cluster, ns) = scenario("smr-finish-undo").await;
+/// The etcd fixture on the cluster's Immediate class, seeded, with a client writing; the second
+/// class; the first request run with its second copy Job failing (then its operator stopped).
+struct Run {
+    cluster: TestCluster,
+    ns: TestNamespace,
+    source: String,
+    class_b: String,
+    seeded: std::collections::BTreeSet<String>,
+    ids: BTreeMap<String, u64>,
+    stop: Arc<AtomicBool>,
+    writer: tokio::task::JoinHandle<etcd::Written>,
+    started: Instant,
+    /// The member the failed request migrated.
+    done: String,
+}
+
+async fn partly_failed(test: &str) -> Run {
+    let (cluster, ns) = scenario(test).await;
     install_crd(&ns).await.unwrap();
     ns.apply_etcd().await.unwrap();
     let source = cluster.storage_class.clone();
@@ -238,23 +256,62 @@ async fn a_partly_failed_request_is_finished_then_undone() {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = etcd::start_writer(&ns, SET, 3, "seed/w-", stop.clone());
     let started = Instant::now();
-
-    // 1. The second copy Job fails.
     let op = Operator::start(&ns.name, 0, Some("copy-job-fails=1*off->return")).unwrap();
     let req = run_request(&ns, &cluster, "to-b", &class_b).await;
     op.stop(Duration::from_secs(10)).await;
     let done = check_partly_failed(&ns, &req, &class_b, &source).await;
     assert_eq!(etcd::member_ids(&ns, SET, 3).await, ids);
+    Run {
+        cluster,
+        ns,
+        source,
+        class_b,
+        seeded,
+        ids,
+        stop,
+        writer,
+        started,
+        done,
+    }
+}
 
-    // 2. The same class again: only the other two move.
-    let pods_before = pods(&ns).await;
+/// Stops the writer: every acknowledged write and seeded key on every member, the member ids
+/// those from before; the second class deleted.
+async fn check_etcd(run: Run) {
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    run.stop.store(true, Ordering::Relaxed);
+    let written = run.writer.await.unwrap();
+    assert!(!written.acked.is_empty(), "the writer wrote");
+    let mut expected = run.seeded.clone();
+    expected.extend(written.acked.iter().cloned());
+    let (count, hash) = etcd::assert_keys_everywhere(&run.ns, SET, 3, &expected).await;
+    assert_eq!(
+        etcd::member_ids(&run.ns, SET, 3).await,
+        run.ids,
+        "no member restarted on an empty volume: the etcd member ids are unchanged"
+    );
+    info!(took = ?run.started.elapsed(), count, hash, acked = written.acked.len(), failures = written.failures, "etcd intact");
+    let classes: Api<StorageClass> = Api::all(run.ns.client());
+    classes
+        .delete(&run.class_b, &Default::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partly_failed_request_is_finished_then_undone() {
+    let run = partly_failed("smr-finish-undo").await;
+    let (ns, cluster) = (&run.ns, &run.cluster);
+
+    // The same class again: only the other two move.
+    let pods_before = pods(ns).await;
     let _op = Operator::start(&ns.name, 1, None).unwrap();
-    let req = run_request(&ns, &cluster, "finish", &class_b).await;
-    check_finished(&ns, &req, &done, &pods_before, &class_b).await;
-    assert_eq!(etcd::member_ids(&ns, SET, 3).await, ids);
+    let req = run_request(ns, cluster, "finish", &run.class_b).await;
+    check_finished(ns, &req, &run.done, &pods_before, &run.class_b).await;
+    assert_eq!(etcd::member_ids(ns, SET, 3).await, run.ids);
 
-    // 3. Everything back to the source class.
-    let req = run_request(&ns, &cluster, "back", &source).await;
+    // Everything back to the source class.
+    let req = run_request(ns, cluster, "back", &run.source).await;
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
     assert!(
@@ -262,21 +319,34 @@ async fn a_partly_failed_request_is_finished_then_undone() {
         "{}",
         summary(&req)
     );
-    assert_all_on(&ns, &source).await;
+    assert_all_on(ns, &run.source).await;
+    check_etcd(run).await;
+}
 
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    stop.store(true, Ordering::Relaxed);
-    let written = writer.await.unwrap();
-    assert!(!written.acked.is_empty(), "the writer wrote");
-    let mut expected = seeded.clone();
-    expected.extend(written.acked.iter().cloned());
-    let (count, hash) = etcd::assert_keys_everywhere(&ns, SET, 3, &expected).await;
-    assert_eq!(
-        etcd::member_ids(&ns, SET, 3).await,
-        ids,
-        "no member restarted on an empty volume: the etcd member ids are unchanged"
-    );
-    info!(took = ?started.elapsed(), count, hash, acked = written.acked.len(), failures = written.failures, "finish and undo done");
-    let classes: Api<StorageClass> = Api::all(ns.client());
-    classes.delete(&class_b, &Default::default()).await.unwrap();
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partly_failed_request_is_undone_moving_only_the_migrated_member() {
+    let run = partly_failed("smr-undo").await;
+    let (ns, cluster) = (&run.ns, &run.cluster);
+    let pods_before = pods(ns).await;
+    let _op = Operator::start(&ns.name, 1, None).unwrap();
+    let req = run_request(ns, cluster, "undo", &run.source).await;
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    let pods_after = pods(ns).await;
+    for (pod, before) in &pods_before {
+        if *pod == run.done {
+            assert_eq!(step_of(&req, pod), MemberStep::Done);
+            assert_ne!(pods_after[pod].0, before.0, "{pod} was moved back");
+        } else {
+            assert_eq!(step_of(&req, pod), MemberStep::AlreadyThere);
+            assert_eq!(
+                &pods_after[pod], before,
+                "{pod} was neither stopped nor restarted"
+            );
+        }
+    }
+    let message = status.message.unwrap();
+    assert!(message.starts_with("migrated 1 members"), "{message}");
+    assert_all_on(ns, &run.source).await;
+    check_etcd(run).await;
 }
