@@ -24,7 +24,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::api::{MemberStep, StorageMigrationRequest};
+use crate::api::StorageMigrationRequest;
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
 use crate::image::ImageRef;
@@ -277,12 +277,7 @@ fn in_flight_member(d: &plan::Decision) -> Option<String> {
         Action::SetStatus(s) => s
             .members
             .iter()
-            .find(|m| {
-                !matches!(
-                    m.step,
-                    MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-                )
-            })
+            .find(|m| m.step.in_flight())
             .map(|m| m.pod.clone()),
         _ => None,
     })

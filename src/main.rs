@@ -316,7 +316,10 @@ async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow
     }
     match preflight::dry_run(&observed, &image) {
         Ok(plan) => {
-            println!("# would be accepted; the plan (members in migration order):");
+            println!(
+                "# would be accepted; the plan (members in migration order; `work: AlreadyThere` \
+                 members are already on the target and left running):"
+            );
             print!("{}", serde_norway::to_string(&plan)?);
             println!("{}", jobs_image_line(&observed.request.spec.copy, &image));
             if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {

@@ -316,12 +316,28 @@ pub enum MemberStep {
     Done,
     /// Rolled back before its swap: pod recreated on the untouched old claim.
     RolledBack,
+    /// Already on the target class and size at preflight (e.g. migrated by an earlier request
+    /// that failed later): nothing is done to it, its pod is never stopped.
+    AlreadyThere,
 }
 
 impl MemberStep {
     /// True once the swap has begun: such a member is carried forward, never back.
     pub fn swap_begun(self) -> bool {
-        self >= MemberStep::RetainingVolumes && self != MemberStep::RolledBack
+        self >= MemberStep::RetainingVolumes
+            && !matches!(self, MemberStep::RolledBack | MemberStep::AlreadyThere)
+    }
+
+    /// True between `Pending` and the end (`Done`, `RolledBack`, `AlreadyThere`): the member
+    /// in flight.
+    pub fn in_flight(self) -> bool {
+        !matches!(
+            self,
+            MemberStep::Pending
+                | MemberStep::Done
+                | MemberStep::RolledBack
+                | MemberStep::AlreadyThere
+        )
     }
 }
 
@@ -412,6 +428,21 @@ pub struct PlannedMember {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "role_schema")]
     pub role: Option<Role>,
+    /// What the request does to this member: `Migrate`, or `AlreadyThere` when its claim and
+    /// volume already are on the target class and size (it is not stopped).
+    #[serde(default)]
+    pub work: PlannedWork,
+}
+
+/// What a request does to one member, decided at preflight.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum PlannedWork {
+    /// Copied to a new volume on the target class and size, then swapped.
+    #[default]
+    Migrate,
+    /// Its claim (and the claim's volume) already are on the target class and size: left as it
+    /// is, never stopped; `status.members[].step` is `AlreadyThere`.
+    AlreadyThere,
 }
 
 /// The schema of the optional `role`: a nullable string enum, without the `null` enum value the
@@ -471,6 +502,33 @@ pub struct MemberStatus {
     /// forward (something else recreated its pod or the StatefulSet): why, and where its data is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
+    /// Where the member's data is, recorded when the request ends `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_location: Option<DataLocation>,
+}
+
+/// Where a member's data is: the claim its pod mounts, that claim's volume and class.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DataLocation {
+    pub claim: String,
+    pub volume: String,
+    pub storage_class: String,
+    /// `Migrated` (on its new volume; the old one kept on Retain), `Untouched` (on its
+    /// original volume) or `AlreadyThere` (on the target before the request started).
+    pub state: DataState,
+}
+
+/// How a member's data came to be where [`DataLocation`] says.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum DataState {
+    /// On its original volume, untouched by the request.
+    #[default]
+    Untouched,
+    /// Copied, verified and swapped onto its new volume; the old volume is kept on Retain.
+    Migrated,
+    /// Already on the target class and size before the request; untouched.
+    AlreadyThere,
 }
 
 #[cfg(test)]

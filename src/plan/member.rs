@@ -63,7 +63,10 @@ fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
 pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
     let mb = member(cx, i, mode)?;
     match mb.ms.step {
-        MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => Ok(()),
+        MemberStep::Pending
+        | MemberStep::Done
+        | MemberStep::RolledBack
+        | MemberStep::AlreadyThere => Ok(()),
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
         MemberStep::PreCopying => pre_copying(cx, &mb),
         MemberStep::GatingStop => gating_stop(cx, &mb),
@@ -367,7 +370,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
         .status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done)
+        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
         .map(|m| m.pod.clone())
         .collect();
     match engine::transfer_target(report, pod, &migrated) {

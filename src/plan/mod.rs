@@ -50,6 +50,8 @@ pub use action::*;
 pub use failure::Failure;
 
 #[cfg(test)]
+mod finish_tests;
+#[cfg(test)]
 pub(crate) mod fixtures;
 #[cfg(test)]
 mod foreign_tests;
@@ -498,12 +500,7 @@ fn spec_change(cx: &mut Ctx) {
 
 /// Whether any member is past `Pending` but not finished.
 pub(crate) fn in_flight(status: &StorageMigrationRequestStatus) -> Option<usize> {
-    status.members.iter().position(|m| {
-        !matches!(
-            m.step,
-            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-        )
-    })
+    status.members.iter().position(|m| m.step.in_flight())
 }
 
 /// `done/total` for the printer column.
@@ -511,7 +508,7 @@ pub(crate) fn progress(status: &StorageMigrationRequestStatus) -> String {
     let done = status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done)
+        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
         .count();
     format!("{done}/{}", status.members.len())
 }
@@ -562,6 +559,11 @@ pub(crate) fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
 
 pub(crate) fn claim_class(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim.spec.as_ref()?.storage_class_name.as_deref()
+}
+
+/// The StorageClass of a volume (`spec.storageClassName`).
+pub(crate) fn volume_class(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec.as_ref()?.storage_class_name.as_deref()
 }
 
 pub(crate) fn claim_request(

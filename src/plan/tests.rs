@@ -153,7 +153,7 @@ fn denials_name_the_problem() {
             "same class",
             |o| o.request.spec = spec_class_change("standard"),
             "SameStorageClass",
-            "standard",
+            "already on StorageClass standard: nothing to do",
         ),
         (
             "WFFC source, Immediate target",
@@ -167,8 +167,14 @@ fn denials_name_the_problem() {
             "fast",
         ),
         (
-            "not smaller",
+            "every member and the template already at the size",
             |o| o.request.spec = spec_shrink("1Gi"),
+            "NotSmaller",
+            "already request 1Gi: nothing to do",
+        ),
+        (
+            "bigger than a claim",
+            |o| o.request.spec = spec_shrink("2Gi"),
             "NotSmaller",
             "data-etcd-0",
         ),

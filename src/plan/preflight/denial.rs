@@ -73,12 +73,16 @@ denial_reasons! {
     MixedStorageClasses,
     /// The target StorageClass does not exist.
     StorageClassNotFound,
-    /// A StorageClassChange to a class the claims are already on.
+    /// A StorageClassChange to a class that every member's claim and volume, and the
+    /// StatefulSet's volumeClaimTemplate, are already on: nothing to do. Members already there
+    /// are otherwise skipped (`AlreadyThere`), the others migrated.
     SameStorageClass,
     /// A StorageClassChange from a `WaitForFirstConsumer` class to one that is not: the new
     /// volumes could be provisioned away from the members' nodes.
     BindingModeMismatch,
-    /// A Shrink size that is not below a member claim's current request.
+    /// A Shrink size above a member claim's current request (it would grow), or one that every
+    /// member's claim and the volumeClaimTemplate already request: nothing to do. Members
+    /// already at the size are otherwise skipped (`AlreadyThere`).
     NotSmaller,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{Denial, DenialReason, headroom};
-use crate::api::PlannedMember;
+use crate::api::{PlannedMember, PlannedWork};
 use crate::build::{self, FsReport, JobKind};
 use crate::plan::quantity::{self, human};
 use crate::plan::{Action, Ctx, JobOutcome, Object};
@@ -32,7 +32,10 @@ pub(super) fn measure(
     let o = cx.o;
     let req_name = cx.name();
     let mut measurement = Measurement::Complete;
-    for m in members.iter_mut() {
+    let to_migrate = members
+        .iter_mut()
+        .filter(|m| m.work == PlannedWork::Migrate);
+    for m in to_migrate {
         check_measurable(o.claims.get(&m.claim), m)?;
         let job_name = build::job_name(&req_name, &m.pod, JobKind::Measure);
         match o.jobs.get(&job_name).map(|j| &j.outcome) {
