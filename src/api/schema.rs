@@ -34,7 +34,7 @@ pub const TIMEOUT_MAX_LENGTH: usize = 32;
 pub const SIZE_PATTERN: &str = r"^\+?([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$";
 
 /// The CRD (`storage-migrator crd`, `crds/`): the derived one, with the per-type rule added to
-/// `spec` (see [`type_block_rule`]).
+/// `spec` (see [`type_block_rule`]) and the input checks taken off `status.acceptedSpec`.
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = StorageMigrationRequest::crd();
     for version in &mut crd.spec.versions {
@@ -45,7 +45,7 @@ pub fn crd() -> CustomResourceDefinition {
             .and_then(|root| root.properties.as_mut())
             .and_then(|props| props.get_mut("spec"));
         if let Some(spec) = spec {
-            spec.one_of = Some(type_block_rule());
+            spec.all_of = Some(type_block_rule());
         }
         let accepted = version
             .schema
@@ -76,32 +76,51 @@ fn drop_input_checks(schema: &mut JSONSchemaProps) {
     }
 }
 
-/// `spec` must match exactly one branch: `type: StorageClassChange` with `storageClassChange` and
-/// without `shrink`, or `type: Shrink` with `shrink` and without `storageClassChange`. Value
-/// validations only, as structural schemas require. (`status.acceptedSpec` does not get it: the
-/// operator writes it, and copies only accepted specs.)
+/// `spec` must hold the block of its type and not the other type's block: for each type, "the
+/// block is there, or the type is another" and "the other block is absent, or the type is
+/// another". Value validations only, as structural schemas require. Written as `allOf` of
+/// `anyOf`s with the block's own check first because the 1.20 API server then names the field in
+/// its refusal (`spec.shrink: Required value`, `"spec.storageClassChange" must not validate the
+/// schema (not)`); a `oneOf` over the types reports the checks of the wrong branch instead. (Not
+/// on `status.acceptedSpec`: the operator writes it, and copies only accepted specs.)
 pub fn type_block_rule() -> Vec<JSONSchemaProps> {
-    let branch = |type_: &str, block: &str, other: &str| JSONSchemaProps {
-        properties: Some(
-            [(
-                "type".to_string(),
-                JSONSchemaProps {
-                    enum_: Some(vec![JSON(serde_json::Value::String(type_.to_string()))]),
-                    ..Default::default()
-                },
-            )]
-            .into(),
-        ),
-        required: Some(vec![block.to_string()]),
-        not: Some(Box::new(JSONSchemaProps {
-            required: Some(vec![other.to_string()]),
-            ..Default::default()
-        })),
+    let props = |name: &str, schema: JSONSchemaProps| JSONSchemaProps {
+        properties: Some([(name.to_string(), schema)].into()),
         ..Default::default()
     };
+    let type_is_not = |type_: &str| JSONSchemaProps {
+        not: Some(Box::new(props(
+            "type",
+            JSONSchemaProps {
+                enum_: Some(vec![JSON(serde_json::Value::String(type_.to_string()))]),
+                ..Default::default()
+            },
+        ))),
+        ..Default::default()
+    };
+    let either = |first: JSONSchemaProps, type_: &str| JSONSchemaProps {
+        any_of: Some(vec![first, type_is_not(type_)]),
+        ..Default::default()
+    };
+    let required = |block: &str| JSONSchemaProps {
+        required: Some(vec![block.to_string()]),
+        ..Default::default()
+    };
+    // `not: {}` refuses any value: the property must be absent.
+    let absent = |block: &str| {
+        props(
+            block,
+            JSONSchemaProps {
+                not: Some(Box::default()),
+                ..Default::default()
+            },
+        )
+    };
     vec![
-        branch("StorageClassChange", "storageClassChange", "shrink"),
-        branch("Shrink", "shrink", "storageClassChange"),
+        either(required("storageClassChange"), "StorageClassChange"),
+        either(required("shrink"), "Shrink"),
+        either(absent("shrink"), "StorageClassChange"),
+        either(absent("storageClassChange"), "Shrink"),
     ]
 }
 
@@ -230,15 +249,17 @@ mod tests {
         assert_eq!(size["minimum"], 1.0);
         assert_eq!(size["x-kubernetes-int-or-string"], true);
         let rule = serde_json::to_value(type_block_rule()).unwrap();
-        assert_eq!(spec["oneOf"], rule);
+        assert_eq!(spec["allOf"], rule);
         assert_eq!(
-            rule[1]["properties"]["type"]["enum"],
-            serde_json::json!(["Shrink"])
+            rule[1],
+            serde_json::json!({"anyOf": [
+                {"required": ["shrink"]},
+                {"not": {"properties": {"type": {"enum": ["Shrink"]}}}},
+            ]})
         );
-        assert_eq!(rule[1]["required"], serde_json::json!(["shrink"]));
         assert_eq!(
-            rule[1]["not"]["required"],
-            serde_json::json!(["storageClassChange"])
+            rule[3]["anyOf"][0],
+            serde_json::json!({"properties": {"storageClassChange": {"not": {}}}})
         );
         fn keys(node: &Value, out: &mut Vec<String>) {
             for (k, v) in node.as_object().into_iter().flatten() {
@@ -251,7 +272,7 @@ mod tests {
             &s["properties"]["status"]["properties"]["acceptedSpec"],
             &mut accepted,
         );
-        for check in ["pattern", "minimum", "minLength", "maxLength", "oneOf"] {
+        for check in ["pattern", "minimum", "minLength", "maxLength", "allOf"] {
             assert!(
                 !accepted.iter().any(|k| k == check),
                 "acceptedSpec has {check}"

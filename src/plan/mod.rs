@@ -44,6 +44,7 @@ pub mod member;
 pub mod observe;
 pub mod preflight;
 pub mod quantity;
+pub mod runbook;
 pub mod stages;
 pub mod stash;
 
@@ -312,6 +313,7 @@ impl<'a> Ctx<'a> {
             let mut fresh = Ctx::new(self.o, self.image);
             stuck(
                 &mut fresh,
+                runbook::Stuck::Planner,
                 &format!("the planner tried a transition its state machine does not allow: {e}"),
             );
             return fresh.finish();
@@ -487,7 +489,7 @@ pub(crate) fn expired(cx: &Ctx) -> Option<Failure> {
 /// Records the failure and moves to RollingBack (status first: the rollback's actions follow on
 /// the next decision).
 pub(crate) fn start_rollback(cx: &mut Ctx, failure: Failure) {
-    let reason = failure.to_string();
+    let reason = format!("{failure}{}", runbook::pointer(&failure));
     cx.actions.clear();
     cx.status.failure = Some(reason.clone());
     cx.enter_stage(Stage::RollingBack);
@@ -498,8 +500,8 @@ pub(crate) fn start_rollback(cx: &mut Ctx, failure: Failure) {
 }
 
 /// Something is broken in a way the operator cannot fix by itself: say so and keep looking.
-pub(crate) fn stuck(cx: &mut Ctx, reason: &str) {
-    let message = format!("stuck: {reason}");
+pub(crate) fn stuck(cx: &mut Ctx, kind: runbook::Stuck, reason: &str) {
+    let message = format!("stuck: {reason}{}", runbook::pointer(kind));
     if cx.status.message.as_deref() != Some(message.as_str()) {
         cx.status.message = Some(message.clone());
         cx.event(EventType::Warning, "Stuck", message);

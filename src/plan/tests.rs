@@ -1299,7 +1299,8 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
         s.message.as_deref(),
         Some(
             "stuck: the planner tried a transition its state machine does not allow: member \
-             etcd-0 cannot go from step Pending to Done"
+             etcd-0 cannot go from step Pending to Done (runbook: \
+             docs/runbook.md#stuck-a-transition-the-state-machine-does-not-allow)"
         ),
         "the first refusal is the one reported"
     );
@@ -1324,7 +1325,8 @@ fn a_refused_stage_transition_is_reported() {
         s.message.as_deref(),
         Some(
             "stuck: the planner tried a transition its state machine does not allow: the \
-             request cannot go from stage Preflight to RollingBack"
+             request cannot go from stage Preflight to RollingBack (runbook: \
+             docs/runbook.md#stuck-a-transition-the-state-machine-does-not-allow)"
         )
     );
 }
