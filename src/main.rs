@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kube::{CustomResourceExt, ResourceExt};
+use kube::ResourceExt;
 
 use storage_migrator::api::{CopySpec, StorageMigrationRequest};
 use storage_migrator::cluster::Cluster;
@@ -235,7 +235,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Crd => {
             print!(
                 "{}",
-                serde_norway::to_string(&StorageMigrationRequest::crd())?
+                serde_norway::to_string(&storage_migrator::api::schema::crd())?
             );
         }
         Command::Run {

@@ -256,7 +256,9 @@ async fn partly_failed(test: &str) -> Run {
     let stop = Arc::new(AtomicBool::new(false));
     let writer = etcd::start_writer(&ns, SET, 3, "seed/w-", stop.clone());
     let started = Instant::now();
-    let op = Operator::start(&ns, 0, Some("copy-job-fails=1*off->return")).await.unwrap();
+    let op = Operator::start(&ns, 0, Some("copy-job-fails=1*off->return"))
+        .await
+        .unwrap();
     let req = run_request(&ns, &cluster, "to-b", &class_b).await;
     op.stop(Duration::from_secs(10)).await;
     let done = check_partly_failed(&ns, &req, &class_b, &source).await;

@@ -310,7 +310,12 @@ fn every_member_and_the_template_there_is_denied_but_a_stale_template_is_recreat
     assert_eq!(s.phase, Phase::Denied);
     let c = conditions::get(&s.conditions, conditions::ACCEPTED).unwrap();
     assert_eq!(c.reason, "SameStorageClass");
-    assert!(c.message.ends_with("nothing to do"), "{}", c.message);
+    assert!(
+        c.message
+            .contains("nothing to do (runbook: docs/runbook.md#"),
+        "{}",
+        c.message
+    );
 }
 
 #[test]

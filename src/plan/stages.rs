@@ -13,6 +13,7 @@ use kube::ResourceExt;
 use super::foreign;
 use super::member::{self, Mode};
 use super::preflight::choose_template;
+use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, Kind, Object, Propagation, StashObject, claim_class,
@@ -270,6 +271,7 @@ fn recreate_stateful_set(
         Err(e) => {
             stuck(
                 cx,
+                Stuck::CannotRebuild,
                 &format!("StatefulSet {} cannot be recreated: {e}", plan.stateful_set),
             );
             return Ok(());
@@ -309,6 +311,7 @@ pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
             let Some(stashed) = cx.o.stash.stateful_set.clone() else {
                 stuck(
                     cx,
+                    Stuck::StashEntry,
                     "the stashed StatefulSet is missing: it cannot be recreated",
                 );
                 return Ok(());
@@ -707,7 +710,7 @@ fn roll_back_member_in_flight(cx: &mut Ctx) -> bool {
             s if s.swap_begun() && foreign::hold_in_rollback(cx, i) => continue,
             s if s.swap_begun() => {
                 if let Err(failure) = member::step(cx, i, Mode::Rollback) {
-                    stuck(cx, &failure.to_string());
+                    stuck(cx, Stuck::RollbackStep, &failure.to_string());
                 }
                 return true;
             }

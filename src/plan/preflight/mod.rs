@@ -240,6 +240,10 @@ fn delete_measure_jobs(cx: &mut Ctx) {
 
 fn deny(cx: &mut Ctx, d: Denial) {
     let generation = cx.o.request.metadata.generation;
+    let d = Denial {
+        message: format!("{}{}", d.message, super::runbook::pointer(d.reason)),
+        ..d
+    };
     cx.status.phase = Phase::Denied;
     cx.enter_stage(Stage::Done);
     cx.status.observed_generation = generation;
