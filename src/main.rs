@@ -52,8 +52,9 @@ enum Command {
     Crd,
     /// Run the controller (KUBECONFIG or in-cluster config).
     Run {
-        /// Watch only these namespaces (repeat the flag or separate with commas; default: all
-        /// namespaces). The chart's `watchNamespaces` grants Roles in exactly these.
+        /// Watch only these namespaces (repeat the flag or separate with commas; default, or an
+        /// empty value: all namespaces). The chart's `watchNamespaces` grants Roles in exactly
+        /// these.
         #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',')]
         namespaces: Vec<String>,
         /// Log format.

@@ -28,9 +28,10 @@ pub enum ScopeError {
 
 impl WatchScope {
     /// The scope from `--namespace` values (each may be a comma-separated list, already split by
-    /// the flag parser): none means every namespace; blank entries are refused as invalid.
+    /// the flag parser): none, or one empty value (`WATCH_NAMESPACE=""`), means every namespace;
+    /// a blank entry in a list is refused as invalid.
     pub fn parse<S: AsRef<str>>(values: &[S]) -> Result<Self, ScopeError> {
-        if values.is_empty() {
+        if values.is_empty() || matches!(values, [one] if one.as_ref().trim().is_empty()) {
             return Ok(Self::All);
         }
         let mut set = BTreeSet::new();
@@ -91,6 +92,7 @@ mod tests {
     #[test]
     fn no_namespace_means_all() {
         assert_eq!(WatchScope::parse::<&str>(&[]), Ok(WatchScope::All));
+        assert_eq!(WatchScope::parse(&[""]), Ok(WatchScope::All));
         assert_eq!(WatchScope::All.namespaces(), vec![None]);
         assert_eq!(WatchScope::All.single(), None);
     }
@@ -107,7 +109,11 @@ mod tests {
 
     #[test]
     fn bad_names_and_duplicates_are_refused_by_name() {
-        for bad in ["", "Db", "-db", "db-", "db_1", &"a".repeat(64)] {
+        assert_eq!(
+            WatchScope::parse(&["db", ""]),
+            Err(ScopeError::Invalid(String::new()))
+        );
+        for bad in ["Db", "-db", "db-", "db_1", &"a".repeat(64)] {
             assert_eq!(
                 WatchScope::parse(&[bad]),
                 Err(ScopeError::Invalid(bad.to_string())),
