@@ -24,13 +24,14 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::api::{MemberStep, StorageMigrationRequest};
+use crate::api::StorageMigrationRequest;
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
 use crate::labels;
 use crate::metrics::Metrics;
 use crate::plan::Settings;
 use crate::plan::{self, Action};
+use crate::scope::WatchScope;
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
 const MAX_ROUNDS: usize = 40;
@@ -277,12 +278,7 @@ fn in_flight_member(d: &plan::Decision) -> Option<String> {
         Action::SetStatus(s) => s
             .members
             .iter()
-            .find(|m| {
-                !matches!(
-                    m.step,
-                    MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-                )
-            })
+            .find(|m| m.step.in_flight())
             .map(|m| m.pod.clone()),
         _ => None,
     })
@@ -328,15 +324,29 @@ pub fn error_policy(
     Requeue::requeue(verdict.delay)
 }
 
-/// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
+/// Runs the controller until SIGTERM/SIGINT, one watch per namespace of `scope` (one for all).
 /// `settings`: the operator's image and how its helper pods run (see [`Settings`]).
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    settings: Settings,
-    metrics: Arc<Metrics>,
-) {
-    let (requests, jobs, pods) = match &namespace {
+pub async fn run(client: Client, scope: WatchScope, settings: Settings, metrics: Arc<Metrics>) {
+    info!(
+        namespaces = %scope,
+        image = %settings.image,
+        allow_request_mover_image = settings.allow_request_mover_image,
+        helper_start_timeout = ?settings.helper_start_timeout,
+        "starting controller"
+    );
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics));
+    let controllers = scope
+        .namespaces()
+        .into_iter()
+        .map(|ns| watch_namespace(client.clone(), ns, ctx.clone()));
+    futures::future::join_all(controllers).await;
+    info!("controller stopped");
+}
+
+/// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace) and
+/// the Jobs and pods they own.
+async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Context>) {
+    let (requests, jobs, pods) = match namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
             Api::<Job>::namespaced(client.clone(), ns),
@@ -349,14 +359,6 @@ pub async fn run(
         ),
     };
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
-    info!(
-        namespace = namespace.as_deref().unwrap_or("<all>"),
-        image = %settings.image,
-        allow_request_mover_image = settings.allow_request_mover_image,
-        helper_start_timeout = ?settings.helper_start_timeout,
-        "starting controller"
-    );
-    let ctx = Arc::new(Context::new(client, settings, metrics));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)
@@ -377,7 +379,6 @@ pub async fn run(
             }
         })
         .await;
-    info!("controller stopped");
 }
 
 #[cfg(test)]

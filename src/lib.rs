@@ -13,6 +13,7 @@
 //! - [`metrics`], [`serve`], [`permissions`]: `/metrics`, `/healthz`, `/readyz`, and the table of
 //!   every RBAC rule the operator uses (checked against the chart and at run time).
 //! - [`image`]: the operator's image reference (`--image`), also its Jobs' default image.
+//! - [`scope`]: which namespaces the operator watches (all, or a list).
 
 pub mod api;
 pub mod build;
@@ -26,4 +27,5 @@ pub mod leader;
 pub mod metrics;
 pub mod permissions;
 pub mod plan;
+pub mod scope;
 pub mod serve;

@@ -4,14 +4,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kube::{CustomResourceExt, ResourceExt};
+use kube::ResourceExt;
 
 use storage_migrator::api::{CopySpec, StorageMigrationRequest};
 use storage_migrator::cluster::Cluster;
 use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::leader::{self, LeaseConfig, Term};
 use storage_migrator::metrics::Metrics;
+use storage_migrator::permissions::CheckScope;
 use storage_migrator::plan::{Settings, preflight};
+use storage_migrator::scope::WatchScope;
 use storage_migrator::serve::{self, Health};
 
 #[derive(Parser)]
@@ -72,9 +74,11 @@ enum Command {
     Crd,
     /// Run the controller (KUBECONFIG or in-cluster config).
     Run {
-        /// Watch only this namespace (default: all namespaces).
-        #[arg(long, env = "WATCH_NAMESPACE")]
-        namespace: Option<String>,
+        /// Watch only these namespaces (repeat the flag or separate with commas; default, or an
+        /// empty value: all namespaces). The chart's `watchNamespaces` grants Roles in exactly
+        /// these.
+        #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',')]
+        namespaces: Vec<String>,
         /// Log format.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
@@ -109,7 +113,8 @@ struct LeaseArgs {
     /// Name of the Lease.
     #[arg(long, default_value = storage_migrator::labels::LEASE_NAME)]
     lease_name: String,
-    /// Namespace of the Lease (default: the watched namespace, else the client's default).
+    /// Namespace of the Lease (default: the watched namespace when there is one, else the
+    /// client's default).
     #[arg(long, env = "POD_NAMESPACE")]
     lease_namespace: Option<String>,
     /// This replica's identity in the Lease; unique per replica (default: host name and pid).
@@ -158,7 +163,7 @@ fn init_tracing(format: LogFormat) {
 /// The controller under leader election, with the HTTP endpoints and the readiness checks.
 async fn run(
     client: kube::Client,
-    namespace: Option<String>,
+    scope: WatchScope,
     settings: Settings,
     http_address: std::net::SocketAddr,
     lease: &LeaseArgs,
@@ -168,10 +173,15 @@ async fn run(
     let (bound, server) = serve::bind(http_address, health.clone(), metrics.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let server = tokio::spawn(server);
-    tokio::spawn(health.keep_checking(client.clone(), namespace.clone()));
+    let cfg = lease.config(&client, scope.single());
+    let checks = CheckScope {
+        watch: scope.clone(),
+        lease_namespace: lease.leader_election.then(|| cfg.namespace.clone()),
+    };
+    tokio::spawn(health.keep_checking(client.clone(), checks));
     let work = {
-        let (client, namespace, metrics) = (client.clone(), namespace.clone(), metrics.clone());
-        move || storage_migrator::controller::run(client, namespace, settings, metrics)
+        let (client, metrics) = (client.clone(), metrics.clone());
+        move || storage_migrator::controller::run(client, scope, settings, metrics)
     };
     if !lease.leader_election {
         tracing::warn!("leader election is off: this replica acts at once");
@@ -180,7 +190,6 @@ async fn run(
         server.abort();
         return Ok(());
     }
-    let cfg = lease.config(&client, namespace.as_deref());
     let role = |leading| metrics.set_leader(leading);
     let term = tokio::select! {
         term = elect_and_lead(client, &cfg, role, work) => term?,
@@ -249,11 +258,11 @@ async fn main() -> anyhow::Result<()> {
         Command::Crd => {
             print!(
                 "{}",
-                serde_norway::to_string(&StorageMigrationRequest::crd())?
+                serde_norway::to_string(&storage_migrator::api::schema::crd())?
             );
         }
         Command::Run {
-            namespace,
+            namespaces,
             log_format,
             http_address,
             lease,
@@ -261,12 +270,13 @@ async fn main() -> anyhow::Result<()> {
         } => {
             // Checked before anything else: a bad reference would fail every Job much later.
             let settings = image.settings()?;
+            let scope = WatchScope::parse(&namespaces)?;
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            run(client, namespace, settings, http_address, &lease).await?;
+            run(client, scope, settings, http_address, &lease).await?;
         }
         Command::Plan {
             file,
@@ -329,7 +339,10 @@ async fn plan(file: &Path, namespace: Option<String>, settings: Settings) -> any
     }
     match preflight::dry_run(&observed, &settings) {
         Ok(plan) => {
-            println!("# would be accepted; the plan (members in migration order):");
+            println!(
+                "# would be accepted; the plan (members in migration order; `work: AlreadyThere` \
+                 members are already on the target and left running):"
+            );
             print!("{}", serde_norway::to_string(&plan)?);
             println!(
                 "{}",

@@ -126,7 +126,7 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
         "--helper-start-timeout",
         "3600",
     ];
-    let _op = Operator::start_with(&ns.name, 0, None, &flags).unwrap();
+    let _op = Operator::start_with(&ns, 0, None, &flags).await.unwrap();
 
     let name = "deleted";
     create_request(
@@ -237,7 +237,7 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         )
         .await
         .unwrap();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     let name = "generic";
     let started = Instant::now();

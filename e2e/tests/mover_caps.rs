@@ -316,7 +316,7 @@ async fn preflight_denies_a_requests_image_and_a_restricted_namespace() {
 
     let (cluster, ns) = scenario("mover-preflight").await;
     install_crd(&ns).await.unwrap();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     let spec = |image: Option<&str>| {
         let mut spec = json!({
             "type": "StorageClassChange",

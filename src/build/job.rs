@@ -155,7 +155,9 @@ fi
 "#;
 
 /// Bytes allocated on the old volume (`du -s -B1`: blocks in use, so sparse files count what
-/// they occupy, which is what must fit on the smaller volume). Writes `{"usedBytes":N}`.
+/// they occupy, which is what must fit on the smaller volume), and the filesystem's `statfs`
+/// (type, blocks, inodes: how much of a volume its filesystem leaves usable). Writes
+/// `{"usedBytes":N,"filesystem":{...}}`; `filesystem` is left out when `stat -f` fails.
 pub const MEASURE_SCRIPT: &str = r#"set -u
 out=$(du -s -B1 /source)
 rc=$?
@@ -165,7 +167,8 @@ if [ "$rc" -ne 0 ] || [ -z "$used" ]; then
   echo "du failed with exit code $rc: $out" >&2
   exit 1
 fi
-result=$(printf '{"usedBytes":%s}' "$used")
+fs=$(stat -f -c '{"type":"%T","blockSize":%S,"blocks":%b,"blocksFree":%f,"blocksAvailable":%a,"inodes":%c,"inodesFree":%d}' /source 2>/dev/null) || fs=""
+result=$(printf '{"usedBytes":%s%s}' "$used" "${fs:+,\"filesystem\":$fs}")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
 "#;
@@ -340,6 +343,9 @@ pub struct JobResult {
     /// Bytes allocated on the source (Measure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<i64>,
+    /// The old volume's filesystem (Measure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FsReport>,
     /// Entries that differ between source and target (Verify).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub differences: Option<i64>,
@@ -349,6 +355,22 @@ pub struct JobResult {
     /// Set when the script failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A volume's `statfs`, as `stat -f` prints it (block counts in `block_size` units).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FsReport {
+    /// `statfs` type name, e.g. `ext2/ext3` (ext4 too), `xfs`.
+    #[serde(rename = "type")]
+    pub fs_type: String,
+    pub block_size: i64,
+    pub blocks: i64,
+    pub blocks_free: i64,
+    /// Free blocks a non-root user may use.
+    pub blocks_available: i64,
+    pub inodes: i64,
+    pub inodes_free: i64,
 }
 
 impl JobResult {
@@ -778,7 +800,16 @@ mod tests {
 
             let measure = run(JobKind::Measure, dir.path());
             assert_eq!(measure.code, 0, "{}", measure.stderr);
-            let used = measure.result.unwrap().used_bytes.unwrap();
+            let result = measure.result.unwrap();
+            let fs = result
+                .filesystem
+                .clone()
+                .expect("stat -f reported the filesystem");
+            assert!(
+                !fs.fs_type.is_empty() && fs.blocks > 0 && fs.inodes >= 0,
+                "{fs:?}"
+            );
+            let used = result.used_bytes.unwrap();
             assert!(
                 (100_000..8 << 20).contains(&used),
                 "allocated bytes, not apparent: {used}"

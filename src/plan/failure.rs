@@ -1,5 +1,6 @@
-//! Why a request stops and rolls back. The message of each kind is the text written to
-//! `status.failure`, the `RollingBack` condition and Event, and the final `Failed` message.
+//! Why a request stops and rolls back. The message of each kind, followed by its runbook pointer
+//! (`plan::runbook`), is the text written to `status.failure`, the `RollingBack` condition and
+//! Event, and the final `Failed` message.
 
 use crate::build::JobResult;
 

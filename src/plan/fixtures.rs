@@ -519,7 +519,8 @@ impl Sim {
                 assert_eq!(status.stage, crate::api::Stage::Finalizing);
                 assert!(status.failure.is_none());
                 assert!(
-                    status.members.iter().all(|m| m.step == MemberStep::Done),
+                    (status.members.iter())
+                        .all(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere)),
                     "stash deleted with members not done"
                 );
                 let spec = super::observe::effective_spec(&self.o.request);
@@ -544,7 +545,10 @@ impl Sim {
                 let checked = match spec.database.engine {
                     crate::api::DatabaseEngine::Etcd => status.final_hash.is_some(),
                     crate::api::DatabaseEngine::Generic => {
-                        spec.copy.verify && status.members.iter().all(|m| m.verified.is_some())
+                        // Members already there were not copied by this request.
+                        spec.copy.verify
+                            && (status.members.iter())
+                                .all(|m| m.step == MemberStep::AlreadyThere || m.verified.is_some())
                     }
                 };
                 assert!(
@@ -699,9 +703,10 @@ impl Sim {
                 }
             }
             Action::LabelVolume { volume } => {
+                let request = self.o.request.name_any();
                 if let Some(pv) = self.o.volumes.get_mut(volume) {
                     pv.labels_mut()
-                        .insert(labels::MIGRATED_BY_LABEL.to_string(), REQ.to_string());
+                        .insert(labels::MIGRATED_BY_LABEL.to_string(), request);
                 }
             }
         }

@@ -231,7 +231,8 @@ fn a_foreign_set_that_adopted_the_running_pods_is_named_rather_than_the_pods() {
         first_status(&d).failure.as_deref(),
         Some(
             "the request's timeout of 30m expired while it was blocked: StatefulSet etcd (uid \
-             uid-foreign) was created by someone else"
+             uid-foreign) was created by someone else (runbook: \
+             docs/runbook.md#failed-timeout-expired)"
         )
     );
 }
@@ -416,7 +417,8 @@ fn a_pod_of_a_foreign_set_during_the_copy_rolls_the_member_back_naming_the_set()
         s.failure.as_deref(),
         Some(
             "pod etcd-0 (uid uid-back, controlled by StatefulSet etcd (uid uid-foreign)) came \
-             back during the copy of member etcd-0: the member is rolled back to its old claim"
+             back during the copy of member etcd-0: the member is rolled back to its old claim \
+             (runbook: docs/runbook.md#failed-a-member-pod-came-back-stale-copy)"
         )
     );
     assert!(sim.run(200) < 200, "the rollback ends");

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 
 use super::foreign;
 use super::helpers::{self, Trouble};
+use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
@@ -64,7 +65,10 @@ fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
 pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
     let mb = member(cx, i, mode)?;
     match mb.ms.step {
-        MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => Ok(()),
+        MemberStep::Pending
+        | MemberStep::Done
+        | MemberStep::RolledBack
+        | MemberStep::AlreadyThere => Ok(()),
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
         MemberStep::PreCopying => pre_copying(cx, &mb),
         MemberStep::GatingStop => gating_stop(cx, &mb),
@@ -452,7 +456,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
         .status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done)
+        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
         .map(|m| m.pod.clone())
         .collect();
     match engine::transfer_target(report, pod, &migrated) {
@@ -666,6 +670,7 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             _ => {
                 stuck(
                     cx,
+                    Stuck::StashEntry,
                     &format!("claim {} is gone and was not stashed", m.claim),
                 );
                 return Ok(());
@@ -673,7 +678,11 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
     }
     let Some(new_name) = mb.ms.new_volume.clone() else {
-        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        stuck(
+            cx,
+            Stuck::Volume,
+            &format!("member {} has no new volume recorded", m.pod),
+        );
         return Ok(());
     };
     let (Some(old), Some(new)) = (
@@ -682,6 +691,7 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     ) else {
         stuck(
             cx,
+            Stuck::Volume,
             &format!(
                 "volume {} or {new_name} of member {} is missing",
                 m.old_volume, m.pod
@@ -727,7 +737,11 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         Some(c) if !is_terminating(c) => {
             let Some(stashed) = cx.o.stash.claims.get(&m.claim).map(|s| s.uid()) else {
-                stuck(cx, &format!("the stash of claim {} is missing", m.claim));
+                stuck(
+                    cx,
+                    Stuck::StashEntry,
+                    &format!("the stash of claim {} is missing", m.claim),
+                );
                 return Ok(());
             };
             if c.uid() != stashed {
@@ -741,6 +755,7 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             if let Some(holder) = pod_using_claim(cx, &m.claim) {
                 stuck(
                     cx,
+                    Stuck::ClaimInUse,
                     &format!(
                         "claim {} is still used by pod {holder}: it is deleted once no pod uses it",
                         m.claim
@@ -793,6 +808,7 @@ fn pod_reappeared(cx: &mut Ctx, mb: &Member) -> bool {
     let uid = pod.uid().unwrap_or_default();
     stuck(
         cx,
+        Stuck::PodDuringSwap,
         &format!(
             "member pod {} (uid {uid}) appeared while its claims are being swapped; the swap waits until it is gone",
             mb.m.pod
@@ -825,12 +841,17 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         return Ok(());
     }
     let Some(name) = mb.ms.new_volume.clone() else {
-        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        stuck(
+            cx,
+            Stuck::Volume,
+            &format!("member {} has no new volume recorded", m.pod),
+        );
         return Ok(());
     };
     let Some(pv) = cx.o.volumes.get(&name) else {
         stuck(
             cx,
+            Stuck::Volume,
             &format!("new volume {name} of member {} is missing", m.pod),
         );
         return Ok(());
@@ -859,6 +880,33 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Waits for a pre-bound claim to bind. The PV controller binds one at once, unless its first
+/// attempt lost a race (a conflict on the volume): then only its periodic sync (~15 s) would. An
+/// update of the claim makes it look again now.
+fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim) {
+    let age = c
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| cx.o.now.as_second() - t.0.as_second())
+        .unwrap_or(0);
+    let last_nudge = c
+        .annotations()
+        .get(BIND_NUDGE_ANNOTATION)
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0);
+    if age >= BIND_NUDGE_AFTER_SECONDS
+        && cx.o.now.as_second() - last_nudge >= BIND_NUDGE_AFTER_SECONDS
+    {
+        cx.act(Action::AnnotateClaim {
+            claim: claim.to_string(),
+            key: BIND_NUDGE_ANNOTATION.to_string(),
+            value: Some(cx.o.now.as_second().to_string()),
+        });
+    }
+    cx.wait(Duration::from_secs(1));
+}
+
 /// Recreate the claim under its original name, bound to the new volume; wait until Bound.
 fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
@@ -867,13 +915,21 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     }
     let plan = cx.status.plan.clone().unwrap_or_default();
     let Some(new_volume) = mb.ms.new_volume.clone() else {
-        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        stuck(
+            cx,
+            Stuck::Volume,
+            &format!("member {} has no new volume recorded", m.pod),
+        );
         return Ok(());
     };
     match cx.o.claims.get(&m.claim) {
         None => {
             let Some(original) = cx.o.stash.claims.get(&m.claim) else {
-                stuck(cx, &format!("the stash of claim {} is missing", m.claim));
+                stuck(
+                    cx,
+                    Stuck::StashEntry,
+                    &format!("the stash of claim {} is missing", m.claim),
+                );
                 return Ok(());
             };
             let claim = build::swapped_claim(
@@ -904,34 +960,12 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                     ),
                 );
             } else {
-                // The PV controller binds a pre-bound claim at once, unless its first attempt
-                // lost a race (a conflict on the volume): then only its periodic sync (~15 s)
-                // would. An update of the claim makes it look again now.
-                let age = c
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| cx.o.now.as_second() - t.0.as_second())
-                    .unwrap_or(0);
-                let last_nudge = c
-                    .annotations()
-                    .get(BIND_NUDGE_ANNOTATION)
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(0);
-                if age >= BIND_NUDGE_AFTER_SECONDS
-                    && cx.o.now.as_second() - last_nudge >= BIND_NUDGE_AFTER_SECONDS
-                {
-                    cx.act(Action::AnnotateClaim {
-                        claim: m.claim.clone(),
-                        key: BIND_NUDGE_ANNOTATION.to_string(),
-                        value: Some(cx.o.now.as_second().to_string()),
-                    });
-                }
-                cx.wait(Duration::from_secs(1));
+                nudge_binding(cx, &m.claim, c);
             }
         }
         Some(_) => stuck(
             cx,
+            Stuck::ClaimNotOnNewVolume,
             &format!(
                 "claim {} exists but is not bound to the new volume {new_volume}",
                 m.claim
@@ -958,12 +992,20 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 finish_member(cx, mb, None);
                 return Ok(());
             }
-            stuck(cx, &format!("the stash of pod {} is missing", m.pod));
+            stuck(
+                cx,
+                Stuck::StashEntry,
+                &format!("the stash of pod {} is missing", m.pod),
+            );
             return Ok(());
         };
         match our_pod(cx, stashed) {
             Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
-            Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
+            Err(e) => stuck(
+                cx,
+                Stuck::CannotRebuild,
+                &format!("pod {} cannot be recreated: {e}", m.pod),
+            ),
         }
         cx.wait(Duration::from_secs(1));
         return Ok(());
@@ -1079,7 +1121,11 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
             if let Some(stashed) = cx.o.stash.pods.get(&m.pod) {
                 match our_pod(cx, stashed) {
                     Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
-                    Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
+                    Err(e) => stuck(
+                        cx,
+                        Stuck::CannotRebuild,
+                        &format!("pod {} cannot be recreated: {e}", m.pod),
+                    ),
                 }
                 pending = true;
             }

@@ -153,7 +153,7 @@ fn denials_name_the_problem() {
             "same class",
             |o| o.request.spec = spec_class_change("standard"),
             "SameStorageClass",
-            "standard",
+            "already on StorageClass standard: nothing to do",
         ),
         (
             "WFFC source, Immediate target",
@@ -167,8 +167,14 @@ fn denials_name_the_problem() {
             "fast",
         ),
         (
-            "not smaller",
+            "every member and the template already at the size",
             |o| o.request.spec = spec_shrink("1Gi"),
+            "NotSmaller",
+            "already request 1Gi: nothing to do",
+        ),
+        (
+            "bigger than a claim",
+            |o| o.request.spec = spec_shrink("2Gi"),
             "NotSmaller",
             "data-etcd-0",
         ),
@@ -775,7 +781,25 @@ fn spec_change_after_acceptance_is_ignored() {
     let s = first_status(&d);
     let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
     assert_eq!(c.status, "True");
-    assert!(c.message.contains("generation 2"));
+    assert!(c.message.contains("generation 2"), "{}", c.message);
+    assert!(
+        c.message.contains("accepted at generation 1"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message.contains(
+            ": spec.storageClassChange differ from status.acceptedSpec; ignored, because"
+        ),
+        "{}",
+        c.message
+    );
+    assert_eq!(c.observed_generation, Some(2));
+    assert_eq!(
+        s.observed_generation,
+        Some(2),
+        "observedGeneration follows generation"
+    );
     sim.run(400);
     assert_eq!(sim.phase(), Phase::Successful);
     assert_eq!(claim_class(&sim.o.claims["data-etcd-0"]), Some("fast"));
@@ -786,6 +810,48 @@ fn spec_change_after_acceptance_is_ignored() {
             .count(),
         1
     );
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.observed_generation, Some(2));
+}
+
+/// Back to the accepted spec, the condition turns False; a denied request says that a change
+/// is ignored too (it is final).
+#[test]
+fn spec_change_reverted_clears_the_condition_and_denied_requests_say_so() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(5);
+    sim.o.request.spec = spec_class_change("slow");
+    sim.o.request.metadata.generation = Some(2);
+    sim.run(1);
+    sim.o.request.spec = spec_class_change("fast");
+    sim.o.request.metadata.generation = Some(3);
+    let d = decide(&sim.o, &SETTINGS);
+    let s = first_status(&d);
+    let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SpecMatchesAccepted")
+    );
+    assert_eq!(s.observed_generation, Some(3));
+
+    let mut o = observed(spec_class_change("missing-class"));
+    let d = decide(&o, &SETTINGS);
+    o.request.status = Some(first_status(&d).clone());
+    assert_eq!(o.request.status.as_ref().unwrap().phase, Phase::Denied);
+    o.request.spec = spec_class_change("fast");
+    o.request.metadata.generation = Some(2);
+    let d = decide(&o, &SETTINGS);
+    let s = first_status(&d);
+    let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message
+            .contains("after the request was denied at generation 1"),
+        "{}",
+        c.message
+    );
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(s.phase, Phase::Denied, "still denied");
 }
 
 #[test]
@@ -1242,7 +1308,8 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
         s.message.as_deref(),
         Some(
             "stuck: the planner tried a transition its state machine does not allow: member \
-             etcd-0 cannot go from step Pending to Done"
+             etcd-0 cannot go from step Pending to Done (runbook: \
+             docs/runbook.md#stuck-a-transition-the-state-machine-does-not-allow)"
         ),
         "the first refusal is the one reported"
     );
@@ -1267,7 +1334,8 @@ fn a_refused_stage_transition_is_reported() {
         s.message.as_deref(),
         Some(
             "stuck: the planner tried a transition its state machine does not allow: the \
-             request cannot go from stage Preflight to RollingBack"
+             request cannot go from stage Preflight to RollingBack (runbook: \
+             docs/runbook.md#stuck-a-transition-the-state-machine-does-not-allow)"
         )
     );
 }

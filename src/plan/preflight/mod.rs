@@ -17,12 +17,13 @@ use kube::ResourceExt;
 
 use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_QUEUED, REQUEUE_WAITING};
 use crate::api::conditions;
-use crate::api::{MemberStatus, MigrationType, Phase, Plan, Stage};
+use crate::api::{MemberStatus, MemberStep, MigrationType, Phase, Plan, PlannedWork, Stage};
 use crate::build::JobKind;
 use crate::labels;
 
 mod classes;
 mod denial;
+mod headroom;
 mod health;
 mod measure;
 mod members;
@@ -114,13 +115,15 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
         claim_classes.push(class);
     }
 
-    // Classes and sizes.
-    let source_classes = classes::distinct(claim_classes);
-    let target_class = classes::check_target_class(spec, &source_classes)?;
+    // Classes and sizes; members already there (an earlier request moved them) are skipped.
+    let all_classes = classes::distinct(claim_classes.clone());
+    let target_class = classes::check_target_class(spec, &all_classes)?;
     let target = classes::check_storage_class(&o.storage_classes, &target_class)?;
     let target_size = match spec.type_ {
         MigrationType::StorageClassChange => {
-            classes::check_not_same_class(&source_classes, &target_class)?;
+            classes::mark_on_class(o, &mut members, &target_class);
+            classes::check_not_all_on_class(&members, &template, &target_class)?;
+            let source_classes = classes::migrating_classes(&members, &claim_classes);
             classes::check_binding_mode(
                 &o.storage_classes,
                 &source_classes,
@@ -130,13 +133,15 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
             classes::check_template_size(&template)?
         }
         MigrationType::Shrink => {
-            let size = classes::check_shrink_size(spec, &members)?;
+            let size = classes::check_shrink_size(spec, &mut members, &template)?;
             members.iter_mut().for_each(|m| m.new_size = size.clone());
             size
         }
     };
+    let source_classes = classes::migrating_classes(&members, &claim_classes);
 
-    // Health (IfReady), then the order: followers first (stable by ordinal), leader last.
+    // Health (IfReady), then the order: members already there first, then the ones to migrate,
+    // followers first (stable by ordinal), leader last.
     health::assign_roles(&o.health, &mut members);
     health::check_engine_health(spec.apply, &o.health, &members)?;
     members::order(&mut members);
@@ -201,7 +206,10 @@ fn measured(cx: &mut Ctx, mut plan: Plan) -> Verdict {
         Ok(Measurement::Complete) => Verdict::Accept(plan),
         Ok(Measurement::Running) => Verdict::Wait(format!(
             "preflight: measuring the used bytes of {} members",
-            plan.members.len()
+            plan.members
+                .iter()
+                .filter(|m| m.work == PlannedWork::Migrate)
+                .count()
         )),
         Err(d) => Verdict::Deny(d),
     }
@@ -234,6 +242,10 @@ fn delete_measure_jobs(cx: &mut Ctx) {
 
 fn deny(cx: &mut Ctx, d: Denial) {
     let generation = cx.o.request.metadata.generation;
+    let d = Denial {
+        message: format!("{}{}", d.message, super::runbook::pointer(d.reason)),
+        ..d
+    };
     cx.status.phase = Phase::Denied;
     cx.enter_stage(Stage::Done);
     cx.status.observed_generation = generation;
@@ -265,6 +277,16 @@ fn accept(cx: &mut Ctx, plan: Plan) {
             ..Default::default()
         })
         .collect();
+    let already_there: Vec<usize> = plan
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.work == PlannedWork::AlreadyThere)
+        .map(|(i, _)| i)
+        .collect();
+    for i in already_there {
+        cx.advance_member(i, MemberStep::AlreadyThere);
+    }
     cx.status.plan = Some(plan);
     cx.status.progress = Some(super::progress(&cx.status));
     cx.status.message = Some(message.clone());
@@ -301,18 +323,35 @@ fn declared_paused(cx: &Ctx) -> Option<ForeignOwner> {
     foreign_owner(set).filter(|_| cx.spec().owner_paused)
 }
 
-/// The `Accepted` message: the members, the target class and size, the order.
+/// The `Accepted` message: the members to migrate, the target class and size, the order, and the
+/// members already there.
 fn accepted_message(plan: &Plan) -> String {
-    format!(
+    let pods = |work: PlannedWork| {
+        plan.members
+            .iter()
+            .filter(|m| m.work == work)
+            .map(|m| m.pod.as_str())
+            .collect::<Vec<_>>()
+    };
+    let migrate = pods(PlannedWork::Migrate);
+    let there = pods(PlannedWork::AlreadyThere);
+    let mut message = format!(
         "accepted: {} members of StatefulSet {} move to StorageClass {} ({}), order {}",
-        plan.members.len(),
+        migrate.len(),
         plan.stateful_set,
         plan.target_storage_class,
         plan.target_size.0,
-        plan.members
-            .iter()
-            .map(|m| m.pod.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+        if migrate.is_empty() {
+            "none (only the StatefulSet's template changes)".to_string()
+        } else {
+            migrate.join(", ")
+        }
+    );
+    if !there.is_empty() {
+        message.push_str(&format!(
+            "; already there, left running: {}",
+            there.join(", ")
+        ));
+    }
+    message
 }
