@@ -24,13 +24,14 @@ use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use tracing::{Instrument, error, info, info_span, warn};
 
-use crate::api::{MemberStep, StorageMigrationRequest};
+use crate::api::StorageMigrationRequest;
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
-use crate::image::ImageRef;
 use crate::labels;
 use crate::metrics::Metrics;
+use crate::plan::Settings;
 use crate::plan::{self, Action};
+use crate::scope::WatchScope;
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
 const MAX_ROUNDS: usize = 40;
@@ -51,14 +52,15 @@ pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
     pub metrics: Arc<Metrics>,
-    /// The operator's own image (`--image`), the default image of the Jobs it creates.
-    pub image: ImageRef,
+    /// The operator's configuration the planner needs (its image, `--allow-request-mover-image`,
+    /// `--helper-start-timeout`).
+    pub settings: Settings,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
 }
 
 impl Context {
-    pub fn new(client: Client, image: ImageRef, metrics: Arc<Metrics>) -> Self {
+    pub fn new(client: Client, settings: Settings, metrics: Arc<Metrics>) -> Self {
         let instance = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok());
@@ -69,7 +71,7 @@ impl Context {
                 instance,
             },
             metrics,
-            image,
+            settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
         }
     }
@@ -214,7 +216,7 @@ pub async fn reconcile(
             };
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
             let observed = cluster.gather(current, &engine).await?;
-            let decision = plan::decide(&observed, &ctx.image);
+            let decision = plan::decide(&observed, &ctx.settings);
             record_status(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
@@ -276,12 +278,7 @@ fn in_flight_member(d: &plan::Decision) -> Option<String> {
         Action::SetStatus(s) => s
             .members
             .iter()
-            .find(|m| {
-                !matches!(
-                    m.step,
-                    MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-                )
-            })
+            .find(|m| m.step.in_flight())
             .map(|m| m.pod.clone()),
         _ => None,
     })
@@ -327,15 +324,29 @@ pub fn error_policy(
     Requeue::requeue(verdict.delay)
 }
 
-/// Runs the controller until SIGTERM/SIGINT. `namespace`: watch one namespace, else all.
-/// `image`: the operator's own image, which its Jobs run unless a request sets `moverImage`.
-pub async fn run(
-    client: Client,
-    namespace: Option<String>,
-    image: ImageRef,
-    metrics: Arc<Metrics>,
-) {
-    let (requests, jobs, pods) = match &namespace {
+/// Runs the controller until SIGTERM/SIGINT, one watch per namespace of `scope` (one for all).
+/// `settings`: the operator's image and how its helper pods run (see [`Settings`]).
+pub async fn run(client: Client, scope: WatchScope, settings: Settings, metrics: Arc<Metrics>) {
+    info!(
+        namespaces = %scope,
+        image = %settings.image,
+        allow_request_mover_image = settings.allow_request_mover_image,
+        helper_start_timeout = ?settings.helper_start_timeout,
+        "starting controller"
+    );
+    let ctx = Arc::new(Context::new(client.clone(), settings, metrics));
+    let controllers = scope
+        .namespaces()
+        .into_iter()
+        .map(|ns| watch_namespace(client.clone(), ns, ctx.clone()));
+    futures::future::join_all(controllers).await;
+    info!("controller stopped");
+}
+
+/// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace) and
+/// the Jobs and pods they own.
+async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Context>) {
+    let (requests, jobs, pods) = match namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
             Api::<Job>::namespaced(client.clone(), ns),
@@ -348,12 +359,6 @@ pub async fn run(
         ),
     };
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
-    info!(
-        namespace = namespace.as_deref().unwrap_or("<all>"),
-        %image,
-        "starting controller"
-    );
-    let ctx = Arc::new(Context::new(client, image, metrics));
     Controller::new(requests, watcher::Config::default())
         .owns(jobs, owned.clone())
         .owns(pods, owned)
@@ -374,7 +379,6 @@ pub async fn run(
             }
         })
         .await;
-    info!("controller stopped");
 }
 
 #[cfg(test)]

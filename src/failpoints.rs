@@ -15,7 +15,7 @@
 use k8s_openapi::api::batch::v1::Job;
 use kube::ResourceExt;
 
-use crate::api::{MemberStep, StorageMigrationRequestStatus};
+use crate::api::StorageMigrationRequestStatus;
 use crate::build::JobKind;
 use crate::engine::FinalHashError;
 use crate::labels;
@@ -94,12 +94,7 @@ fn injected_inconsistency() -> FinalHashError {
 /// The failpoint name after a status write: the member step in flight (`step-Copying`), else
 /// the stage (`stage-OrphaningStatefulSet`).
 pub fn status_failpoint(status: &StorageMigrationRequestStatus) -> String {
-    match status.members.iter().find(|m| {
-        !matches!(
-            m.step,
-            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-        )
-    }) {
+    match status.members.iter().find(|m| m.step.in_flight()) {
         Some(m) => format!("step-{:?}", m.step),
         None => format!("stage-{:?}", status.stage),
     }
@@ -154,7 +149,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 
     use super::*;
-    use crate::api::{MemberStatus, Stage};
+    use crate::api::{MemberStatus, MemberStep, Stage};
     use crate::plan::{Kind, Object, Propagation};
 
     #[test]

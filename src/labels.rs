@@ -80,6 +80,9 @@ pub const FLUX_HELM_RELEASE_LABELS: [&str; 2] = [
 
 // ---- Kubernetes' own keys ----------------------------------------------------------------------
 
+/// The namespace label of Pod Security admission's enforced level (`privileged`, `baseline`,
+/// `restricted`), read by preflight: the copy Jobs need what `restricted` refuses.
+pub const POD_SECURITY_ENFORCE_LABEL: &str = "pod-security.kubernetes.io/enforce";
 /// Node label the scheduler and volume topology use for a single node.
 pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Annotation on a claim naming the node a WaitForFirstConsumer volume is provisioned for.

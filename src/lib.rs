@@ -14,6 +14,7 @@
 //!   every RBAC rule the operator uses (checked against the chart and at run time).
 //! - [`plugin`]: `kubectl smr` (binary `kubectl-smr`): plan, watch, describe, abort, orphans.
 //! - [`image`]: the operator's image reference (`--image`), also its Jobs' default image.
+//! - [`scope`]: which namespaces the operator watches (all, or a list).
 
 pub mod api;
 pub mod build;
@@ -28,4 +29,5 @@ pub mod metrics;
 pub mod permissions;
 pub mod plan;
 pub mod plugin;
+pub mod scope;
 pub mod serve;

@@ -4,14 +4,16 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use kube::{CustomResourceExt, ResourceExt};
+use kube::ResourceExt;
 
 use storage_migrator::api::{CopySpec, StorageMigrationRequest};
 use storage_migrator::cluster::Cluster;
 use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::leader::{self, LeaseConfig, Term};
 use storage_migrator::metrics::Metrics;
-use storage_migrator::plan::preflight;
+use storage_migrator::permissions::CheckScope;
+use storage_migrator::plan::{Settings, preflight};
+use storage_migrator::scope::WatchScope;
 use storage_migrator::serve::{self, Health};
 
 #[derive(Parser)]
@@ -27,20 +29,42 @@ enum LogFormat {
     Json,
 }
 
-/// The operator's own image, also the default image of the Jobs and pods it creates.
+/// The operator's own image, also the image of the Jobs and pods it creates, and how those
+/// helper pods are run (`plan::Settings`).
 #[derive(Args)]
 struct ImageArg {
     /// The operator's own image (the Helm chart sets it from its image values). Its copy,
-    /// verify and measure Jobs and its mounter pods run it, unless a request sets
-    /// spec.copy.moverImage.
+    /// verify and measure Jobs and its mounter pods run it.
     #[arg(long = "image", env = "STORAGE_MIGRATOR_IMAGE", value_name = "REF", default_value = DEFAULT_IMAGE)]
     image: String,
+    /// Let a request's spec.copy.moverImage replace --image for its Jobs and mounter pods.
+    /// Off: such a request is Denied (MoverImageNotAllowed). Whoever may create a request
+    /// then picks code that runs as root with the data volumes mounted.
+    #[arg(long, env = "ALLOW_REQUEST_MOVER_IMAGE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    allow_request_mover_image: bool,
+    /// Seconds a copy, verify, measure or mounter pod may stay unstarted (image not pulled,
+    /// not scheduled, refused by admission) before its member fails with the pod's reason.
+    #[arg(long, env = "HELPER_START_TIMEOUT", default_value_t = 180, value_parser = clap::value_parser!(u64).range(10..=3600))]
+    helper_start_timeout: u64,
+    /// Times a helper pod evicted from its node is replaced before its member fails.
+    #[arg(long, env = "MAX_EVICTIONS", default_value_t = storage_migrator::plan::DEFAULT_MAX_EVICTIONS, value_parser = clap::value_parser!(u32).range(0..=10))]
+    max_evictions: u32,
 }
 
 impl ImageArg {
     /// The checked reference; the error names the flag and its variable.
     fn image_ref(&self) -> anyhow::Result<ImageRef> {
         ImageRef::parse(&self.image).context("invalid --image (env STORAGE_MIGRATOR_IMAGE)")
+    }
+
+    /// The planner's settings from these flags.
+    fn settings(&self) -> anyhow::Result<Settings> {
+        Ok(Settings {
+            image: self.image_ref()?,
+            allow_request_mover_image: self.allow_request_mover_image,
+            helper_start_timeout: Duration::from_secs(self.helper_start_timeout),
+            max_evictions: self.max_evictions,
+        })
     }
 }
 
@@ -50,9 +74,11 @@ enum Command {
     Crd,
     /// Run the controller (KUBECONFIG or in-cluster config).
     Run {
-        /// Watch only this namespace (default: all namespaces).
-        #[arg(long, env = "WATCH_NAMESPACE")]
-        namespace: Option<String>,
+        /// Watch only these namespaces (repeat the flag or separate with commas; default, or an
+        /// empty value: all namespaces). The chart's `watchNamespaces` grants Roles in exactly
+        /// these.
+        #[arg(long = "namespace", env = "WATCH_NAMESPACE", value_delimiter = ',')]
+        namespaces: Vec<String>,
         /// Log format.
         #[arg(long, value_enum, default_value = "text")]
         log_format: LogFormat,
@@ -87,7 +113,8 @@ struct LeaseArgs {
     /// Name of the Lease.
     #[arg(long, default_value = storage_migrator::labels::LEASE_NAME)]
     lease_name: String,
-    /// Namespace of the Lease (default: the watched namespace, else the client's default).
+    /// Namespace of the Lease (default: the watched namespace when there is one, else the
+    /// client's default).
     #[arg(long, env = "POD_NAMESPACE")]
     lease_namespace: Option<String>,
     /// This replica's identity in the Lease; unique per replica (default: host name and pid).
@@ -136,8 +163,8 @@ fn init_tracing(format: LogFormat) {
 /// The controller under leader election, with the HTTP endpoints and the readiness checks.
 async fn run(
     client: kube::Client,
-    namespace: Option<String>,
-    image: ImageRef,
+    scope: WatchScope,
+    settings: Settings,
     http_address: std::net::SocketAddr,
     lease: &LeaseArgs,
 ) -> anyhow::Result<()> {
@@ -146,10 +173,15 @@ async fn run(
     let (bound, server) = serve::bind(http_address, health.clone(), metrics.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let server = tokio::spawn(server);
-    tokio::spawn(health.keep_checking(client.clone(), namespace.clone()));
+    let cfg = lease.config(&client, scope.single());
+    let checks = CheckScope {
+        watch: scope.clone(),
+        lease_namespace: lease.leader_election.then(|| cfg.namespace.clone()),
+    };
+    tokio::spawn(health.keep_checking(client.clone(), checks));
     let work = {
-        let (client, namespace, metrics) = (client.clone(), namespace.clone(), metrics.clone());
-        move || storage_migrator::controller::run(client, namespace, image, metrics)
+        let (client, metrics) = (client.clone(), metrics.clone());
+        move || storage_migrator::controller::run(client, scope, settings, metrics)
     };
     if !lease.leader_election {
         tracing::warn!("leader election is off: this replica acts at once");
@@ -158,7 +190,6 @@ async fn run(
         server.abort();
         return Ok(());
     }
-    let cfg = lease.config(&client, namespace.as_deref());
     let role = |leading| metrics.set_leader(leading);
     let term = tokio::select! {
         term = elect_and_lead(client, &cfg, role, work) => term?,
@@ -227,49 +258,50 @@ async fn main() -> anyhow::Result<()> {
         Command::Crd => {
             print!(
                 "{}",
-                serde_norway::to_string(&StorageMigrationRequest::crd())?
+                serde_norway::to_string(&storage_migrator::api::schema::crd())?
             );
         }
         Command::Run {
-            namespace,
+            namespaces,
             log_format,
             http_address,
             lease,
             image,
         } => {
             // Checked before anything else: a bad reference would fail every Job much later.
-            let image = image.image_ref()?;
+            let settings = image.settings()?;
+            let scope = WatchScope::parse(&namespaces)?;
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
             let client = kube::Client::try_default()
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            run(client, namespace, image, http_address, &lease).await?;
+            run(client, scope, settings, http_address, &lease).await?;
         }
         Command::Plan {
             file,
             namespace,
             image,
-        } => plan(&file, namespace, image.image_ref()?).await?,
+        } => plan(&file, namespace, image.settings()?).await?,
     }
     Ok(())
 }
 
 /// The `plan` line that names the image of the request's Jobs, and where it comes from.
-fn jobs_image_line(copy: &CopySpec, image: &ImageRef) -> String {
+fn jobs_image_line(copy: &CopySpec, settings: &Settings) -> String {
     let from = match copy.mover_image {
-        Some(_) => "spec.copy.moverImage",
-        None => "the operator's --image",
+        Some(_) if settings.allow_request_mover_image => "spec.copy.moverImage",
+        _ => "the operator's --image",
     };
     format!(
         "# copy Jobs would run image {} ({from})",
-        copy.mover_image(image.as_str())
+        settings.mover_image_of(copy)
     )
 }
 
 /// `storage-migrator plan`: what preflight would decide for the request in `file`, and the
 /// image its Jobs would run.
-async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow::Result<()> {
+async fn plan(file: &Path, namespace: Option<String>, settings: Settings) -> anyhow::Result<()> {
     init_tracing(LogFormat::Text);
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
@@ -305,11 +337,17 @@ async fn plan(file: &Path, namespace: Option<String>, image: ImageRef) -> anyhow
             ahead.name, ahead.phase
         );
     }
-    match preflight::dry_run(&observed, &image) {
+    match preflight::dry_run(&observed, &settings) {
         Ok(plan) => {
-            println!("# would be accepted; the plan (members in migration order):");
+            println!(
+                "# would be accepted; the plan (members in migration order; `work: AlreadyThere` \
+                 members are already on the target and left running):"
+            );
             print!("{}", serde_norway::to_string(&plan)?);
-            println!("{}", jobs_image_line(&observed.request.spec.copy, &image));
+            println!(
+                "{}",
+                jobs_image_line(&observed.request.spec.copy, &settings)
+            );
             if observed.request.spec.type_ == storage_migrator::api::MigrationType::Shrink {
                 println!(
                     "# used bytes are measured by a Job on each member's node when the request runs"
@@ -331,14 +369,16 @@ mod tests {
     #[test]
     fn plan_names_the_jobs_image_and_its_source() {
         let image = ImageRef::parse("registry.test/storage-migrator:9").unwrap();
+        let mut settings = Settings::new(image);
         let mut copy = CopySpec::default();
-        assert_eq!(
-            jobs_image_line(&copy, &image),
-            "# copy Jobs would run image registry.test/storage-migrator:9 (the operator's --image)"
-        );
+        let own =
+            "# copy Jobs would run image registry.test/storage-migrator:9 (the operator's --image)";
+        assert_eq!(jobs_image_line(&copy, &settings), own);
         copy.mover_image = Some("registry.test/mine:1".into());
+        assert_eq!(jobs_image_line(&copy, &settings), own, "not allowed");
+        settings.allow_request_mover_image = true;
         assert_eq!(
-            jobs_image_line(&copy, &image),
+            jobs_image_line(&copy, &settings),
             "# copy Jobs would run image registry.test/mine:1 (spec.copy.moverImage)"
         );
     }
@@ -364,5 +404,33 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn mover_flags_default_to_the_safe_values() {
+        let settings = |args: &[&str]| match Cli::try_parse_from(args).unwrap().command {
+            Command::Run { image, .. } => image.settings().unwrap(),
+            _ => unreachable!(),
+        };
+        for var in [
+            "ALLOW_REQUEST_MOVER_IMAGE",
+            "HELPER_START_TIMEOUT",
+            "MAX_EVICTIONS",
+        ] {
+            if std::env::var_os(var).is_some() {
+                return;
+            }
+        }
+        let d = settings(&["sm", "run"]);
+        assert!(!d.allow_request_mover_image);
+        assert_eq!(d.helper_start_timeout, Duration::from_secs(180));
+        assert_eq!(d.max_evictions, 2);
+        let on = settings(&["sm", "run", "--allow-request-mover-image"]);
+        assert!(on.allow_request_mover_image);
+        let off = settings(&["sm", "run", "--allow-request-mover-image=false"]);
+        assert!(!off.allow_request_mover_image);
+        let t = settings(&["sm", "run", "--helper-start-timeout", "30"]);
+        assert_eq!(t.helper_start_timeout, Duration::from_secs(30));
+        assert!(Cli::try_parse_from(["sm", "run", "--helper-start-timeout", "0"]).is_err());
     }
 }

@@ -20,7 +20,7 @@ use kube::Client;
 use tracing::{error, info};
 
 use crate::metrics::Metrics;
-use crate::permissions;
+use crate::permissions::{self, CheckScope};
 
 /// How often readiness is checked again.
 pub const CHECK_PERIOD: Duration = Duration::from_secs(30);
@@ -72,10 +72,10 @@ impl Health {
     }
 
     /// Checks the API server and the operator's permissions once.
-    pub async fn check(&self, client: &Client, namespace: Option<&str>) {
+    pub async fn check(&self, client: &Client, scope: &CheckScope) {
         let verdict = match client.apiserver_version().await {
             Err(e) => Some(format!("cannot reach the API server (GET /version): {e}")),
-            Ok(_) => permissions::refused(client, namespace)
+            Ok(_) => permissions::refused(client, scope)
                 .await
                 .err()
                 .map(|e| e.to_string()),
@@ -84,9 +84,9 @@ impl Health {
     }
 
     /// Checks now and then every [`CHECK_PERIOD`], forever.
-    pub async fn keep_checking(self: Arc<Self>, client: Client, namespace: Option<String>) {
+    pub async fn keep_checking(self: Arc<Self>, client: Client, scope: CheckScope) {
         loop {
-            self.check(&client, namespace.as_deref()).await;
+            self.check(&client, &scope).await;
             tokio::time::sleep(CHECK_PERIOD).await;
         }
     }

@@ -21,7 +21,8 @@ fail() { echo "check-chart: $*" >&2; exit 1; }
 
 variants=(
   "defaults|"
-  "one-namespace|--set watchNamespace=databases"
+  "one-namespace|--set watchNamespaces={databases}"
+  "namespaces|--set watchNamespaces={databases,cache}"
   "text-logs|--set logFormat=text --set logLevel=debug"
   "no-rbac|--set rbac.create=false --set serviceAccount.create=false --set serviceAccount.name=ops"
   "pinned-image|--set image.repository=registry.example/smr --set image.tag=0.1.0-rc1 --set image.pullPolicy=Always"
@@ -40,6 +41,21 @@ for v in "${variants[@]}"; do
   echo "check-chart: $name: $(grep -c '^kind:' "$OUT/$name.yaml") objects valid against 1.25 and 1.37"
 done
 
+# With watchNamespaces the ClusterRole keeps only cluster-scoped objects; each namespace gets a
+# Role with the rest, and the release namespace a Role for the Lease.
+ns_doc() { awk -v RS='\n---\n' -v k="$1" -v n="$2" '$0 ~ "kind: "k"\n" && $0 ~ n' "$OUT/namespaces.yaml"; }
+ns_doc ClusterRole "name: smr-storage-migrator" | grep -q 'persistentvolumes' \
+  || fail "namespaced mode: the ClusterRole lacks persistentvolumes"
+if ns_doc ClusterRole "name: smr-storage-migrator" | grep -Eq '"(pods|jobs|secrets)"'; then
+  fail "namespaced mode: the ClusterRole grants namespaced objects"
+fi
+for n in databases cache; do
+  ns_doc Role "namespace: $n" | grep -q '"pods"' || fail "namespaced mode: no Role in $n"
+done
+ns_doc Role "name: smr-storage-migrator-leader-election" | grep -q '"leases"' \
+  || fail "no Lease Role in the release namespace"
+echo "check-chart: namespaces: ClusterRole cluster-scoped only; Roles in databases, cache; Lease Role"
+
 # Bad values fail at the schema, naming the field.
 bad=(
   "logFormat|--set logFormat=xml"
@@ -48,6 +64,8 @@ bad=(
   "leaderElection|--set replicaCount=2 --set leaderElection.enabled=false"
   "renewGraceSeconds|--set leaderElection.renewGraceSeconds=20"
   "imagee|--set imagee.tag=1"
+  "watchNamespaces|--set watchNamespaces={Databases}"
+  "watchNamespace|--set watchNamespace=databases"
 )
 for b in "${bad[@]}"; do
   field="${b%%|*}"

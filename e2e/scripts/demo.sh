@@ -76,7 +76,7 @@ if [ "$IN_CLUSTER" = 1 ]; then
   # cluster may reuse: keep it with this cluster.
   mkdir -p "$STATE_DIR/helm-home"
   HOME="$STATE_DIR/helm-home" "$HELM" upgrade --install storage-migrator charts/storage-migrator \
-    --namespace storage-migrator --create-namespace --set watchNamespace="$NS" >/dev/null
+    --namespace storage-migrator --create-namespace --set "watchNamespaces={$NS}" >/dev/null
   kubectl -n storage-migrator rollout status deployment/storage-migrator --timeout=180s
   kubectl -n storage-migrator get pods -o wide
   kubectl -n storage-migrator get lease storage-migrator

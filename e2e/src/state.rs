@@ -90,6 +90,12 @@ impl ClusterState {
     pub fn kubeconfig(&self) -> PathBuf {
         self.dir.join("kubeconfig")
     }
+    /// The API server's audit log (JSON lines): ServiceAccounts' requests, see
+    /// `controlplane::args::AUDIT_POLICY`. Always beside [`Self::kubeconfig`], so a test finds it
+    /// from `KUBECONFIG`.
+    pub fn audit_log(&self) -> PathBuf {
+        self.dir.join("audit.log")
+    }
     pub fn component_kubeconfig(&self, component: &str) -> PathBuf {
         self.dir
             .join("kubeconfigs")

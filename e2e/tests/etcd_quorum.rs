@@ -365,11 +365,15 @@ fn fixture(n: usize) -> String {
 
 /// The operator for `ns`: started here, or none with `E2E_OPERATOR=external` (one already runs
 /// in the cluster).
-fn start_operator(ns: &TestNamespace) -> Option<Operator> {
+async fn start_operator(ns: &TestNamespace) -> Option<Operator> {
     if std::env::var("E2E_OPERATOR").is_ok_and(|v| v == "external") {
         return None;
     }
-    Some(Operator::start(&ns.name, 0, None).expect("start the operator"))
+    Some(
+        Operator::start(ns, 0, None)
+            .await
+            .expect("start the operator"),
+    )
 }
 
 /// An etcd set of `n` members in a fresh namespace, healthy, with the operator running.
@@ -388,7 +392,7 @@ async fn setup(test: &str, n: usize) -> (TestCluster, TestNamespace, Option<Oper
         .await
         .expect("etcd ready");
     wait_etcd(&ns, n).await;
-    let operator = start_operator(&ns);
+    let operator = start_operator(&ns).await;
     (cluster, ns, operator)
 }
 

@@ -121,7 +121,7 @@ async fn start(
     let original = original_set(&ns).await;
     let stop_writer = Arc::new(AtomicBool::new(false));
     let writer = etcd::start_writer(&ns, SET, 3, "seed/w-", stop_writer.clone());
-    let op = Operator::start(&ns.name, 0, None).unwrap();
+    let op = Operator::start(&ns, 0, None).await.unwrap();
     let started = Instant::now();
     create_request(
         &ns,
@@ -131,7 +131,6 @@ async fn start(
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": timeout,
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )

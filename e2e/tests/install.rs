@@ -241,7 +241,7 @@ async fn helm_installed_operator_migrates_and_survives_losing_its_leader() {
 
     let release = format!("smr-{}", ns.name.rsplit('-').next().unwrap_or("x"));
     let chart = chart_dir();
-    let watch = format!("watchNamespace={}", ns.name);
+    let watch = format!("watchNamespaces={{{}}}", ns.name);
     helm(&[
         "install",
         &release,

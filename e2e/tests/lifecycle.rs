@@ -119,7 +119,14 @@ async fn deleting_a_progressing_request_rolls_back_then_removes_it() {
         assert_eq!(class, &cluster.storage_class, "{claim}");
     }
     let etcd_before = check_etcd(&ns, &seeded).await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    // A mover image no node has keeps the copy Job from starting: allowed for the request, and
+    // waited for longer than the test lasts.
+    let flags = [
+        "--allow-request-mover-image",
+        "--helper-start-timeout",
+        "3600",
+    ];
+    let _op = Operator::start_with(&ns, 0, None, &flags).await.unwrap();
 
     let name = "deleted";
     create_request(
@@ -230,7 +237,7 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         )
         .await
         .unwrap();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     let name = "generic";
     let started = Instant::now();
@@ -242,7 +249,6 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Generic", "generic": {"leaderLabel": "role=leader"}},
         }),
     )

@@ -193,6 +193,16 @@ async fn seed(ns: &TestNamespace, n: usize) -> Vec<String> {
 
 /// The recreated set owns the pods, which existed before it (adopted, not recreated), with no
 /// restarts, one revision, and the template's class/size as expected.
+/// The whole MiB at or above the figure after `prefix` in `message` ("... it needs 77.2Mi ...").
+fn mib_after(message: &str, prefix: &str) -> u64 {
+    let figure = message
+        .split_once(prefix)
+        .and_then(|(_, rest)| rest.split_once("Mi"))
+        .and_then(|(n, _)| n.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no \"{prefix}<n>Mi\" in {message:?}"));
+    figure.ceil() as u64
+}
+
 async fn check_adopted(ns: &TestNamespace, class: &str, size: &str) -> BTreeMap<String, String> {
     let sets: Api<StatefulSet> = ns.api();
     let pods: Api<Pod> = ns.api();
@@ -261,7 +271,7 @@ async fn storage_class_change_while_a_client_writes() {
     let writer = start_writer(&ns, stop.clone());
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     let started = Instant::now();
     create_request(
         &ns,
@@ -271,7 +281,6 @@ async fn storage_class_change_while_a_client_writes() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -374,7 +383,7 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
         .await
         .unwrap()
         .uid();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     // etcd preallocates 64 MiB WAL files: far more than 32Mi is in use.
     create_request(
@@ -385,7 +394,6 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             "target": {"kind": "StatefulSet", "name": SET},
             "shrink": {"size": "32Mi"},
             "timeout": "10m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -424,6 +432,42 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
         "measure Jobs deleted"
     );
 
+    // A size the used bytes plus headroom fit, which an ext4 volume of that size does not hold
+    // once its journal, inode tables and reserves are taken: denied too, with those numbers.
+    let needs = mib_after(&accepted.message, "it needs ");
+    create_request(
+        &ns,
+        "naive-fit",
+        json!({
+            "type": "Shrink",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "shrink": {"size": format!("{}Mi", needs + 8)},
+            "timeout": "10m",
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "naive-fit", Duration::from_secs(180))
+        .await
+        .unwrap();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
+    let accepted = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted")
+        .unwrap();
+    assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
+    assert!(
+        accepted
+            .message
+            .contains("once its filesystem is made (ext4: inode tables"),
+        "{}",
+        accepted.message
+    );
+    assert_eq!(claims(&ns).await, before, "nothing changed");
+
     create_request(
         &ns,
         "shrink",
@@ -432,7 +476,6 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             "target": {"kind": "StatefulSet", "name": SET},
             "shrink": {"size": "256Mi"},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -516,7 +559,6 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "20m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -536,7 +578,7 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
         "stage-RecreatingStatefulSet=return", // every member migrated, set not yet recreated
     ];
     for (run, fp) in points.iter().enumerate() {
-        let mut op = Operator::start(&ns.name, run, Some(fp)).unwrap();
+        let mut op = Operator::start(&ns, run, Some(fp)).await.unwrap();
         let code = op.wait_exit(Duration::from_secs(300)).await.unwrap();
         assert_eq!(
             code,
@@ -547,7 +589,7 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
         let req: StorageMigrationRequest = ns.api().get("killed").await.unwrap();
         info!(run, fp, status = %summary(&req), "operator killed at failpoint");
     }
-    let _op = Operator::start(&ns.name, points.len(), None).unwrap();
+    let _op = Operator::start(&ns, points.len(), None).await.unwrap();
     let req = wait_final(&ns, "killed", MIGRATION).await.unwrap();
     assert_eq!(
         req.status.as_ref().unwrap().phase,
@@ -567,7 +609,9 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-copy-fails").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, Some("copy-job-fails=return")).unwrap();
+    let _op = Operator::start(&ns, 0, Some("copy-job-fails=return"))
+        .await
+        .unwrap();
     create_request(
         &ns,
         "copy-fails",
@@ -576,7 +620,6 @@ async fn failing_copy_rolls_back_with_the_workload_serving() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -638,9 +681,15 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
     let (cluster, ns) = setup("smr-timeout").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
-    // No pre-copy, and a mover image no node has: the member stops, its copy Job can never
-    // start, and the 45 s timeout expires with the member down.
+    // No pre-copy, and a mover image no node has (allowed for the request, and waited for
+    // longer than the request's timeout): the member stops, its copy Job can never start, and
+    // the 45 s timeout expires with the member down.
+    let flags = [
+        "--allow-request-mover-image",
+        "--helper-start-timeout",
+        "3600",
+    ];
+    let _op = Operator::start_with(&ns, 0, None, &flags).await.unwrap();
     create_request(
         &ns,
         "times-out",
@@ -702,13 +751,106 @@ async fn expired_timeout_rolls_back_with_the_workload_serving() {
     assert!(left.is_empty(), "temporary claims left: {left:?}");
 }
 
+/// Names of the Jobs and temporary claims left in the namespace.
+async fn leftovers(ns: &TestNamespace) -> Vec<String> {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
+    let mut left: Vec<String> = jobs
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|j| format!("job {}", j.name_any()))
+        .collect();
+    let claims = ns.api::<PersistentVolumeClaim>();
+    left.extend(
+        claims
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .map(|c| c.name_any())
+            .filter(|n| n.contains("-smr-"))
+            .map(|n| format!("claim {n}")),
+    );
+    left
+}
+
+/// A mover image no node has fails the member within `--helper-start-timeout`, quoting the
+/// kubelet's reason, long before the request's timeout; the member rolls back and nothing of
+/// the request is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mover_image_that_cannot_be_pulled_fails_the_member_within_the_start_timeout() {
+    let (cluster, ns) = setup("smr-no-image").await;
+    let seeded = seed(&ns, 100).await;
+    let before = claims(&ns).await;
+    let flags = [
+        "--allow-request-mover-image",
+        "--helper-start-timeout",
+        "20",
+    ];
+    let _op = Operator::start_with(&ns, 0, None, &flags).await.unwrap();
+    let started = Instant::now();
+    create_request(
+        &ns,
+        "no-image",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "15m",
+            "copy": {"moverImage": "registry.invalid/no-such-mover:0"},
+            "database": {"engine": "Etcd"},
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "no-image", MIGRATION).await.unwrap();
+    let took = started.elapsed();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    let failure = status.failure.clone().unwrap();
+    assert!(failure.contains("did not start within 20s"), "{failure}");
+    assert!(
+        failure.contains("ErrImagePull") || failure.contains("ImagePullBackOff"),
+        "{failure}"
+    );
+    assert!(
+        failure.contains("registry.invalid/no-such-mover:0"),
+        "{failure}"
+    );
+    // The 20 s bound plus claim provisioning and the rollback, far from the 15 m timeout.
+    assert!(took < Duration::from_secs(150), "failed after {took:?}");
+    eprintln!("NOTE unpullable mover image: Failed after {took:?}: {failure}");
+    assert!(
+        status
+            .members
+            .iter()
+            .any(|m| m.step == MemberStep::RolledBack),
+        "{}",
+        summary(&req)
+    );
+    assert_eq!(
+        claims(&ns).await,
+        before,
+        "every claim on its original volume"
+    );
+    ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
+    check_etcd(&ns, &seeded).await;
+    let left = leftovers(&ns).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
     let (cluster, ns) = setup("smr-final-check").await;
     let seeded = seed(&ns, 100).await;
     let before = claims(&ns).await;
     let (_, hash_before) = check_etcd(&ns, &seeded).await;
-    let _op = Operator::start(&ns.name, 0, Some("final-check-fails=return")).unwrap();
+    let _op = Operator::start(&ns, 0, Some("final-check-fails=return"))
+        .await
+        .unwrap();
     create_request(
         &ns,
         "check-fails",
@@ -717,7 +859,6 @@ async fn a_final_check_made_to_fail_leaves_the_old_volumes_in_place() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )
@@ -853,7 +994,7 @@ async fn a_request_replaced_mid_flight_still_succeeds() {
     let ids_before = etcd::member_ids(&ns, SET, 3).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writer = start_writer(&ns, stop.clone());
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     create_request(
         &ns,
         "replaced",
@@ -862,7 +1003,6 @@ async fn a_request_replaced_mid_flight_still_succeeds() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "15m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         }),
     )

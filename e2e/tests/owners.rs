@@ -53,7 +53,7 @@ async fn a_flux_managed_set_is_denied_unless_declared_paused() {
         .unwrap();
     let set_uid = set.uid().unwrap();
     let before = claims(&ns).await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     let started = Instant::now();
 
     let spec = |paused: bool| {
@@ -62,7 +62,6 @@ async fn a_flux_managed_set_is_denied_unless_declared_paused() {
             "target": {"kind": "StatefulSet", "name": SET},
             "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
             "timeout": "30m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
             "ownerPaused": paused,
         })

@@ -84,7 +84,6 @@ fn class_change(cluster: &TestCluster) -> serde_json::Value {
         "target": {"kind": "StatefulSet", "name": SET},
         "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
         "timeout": "15m",
-        "copy": {"moverImage": cluster.mover_image},
         "database": {"engine": "Etcd"},
     })
 }
@@ -162,7 +161,7 @@ async fn plan_accepts_and_lists_every_denial() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_follows_a_migration_to_its_end_and_describe_tells_it() {
     let (cluster, ns) = setup("smr-plugin-watch").await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     create_request(&ns, "to-fast", class_change(&cluster))
         .await
         .unwrap();
@@ -223,7 +222,7 @@ async fn watch_follows_a_migration_to_its_end_and_describe_tells_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abort_rolls_the_request_back() {
     let (cluster, ns) = setup("smr-plugin-abort").await;
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
     create_request(&ns, "to-fast", class_change(&cluster))
         .await
         .unwrap();

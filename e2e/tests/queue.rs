@@ -77,7 +77,6 @@ async fn requests_on_one_set_are_judged_one_at_a_time_oldest_first() {
             "type": type_,
             "target": {"kind": "StatefulSet", "name": SET},
             "timeout": "10m",
-            "copy": {"moverImage": cluster.mover_image},
             "database": {"engine": "Etcd"},
         });
         spec.as_object_mut()
@@ -98,7 +97,7 @@ async fn requests_on_one_set_are_judged_one_at_a_time_oldest_first() {
         .await
         .unwrap();
     let started = Instant::now();
-    let _op = Operator::start(&ns.name, 0, None).unwrap();
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     // The oldest is judged first and denied with its own reason, never queued.
     let bad = wait_final(&ns, "q1-bad", Duration::from_secs(60))

@@ -8,8 +8,8 @@
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Volume, VolumeMount,
+    Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Volume,
+    VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ use crate::api::{PlannedMember, StorageMigrationRequest};
 use crate::image::ImageRef;
 use crate::labels::JOB_KIND_LABEL;
 
-use super::{BuildError, job_name, member_meta, pinned_to_node, req_name, tolerate_all};
+use super::{BuildError, job_name, member_meta, pinned_to_node, req_name, security, tolerate_all};
 
 /// Name of the single container of every Job's pod.
 pub const JOB_CONTAINER: &str = "mover";
@@ -66,6 +66,21 @@ impl JobKind {
     /// Whether the Job mounts the temporary claim at [`TARGET_PATH`].
     pub fn mounts_target(self) -> bool {
         self != JobKind::Measure
+    }
+
+    /// Whether the Job writes the temporary claim (else every mount is read-only).
+    pub fn writes_target(self) -> bool {
+        matches!(self, JobKind::PreCopy | JobKind::Copy)
+    }
+
+    /// The capabilities its container adds (after dropping all): what rsync needs to write a
+    /// tree of files of every owner, or only to read one (see [`super::security`]).
+    pub fn capabilities(self) -> &'static [&'static str] {
+        if self.writes_target() {
+            &security::COPY_CAPABILITIES
+        } else {
+            &security::READ_CAPABILITIES
+        }
     }
 }
 
@@ -155,7 +170,9 @@ fi
 "#;
 
 /// Bytes allocated on the old volume (`du -s -B1`: blocks in use, so sparse files count what
-/// they occupy, which is what must fit on the smaller volume). Writes `{"usedBytes":N}`.
+/// they occupy, which is what must fit on the smaller volume), and the filesystem's `statfs`
+/// (type, blocks, inodes: how much of a volume its filesystem leaves usable). Writes
+/// `{"usedBytes":N,"filesystem":{...}}`; `filesystem` is left out when `stat -f` fails.
 pub const MEASURE_SCRIPT: &str = r#"set -u
 out=$(du -s -B1 /source)
 rc=$?
@@ -165,14 +182,15 @@ if [ "$rc" -ne 0 ] || [ -z "$used" ]; then
   echo "du failed with exit code $rc: $out" >&2
   exit 1
 fi
-result=$(printf '{"usedBytes":%s}' "$used")
+fs=$(stat -f -c '{"type":"%T","blockSize":%S,"blocks":%b,"blocksFree":%f,"blocksAvailable":%a,"inodes":%c,"inodesFree":%d}' /source 2>/dev/null) || fs=""
+result=$(printf '{"usedBytes":%s%s}' "$used" "${fs:+,\"filesystem\":$fs}")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
 "#;
 
 /// The Job of `kind` for `member`, bounded by `deadline_seconds` (the request's remaining
-/// timeout; at least 1), running the request's `moverImage` or else `image`, the operator's own
-/// image (`--image`).
+/// timeout; at least 1), running `image` (the planner's choice: the operator's own image, or
+/// the request's `moverImage` where the operator allows one).
 ///
 /// Why each part:
 /// - Node affinity to the member's node ([`super::pinned_to_node`]), not `nodeName`: a
@@ -180,8 +198,11 @@ printf '%s' "$result" > /dev/termination-log
 ///   scheduler must still see the pod so the volumes' own node affinity is honoured.
 /// - `/source` is read-only twice (claim volume source and mount): the pre-copy runs while the
 ///   member serves from that volume, and no bug in a script may write to it.
-/// - Runs as root (uid and gid 0): rsync can keep owners, modes and xattrs only with
-///   CAP_CHOWN/CAP_FOWNER/CAP_DAC_OVERRIDE, and must read files of every owner.
+/// - Runs as root (uid and gid 0) with every capability dropped but those of its kind
+///   ([`JobKind::capabilities`], see [`super::security`]): rsync keeps owners, modes, ACLs and
+///   xattrs of files of every owner only as root with them. No privilege escalation, a
+///   read-only root, the `RuntimeDefault` seccomp profile. Verify and Measure mount everything
+///   read-only.
 /// - `backoffLimit: 0`: a failed copy is a decision for the planner (rollback), not a retry
 ///   hidden from it. `activeDeadlineSeconds` keeps a stuck copy within the request's timeout.
 /// - An ownerReference to the request so the Job goes with it (the cluster layer still deletes
@@ -248,26 +269,22 @@ fn job_pod_spec(
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(10),
-        security_context: Some(PodSecurityContext {
-            run_as_user: Some(0),
-            run_as_group: Some(0),
-            run_as_non_root: Some(false),
-            ..Default::default()
-        }),
+        security_context: Some(security::pod_security(0)),
         containers: vec![job_container(req, image, kind, mounts)],
         volumes: Some(volumes),
         ..Default::default()
     }
 }
 
-/// The old claim at `/source`, read-only in both the volume source and the mount; for kinds
-/// that write, the temporary claim at `/target`.
+/// The old claim at `/source`, read-only in both the volume source and the mount; except for
+/// Measure, the temporary claim at `/target`, read-only too for Verify.
 fn job_volumes(member: &PlannedMember, kind: JobKind) -> (Vec<Volume>, Vec<VolumeMount>) {
     let mut volumes = vec![claim_volume("source", &member.claim, true)];
     let mut mounts = vec![volume_mount("source", SOURCE_PATH, true)];
     if kind.mounts_target() {
-        volumes.push(claim_volume("target", &member.temp_claim, false));
-        mounts.push(volume_mount("target", TARGET_PATH, false));
+        let read_only = !kind.writes_target();
+        volumes.push(claim_volume("target", &member.temp_claim, read_only));
+        mounts.push(volume_mount("target", TARGET_PATH, read_only));
     }
     (volumes, mounts)
 }
@@ -302,7 +319,7 @@ fn job_container(
 ) -> Container {
     Container {
         name: JOB_CONTAINER.to_string(),
-        image: Some(req.spec.copy.mover_image(image.as_str()).to_string()),
+        image: Some(image.as_str().to_string()),
         image_pull_policy: Some("IfNotPresent".to_string()),
         command: Some(vec![
             "sh".to_string(),
@@ -315,6 +332,7 @@ fn job_container(
             value_from: None,
         }]),
         resources: req.spec.copy.resources.clone(),
+        security_context: Some(security::container_security(kind.capabilities())),
         volume_mounts: Some(mounts),
         termination_message_path: Some(TERMINATION_MESSAGE_PATH.to_string()),
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),
@@ -340,6 +358,9 @@ pub struct JobResult {
     /// Bytes allocated on the source (Measure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<i64>,
+    /// The old volume's filesystem (Measure).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FsReport>,
     /// Entries that differ between source and target (Verify).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub differences: Option<i64>,
@@ -349,6 +370,22 @@ pub struct JobResult {
     /// Set when the script failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// A volume's `statfs`, as `stat -f` prints it (block counts in `block_size` units).
+#[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct FsReport {
+    /// `statfs` type name, e.g. `ext2/ext3` (ext4 too), `xfs`.
+    #[serde(rename = "type")]
+    pub fs_type: String,
+    pub block_size: i64,
+    pub blocks: i64,
+    pub blocks_free: i64,
+    /// Free blocks a non-root user may use.
+    pub blocks_available: i64,
+    pub inodes: i64,
+    pub inodes_free: i64,
 }
 
 impl JobResult {
@@ -496,14 +533,55 @@ mod tests {
     }
 
     #[test]
-    fn mover_image_overrides_the_operator_image() {
+    fn pods_get_only_the_capabilities_of_their_kind_and_read_only_mounts_when_reading() {
+        for kind in KINDS {
+            let job = job(
+                &testdata::request(),
+                &testdata::image(),
+                &testdata::member(),
+                kind,
+                60,
+            );
+            let pod = job.spec.unwrap().template.spec.unwrap();
+            let psc = pod.security_context.unwrap();
+            assert_eq!((psc.run_as_user, psc.run_as_group), (Some(0), Some(0)));
+            assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+            let c = &pod.containers[0];
+            let sc = c.security_context.clone().unwrap();
+            assert_eq!(sc.allow_privilege_escalation, Some(false), "{kind:?}");
+            assert_eq!(sc.read_only_root_filesystem, Some(true), "{kind:?}");
+            assert_eq!(sc.privileged, Some(false), "{kind:?}");
+            let caps = sc.capabilities.unwrap();
+            assert_eq!(caps.drop, Some(vec!["ALL".to_string()]));
+            let add = caps.add.unwrap();
+            let writes = matches!(kind, JobKind::PreCopy | JobKind::Copy);
+            if writes {
+                assert_eq!(add, security::COPY_CAPABILITIES, "{kind:?}");
+            } else {
+                assert_eq!(add, ["DAC_OVERRIDE"], "{kind:?}");
+            }
+            let mounts = c.volume_mounts.clone().unwrap();
+            let volumes = pod.volumes.unwrap();
+            for (m, v) in mounts.iter().zip(&volumes) {
+                let ro = m.mount_path == SOURCE_PATH || !writes;
+                assert_eq!(m.read_only, Some(ro), "{kind:?} {}", m.mount_path);
+                let claim = v.persistent_volume_claim.as_ref().unwrap();
+                assert_eq!(claim.read_only, Some(ro), "{kind:?} {}", m.mount_path);
+            }
+        }
+    }
+
+    #[test]
+    fn runs_the_image_it_is_given_never_the_requests() {
+        // The planner decides whether a request's moverImage is allowed
+        // (`plan::Settings::mover_image`); the builder only runs what it is given.
         let mut req = testdata::request();
         req.spec.copy.mover_image = Some("registry.test/my-mover:1".into());
         for kind in KINDS {
             let job = job(&req, &testdata::image(), &testdata::member(), kind, 60);
             let pod = job.spec.unwrap().template.spec.unwrap();
             let image = pod.containers[0].image.as_deref();
-            assert_eq!(image, Some("registry.test/my-mover:1"), "{kind:?}");
+            assert_eq!(image, Some(testdata::IMAGE), "{kind:?}");
         }
     }
 
@@ -748,7 +826,16 @@ mod tests {
 
             let measure = run(JobKind::Measure, dir.path());
             assert_eq!(measure.code, 0, "{}", measure.stderr);
-            let used = measure.result.unwrap().used_bytes.unwrap();
+            let result = measure.result.unwrap();
+            let fs = result
+                .filesystem
+                .clone()
+                .expect("stat -f reported the filesystem");
+            assert!(
+                !fs.fs_type.is_empty() && fs.blocks > 0 && fs.inodes >= 0,
+                "{fs:?}"
+            );
+            let used = result.used_bytes.unwrap();
             assert!(
                 (100_000..8 << 20).contains(&used),
                 "allocated bytes, not apparent: {used}"

@@ -10,6 +10,7 @@
 //!   clean-up.
 //! - [`pod`]: the WaitForFirstConsumer mounter pod and the member pod recreated from its stash.
 //! - [`mod@job`]: the measure / pre-copy / copy / verify Jobs and their one-line JSON results.
+//! - [`security`]: the security contexts of the Jobs' and mounter pods (least capabilities).
 //! - [`statefulset`]: the recreated StatefulSet and the retention-policy protection patches.
 //! - [`volume`]: patch bodies for PersistentVolumes (reclaim policy, claimRef, labels).
 //! - [`stash`]: gzip+base64 encoding of stashed manifests, the stash ConfigMap and its size
@@ -35,6 +36,7 @@ pub mod manifest;
 pub mod names;
 pub mod pod;
 pub mod progress;
+pub mod security;
 pub mod stash;
 pub mod statefulset;
 pub mod volume;
@@ -42,7 +44,7 @@ pub mod volume;
 pub use claim::{
     claim_owner_references_patch, is_statefulset_or_pod_ref, swapped_claim, temp_claim,
 };
-pub use job::{JobKind, JobResult, job, parse_job_result};
+pub use job::{FsReport, JobKind, JobResult, job, parse_job_result};
 pub use manifest::Manifest;
 pub use names::{
     is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_key, temp_claim_name,
@@ -139,16 +141,36 @@ pub fn pinned_to_node(node: &str) -> Affinity {
     }
 }
 
-/// Tolerate every taint.
+/// Seconds a helper pod stays on a node that stopped answering (taints
+/// `node.kubernetes.io/unreachable` and `not-ready`, effect NoExecute) before the taint manager
+/// deletes it; its member then fails within `--helper-start-timeout` (see `plan::helpers`).
+pub const NODE_GONE_TOLERATION_SECONDS: i64 = 60;
+
+/// Tolerate every taint, but leave a node that stopped answering after
+/// [`NODE_GONE_TOLERATION_SECONDS`].
 ///
-/// Why: our helper pods must run on the member's node and nowhere else (node affinity pins
-/// them), and that node may carry taints that the workload tolerates (dedicated database nodes);
-/// without tolerating them the pod would stay Pending until the request times out.
+/// Why every taint: our helper pods must run on the member's node and nowhere else (node
+/// affinity pins them), and that node may carry taints that the workload tolerates (dedicated
+/// database nodes); without tolerating them the pod would stay Pending until the request times
+/// out. Why not forever on a dead node: a copy pod there would look Running until the request's
+/// deadline. The taint manager applies, per taint, the first toleration that matches it, so the
+/// two bounded ones come before the catch-all.
 fn tolerate_all() -> Vec<Toleration> {
-    vec![Toleration {
+    let gone = |key: &str| Toleration {
+        key: Some(key.to_string()),
         operator: Some("Exists".to_string()),
+        effect: Some("NoExecute".to_string()),
+        toleration_seconds: Some(NODE_GONE_TOLERATION_SECONDS),
         ..Default::default()
-    }]
+    };
+    vec![
+        gone("node.kubernetes.io/unreachable"),
+        gone("node.kubernetes.io/not-ready"),
+        Toleration {
+            operator: Some("Exists".to_string()),
+            ..Default::default()
+        },
+    ]
 }
 
 #[cfg(test)]

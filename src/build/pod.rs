@@ -11,6 +11,7 @@ use crate::api::{PlannedMember, StorageMigrationRequest};
 use crate::image::ImageRef;
 
 use super::manifest::{Manifest, for_create};
+use super::security::{MOUNTER_UID, container_security, pod_security};
 use super::{BuildError, member_meta, mounter_name, pinned_to_node, req_name, tolerate_all};
 
 /// The mounter's command: sleep until deleted, and exit at once on SIGTERM (a plain `sleep` as
@@ -35,7 +36,9 @@ pub const MOUNTER_PATH: &str = "/target";
 /// or zonal volumes are reachable only from their node or zone. Why an ownerReference to the
 /// request: the pod is disposable and must not outlive it. Why `restartPolicy: Never`, no
 /// service-account token and a short grace period: nothing here should run longer or do more
-/// than hold the mount until the claim is bound. Its image is the Jobs' (the request's
+/// than hold the mount until the claim is bound. Why non-root with no capability at all, no
+/// privilege escalation, a read-only root and a read-only mount: it only holds the mount (see
+/// [`super::security`]). Its image is the Jobs' (the request's
 /// `moverImage`, else `image`, the operator's own), which the node pulls anyway.
 pub fn mounter_pod(req: &StorageMigrationRequest, image: &ImageRef, member: &PlannedMember) -> Pod {
     Pod {
@@ -52,14 +55,17 @@ pub fn mounter_pod(req: &StorageMigrationRequest, image: &ImageRef, member: &Pla
             automount_service_account_token: Some(false),
             enable_service_links: Some(false),
             termination_grace_period_seconds: Some(5),
+            security_context: Some(pod_security(MOUNTER_UID)),
             containers: vec![Container {
                 name: "mounter".to_string(),
-                image: Some(req.spec.copy.mover_image(image.as_str()).to_string()),
+                security_context: Some(container_security(&[])),
+                image: Some(image.as_str().to_string()),
                 image_pull_policy: Some("IfNotPresent".to_string()),
                 command: Some(MOUNTER_COMMAND.iter().map(|s| s.to_string()).collect()),
                 volume_mounts: Some(vec![VolumeMount {
                     name: "target".to_string(),
                     mount_path: MOUNTER_PATH.to_string(),
+                    read_only: Some(true),
                     ..Default::default()
                 }]),
                 ..Default::default()
@@ -158,11 +164,25 @@ mod tests {
         ));
         let image = spec.containers[0].image.as_deref();
         assert_eq!(image, Some(testdata::IMAGE), "the operator's image");
+        // Non-root, no capability at all, nothing writable.
+        let psc = spec.security_context.clone().unwrap();
+        assert_eq!(psc.run_as_user, Some(65532));
+        assert_eq!(psc.run_as_non_root, Some(true));
+        let sc = spec.containers[0].security_context.clone().unwrap();
+        let caps = sc.capabilities.unwrap();
+        assert_eq!((caps.add, caps.drop), (None, Some(vec!["ALL".to_string()])));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let mounts = spec.containers[0].volume_mounts.clone().unwrap();
+        assert_eq!(mounts[0].read_only, Some(true));
+        // The builder runs the image it is given (the planner's choice, see
+        // `plan::Settings::mover_image`), never the request's own.
         let mut own = req.clone();
         own.spec.copy.mover_image = Some("registry.test/my-mover:1".into());
         let pod = mounter_pod(&own, &testdata::image(), &member);
         let image = pod.spec.unwrap().containers[0].image.clone();
-        assert_eq!(image.as_deref(), Some("registry.test/my-mover:1"));
+        assert_eq!(image.as_deref(), Some(testdata::IMAGE));
     }
 
     #[test]

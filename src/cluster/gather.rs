@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams};
 use kube::{ResourceExt, api::ObjectList};
@@ -51,6 +51,7 @@ impl Cluster {
         let volumes = self.volumes(&claims, &status).await?;
         let storage_classes = self.storage_classes().await?;
         let other_requests = self.other_requests(&ns, &name, &set_name).await?;
+        let namespace_labels = self.namespace_labels(&ns, &status).await?;
         let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
         let member_pods: Vec<Pod> = expected
             .iter()
@@ -61,6 +62,7 @@ impl Cluster {
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
+            namespace_labels,
             stateful_set,
             stash,
             pods,
@@ -120,6 +122,7 @@ impl Cluster {
         );
         let mut jobs = BTreeMap::new();
         for job in job_list {
+            let name = job.name_any();
             let outcome = job_outcome(&job, &helper_pods);
             let progress = match copy_log_pod(&job, &outcome, &helper_pods) {
                 Some((pod, pass)) => {
@@ -128,12 +131,19 @@ impl Cluster {
                 }
                 None => None,
             };
+            let podless = plan::helpers::job_pods(&name, &helper_pods).is_empty();
+            let refused = if outcome == plan::JobOutcome::Running && podless {
+                self.failed_create(ns, &name).await?
+            } else {
+                None
+            };
             let observed = ObservedJob {
                 job,
                 outcome,
                 progress,
+                refused,
             };
-            jobs.insert(observed.job.name_any(), observed);
+            jobs.insert(name, observed);
         }
         Ok((jobs, helper_pods))
     }
@@ -160,6 +170,40 @@ impl Cluster {
                 None
             }
         }
+    }
+
+    /// The message of the newest `FailedCreate` Event of Job `name`: why the API server refused
+    /// its pod. Read only for a running Job that has no pod.
+    async fn failed_create(&self, ns: &str, name: &str) -> Result<Option<String>, ClusterError> {
+        let fields =
+            format!("involvedObject.kind=Job,involvedObject.name={name},reason=FailedCreate");
+        let events = self
+            .ns_api::<Event>(ns)
+            .list(&ListParams::default().fields(&fields))
+            .await
+            .map_err(kube_err(format!("list FailedCreate events of Job {name}")))?;
+        Ok(events
+            .items
+            .into_iter()
+            .max_by_key(|e| e.last_timestamp.as_ref().map(|t| t.0))
+            .and_then(|e| e.message))
+    }
+
+    /// The labels of the request's namespace, read only in Preflight (its Pod Security level);
+    /// empty in other stages.
+    async fn namespace_labels(
+        &self,
+        ns: &str,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<BTreeMap<String, String>, ClusterError> {
+        if status.phase.is_final() || status.stage != Stage::Preflight {
+            return Ok(BTreeMap::new());
+        }
+        let namespace = Api::<Namespace>::all(self.client.clone())
+            .get(ns)
+            .await
+            .map_err(kube_err(format!("get namespace {ns}")))?;
+        Ok(namespace.metadata.labels.unwrap_or_default())
     }
 
     /// Every claim of the namespace.

@@ -428,7 +428,8 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
 }
 
 /// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
-/// and helper pods, the claims and their volumes, the classes, the other requests.
+/// and helper pods, the claims and their volumes, the classes, the other requests, and (in
+/// Preflight) the namespace; the FailedCreate Events of a running Job that has no pod.
 #[tokio::test]
 async fn gather_reads_everything_the_planner_needs_in_order() {
     let o = observed();
@@ -443,6 +444,19 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
     other["metadata"]["name"] = json!("other");
     let mut stash = stash_config_map_json(&format!("uid-{REQ}"));
     stash["data"] = json!({"statefulset": "not base64!"});
+    let podless_job = json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "move-etcd-0-copy", "namespace": "demo"},
+        "spec": {"template": {"spec": {"containers": []}}},
+    });
+    let failed_create = |message: &str, at: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": format!("e-{at}"), "namespace": "demo"},
+            "involvedObject": {"kind": "Job", "name": "move-etcd-0-copy"},
+            "reason": "FailedCreate", "message": message, "lastTimestamp": at,
+        })
+    };
     let owned = format!(
         "labelSelector={}%3D{REQ}",
         labels::REQUEST_LABEL.replace('/', "%2F")
@@ -456,15 +470,27 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
             .returns(list(vec![pod.clone(), helper.clone()])),
         Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
             .query(&format!("&{owned}"))
-            .returns(list(vec![])),
+            .returns(list(vec![podless_job])),
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
             .query(&format!("&{owned}"))
             .returns(list(vec![helper])),
+        // A running Job without a pod: why its pods are refused.
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/events")
+            .query("&fieldSelector=involvedObject.kind%3DJob%2CinvolvedObject.name%3Dmove-etcd-0-copy%2Creason%3DFailedCreate")
+            .returns(list(vec![
+                failed_create("older", "2026-01-01T00:00:00Z"),
+                failed_create("exceeded quota: q", "2026-01-01T00:01:00Z"),
+            ])),
         Exchange::new(Method::GET, CLAIMS).returns(list(vec![claim_json()])),
         Exchange::new(Method::GET, &pv("pv-old-0")).returns(volume_json()),
         Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
             .returns(list(vec![json_of(&fixtures::class("fast", "Immediate"))])),
         Exchange::new(Method::GET, REQUESTS).returns(list(vec![request_json(&o), other])),
+        // In Preflight only: the namespace, for its Pod Security level.
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "demo", "labels": {labels::POD_SECURITY_ENFORCE_LABEL: "baseline"}},
+        })),
     ];
     let request = o.request.clone();
     let observed = super::mock::verify(exchanges, move |cluster| async move {
@@ -482,6 +508,11 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         observed.helper_pods.keys().collect::<Vec<_>>(),
         ["mounter-etcd-1"]
     );
+    assert_eq!(
+        observed.jobs["move-etcd-0-copy"].refused.as_deref(),
+        Some("exceeded quota: q"),
+        "the newest FailedCreate message"
+    );
     assert_eq!(observed.claims.keys().collect::<Vec<_>>(), ["data-etcd-0"]);
     assert_eq!(observed.volumes.keys().collect::<Vec<_>>(), ["pv-old-0"]);
     assert_eq!(
@@ -494,6 +525,10 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         .map(|r| r.name.as_str())
         .collect();
     assert_eq!(others, ["other"]);
+    assert_eq!(
+        observed.namespace_labels[labels::POD_SECURITY_ENFORCE_LABEL],
+        "baseline"
+    );
     assert_eq!(
         observed.health,
         Err(crate::engine::HealthUnavailable::NoEngine(
@@ -550,6 +585,9 @@ async fn gather_reads_a_running_copys_progress_from_its_log() {
             Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
                 .returns(list(vec![])),
             Exchange::new(Method::GET, REQUESTS).returns(list(vec![])),
+            Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
+            })),
         ]
     };
     let gather = |answer: Exchange| {

@@ -1,5 +1,6 @@
-//! Why a request stops and rolls back. The message of each kind is the text written to
-//! `status.failure`, the `RollingBack` condition and Event, and the final `Failed` message.
+//! Why a request stops and rolls back. The message of each kind, followed by its runbook pointer
+//! (`plan::runbook`), is the text written to `status.failure`, the `RollingBack` condition and
+//! Event, and the final `Failed` message.
 
 use crate::build::JobResult;
 
@@ -123,6 +124,9 @@ pub enum Failure {
         pod: String,
     },
 
+    /// The mounter pod of a member cannot start or finish (see `plan::helpers`).
+    #[error("the mounter pod of member {pod} failed: {reason}")]
+    MounterStuck { pod: String, reason: String },
     /// The mounter pod's manifest could not be built.
     #[error("cannot build the mounter pod: {error}")]
     MounterPod { error: String },

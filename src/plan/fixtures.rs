@@ -40,6 +40,10 @@ pub static IMAGE: std::sync::LazyLock<crate::image::ImageRef> = std::sync::LazyL
     crate::image::ImageRef::parse("registry.test/storage-migrator:test").unwrap()
 });
 
+/// The operator's settings in the planner's tests: the defaults of the flags with [`IMAGE`].
+pub static SETTINGS: std::sync::LazyLock<super::Settings> =
+    std::sync::LazyLock::new(|| super::Settings::new(IMAGE.clone()));
+
 pub fn t(s: i64) -> Timestamp {
     Timestamp::from_second(1_800_000_000 + s).unwrap()
 }
@@ -328,6 +332,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
     Observed {
         request: request(spec),
         now: t(10),
+        namespace_labels: BTreeMap::new(),
         stateful_set: Some(manifest(stateful_set(3))),
         stash: Stash::default(),
         pods,
@@ -375,6 +380,9 @@ pub struct Sim {
     /// The stash ConfigMap as the simulated API server holds it (`o.stash` is read from it
     /// after every action that touches it).
     pub stash_config_map: Option<k8s_openapi::api::core::v1::ConfigMap>,
+    /// The operator's settings the decisions are made with ([`SETTINGS`] unless a test changes
+    /// them).
+    pub settings: super::Settings,
 }
 
 /// The stash ConfigMap `o.stash` was read from (entries encoded again: the encoding is
@@ -430,6 +438,7 @@ impl Sim {
             refused: Vec::new(),
             pvc_counter: 0,
             stash_config_map,
+            settings: SETTINGS.clone(),
         }
     }
 
@@ -510,7 +519,8 @@ impl Sim {
                 assert_eq!(status.stage, crate::api::Stage::Finalizing);
                 assert!(status.failure.is_none());
                 assert!(
-                    status.members.iter().all(|m| m.step == MemberStep::Done),
+                    (status.members.iter())
+                        .all(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere)),
                     "stash deleted with members not done"
                 );
                 let spec = super::observe::effective_spec(&self.o.request);
@@ -535,7 +545,10 @@ impl Sim {
                 let checked = match spec.database.engine {
                     crate::api::DatabaseEngine::Etcd => status.final_hash.is_some(),
                     crate::api::DatabaseEngine::Generic => {
-                        spec.copy.verify && status.members.iter().all(|m| m.verified.is_some())
+                        // Members already there were not copied by this request.
+                        spec.copy.verify
+                            && (status.members.iter())
+                                .all(|m| m.step == MemberStep::AlreadyThere || m.verified.is_some())
                     }
                 };
                 assert!(
@@ -690,9 +703,10 @@ impl Sim {
                 }
             }
             Action::LabelVolume { volume } => {
+                let request = self.o.request.name_any();
                 if let Some(pv) = self.o.volumes.get_mut(volume) {
                     pv.labels_mut()
-                        .insert(labels::MIGRATED_BY_LABEL.to_string(), REQ.to_string());
+                        .insert(labels::MIGRATED_BY_LABEL.to_string(), request);
                 }
             }
         }
@@ -729,6 +743,7 @@ impl Sim {
                     job: *j,
                     outcome: JobOutcome::Running,
                     progress: None,
+                    refused: None,
                 });
             }
             Object::StatefulSet(mut s) => {
@@ -954,7 +969,7 @@ impl Sim {
             if self.phase().is_final() && self.o.request.finalizers().is_empty() {
                 return round;
             }
-            let d = decide(&self.o, &IMAGE);
+            let d = decide(&self.o, &self.settings);
             for a in &d.actions {
                 self.apply(a);
             }
@@ -970,7 +985,7 @@ impl Sim {
             if self.phase().is_final() && self.o.request.finalizers().is_empty() {
                 return round;
             }
-            let d = decide(&self.o, &IMAGE);
+            let d = decide(&self.o, &self.settings);
             let n = if round == crash_at {
                 keep.min(d.actions.len())
             } else {
@@ -991,7 +1006,7 @@ impl Sim {
             if sim.step_of("etcd-0") == step {
                 break;
             }
-            let d = decide(&sim.o, &IMAGE);
+            let d = decide(&sim.o, &sim.settings);
             for a in &d.actions {
                 sim.apply(a);
             }
@@ -1030,6 +1045,7 @@ pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob)
             job,
             outcome,
             progress,
+            refused: None,
         },
     )
 }

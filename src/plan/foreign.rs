@@ -266,9 +266,10 @@ pub(crate) fn block(cx: &mut Ctx, what: &Foreign, note: &str) {
     let stage = doing(cx.status.stage);
     let timeout = cx.spec().timeout.clone();
     let message = format!(
-        "{}; {}. {note}It rolls back when its timeout of {timeout} expires.",
+        "{}; {}. {note}It rolls back when its timeout of {timeout} expires.{}",
         what.sentence(stage),
         what.advice(),
+        super::runbook::pointer(what.reason()),
     );
     if cx.set_condition(conditions::BLOCKED, true, what.reason().as_str(), &message) {
         cx.event(EventType::Warning, "Blocked", message.clone());

@@ -81,10 +81,10 @@ const HELD_STEPS: [MemberStep; 8] = [
 fn a_foreign_set_blocks_every_step_then_the_member_resumes_when_it_is_gone() {
     for step in HELD_STEPS {
         let sim = Sim::at(step);
-        let unblocked = decide(&sim.o, &IMAGE);
+        let unblocked = decide(&sim.o, &SETTINGS);
         let mut o = sim.o.clone();
         o.stateful_set = Some(foreign_set());
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert!(only_status_and_events(&d), "{step:?}: {:?}", d.actions);
         let s = first_status(&d);
         assert_eq!((s.stage, s.members[0].step), (Stage::Migrating, step));
@@ -107,11 +107,11 @@ fn a_foreign_set_blocks_every_step_then_the_member_resumes_when_it_is_gone() {
         );
         // Looked at again with nothing new: the same, without a second Event.
         o.request.status = Some(s.clone());
-        let again = decide(&o, &IMAGE);
+        let again = decide(&o, &SETTINGS);
         assert!(again.actions.is_empty(), "{step:?}: {:?}", again.actions);
         // Gone: the condition is cleared and the step does what it would have done.
         o.stateful_set = None;
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         let (status, reason, _) = blocked(first_status(&d)).unwrap();
         assert_eq!((status.as_str(), reason.as_str()), ("False", "Clear"));
         assert_eq!(cluster_actions(&d), cluster_actions(&unblocked), "{step:?}");
@@ -126,10 +126,10 @@ fn once_the_old_claim_is_gone_a_foreign_set_alone_does_not_stop_the_claim_steps(
         MemberStep::RecreatingClaim,
     ] {
         let sim = Sim::at(step);
-        let unblocked = decide(&sim.o, &IMAGE);
+        let unblocked = decide(&sim.o, &SETTINGS);
         let mut o = sim.o.clone();
         o.stateful_set = Some(foreign_set());
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert_eq!(cluster_actions(&d), cluster_actions(&unblocked), "{step:?}");
         assert!(!cluster_actions(&d).is_empty(), "{step:?}");
         let (status, reason, message) = blocked(first_status(&d)).unwrap();
@@ -168,7 +168,7 @@ fn a_foreign_set_run_through_recreating_pod_creates_no_pod_of_ours() {
 fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
     // StoppingPod, after the stash: the pod there is not the stashed one.
     let mut sim = Sim::at(MemberStep::StoppingPod);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     for a in &d.actions {
         sim.apply(a);
     }
@@ -178,7 +178,7 @@ fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
     other.metadata.uid = Some("uid-other".into());
     other.metadata.owner_references = None;
     o.pods.insert("etcd-0".into(), manifest(other));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(only_status_and_events(&d), "{:?}", d.actions);
     let (status, reason, message) = blocked(first_status(&d)).unwrap();
     assert_eq!((status.as_str(), reason.as_str()), ("True", "ForeignPod"));
@@ -192,7 +192,7 @@ fn a_pod_someone_else_started_blocks_stopping_and_recreating() {
     let mut o = sim.o.clone();
     o.pods
         .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-p"));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(only_status_and_events(&d), "{:?}", d.actions);
     let (_, reason, message) = blocked(first_status(&d)).unwrap();
     assert_eq!(reason, "ForeignPod");
@@ -216,7 +216,7 @@ fn a_foreign_set_that_adopted_the_running_pods_is_named_rather_than_the_pods() {
             pod_of_foreign_set(i, &format!("uid-etcd-{i}")),
         );
     }
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(only_status_and_events(&d), "{:?}", d.actions);
     let (_, reason, message) = blocked(first_status(&d)).unwrap();
     assert_eq!(reason, "ForeignStatefulSet");
@@ -226,12 +226,13 @@ fn a_foreign_set_that_adopted_the_running_pods_is_named_rather_than_the_pods() {
     );
     let mut sim = Sim::new(o);
     expire(&mut sim);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(
         first_status(&d).failure.as_deref(),
         Some(
             "the request's timeout of 30m expired while it was blocked: StatefulSet etcd (uid \
-             uid-foreign) was created by someone else"
+             uid-foreign) was created by someone else (runbook: \
+             docs/runbook.md#failed-timeout-expired)"
         )
     );
 }
@@ -277,7 +278,7 @@ fn a_set_with_our_marker_but_another_uid_than_recorded_is_foreign() {
         {
             break;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -292,7 +293,7 @@ fn a_set_with_our_marker_but_another_uid_than_recorded_is_foreign() {
     let mut copy = o.stateful_set.clone().unwrap();
     copy.update(|s| s.metadata.uid = Some("uid-copy".into()));
     o.stateful_set = Some(copy);
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(only_status_and_events(&d), "{:?}", d.actions);
     let (_, reason, message) = blocked(first_status(&d)).unwrap();
     assert_eq!(reason, "ForeignStatefulSet");
@@ -366,7 +367,7 @@ fn a_pod_back_on_the_old_claim_after_the_copy_rolls_back_and_holds_the_member_th
         sim.o
             .pods
             .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-back"));
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         let s = first_status(&d);
         assert_eq!(s.stage, Stage::RollingBack);
         assert!(
@@ -409,14 +410,15 @@ fn a_pod_of_a_foreign_set_during_the_copy_rolls_the_member_back_naming_the_set()
     sim.o
         .pods
         .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-back"));
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
     assert_eq!(
         s.failure.as_deref(),
         Some(
             "pod etcd-0 (uid uid-back, controlled by StatefulSet etcd (uid uid-foreign)) came \
-             back during the copy of member etcd-0: the member is rolled back to its old claim"
+             back during the copy of member etcd-0: the member is rolled back to its old claim \
+             (runbook: docs/runbook.md#failed-a-member-pod-came-back-stale-copy)"
         )
     );
     assert!(sim.run(200) < 200, "the rollback ends");
@@ -496,7 +498,7 @@ fn a_pod_of_a_foreign_set_at_every_step_blocks_or_fails_before_anything_is_touch
         // The set itself is not in the snapshot (deleted in the background, its pod not yet).
         o.pods
             .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-p"));
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert!(only_status_and_events(&d), "{step:?}: {:?}", d.actions);
         let s = first_status(&d);
         match step {
@@ -531,7 +533,7 @@ fn a_pod_on_an_old_claim_being_deleted_blocks_then_the_rollback_ends_holding_it(
     let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
     claim.metadata.deletion_timestamp =
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t(5)));
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(only_status_and_events(&d), "{:?}", d.actions);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::Migrating);

@@ -25,7 +25,8 @@
 //! (ReadWriteOncePod) forbids a second mount. On rollback, a member before its swap
 //! (`CreatingClaim` to `Copying`) ends `RolledBack`; a member whose swap has begun
 //! (`MemberStep::swap_begun`, from `RetainingVolumes` on) is carried forward along the same
-//! transitions to `Done`.
+//! transitions to `Done`. A member already on the target class and size at preflight goes from
+//! `Pending` to `AlreadyThere` on acceptance and is never touched.
 
 use std::fmt::Write as _;
 
@@ -49,7 +50,7 @@ pub const STAGES: &[Transition<Stage>] = &[
     t(Stage::Preflight,             Stage::OrphaningStatefulSet,  "accepted"),
     t(Stage::Preflight,             Stage::Done,                  "denied"),
     t(Stage::OrphaningStatefulSet,  Stage::Migrating,             "StatefulSet orphaned"),
-    t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done"),
+    t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done or AlreadyThere"),
     t(Stage::RecreatingStatefulSet, Stage::Finalizing,            "pods adopted"),
     t(Stage::Finalizing,            Stage::Done,                  "final check passed, Successful"),
     // The rollback branch.
@@ -66,6 +67,7 @@ pub const STAGES: &[Transition<Stage>] = &[
 #[rustfmt::skip]
 pub const STEPS: &[Transition<MemberStep>] = &[
     t(MemberStep::Pending,            MemberStep::CreatingClaim,      "chosen next"),
+    t(MemberStep::Pending,            MemberStep::AlreadyThere,       "on the target at preflight"),
     t(MemberStep::CreatingClaim,      MemberStep::PreCopying,         "claim bound, pre-copy on"),
     t(MemberStep::CreatingClaim,      MemberStep::GatingStop,         "claim bound, pre-copy off or ReadWriteOncePod"),
     t(MemberStep::PreCopying,         MemberStep::GatingStop,         "pre-copied"),
@@ -149,7 +151,11 @@ const FIRST_STEP: MemberStep = MemberStep::Pending;
 /// The stages a request ends in (no transition leaves them).
 const LAST_STAGES: &[Stage] = &[Stage::Done];
 /// The steps a member ends in (no transition leaves them).
-const LAST_STEPS: &[MemberStep] = &[MemberStep::Done, MemberStep::RolledBack];
+const LAST_STEPS: &[MemberStep] = &[
+    MemberStep::Done,
+    MemberStep::RolledBack,
+    MemberStep::AlreadyThere,
+];
 
 /// The step from which a member's swap has begun (`MemberStep::swap_begun`): the first one the
 /// normal flow of [`STEPS`] reaches.
@@ -205,7 +211,7 @@ mod tests {
         Stage::Done,
     ];
 
-    const ALL_STEPS: [MemberStep; 14] = [
+    const ALL_STEPS: [MemberStep; 15] = [
         MemberStep::Pending,
         MemberStep::CreatingClaim,
         MemberStep::PreCopying,
@@ -220,6 +226,7 @@ mod tests {
         MemberStep::RecreatingPod,
         MemberStep::Done,
         MemberStep::RolledBack,
+        MemberStep::AlreadyThere,
     ];
 
     fn status_at(stage: Stage) -> StorageMigrationRequestStatus {
@@ -315,6 +322,8 @@ mod tests {
             (MemberStep::RetainingVolumes, MemberStep::RolledBack),
             (MemberStep::RecreatingPod, MemberStep::RolledBack),
             (MemberStep::Done, MemberStep::Pending),
+            (MemberStep::AlreadyThere, MemberStep::CreatingClaim),
+            (MemberStep::CreatingClaim, MemberStep::AlreadyThere),
             (MemberStep::RolledBack, MemberStep::CreatingClaim),
             (MemberStep::StoppingPod, MemberStep::GatingStop),
         ] {
@@ -366,10 +375,7 @@ mod tests {
     #[test]
     fn rollback_edges_follow_swap_begun() {
         for step in ALL_STEPS {
-            let in_flight = !matches!(
-                step,
-                MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-            );
+            let in_flight = step.in_flight();
             assert_eq!(
                 step_allowed(step, MemberStep::RolledBack),
                 in_flight && !step.swap_begun(),

@@ -9,6 +9,8 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
 use super::foreign;
+use super::helpers::{self, Trouble};
+use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
@@ -63,7 +65,10 @@ fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
 pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
     let mb = member(cx, i, mode)?;
     match mb.ms.step {
-        MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => Ok(()),
+        MemberStep::Pending
+        | MemberStep::Done
+        | MemberStep::RolledBack
+        | MemberStep::AlreadyThere => Ok(()),
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
         MemberStep::PreCopying => pre_copying(cx, &mb),
         MemberStep::GatingStop => gating_stop(cx, &mb),
@@ -95,7 +100,7 @@ fn job_outcome<'o>(cx: &Ctx<'o>, mb: &Member, kind: JobKind) -> Option<&'o JobOu
 
 fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, cx.image, &mb.m, kind, deadline);
+    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline);
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
 }
@@ -109,17 +114,40 @@ fn run_job(
     kind: JobKind,
     failed: impl FnOnce(String) -> Failure,
 ) -> Result<Option<Option<JobResult>>, Failure> {
+    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    let job = cx.o.jobs.get(&name);
+    if job.is_some_and(|j| is_terminating(&j.job)) {
+        // An evicted Job being replaced: wait until it is gone.
+        cx.wait(Duration::from_secs(1));
+        return Ok(None);
+    }
+    let trouble = job.and_then(|j| {
+        helpers::job_trouble(
+            j,
+            &cx.o.helper_pods,
+            cx.o.now,
+            cx.settings.helper_start_timeout,
+        )
+    });
     match job_outcome(cx, mb, kind).cloned() {
         None => {
             create_job(cx, mb, kind);
             Ok(None)
         }
-        Some(JobOutcome::Running) => {
-            record_progress(cx, mb, kind);
-            cx.wait(Duration::from_secs(1));
-            Ok(None)
-        }
-        Some(JobOutcome::Failed { reason }) => Err(failed(reason)),
+        Some(JobOutcome::Running) => match trouble {
+            Some(Trouble::Stuck(reason)) => Err(failed(reason)),
+            _ => {
+                record_progress(cx, mb, kind);
+                cx.wait(Duration::from_secs(1));
+                Ok(None)
+            }
+        },
+        Some(JobOutcome::Failed { reason }) => match trouble {
+            Some(Trouble::Evicted(why)) => {
+                replace_evicted(cx, mb, kind, why).map_err(|why| failed(format!("{reason}; {why}")))
+            }
+            _ => Err(failed(reason)),
+        },
         Some(JobOutcome::Succeeded { message }) => Ok(Some(
             message
                 .as_deref()
@@ -135,6 +163,41 @@ fn record_progress(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     if let (Some(p), Some(ms)) = (progress, ms_mut(cx, mb)) {
         ms.copy_progress = Some(p);
     }
+}
+
+/// A Job whose pod was evicted: deleted (the next pass creates it again) and counted in the
+/// member's `helperEvictions`, while fewer than `--max-evictions` were; else the reason why not.
+fn replace_evicted(
+    cx: &mut Ctx,
+    mb: &Member,
+    kind: JobKind,
+    why: String,
+) -> Result<Option<Option<JobResult>>, String> {
+    count_eviction(cx, mb, &why)?;
+    delete_jobs(cx, mb, &[kind]);
+    cx.wait(Duration::from_secs(1));
+    Ok(None)
+}
+
+/// Counts one more eviction of the member's helper pods, with a Warning Event, while the budget
+/// (`--max-evictions`) allows; `Err` once it is spent.
+fn count_eviction(cx: &mut Ctx, mb: &Member, why: &str) -> Result<(), String> {
+    let max = cx.settings.max_evictions;
+    let done = mb.ms.helper_evictions;
+    if done >= max {
+        return Err(format!(
+            "{why} ({done} evictions replaced already, --max-evictions is {max})"
+        ));
+    }
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.helper_evictions = done + 1;
+    }
+    cx.event(
+        EventType::Warning,
+        "HelperEvicted",
+        format!("{why}; replacing it ({} of {max})", done + 1),
+    );
+    Ok(())
 }
 
 /// Deletes the member's Jobs of these kinds that still exist.
@@ -223,17 +286,43 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             });
         }
         _ => {
-            if wffc && !cx.o.helper_pods.contains_key(&mounter) {
-                let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, cx.image, m))
-                    .map_err(|e| Failure::MounterPod {
-                        error: e.to_string(),
-                    })?;
-                cx.act(Action::Create(Object::Pod(Box::new(pod))));
+            if wffc {
+                mounter_pod(cx, mb, mounter)?;
             }
             cx.wait(Duration::from_secs(1));
         }
     }
     Ok(())
+}
+
+/// The mounter pod of a WaitForFirstConsumer claim: created when missing; one that cannot start
+/// fails the member with its reason; an evicted one is deleted (and created again on the next
+/// pass) within the eviction budget.
+fn mounter_pod(cx: &mut Ctx, mb: &Member, mounter: String) -> Result<(), Failure> {
+    let m = &mb.m;
+    let Some(pod) = cx.o.helper_pods.get(&mounter) else {
+        let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, &cx.image, m)).map_err(
+            |e| Failure::MounterPod {
+                error: e.to_string(),
+            },
+        )?;
+        cx.act(Action::Create(Object::Pod(Box::new(pod))));
+        return Ok(());
+    };
+    let stuck = |reason: String| Failure::MounterStuck {
+        pod: m.pod.clone(),
+        reason,
+    };
+    match helpers::pod_trouble(pod, cx.o.now, cx.settings.helper_start_timeout) {
+        Some(Trouble::Stuck(reason)) => Err(stuck(reason)),
+        Some(Trouble::Evicted(why)) if !is_terminating(pod) => {
+            let uid = pod.uid();
+            count_eviction(cx, mb, &why).map_err(stuck)?;
+            cx.delete(Kind::Pod, mounter, uid);
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Creates the temporary claim from the member's original claim.
@@ -377,7 +466,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
         .status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done)
+        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
         .map(|m| m.pod.clone())
         .collect();
     match engine::transfer_target(report, pod, &migrated) {
@@ -591,6 +680,7 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             _ => {
                 stuck(
                     cx,
+                    Stuck::StashEntry,
                     &format!("claim {} is gone and was not stashed", m.claim),
                 );
                 return Ok(());
@@ -598,7 +688,11 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
     }
     let Some(new_name) = mb.ms.new_volume.clone() else {
-        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        stuck(
+            cx,
+            Stuck::Volume,
+            &format!("member {} has no new volume recorded", m.pod),
+        );
         return Ok(());
     };
     let (Some(old), Some(new)) = (
@@ -607,6 +701,7 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     ) else {
         stuck(
             cx,
+            Stuck::Volume,
             &format!(
                 "volume {} or {new_name} of member {} is missing",
                 m.old_volume, m.pod
@@ -652,7 +747,11 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         Some(c) if !is_terminating(c) => {
             let Some(stashed) = cx.o.stash.claims.get(&m.claim).map(|s| s.uid()) else {
-                stuck(cx, &format!("the stash of claim {} is missing", m.claim));
+                stuck(
+                    cx,
+                    Stuck::StashEntry,
+                    &format!("the stash of claim {} is missing", m.claim),
+                );
                 return Ok(());
             };
             if c.uid() != stashed {
@@ -666,6 +765,7 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             if let Some(holder) = pod_using_claim(cx, &m.claim) {
                 stuck(
                     cx,
+                    Stuck::ClaimInUse,
                     &format!(
                         "claim {} is still used by pod {holder}: it is deleted once no pod uses it",
                         m.claim
@@ -718,6 +818,7 @@ fn pod_reappeared(cx: &mut Ctx, mb: &Member) -> bool {
     let uid = pod.uid().unwrap_or_default();
     stuck(
         cx,
+        Stuck::PodDuringSwap,
         &format!(
             "member pod {} (uid {uid}) appeared while its claims are being swapped; the swap waits until it is gone",
             mb.m.pod
@@ -750,12 +851,17 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         return Ok(());
     }
     let Some(name) = mb.ms.new_volume.clone() else {
-        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        stuck(
+            cx,
+            Stuck::Volume,
+            &format!("member {} has no new volume recorded", m.pod),
+        );
         return Ok(());
     };
     let Some(pv) = cx.o.volumes.get(&name) else {
         stuck(
             cx,
+            Stuck::Volume,
             &format!("new volume {name} of member {} is missing", m.pod),
         );
         return Ok(());
@@ -784,6 +890,33 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Waits for a pre-bound claim to bind. The PV controller binds one at once, unless its first
+/// attempt lost a race (a conflict on the volume): then only its periodic sync (~15 s) would. An
+/// update of the claim makes it look again now.
+fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim) {
+    let age = c
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| cx.o.now.as_second() - t.0.as_second())
+        .unwrap_or(0);
+    let last_nudge = c
+        .annotations()
+        .get(BIND_NUDGE_ANNOTATION)
+        .and_then(|v| v.parse::<i64>().ok())
+        .unwrap_or(0);
+    if age >= BIND_NUDGE_AFTER_SECONDS
+        && cx.o.now.as_second() - last_nudge >= BIND_NUDGE_AFTER_SECONDS
+    {
+        cx.act(Action::AnnotateClaim {
+            claim: claim.to_string(),
+            key: BIND_NUDGE_ANNOTATION.to_string(),
+            value: Some(cx.o.now.as_second().to_string()),
+        });
+    }
+    cx.wait(Duration::from_secs(1));
+}
+
 /// Recreate the claim under its original name, bound to the new volume; wait until Bound.
 fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
@@ -792,13 +925,21 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     }
     let plan = cx.status.plan.clone().unwrap_or_default();
     let Some(new_volume) = mb.ms.new_volume.clone() else {
-        stuck(cx, &format!("member {} has no new volume recorded", m.pod));
+        stuck(
+            cx,
+            Stuck::Volume,
+            &format!("member {} has no new volume recorded", m.pod),
+        );
         return Ok(());
     };
     match cx.o.claims.get(&m.claim) {
         None => {
             let Some(original) = cx.o.stash.claims.get(&m.claim) else {
-                stuck(cx, &format!("the stash of claim {} is missing", m.claim));
+                stuck(
+                    cx,
+                    Stuck::StashEntry,
+                    &format!("the stash of claim {} is missing", m.claim),
+                );
                 return Ok(());
             };
             let claim = build::swapped_claim(
@@ -829,34 +970,12 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                     ),
                 );
             } else {
-                // The PV controller binds a pre-bound claim at once, unless its first attempt
-                // lost a race (a conflict on the volume): then only its periodic sync (~15 s)
-                // would. An update of the claim makes it look again now.
-                let age = c
-                    .metadata
-                    .creation_timestamp
-                    .as_ref()
-                    .map(|t| cx.o.now.as_second() - t.0.as_second())
-                    .unwrap_or(0);
-                let last_nudge = c
-                    .annotations()
-                    .get(BIND_NUDGE_ANNOTATION)
-                    .and_then(|v| v.parse::<i64>().ok())
-                    .unwrap_or(0);
-                if age >= BIND_NUDGE_AFTER_SECONDS
-                    && cx.o.now.as_second() - last_nudge >= BIND_NUDGE_AFTER_SECONDS
-                {
-                    cx.act(Action::AnnotateClaim {
-                        claim: m.claim.clone(),
-                        key: BIND_NUDGE_ANNOTATION.to_string(),
-                        value: Some(cx.o.now.as_second().to_string()),
-                    });
-                }
-                cx.wait(Duration::from_secs(1));
+                nudge_binding(cx, &m.claim, c);
             }
         }
         Some(_) => stuck(
             cx,
+            Stuck::ClaimNotOnNewVolume,
             &format!(
                 "claim {} exists but is not bound to the new volume {new_volume}",
                 m.claim
@@ -883,12 +1002,20 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 finish_member(cx, mb, None);
                 return Ok(());
             }
-            stuck(cx, &format!("the stash of pod {} is missing", m.pod));
+            stuck(
+                cx,
+                Stuck::StashEntry,
+                &format!("the stash of pod {} is missing", m.pod),
+            );
             return Ok(());
         };
         match our_pod(cx, stashed) {
             Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
-            Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
+            Err(e) => stuck(
+                cx,
+                Stuck::CannotRebuild,
+                &format!("pod {} cannot be recreated: {e}", m.pod),
+            ),
         }
         cx.wait(Duration::from_secs(1));
         return Ok(());
@@ -1004,7 +1131,11 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
             if let Some(stashed) = cx.o.stash.pods.get(&m.pod) {
                 match our_pod(cx, stashed) {
                     Ok(pod) => cx.act(Action::Create(Object::Pod(Box::new(pod)))),
-                    Err(e) => stuck(cx, &format!("pod {} cannot be recreated: {e}", m.pod)),
+                    Err(e) => stuck(
+                        cx,
+                        Stuck::CannotRebuild,
+                        &format!("pod {} cannot be recreated: {e}", m.pod),
+                    ),
                 }
                 pending = true;
             }

@@ -26,6 +26,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use crate::api::conditions;
+use crate::api::schema::TIMEOUT_MAX_LENGTH;
 use crate::api::{
     MemberStep, Phase, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
     StorageMigrationRequestStatus,
@@ -38,18 +39,24 @@ use crate::labels;
 pub mod action;
 pub mod failure;
 pub mod foreign;
+pub mod helpers;
 pub mod machine;
 pub mod member;
 pub mod observe;
 pub mod preflight;
 pub mod progress;
 pub mod quantity;
+pub mod runbook;
 pub mod stages;
 pub mod stash;
 
 pub use action::*;
 pub use failure::Failure;
 
+#[cfg(test)]
+mod admission_tests;
+#[cfg(test)]
+mod finish_tests;
 #[cfg(test)]
 pub(crate) mod fixtures;
 #[cfg(test)]
@@ -84,6 +91,8 @@ pub struct Observed {
     /// The request, fresh from the API server (spec, status, annotations, deletionTimestamp).
     pub request: StorageMigrationRequest,
     pub now: Timestamp,
+    /// The labels of the request's namespace (preflight reads its Pod Security level).
+    pub namespace_labels: BTreeMap<String, String>,
     /// The target StatefulSet, if it exists: its raw JSON as the API server returned it (what
     /// gets stashed) with the typed view the planner reads.
     pub stateful_set: Option<Manifest<StatefulSet>>,
@@ -148,6 +157,9 @@ pub struct ObservedJob {
     pub outcome: JobOutcome,
     /// A running copy's progress, read from the tail of its pod's log (PreCopy and Copy Jobs).
     pub progress: Option<crate::api::CopyProgress>,
+    /// For a running Job with no pod: the message of its newest `FailedCreate` Event (the API
+    /// server's reason for refusing its pod: quota, admission), when there is one.
+    pub refused: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -171,12 +183,68 @@ pub struct OtherRequest {
     pub phase: Phase,
 }
 
+/// The operator's configuration that decisions depend on (the `run` flags), threaded into
+/// [`decide`] as the image used to be alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// The operator's own image (`--image`): the image of every Job and mounter pod.
+    pub image: ImageRef,
+    /// `--allow-request-mover-image`: a request's `spec.copy.moverImage` replaces [`image`]
+    /// for that request. Off by default: such a request is Denied
+    /// (`DenialReason::MoverImageNotAllowed`), since whoever writes a request would otherwise
+    /// pick the code that runs with the data volumes mounted.
+    ///
+    /// [`image`]: Settings::image
+    pub allow_request_mover_image: bool,
+    /// `--helper-start-timeout`: how long a copy, verify, measure or mounter pod may stay
+    /// unstarted (image not pulled, not scheduled, not admitted) before its member fails.
+    pub helper_start_timeout: Duration,
+    /// `--max-evictions`: how many times a helper pod evicted from its node is replaced
+    /// before its member fails.
+    pub max_evictions: u32,
+}
+
+/// Default of `--helper-start-timeout`.
+pub const DEFAULT_HELPER_START_TIMEOUT: Duration = Duration::from_secs(180);
+/// Default of `--max-evictions`.
+pub const DEFAULT_MAX_EVICTIONS: u32 = 2;
+
+impl Settings {
+    /// The defaults of every flag with `image` as the operator's image.
+    pub fn new(image: ImageRef) -> Self {
+        Self {
+            image,
+            allow_request_mover_image: false,
+            helper_start_timeout: DEFAULT_HELPER_START_TIMEOUT,
+            max_evictions: DEFAULT_MAX_EVICTIONS,
+        }
+    }
+
+    /// The image of `req`'s Jobs and mounter pods: its `moverImage` when the operator allows
+    /// one and it is a valid reference (preflight denies an invalid one), else the operator's.
+    /// A request accepted while the flag was on and resumed after it was turned off goes on
+    /// with the operator's image.
+    pub fn mover_image(&self, spec: &StorageMigrationRequestSpec) -> ImageRef {
+        self.mover_image_of(&spec.copy)
+    }
+
+    /// [`Settings::mover_image`] of a copy spec.
+    pub fn mover_image_of(&self, copy: &crate::api::CopySpec) -> ImageRef {
+        match &copy.mover_image {
+            Some(own) if self.allow_request_mover_image => {
+                ImageRef::parse(own).unwrap_or_else(|_| self.image.clone())
+            }
+            _ => self.image.clone(),
+        }
+    }
+}
+
 /// The working state of one decision: a copy of the status to change, the actions so far.
 pub(crate) struct Ctx<'a> {
     pub o: &'a Observed,
-    /// The operator's own image (`--image`): the Jobs' and mounters' image unless the request
-    /// sets `spec.copy.moverImage`.
-    pub image: &'a ImageRef,
+    pub settings: &'a Settings,
+    /// The image of this request's Jobs and mounter pods ([`Settings::mover_image`]).
+    pub image: ImageRef,
     /// The request with the accepted spec (the spec as accepted, even if it changed since).
     pub req: StorageMigrationRequest,
     pub status: StorageMigrationRequestStatus,
@@ -188,13 +256,20 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    pub(crate) fn new(o: &'a Observed, image: &'a ImageRef) -> Self {
-        let status = o.request.status.clone().unwrap_or_default();
+    pub(crate) fn new(o: &'a Observed, settings: &'a Settings) -> Self {
+        let mut status = o.request.status.clone().unwrap_or_default();
+        // Every decision looks at the current spec (and says so in a condition when it ignores
+        // a change, see `spec_change`): kstatus-based tools read a request whose
+        // observedGeneration lags its generation as still in progress.
+        if o.request.metadata.generation.is_some() {
+            status.observed_generation = o.request.metadata.generation;
+        }
         let mut req = o.request.clone();
         req.spec = observe::effective_spec(&o.request);
         Self {
             o,
-            image,
+            settings,
+            image: settings.mover_image(&req.spec),
             req,
             status,
             actions: Vec::new(),
@@ -303,9 +378,10 @@ impl<'a> Ctx<'a> {
     /// out).
     fn finish(self) -> Decision {
         if let Some(e) = &self.rejected {
-            let mut fresh = Ctx::new(self.o, self.image);
+            let mut fresh = Ctx::new(self.o, self.settings);
             stuck(
                 &mut fresh,
+                runbook::Stuck::Planner,
                 &format!("the planner tried a transition its state machine does not allow: {e}"),
             );
             return fresh.finish();
@@ -328,27 +404,55 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// Parses a friendly duration (`30m`, `1h30m`, `90s`, `PT1H`) into whole seconds (> 0).
+/// Parses `spec.timeout` into whole seconds: hours, minutes and seconds in that order, each part
+/// a whole number with its unit, each optional but at least one given, not all zero (`30m`,
+/// `1h30m`, `90s`, `1h0m`), at most `TIMEOUT_MAX_LENGTH` characters; a sum beyond `i64` seconds is
+/// capped. Exactly the strings `api::schema::TIMEOUT_PATTERN` admits (a unit test compares them),
+/// so the API server refuses what this refuses.
 pub fn timeout_seconds(s: &str) -> Result<i64, PlanError> {
-    let err = |reason: String| PlanError::Timeout {
+    let err = |reason: &str| PlanError::Timeout {
         value: s.to_string(),
-        reason,
+        reason: reason.to_string(),
     };
-    let d: jiff::SignedDuration = s
-        .trim()
-        .parse()
-        .map_err(|e: jiff::Error| err(e.to_string()))?;
-    let secs = d.as_secs();
-    if secs <= 0 {
-        return Err(err("must be positive".to_string()));
+    if s.is_empty() {
+        return Err(err("empty"));
     }
-    Ok(secs)
+    if s.len() > TIMEOUT_MAX_LENGTH {
+        return Err(err("longer than 32 characters"));
+    }
+    let mut units = [('h', 3600u128), ('m', 60), ('s', 1)].into_iter();
+    let mut rest = s;
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let Some(unit) = tail.chars().next() else {
+            return Err(err("a number needs a unit: h, m or s"));
+        };
+        let Some((_, seconds)) = units.by_ref().find(|(u, _)| *u == unit) else {
+            return Err(err(
+                "expected hours, minutes and seconds in that order, each at most once (h, m, s)",
+            ));
+        };
+        // At most 31 digits: below 10^31, times 3600, fits a u128.
+        let n: u128 = number
+            .parse()
+            .map_err(|_| err("each unit needs a whole number before it"))?;
+        total += n * seconds;
+        rest = &tail[unit.len_utf8()..];
+    }
+    if total == 0 {
+        return Err(err("must be positive"));
+    }
+    Ok(i64::try_from(total).unwrap_or(i64::MAX))
 }
 
-/// Decides what to do next. Pure. `image` is the operator's own image (`--image`), which its
-/// Jobs run unless the request names a `moverImage`.
-pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
-    let mut cx = Ctx::new(o, image);
+/// Decides what to do next. Pure. `settings` is the operator's configuration (its image, whether
+/// a request may name its own, how long a helper pod may take to start).
+pub fn decide(o: &Observed, settings: &Settings) -> Decision {
+    let mut cx = Ctx::new(o, settings);
     let deleting = o.request.metadata.deletion_timestamp.is_some();
     let has_finalizer = o
         .request
@@ -410,7 +514,7 @@ pub fn decide(o: &Observed, image: &ImageRef) -> Decision {
     if let Err(failure) = result
         && cx.rejected.is_none()
     {
-        let mut fresh = Ctx::new(o, image);
+        let mut fresh = Ctx::new(o, settings);
         spec_change(&mut fresh);
         start_rollback(&mut fresh, failure);
         return fresh.finish();
@@ -474,7 +578,7 @@ pub(crate) fn expired(cx: &Ctx) -> Option<Failure> {
 /// Records the failure and moves to RollingBack (status first: the rollback's actions follow on
 /// the next decision).
 pub(crate) fn start_rollback(cx: &mut Ctx, failure: Failure) {
-    let reason = failure.to_string();
+    let reason = format!("{failure}{}", runbook::pointer(&failure));
     cx.actions.clear();
     cx.status.failure = Some(reason.clone());
     cx.enter_stage(Stage::RollingBack);
@@ -485,8 +589,8 @@ pub(crate) fn start_rollback(cx: &mut Ctx, failure: Failure) {
 }
 
 /// Something is broken in a way the operator cannot fix by itself: say so and keep looking.
-pub(crate) fn stuck(cx: &mut Ctx, reason: &str) {
-    let message = format!("stuck: {reason}");
+pub(crate) fn stuck(cx: &mut Ctx, kind: runbook::Stuck, reason: &str) {
+    let message = format!("stuck: {reason}{}", runbook::pointer(kind));
     if cx.status.message.as_deref() != Some(message.as_str()) {
         cx.status.message = Some(message.clone());
         cx.event(EventType::Warning, "Stuck", message);
@@ -494,24 +598,43 @@ pub(crate) fn stuck(cx: &mut Ctx, reason: &str) {
     cx.wait(REQUEUE_WAITING);
 }
 
-/// A spec changed after acceptance is ignored, once said in a condition and an Event.
+/// A spec changed after the request was accepted (or denied) is ignored: said once, in the
+/// condition `SpecChangeIgnored` and an Event, naming the fields that differ and why; the
+/// condition turns `False` when the spec is back to the accepted one.
 fn spec_change(cx: &mut Ctx) {
-    let (Some(accepted), Some(generation)) = (
-        cx.status.observed_generation,
-        cx.o.request.metadata.generation,
-    ) else {
+    let Some(generation) = cx.o.request.metadata.generation else {
         return;
     };
-    if generation <= accepted || cx.status.accepted_spec.is_none() {
-        return;
-    }
-    if cx.o.request.spec == cx.req.spec {
-        return;
-    }
-    let message = format!(
-        "spec changed (generation {generation}) after the request was accepted at generation \
-         {accepted}; the accepted spec is kept. Create a new request for a different migration."
-    );
+    let judged = conditions::get(&cx.status.conditions, conditions::ACCEPTED)
+        .and_then(|c| c.observed_generation);
+    let message = match cx.status.accepted_spec.as_deref() {
+        Some(accepted) => {
+            let fields = changed_fields(accepted, &cx.o.request.spec);
+            if fields.is_empty() {
+                spec_change_cleared(cx);
+                return;
+            }
+            format!(
+                "spec changed (generation {generation}) after the request was accepted{}: {} \
+                 differ from status.acceptedSpec; ignored, because the plan, the members already moved and \
+                 the stash follow from the accepted spec. The migration carries on with it; for \
+                 another migration, create a new request once this one has ended",
+                judged
+                    .map(|g| format!(" at generation {g}"))
+                    .unwrap_or_default(),
+                fields.join(", ")
+            )
+        }
+        None if cx.status.phase == Phase::Denied && judged.is_some_and(|g| generation > g) => {
+            format!(
+                "spec changed (generation {generation}) after the request was denied at \
+                 generation {}; ignored, because a denied request is final. Create a new \
+                 request with the corrected spec",
+                judged.unwrap_or_default()
+            )
+        }
+        None => return,
+    };
     let already = conditions::get(&cx.status.conditions, SPEC_CHANGE_IGNORED)
         .is_some_and(|c| c.message == message && c.status == "True");
     if !already {
@@ -520,14 +643,43 @@ fn spec_change(cx: &mut Ctx) {
     }
 }
 
+/// `SpecChangeIgnored` turns `False` once the spec is the accepted one again.
+fn spec_change_cleared(cx: &mut Ctx) {
+    if conditions::get(&cx.status.conditions, SPEC_CHANGE_IGNORED)
+        .is_some_and(|c| c.status == "True")
+    {
+        cx.set_condition(
+            SPEC_CHANGE_IGNORED,
+            false,
+            "SpecMatchesAccepted",
+            "the spec is the accepted one again",
+        );
+    }
+}
+
+/// The top-level spec fields (as written in YAML) whose values differ.
+fn changed_fields(
+    accepted: &StorageMigrationRequestSpec,
+    current: &StorageMigrationRequestSpec,
+) -> Vec<String> {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(c))) = (
+        serde_json::to_value(accepted),
+        serde_json::to_value(current),
+    ) else {
+        return vec!["spec".to_string()];
+    };
+    let mut keys: Vec<&String> = a.keys().chain(c.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != c.get(*k))
+        .map(|k| format!("spec.{k}"))
+        .collect()
+}
+
 /// Whether any member is past `Pending` but not finished.
 pub(crate) fn in_flight(status: &StorageMigrationRequestStatus) -> Option<usize> {
-    status.members.iter().position(|m| {
-        !matches!(
-            m.step,
-            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
-        )
-    })
+    status.members.iter().position(|m| m.step.in_flight())
 }
 
 /// `done/total` for the printer column.
@@ -535,7 +687,7 @@ pub(crate) fn progress(status: &StorageMigrationRequestStatus) -> String {
     let done = status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done)
+        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
         .count();
     format!("{done}/{}", status.members.len())
 }
@@ -586,6 +738,11 @@ pub(crate) fn claim_volume(claim: &PersistentVolumeClaim) -> Option<&str> {
 
 pub(crate) fn claim_class(claim: &PersistentVolumeClaim) -> Option<&str> {
     claim.spec.as_ref()?.storage_class_name.as_deref()
+}
+
+/// The StorageClass of a volume (`spec.storageClassName`).
+pub(crate) fn volume_class(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec.as_ref()?.storage_class_name.as_deref()
 }
 
 pub(crate) fn claim_request(

@@ -89,8 +89,6 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
     JobOutcome::Running
 }
 
-/// The pods of Job `name`, oldest first. They carry `job-name` (and on newer clusters
-/// `batch.kubernetes.io/job-name`).
 /// The pod whose log shows a running copy Job's progress, and the pass it copies: the Job's
 /// newest pod, when the Job is a PreCopy or Copy Job, still running, and its pod `Running`.
 pub fn copy_log_pod(
@@ -120,17 +118,9 @@ pub fn measured_bytes(job: &Job, status: &StorageMigrationRequestStatus) -> Opti
     (plan.members.iter().find(|m| &m.pod == pod)).and_then(|m| m.used_bytes)
 }
 
+/// The pods of Job `name`, oldest first.
 fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod> {
-    let mut job_pods: Vec<&Pod> = pods
-        .values()
-        .filter(|p| {
-            let l = p.labels();
-            l.get("job-name").map(String::as_str) == Some(name)
-                || l.get("batch.kubernetes.io/job-name").map(String::as_str) == Some(name)
-        })
-        .collect();
-    job_pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
-    job_pods
+    super::helpers::job_pods(name, pods)
 }
 
 /// A failed Job's termination message for humans: the script's `error` with its exit code when

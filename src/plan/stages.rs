@@ -3,6 +3,7 @@
 //! finalizing; and rolling back on failure or timeout. Stage changes go through
 //! [`super::machine`] (`Ctx::enter_stage`).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -12,14 +13,16 @@ use kube::ResourceExt;
 use super::foreign;
 use super::member::{self, Mode};
 use super::preflight::choose_template;
+use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, Kind, Object, Propagation, StashObject, claim_class,
-    claim_request, in_flight, is_terminating, progress, stuck, volume_policy,
+    claim_request, in_flight, is_terminating, progress, stuck, volume_class, volume_policy,
 };
 use crate::api::conditions;
 use crate::api::{
-    DatabaseEngine, MemberStatus, MemberStep, OldPvReclaimPolicy, Phase, Plan, PlannedMember, Stage,
+    DataLocation, DataState, DatabaseEngine, MemberStatus, MemberStep, OldPvReclaimPolicy, Phase,
+    Plan, PlannedMember, Stage,
 };
 use crate::build::{self, Manifest};
 use crate::engine::{self, FinalHashError};
@@ -215,7 +218,11 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
 /// The class and size the recreated StatefulSet's template gets: the target when every member
 /// is migrated, else the original template's.
 fn template_fit(cx: &Ctx, plan: &Plan, stashed: &StatefulSet) -> (String, Quantity) {
-    let all_done = cx.status.members.iter().all(|m| m.step == MemberStep::Done);
+    let all_done = cx
+        .status
+        .members
+        .iter()
+        .all(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere));
     if all_done {
         return (plan.target_storage_class.clone(), plan.target_size.clone());
     }
@@ -264,6 +271,7 @@ fn recreate_stateful_set(
         Err(e) => {
             stuck(
                 cx,
+                Stuck::CannotRebuild,
                 &format!("StatefulSet {} cannot be recreated: {e}", plan.stateful_set),
             );
             return Ok(());
@@ -303,6 +311,7 @@ pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
             let Some(stashed) = cx.o.stash.stateful_set.clone() else {
                 stuck(
                     cx,
+                    Stuck::StashEntry,
                     "the stashed StatefulSet is missing: it cannot be recreated",
                 );
                 return Ok(());
@@ -584,10 +593,23 @@ fn label_old_volume(cx: &mut Ctx, m: &PlannedMember) {
 
 /// The request ends `Successful`: status, conditions, Event, finalizer removed.
 fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
+    let there: Vec<&str> = cx
+        .status
+        .members
+        .iter()
+        .filter(|m| m.step == MemberStep::AlreadyThere)
+        .map(|m| m.pod.as_str())
+        .collect();
+    let there_note = if there.is_empty() {
+        String::new()
+    } else {
+        format!("; already there, left running: {}", there.join(", "))
+    };
     let downtimes: Vec<String> = cx
         .status
         .members
         .iter()
+        .filter(|m| m.step == MemberStep::Done)
         .map(|m| {
             format!(
                 "{} {}",
@@ -599,8 +621,8 @@ fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
         })
         .collect();
     let message = format!(
-        "migrated {} members of StatefulSet {} to StorageClass {} ({}); downtime: {}{hash_note}",
-        plan.members.len(),
+        "migrated {} members of StatefulSet {} to StorageClass {} ({}); downtime: {}{there_note}{hash_note}",
+        downtimes.len(),
         plan.stateful_set,
         plan.target_storage_class,
         plan.target_size.0,
@@ -684,11 +706,11 @@ fn roll_back_member_in_flight(cx: &mut Ctx) -> bool {
     for i in 0..cx.status.members.len() {
         let step = cx.status.members[i].step;
         match step {
-            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack => continue,
+            s if !s.in_flight() => continue,
             s if s.swap_begun() && foreign::hold_in_rollback(cx, i) => continue,
             s if s.swap_begun() => {
                 if let Err(failure) = member::step(cx, i, Mode::Rollback) {
-                    stuck(cx, &failure.to_string());
+                    stuck(cx, Stuck::RollbackStep, &failure.to_string());
                 }
                 return true;
             }
@@ -766,33 +788,80 @@ fn fail(cx: &mut Ctx, plan: &Plan) {
     cx.requeue = super::REQUEUE_FINAL;
 }
 
-/// For each member: which claim, volume and class hold its data now.
-fn data_locations(cx: &Ctx, plan: &Plan) -> String {
-    let source = plan.source_storage_class.clone().unwrap_or_default();
-    cx.status
-        .members
+/// For each member: which claim, volume and class hold its data now, recorded in its
+/// `dataLocation`; the text says it per class first, then per member.
+fn data_locations(cx: &mut Ctx, plan: &Plan) -> String {
+    let mut details = Vec::new();
+    let mut by_class: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for i in 0..cx.status.members.len() {
+        let ms = cx.status.members[i].clone();
+        let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
+            continue;
+        };
+        if let Some(held) = &ms.held {
+            details.push(format!("{} {held}", m.pod));
+            continue;
+        }
+        let location = data_location(cx, plan, m, &ms);
+        by_class
+            .entry(location.storage_class.clone())
+            .or_default()
+            .push(m.pod.clone());
+        details.push(describe_location(m, &location));
+        cx.status.members[i].data_location = Some(location);
+    }
+    let summary: Vec<String> = by_class
         .iter()
-        .filter_map(|ms| {
-            let m = plan.members.iter().find(|m| m.pod == ms.pod)?;
-            if let Some(held) = &ms.held {
-                return Some(format!("{} {held}", m.pod));
-            }
-            Some(if ms.step == MemberStep::Done {
-                format!(
-                    "{} on claim {} -> new volume {} ({}; old volume {} kept, Retain)",
-                    m.pod,
-                    m.claim,
-                    ms.new_volume.as_deref().unwrap_or("?"),
-                    plan.target_storage_class,
-                    m.old_volume
-                )
-            } else {
-                format!(
-                    "{} on claim {} -> original volume {} ({source}, untouched)",
-                    m.pod, m.claim, m.old_volume
-                )
-            })
-        })
-        .collect::<Vec<_>>()
-        .join("; ")
+        .map(|(class, pods)| format!("on StorageClass {class}: {}", pods.join(", ")))
+        .collect();
+    format!("{} -- {}", summary.join("; "), details.join("; "))
+}
+
+/// Where one member's data is: its new volume once migrated, else the volume it had.
+fn data_location(cx: &Ctx, plan: &Plan, m: &PlannedMember, ms: &MemberStatus) -> DataLocation {
+    let (volume, state, class) = match ms.step {
+        MemberStep::Done => (
+            ms.new_volume.clone().unwrap_or_default(),
+            DataState::Migrated,
+            plan.target_storage_class.clone(),
+        ),
+        MemberStep::AlreadyThere => (
+            m.old_volume.clone(),
+            DataState::AlreadyThere,
+            plan.target_storage_class.clone(),
+        ),
+        _ => (
+            m.old_volume.clone(),
+            DataState::Untouched,
+            plan.source_storage_class.clone().unwrap_or_default(),
+        ),
+    };
+    let storage_class =
+        cx.o.volumes
+            .get(&volume)
+            .and_then(volume_class)
+            .map_or(class, str::to_string);
+    DataLocation {
+        claim: m.claim.clone(),
+        volume,
+        storage_class,
+        state,
+    }
+}
+
+fn describe_location(m: &PlannedMember, l: &DataLocation) -> String {
+    let (pod, claim, volume, class) = (&m.pod, &l.claim, &l.volume, &l.storage_class);
+    match l.state {
+        DataState::Migrated => format!(
+            "{pod} on claim {claim} -> new volume {volume} ({class}; old volume {} kept, Retain)",
+            m.old_volume
+        ),
+        DataState::Untouched => {
+            format!("{pod} on claim {claim} -> original volume {volume} ({class}, untouched)")
+        }
+        DataState::AlreadyThere => format!(
+            "{pod} on claim {claim} -> volume {volume} ({class}, already there before this \
+             request, untouched)"
+        ),
+    }
 }

@@ -28,6 +28,7 @@ use kube::ResourceExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::runbook::Stuck;
 use super::{Action, Ctx, Failure, Object, Stash, StashObject, stuck};
 use crate::api::{Stage, StorageMigrationRequestStatus};
 use crate::build::{self, Manifest};
@@ -71,7 +72,7 @@ pub(crate) fn stash<T: Serialize>(cx: &mut Ctx, key: StashKey, obj: &T) -> Resul
         }
         StashObject::Foreign { .. } => {
             if let Some(problem) = stash_problem(cx) {
-                stuck(cx, &problem);
+                stuck(cx, Stuck::Stash, &problem);
             }
             return Ok(());
         }
@@ -108,7 +109,7 @@ pub(crate) fn stopped_by_a_problem(cx: &mut Ctx) -> bool {
     let Some(problem) = stash_problem(cx) else {
         return false;
     };
-    stuck(cx, &problem);
+    stuck(cx, Stuck::Stash, &problem);
     true
 }
 

@@ -153,7 +153,7 @@ fn denials_name_the_problem() {
             "same class",
             |o| o.request.spec = spec_class_change("standard"),
             "SameStorageClass",
-            "standard",
+            "already on StorageClass standard: nothing to do",
         ),
         (
             "WFFC source, Immediate target",
@@ -167,8 +167,14 @@ fn denials_name_the_problem() {
             "fast",
         ),
         (
-            "not smaller",
+            "every member and the template already at the size",
             |o| o.request.spec = spec_shrink("1Gi"),
+            "NotSmaller",
+            "already request 1Gi: nothing to do",
+        ),
+        (
+            "bigger than a claim",
+            |o| o.request.spec = spec_shrink("2Gi"),
             "NotSmaller",
             "data-etcd-0",
         ),
@@ -210,7 +216,7 @@ fn denials_name_the_problem() {
     for (name, tweak, reason, needle) in cases {
         let mut o = observed(spec_class_change("fast"));
         tweak(&mut o);
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         let (got, message) = denial_reason(&d);
         assert_eq!(got, reason, "{name}: {message}");
         assert!(
@@ -263,7 +269,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
     bad.request.metadata.creation_timestamp = Some(Time(t(-10)));
     bad.other_requests.push(other(REQ, 0, Phase::Pending));
     assert_eq!(
-        denial_reason(&decide(&bad, &IMAGE)).0,
+        denial_reason(&decide(&bad, &SETTINGS)).0,
         "StorageClassNotFound"
     );
 
@@ -272,7 +278,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
     o.other_requests.push(other("bad", -10, Phase::Pending));
     let mut sim = Sim::new(o);
     for _ in 0..5 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         assert_eq!(d.requeue, REQUEUE_QUEUED);
         for a in &d.actions {
             sim.apply(a);
@@ -298,7 +304,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
 
     // The older one is denied: the younger one is judged, accepted and runs to the end.
     sim.o.other_requests[0].phase = Phase::Denied;
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Progressing);
     let (cond, reason, _) = queued_condition(s).unwrap();
@@ -344,7 +350,7 @@ fn a_final_request_never_blocks() {
         let mut o = observed(spec_class_change("fast"));
         o.other_requests.push(other("first", -10, phase));
         o.other_requests.push(other("later", 10, Phase::Pending));
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         let s = first_status(&d);
         assert_eq!(s.phase, Phase::Progressing, "{phase:?}");
         assert_eq!(queued_condition(s), None, "never queued: no condition");
@@ -356,9 +362,12 @@ fn requests_created_in_the_same_second_go_by_name() {
     // Same creation time as "move": "alpha" is ahead, "zulu" behind.
     let mut o = observed(spec_class_change("fast"));
     o.other_requests.push(other("zulu", 0, Phase::Pending));
-    assert_eq!(first_status(&decide(&o, &IMAGE)).phase, Phase::Progressing);
+    assert_eq!(
+        first_status(&decide(&o, &SETTINGS)).phase,
+        Phase::Progressing
+    );
     o.other_requests.push(other("alpha", 0, Phase::Pending));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Pending);
     let (_, _, message) = queued_condition(s).unwrap();
@@ -373,7 +382,7 @@ fn a_malformed_request_is_denied_at_once_even_when_queued() {
     });
     o.other_requests
         .push(other("running", -10, Phase::Progressing));
-    assert_eq!(denial_reason(&decide(&o, &IMAGE)).0, "InvalidSpec");
+    assert_eq!(denial_reason(&decide(&o, &SETTINGS)).0, "InvalidSpec");
 }
 
 #[test]
@@ -381,7 +390,7 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
     let mut o = observed(spec_class_change("fast"));
     o.request.spec.apply = ApplyPolicy::Always;
     not_ready(&mut o, "etcd-2");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(first_status(&d).phase, Phase::Progressing);
     let mut sim = Sim::new(o);
     sim.run(40);
@@ -400,7 +409,7 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
 #[test]
 fn accept_records_the_plan_before_anything() {
     let o = observed(spec_class_change("fast"));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.phase, Phase::Progressing);
     assert_eq!(s.stage, Stage::OrphaningStatefulSet);
@@ -593,7 +602,7 @@ fn crash_at_any_point_resumes_to_the_same_end() {
         let d_len = {
             let mut probe = Sim::new(observed(spec_class_change("fast")));
             probe.run(crash_at);
-            decide(&probe.o, &IMAGE).actions.len()
+            decide(&probe.o, &SETTINGS).actions.len()
         };
         for keep in 0..d_len {
             let mut sim = Sim::new(observed(spec_class_change("fast")));
@@ -686,7 +695,7 @@ fn timeout_after_the_swap_began_carries_the_member_forward() {
         if sim.step_of("etcd-1") == MemberStep::DeletingOldClaim {
             break;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -753,7 +762,7 @@ fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
         ..Default::default()
     };
     sim.o.jobs.get_mut(&name).unwrap().progress = Some(reading.clone());
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let s = first_status(&d);
     let ms = s.members.iter().find(|m| m.pod == "etcd-0").unwrap();
     assert_eq!(ms.copy_progress.as_ref(), Some(&reading));
@@ -763,7 +772,7 @@ fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
     for a in &d.actions {
         sim.apply(a);
     }
-    let again = decide(&sim.o, &IMAGE);
+    let again = decide(&sim.o, &SETTINGS);
     assert!(
         !again
             .actions
@@ -781,7 +790,7 @@ fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
         if sim.step_of("etcd-0") == MemberStep::Copying {
             break;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -805,7 +814,7 @@ fn the_abort_annotation_rolls_a_migrating_request_back() {
         if sim.step_of("etcd-1") == MemberStep::Copying {
             break;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -821,7 +830,10 @@ fn the_abort_annotation_rolls_a_migrating_request_back() {
     assert_eq!(s.phase, Phase::Failed);
     assert_eq!(
         s.failure.as_deref(),
-        Some("aborted: annotation storagemigrator.io/abort asked for a rollback")
+        Some(
+            "aborted: annotation storagemigrator.io/abort asked for a rollback (runbook: \
+             docs/runbook.md#failed-aborted-kubectl-smr-abort)"
+        )
     );
     assert_machine_transitions(&sim);
     assert_eq!(sim.step_of("etcd-1"), MemberStep::RolledBack);
@@ -841,11 +853,29 @@ fn spec_change_after_acceptance_is_ignored() {
     sim.run(5);
     sim.o.request.spec = spec_class_change("slow");
     sim.o.request.metadata.generation = Some(2);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let s = first_status(&d);
     let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
     assert_eq!(c.status, "True");
-    assert!(c.message.contains("generation 2"));
+    assert!(c.message.contains("generation 2"), "{}", c.message);
+    assert!(
+        c.message.contains("accepted at generation 1"),
+        "{}",
+        c.message
+    );
+    assert!(
+        c.message.contains(
+            ": spec.storageClassChange differ from status.acceptedSpec; ignored, because"
+        ),
+        "{}",
+        c.message
+    );
+    assert_eq!(c.observed_generation, Some(2));
+    assert_eq!(
+        s.observed_generation,
+        Some(2),
+        "observedGeneration follows generation"
+    );
     sim.run(400);
     assert_eq!(sim.phase(), Phase::Successful);
     assert_eq!(claim_class(&sim.o.claims["data-etcd-0"]), Some("fast"));
@@ -856,6 +886,48 @@ fn spec_change_after_acceptance_is_ignored() {
             .count(),
         1
     );
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.observed_generation, Some(2));
+}
+
+/// Back to the accepted spec, the condition turns False; a denied request says that a change
+/// is ignored too (it is final).
+#[test]
+fn spec_change_reverted_clears_the_condition_and_denied_requests_say_so() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(5);
+    sim.o.request.spec = spec_class_change("slow");
+    sim.o.request.metadata.generation = Some(2);
+    sim.run(1);
+    sim.o.request.spec = spec_class_change("fast");
+    sim.o.request.metadata.generation = Some(3);
+    let d = decide(&sim.o, &SETTINGS);
+    let s = first_status(&d);
+    let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "SpecMatchesAccepted")
+    );
+    assert_eq!(s.observed_generation, Some(3));
+
+    let mut o = observed(spec_class_change("missing-class"));
+    let d = decide(&o, &SETTINGS);
+    o.request.status = Some(first_status(&d).clone());
+    assert_eq!(o.request.status.as_ref().unwrap().phase, Phase::Denied);
+    o.request.spec = spec_class_change("fast");
+    o.request.metadata.generation = Some(2);
+    let d = decide(&o, &SETTINGS);
+    let s = first_status(&d);
+    let c = conditions::get(&s.conditions, SPEC_CHANGE_IGNORED).unwrap();
+    assert_eq!(c.status, "True");
+    assert!(
+        c.message
+            .contains("after the request was denied at generation 1"),
+        "{}",
+        c.message
+    );
+    assert_eq!(s.observed_generation, Some(2));
+    assert_eq!(s.phase, Phase::Denied, "still denied");
 }
 
 #[test]
@@ -871,7 +943,7 @@ fn leader_goes_last_and_hands_over_first() {
             m.leader = m.pod == "etcd-0";
         }
     }
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let plan = first_status(&d).plan.clone().unwrap();
     assert_eq!(
         plan.members
@@ -1037,7 +1109,7 @@ fn member0(d: &Decision) -> MemberStatus {
 fn resume_stopping_pod_when_the_pod_is_already_gone() {
     let mut o = at_step(MemberStep::StoppingPod);
     // The stash and the delete happened; the status write of the next step did not.
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(
         matches!(d.actions[0], Action::Stash { .. }),
         "{:?}",
@@ -1047,7 +1119,7 @@ fn resume_stopping_pod_when_the_pod_is_already_gone() {
     sim.apply(&d.actions[0]);
     o = sim.o.clone();
     o.pods.remove("etcd-0");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::Copying);
     assert!(member0(&d).pod_deleted_at.is_some());
 }
@@ -1056,7 +1128,7 @@ fn resume_stopping_pod_when_the_pod_is_already_gone() {
 fn resume_deleting_old_claim_when_it_is_gone() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     o.claims.remove("data-etcd-0");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::DeletingTempClaim);
 }
 
@@ -1064,7 +1136,7 @@ fn resume_deleting_old_claim_when_it_is_gone() {
 fn resume_recreating_claim_when_it_is_already_bound() {
     let o = at_step(MemberStep::RecreatingClaim);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(&d.actions[..], [Action::Create(Object::Claim(_))]),
         "{:?}",
@@ -1072,7 +1144,7 @@ fn resume_recreating_claim_when_it_is_already_bound() {
     );
     sim.apply(&d.actions[0]);
     sim.settle();
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
 }
 
@@ -1097,7 +1169,7 @@ fn resume_copying_reads_the_finished_jobs() {
             },
         ),
     ]);
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.step, MemberStep::RetainingVolumes);
     assert_eq!((ms.bytes_copied, ms.files_copied), (Some(7), Some(1)));
@@ -1112,7 +1184,7 @@ fn resume_copying_reads_the_finished_jobs() {
 fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
     let mut o = at_step(MemberStep::Copying);
     o.pods.insert("etcd-0".into(), manifest(member_pod(0)));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
     assert!(s.failure.as_deref().unwrap().contains("came back"));
@@ -1123,20 +1195,20 @@ fn retaining_volumes_records_policies_before_patching() {
     let o = at_step(MemberStep::RetainingVolumes);
     let mut sim = Sim::new(o);
     // Stash the claim, then record, then patch.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(&d.actions[..], [Action::Stash { .. }]),
         "{:?}",
         d.actions
     );
     sim.apply(&d.actions[0]);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(ms.new_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(d.actions.len(), 1, "status only: {:?}", d.actions);
     sim.apply(&d.actions[0]);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(
         d.actions
             .iter()
@@ -1161,15 +1233,15 @@ fn quantities_and_timeouts() {
 fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let o = at_step(MemberStep::RecreatingClaim);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     sim.apply(&d.actions[0]);
     // Created now, still Pending: wait.
     let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
     claim.metadata.creation_timestamp = Some(Time(sim.o.now));
-    assert!(decide(&sim.o, &IMAGE).actions.is_empty());
+    assert!(decide(&sim.o, &SETTINGS).actions.is_empty());
     // Pending for 3 s: nudge (an annotation update makes the PV controller sync it again).
     sim.o.now = k8s_openapi::jiff::Timestamp::from_second(sim.o.now.as_second() + 3).unwrap();
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(
             &d.actions[..],
@@ -1180,12 +1252,12 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     );
     sim.apply(&d.actions[0]);
     assert!(
-        decide(&sim.o, &IMAGE).actions.is_empty(),
+        decide(&sim.o, &SETTINGS).actions.is_empty(),
         "one nudge per interval"
     );
     // Bound: the annotation goes, the step advances.
     sim.settle();
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::RecreatingPod);
     assert!(
         d.actions
@@ -1300,7 +1372,7 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
     let before = sim.o.request.status.clone().unwrap();
     assert_eq!(before.stage, Stage::OrphaningStatefulSet);
     let o = sim.o.clone();
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     cx.act(Action::AddFinalizer);
     cx.advance_member(0, MemberStep::Done);
     cx.enter_stage(Stage::Preflight);
@@ -1312,7 +1384,8 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
         s.message.as_deref(),
         Some(
             "stuck: the planner tried a transition its state machine does not allow: member \
-             etcd-0 cannot go from step Pending to Done"
+             etcd-0 cannot go from step Pending to Done (runbook: \
+             docs/runbook.md#stuck-a-transition-the-state-machine-does-not-allow)"
         ),
         "the first refusal is the one reported"
     );
@@ -1328,7 +1401,7 @@ fn a_refused_transition_turns_the_decision_into_stuck() {
 fn a_refused_stage_transition_is_reported() {
     let sim = Sim::new(observed(spec_class_change("fast")));
     let o = sim.o.clone();
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     cx.enter_stage(Stage::RollingBack);
     let d = cx.finish();
     let s = first_status(&d);
@@ -1337,7 +1410,8 @@ fn a_refused_stage_transition_is_reported() {
         s.message.as_deref(),
         Some(
             "stuck: the planner tried a transition its state machine does not allow: the \
-             request cannot go from stage Preflight to RollingBack"
+             request cannot go from stage Preflight to RollingBack (runbook: \
+             docs/runbook.md#stuck-a-transition-the-state-machine-does-not-allow)"
         )
     );
 }
@@ -1457,6 +1531,13 @@ fn failure_messages() {
         "cannot build the mounter pod: e"
     );
     assert_eq!(
+        s(Failure::MounterStuck {
+            pod: "p".into(),
+            reason: "r".into()
+        }),
+        "the mounter pod of member p failed: r"
+    );
+    assert_eq!(
         s(Failure::Stash {
             key: "k".into(),
             error: "e".into()
@@ -1482,7 +1563,7 @@ fn etcd_spec() -> crate::api::StorageMigrationRequestSpec {
 /// done yet).
 fn run_to_finalizing(sim: &mut Sim) {
     for _ in 0..400 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1596,7 +1677,7 @@ fn an_etcd_check_that_cannot_be_computed_waits_then_fails_at_the_timeout() {
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
     for _ in 0..20 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1639,7 +1720,7 @@ fn an_etcd_check_that_becomes_computable_succeeds() {
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
     for _ in 0..5 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -1704,7 +1785,7 @@ fn generic_without_verification_keeps_old_volumes_on_retain() {
 /// that decision, not applied.
 fn until_orphan_delete(sim: &mut Sim) -> Decision {
     for _ in 0..100 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         if d.actions.iter().any(|a| {
             matches!(
                 a,
@@ -1763,7 +1844,7 @@ fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_vers
     assert_eq!(sim.refused.len(), 1, "{:?}", sim.refused);
     assert!(sim.o.stateful_set.is_some());
     // The next pass stashes the set as it is now, and deletes nothing.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert!(set_delete_version(&d).is_none(), "{:?}", d.actions);
     assert!(
         d.actions.iter().any(|a| matches!(a, Action::Stash { .. })),
@@ -1777,7 +1858,7 @@ fn a_set_changed_after_its_stash_is_stashed_again_then_deleted_with_the_new_vers
     assert_eq!(restashed.resource_version().as_deref(), Some("edited-7"));
     assert_eq!(restashed.spec.as_ref().unwrap().replicas, Some(5));
     // Then the delete carries the new version, and the set goes.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     assert_eq!(set_delete_version(&d), Some(Some("edited-7".into())));
     for a in &d.actions {
         sim.apply(a);
@@ -1854,7 +1935,7 @@ fn the_old_claim_is_deleted_by_its_stashed_uid() {
     let o = at_step(MemberStep::DeletingOldClaim);
     let stashed = o.stash.claims["data-etcd-0"].uid();
     assert!(stashed.is_some());
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     let uid = d.actions.iter().find_map(|a| match a {
         Action::Delete {
             kind: Kind::Claim,
@@ -1876,7 +1957,7 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
             pod.metadata.deletion_timestamp = Some(Time(t(5)));
         }
         o.helper_pods.insert("backup-reader".into(), pod);
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
         let s = first_status(&d);
         assert_eq!(member0(&d).step, MemberStep::DeletingOldClaim);
@@ -1888,7 +1969,7 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
         // Once the pod is gone the claim is deleted.
         o.helper_pods.remove("backup-reader");
         o.request.status = Some(s.clone());
-        assert!(deletes_claim(&decide(&o, &IMAGE), "data-etcd-0"));
+        assert!(deletes_claim(&decide(&o, &SETTINGS), "data-etcd-0"));
     }
 }
 
@@ -1897,7 +1978,7 @@ fn an_old_claim_replaced_by_another_uid_fails_the_member_naming_both_uids() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     let stashed = o.stash.claims["data-etcd-0"].uid().unwrap();
     o.claims.get_mut("data-etcd-0").unwrap().metadata.uid = Some("uid-successor".into());
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(!deletes_claim(&d, "data-etcd-0"), "{:?}", d.actions);
     let s = first_status(&d);
     assert_eq!(s.stage, Stage::RollingBack);
@@ -1915,14 +1996,14 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
     let o = at_step(MemberStep::StoppingPod);
     let mut sim = Sim::new(o);
     // The first pass stashes the pod.
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     for a in &d.actions {
         sim.apply(a);
     }
     assert!(sim.o.stash.pods.contains_key("etcd-0"));
     let mut o = sim.o.clone();
     not_ready(&mut o, "etcd-2");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(
         !d.actions.iter().any(|a| matches!(
             a,
@@ -1945,7 +2026,7 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
     );
     // With the gate open the pod is deleted.
     assert!(
-        decide(&sim.o, &IMAGE)
+        decide(&sim.o, &SETTINGS)
             .actions
             .iter()
             .any(|a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "etcd-0"))
@@ -1956,7 +2037,7 @@ fn a_gate_closed_at_stopping_pod_deletes_no_pod_and_waits() {
 fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
     let o = at_step(MemberStep::StoppingPod);
     let mut sim = Sim::new(o);
-    let d = decide(&sim.o, &IMAGE);
+    let d = decide(&sim.o, &SETTINGS);
     for a in &d.actions {
         sim.apply(a);
     }
@@ -1966,12 +2047,12 @@ fn a_pod_already_terminating_at_stopping_pod_is_not_gated() {
         .get_mut("etcd-0")
         .unwrap()
         .update(|p| p.metadata.deletion_timestamp = Some(Time(t(5))));
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert!(d.actions.iter().all(
         |a| !matches!(a, Action::SetStatus(s) if s.members[0].step != MemberStep::StoppingPod)
     ));
     o.pods.remove("etcd-0");
-    let d = decide(&o, &IMAGE);
+    let d = decide(&o, &SETTINGS);
     assert_eq!(member0(&d).step, MemberStep::Copying);
 }
 
@@ -1988,7 +2069,7 @@ fn a_member_pod_that_appears_during_the_swap_holds_it_with_a_message() {
         let mut pod = member_pod(0);
         pod.metadata.uid = Some("uid-intruder".into());
         o.pods.insert("etcd-0".into(), manifest(pod));
-        let d = decide(&o, &IMAGE);
+        let d = decide(&o, &SETTINGS);
         assert!(
             d.actions
                 .iter()
@@ -2022,8 +2103,9 @@ fn claim_replaced_names_the_claim_and_both_uids() {
 // --- The image of what the planner creates. -------------------------------------------------
 
 /// The images of the Jobs (by kind) and mounter pods a whole simulated request created.
-fn created_images(spec: StorageMigrationRequestSpec) -> Vec<(String, String)> {
+fn created_images(spec: StorageMigrationRequestSpec, allow: bool) -> Vec<(String, String)> {
     let mut sim = Sim::new(observed(spec));
+    sim.settings.allow_request_mover_image = allow;
     sim.run(400);
     assert_eq!(sim.phase(), Phase::Successful);
     let image = |c: &k8s_openapi::api::core::v1::Container| c.image.clone().unwrap_or_default();
@@ -2045,9 +2127,9 @@ fn created_images(spec: StorageMigrationRequestSpec) -> Vec<(String, String)> {
 }
 
 #[test]
-fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one() {
+fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one_and_may() {
     for spec in [spec_class_change("fast"), spec_shrink("256Mi")] {
-        let got = created_images(spec.clone());
+        let got = created_images(spec.clone(), false);
         let kinds: std::collections::BTreeSet<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
         let want: &[&str] = if spec.type_ == crate::api::MigrationType::Shrink {
             // Same (Immediate) class: no mounter needed.
@@ -2061,11 +2143,173 @@ fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one() {
 
         let mut own = spec;
         own.copy.mover_image = Some("registry.test/my-mover:2".into());
-        let got = created_images(own);
+        let got = created_images(own, true);
         assert!(!got.is_empty());
         assert!(
             got.iter().all(|(_, i)| i == "registry.test/my-mover:2"),
             "{got:?}"
         );
     }
+}
+
+// --- Helper pods that cannot start or are evicted. -------------------------------------------
+
+/// A pod of Job `job` created at `created`, in `status`.
+fn job_pod(job: &str, created: k8s_openapi::jiff::Timestamp, status: PodStatusFixture) -> Pod {
+    let mut pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {
+            "name": format!("{job}-x1"),
+            "namespace": NS,
+            "labels": {"job-name": job},
+            "creationTimestamp": created.to_string(),
+        },
+        "spec": {"containers": [{"name": "mover"}], "nodeName": "node-a"},
+    }))
+    .unwrap();
+    pod.status = Some(match status {
+        PodStatusFixture::Waiting(reason) => serde_json::from_value(serde_json::json!({
+            "phase": "Pending",
+            "containerStatuses": [{"name": "mover", "image": "x", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"waiting": {"reason": reason, "message": "Back-off pulling image \"nope:1\""}}}],
+        }))
+        .unwrap(),
+        PodStatusFixture::Evicted => serde_json::from_value(serde_json::json!({
+            "phase": "Failed", "reason": "Evicted",
+            "message": "The node was low on resource: ephemeral-storage.",
+        }))
+        .unwrap(),
+    });
+    pod
+}
+
+enum PodStatusFixture {
+    Waiting(&'static str),
+    Evicted,
+}
+
+#[test]
+fn a_copy_pod_that_cannot_pull_its_image_fails_the_member_within_the_start_timeout() {
+    let mut sim = Sim::at(MemberStep::Copying);
+    sim.jobs.hang = true;
+    sim.run(1);
+    let job = build::job_name(REQ, "etcd-0", JobKind::Copy);
+    assert!(sim.o.jobs.contains_key(&job), "copy Job created");
+    let created = sim.o.now;
+    let pod = job_pod(&job, created, PodStatusFixture::Waiting("ImagePullBackOff"));
+    sim.o.helper_pods.insert(pod.name_any(), pod);
+    let timeout = sim.settings.helper_start_timeout.as_secs() as i64;
+    // Within the timeout: waiting.
+    sim.o.now = created + k8s_openapi::jiff::SignedDuration::from_secs(timeout);
+    let d = decide(&sim.o, &sim.settings);
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::SetStatus(s) if s.failure.is_some())),
+        "{d:?}"
+    );
+    // Past it: the member fails, quoting the pod's reason, and rolls back.
+    sim.o.now = created + k8s_openapi::jiff::SignedDuration::from_secs(timeout + 1);
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    let failure = s.failure.unwrap();
+    assert!(failure.contains("copy of claim data-etcd-0"), "{failure}");
+    assert!(
+        failure.contains(&format!(
+            "did not start within {timeout}s: ImagePullBackOff"
+        )),
+        "{failure}"
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+    assert!(sim.o.jobs.is_empty(), "{:?}", sim.o.jobs.keys());
+    assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
+}
+
+#[test]
+fn an_evicted_copy_is_replaced_up_to_the_budget_then_fails_the_member() {
+    let mut sim = Sim::at(MemberStep::Copying);
+    sim.jobs.hang = true;
+    let job = build::job_name(REQ, "etcd-0", JobKind::Copy);
+    let max = sim.settings.max_evictions;
+    for round in 0..=max {
+        for _ in 0..5 {
+            if sim.o.jobs.contains_key(&job) {
+                break;
+            }
+            sim.run(1);
+        }
+        assert!(
+            sim.o.jobs.contains_key(&job),
+            "round {round}: copy Job (re)created"
+        );
+        // The kubelet evicts its pod: the Job (backoffLimit 0) fails.
+        let pod = job_pod(&job, sim.o.now, PodStatusFixture::Evicted);
+        sim.o.helper_pods.insert(pod.name_any(), pod);
+        sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::Failed {
+            reason: format!("Job {job} failed: BackoffLimitExceeded"),
+        };
+        let d = decide(&sim.o, &sim.settings);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.o.helper_pods.clear();
+        if round < max {
+            assert_eq!(sim.phase(), Phase::Progressing, "round {round}");
+            assert!(
+                !sim.o.jobs.contains_key(&job),
+                "round {round}: evicted Job deleted"
+            );
+            let ms = &sim.o.request.status.as_ref().unwrap().members[0];
+            assert_eq!(ms.helper_evictions, round + 1);
+            assert!(
+                sim.events
+                    .iter()
+                    .any(|(r, m)| r == "HelperEvicted" && m.contains("ephemeral-storage")),
+                "{:?}",
+                sim.events
+            );
+        }
+    }
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    let failure = s.failure.unwrap();
+    assert!(failure.contains("was evicted"), "{failure}");
+    assert!(
+        failure.contains(&format!("--max-evictions is {max}")),
+        "{failure}"
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+}
+
+#[test]
+fn a_mounter_that_cannot_start_fails_the_member() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    // Until the mounter exists (the "fast" class waits for a consumer).
+    let name = build::mounter_name(REQ, "etcd-0");
+    for _ in 0..50 {
+        if sim.o.helper_pods.contains_key(&name) {
+            break;
+        }
+        let d = decide(&sim.o, &sim.settings);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+    }
+    assert!(sim.o.helper_pods.contains_key(&name), "mounter created");
+    let mut pod = job_pod(
+        "none",
+        sim.o.now,
+        PodStatusFixture::Waiting("InvalidImageName"),
+    );
+    pod.metadata = sim.o.helper_pods[&name].metadata.clone();
+    sim.o.helper_pods.insert(name, pod);
+    let d = decide(&sim.o, &sim.settings);
+    let s = first_status(&d);
+    let failure = s.failure.clone().unwrap_or_default();
+    assert!(
+        failure.contains("the mounter pod of member etcd-0 failed")
+            && failure.contains("cannot start: InvalidImageName"),
+        "{failure}"
+    );
 }

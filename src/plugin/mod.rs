@@ -20,7 +20,7 @@ use crate::api::{MigrationType, StorageMigrationRequest};
 use crate::cluster::Cluster;
 use crate::image::ImageRef;
 use crate::labels;
-use crate::plan::preflight;
+use crate::plan::{Settings, preflight};
 
 pub mod orphans;
 pub mod render;
@@ -50,6 +50,10 @@ enum Command {
         /// The StorageMigrationRequest manifest.
         #[arg(short = 'f', long)]
         file: PathBuf,
+        /// Judge `spec.copy.moverImage` as an operator started with
+        /// `--allow-request-mover-image` would (default: as the chart's default, which denies it).
+        #[arg(long)]
+        allow_request_mover_image: bool,
     },
     /// Follow a request to its end: per-member progress (bytes, rate, ETA, step), then the final
     /// phase and each member's downtime. Exit 0 Successful, 3 Failed, 2 Denied.
@@ -104,7 +108,10 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         .namespace
         .unwrap_or_else(|| client.default_namespace().to_string());
     match cli.command {
-        Command::Plan { file } => plan(client, &file, ns).await,
+        Command::Plan {
+            file,
+            allow_request_mover_image,
+        } => plan(client, &file, ns, allow_request_mover_image).await,
         Command::Watch {
             name,
             interval,
@@ -148,7 +155,12 @@ fn cluster(client: Client) -> Cluster {
 }
 
 /// `plan`: gathers what the operator would see (reads only), then every denial or the plan.
-async fn plan(client: Client, file: &Path, ns: String) -> anyhow::Result<u8> {
+async fn plan(
+    client: Client,
+    file: &Path,
+    ns: String,
+    allow_mover_image: bool,
+) -> anyhow::Result<u8> {
     let req = read_request(file, ns)?;
     let cluster = cluster(client);
     let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
@@ -162,14 +174,16 @@ async fn plan(client: Client, file: &Path, ns: String) -> anyhow::Result<u8> {
             ahead.name, ahead.phase
         );
     }
-    // The image only names the Jobs; nothing is created.
-    let image = ImageRef::default_image();
-    let denials = preflight::all_denials(&observed, &image);
+    // The image only names the Jobs; nothing is created. The operator's own flags are not
+    // known here: `--allow-request-mover-image` says it runs with that flag.
+    let mut settings = Settings::new(ImageRef::default_image());
+    settings.allow_request_mover_image = allow_mover_image;
+    let denials = preflight::all_denials(&observed, &settings);
     if !denials.is_empty() {
         print_lines(&render::denial_lines(&denials));
         return Ok(EXIT_DENIED);
     }
-    let plan = preflight::dry_run(&observed, &image).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let plan = preflight::dry_run(&observed, &settings).map_err(|d| anyhow::anyhow!("{d}"))?;
     println!("Would be accepted. Members in migration order:");
     print_lines(&render::plan_lines(&plan));
     if observed.request.spec.type_ == MigrationType::Shrink {

@@ -247,6 +247,11 @@ pub fn data_location(m: &MemberStatus, planned: Option<&PlannedMember>) -> Strin
         MemberStep::Pending | MemberStep::CreatingClaim | MemberStep::RolledBack => {
             format!("on its old volume {old} (claim {claim})")
         }
+        MemberStep::AlreadyThere => {
+            format!(
+                "already on the target before this request: {old} (claim {claim}), left running"
+            )
+        }
         MemberStep::PreCopying
         | MemberStep::GatingStop
         | MemberStep::StoppingPod
@@ -473,6 +478,7 @@ mod tests {
             new_size: Quantity("512Mi".into()),
             used_bytes: None,
             role: Some(Role::Leader),
+            work: crate::api::PlannedWork::Migrate,
         }
     }
 

@@ -83,8 +83,32 @@ pub fn apiserver_args(state: &ClusterState) -> Vec<String> {
         flag("kubelet-preferred-address-types", "InternalIP"),
         flag("allow-privileged", "true"),
         flag("profiling", "false"),
+        // The audit log records what ServiceAccounts do (see `AUDIT_POLICY`): the e2e suite
+        // reads it to prove the operator's RBAC rules are each used and none is missing.
+        path_flag("audit-policy-file", &state.dir.join(AUDIT_POLICY_FILE)),
+        path_flag("audit-log-path", &state.audit_log()),
+        flag("audit-log-format", "json"),
+        flag("audit-log-maxsize", 1024),
+        flag("audit-log-maxbackup", 1),
     ]
 }
+
+/// File name of the audit policy in the state directory.
+pub const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
+
+/// What the API server audits: at Metadata level (who, verb, object, response code) every
+/// request of a ServiceAccount outside kube-system, nothing else. Requests are logged once, when
+/// the response is complete (or when a watch starts).
+pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: None
+    userGroups: ["system:serviceaccounts:kube-system"]
+  - level: Metadata
+    userGroups: ["system:serviceaccounts"]
+  - level: None
+"#;
 
 pub fn controller_manager_args(state: &ClusterState) -> Vec<String> {
     let kubeconfig = state.component_kubeconfig(KUBECONFIG_CONTROLLER_MANAGER);

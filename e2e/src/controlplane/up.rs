@@ -11,7 +11,8 @@ use kube::Api;
 use tracing::{info, warn};
 
 use crate::controlplane::args::{
-    apiserver_args, controller_manager_args, etcd_args, scheduler_args,
+    AUDIT_POLICY, AUDIT_POLICY_FILE, apiserver_args, controller_manager_args, etcd_args,
+    scheduler_args,
 };
 use crate::controlplane::down::down;
 use crate::controlplane::identity::choose_identity;
@@ -191,6 +192,8 @@ async fn bring_up(
     let bundle = pki::generate(state)?;
     pki::write(state, &bundle)?;
     write_kubeconfigs(state, &bundle)?;
+    let policy = state.dir.join(AUDIT_POLICY_FILE);
+    std::fs::write(&policy, AUDIT_POLICY).map_err(io_err("write", &policy))?;
     timings.push(("pki+kubeconfigs", t.elapsed()));
 
     let t = Instant::now();

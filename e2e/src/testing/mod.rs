@@ -22,6 +22,7 @@ mod namespace;
 mod objects;
 pub mod operator;
 mod pods;
+pub mod rbac;
 mod waits;
 
 pub use cluster::TestCluster;

@@ -1,5 +1,5 @@
 //! The operator under test and its requests: `storage-migrator run --namespace NS` as a child
-//! process of the test (binary from `STORAGE_MIGRATOR_BIN`, default
+//! process of the test, running as a ServiceAccount under the chart's RBAC for NS (binary from `STORAGE_MIGRATOR_BIN`, default
 //! `<workspace>/target/debug/storage-migrator`), the CRD, and creating / waiting for
 //! `StorageMigrationRequest`s in a [`TestNamespace`].
 //!
@@ -22,7 +22,7 @@ use storage_migrator::api::{StorageMigrationRequest, StorageMigrationRequestStat
 use tokio::process::{Child, Command};
 use tracing::{info, warn};
 
-use super::{DEFAULT_MOVER_IMAGE, FIELD_MANAGER, TestError, TestNamespace};
+use super::{DEFAULT_MOVER_IMAGE, FIELD_MANAGER, TestError, TestNamespace, rbac};
 
 /// The CRD of `StorageMigrationRequest`, as the repository ships it.
 pub const CRD: &str = include_str!("../../../crds/storagemigrationrequests.yaml");
@@ -109,24 +109,46 @@ pub struct Operator {
 impl Operator {
     /// Starts `storage-migrator run --namespace NS`; `run` numbers the log file of each
     /// (re)start in a test; `failpoints` becomes the process's `FAILPOINTS` (never inherited).
-    pub fn start(
-        ns: &str,
+    pub async fn start(
+        ns: &TestNamespace,
         run: usize,
         failpoints: Option<&str>,
     ) -> Result<Operator, OperatorError> {
-        let log = workspace()
-            .join("target/e2e-logs")
-            .join(format!("{ns}-operator-{run}.log"));
-        Self::spawn(&operator_bin(), ns, log, failpoints)
+        Self::start_with(ns, run, failpoints, &[]).await
     }
 
-    /// Starts `bin run --namespace NS`, logging to `log` (its directory is created);
-    /// `failpoints` becomes the process's `FAILPOINTS` (never inherited).
-    pub fn spawn(
+    /// [`Operator::start`] with more flags for `run` (e.g. `--allow-request-mover-image`).
+    pub async fn start_with(
+        ns: &TestNamespace,
+        run: usize,
+        failpoints: Option<&str>,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
+        let log = workspace()
+            .join("target/e2e-logs")
+            .join(format!("{}-operator-{run}.log", ns.name));
+        Self::spawn_with(&operator_bin(), ns, log, failpoints, flags).await
+    }
+
+    /// Starts `bin run --namespace NS` as the namespace's operator ServiceAccount, under the
+    /// chart's RBAC for that namespace ([`rbac::operator_kubeconfig`]), logging to `log` (its
+    /// directory is created); `failpoints` becomes the process's `FAILPOINTS` (never inherited).
+    pub async fn spawn(
         bin: &Path,
-        ns: &str,
+        ns: &TestNamespace,
         log: PathBuf,
         failpoints: Option<&str>,
+    ) -> Result<Operator, OperatorError> {
+        Self::spawn_with(bin, ns, log, failpoints, &[]).await
+    }
+
+    /// [`Operator::spawn`] with more flags for `run`.
+    pub async fn spawn_with(
+        bin: &Path,
+        ns: &TestNamespace,
+        log: PathBuf,
+        failpoints: Option<&str>,
+        flags: &[&str],
     ) -> Result<Operator, OperatorError> {
         let log_error = |source| OperatorError::Log {
             path: log.clone(),
@@ -135,6 +157,9 @@ impl Operator {
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).map_err(log_error)?;
         }
+        let kubeconfig = log.with_extension("kubeconfig");
+        rbac::operator_kubeconfig(ns, &kubeconfig).await?;
+        let ns = ns.name.as_str();
         let out = std::fs::File::create(&log).map_err(log_error)?;
         let err = out.try_clone().map_err(log_error)?;
         let bin = bin.to_path_buf();
@@ -145,11 +170,13 @@ impl Operator {
         let identity = format!("e2e-{ns}");
         cmd.args(["run", "--namespace", ns, "--http-address", "127.0.0.1:0"])
             .args(["--lease-identity", &identity])
+            .args(flags)
             .env(
                 "RUST_LOG",
                 std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
             )
             .env("STORAGE_MIGRATOR_IMAGE", operator_image())
+            .env("KUBECONFIG", &kubeconfig)
             .env_remove("FAILPOINTS")
             .stdin(Stdio::null())
             .stdout(out)

@@ -262,7 +262,9 @@ impl TestNamespace {
         Ok(self.outcome_of(&pod).await)
     }
 
-    async fn outcome_of(&self, pod: &Pod) -> PodOutcome {
+    /// How a finished pod ended: phase, the `mover` container's exit code, termination message
+    /// and log.
+    pub async fn outcome_of(&self, pod: &Pod) -> PodOutcome {
         let name = pod.name_any();
         let status = pod.status.clone().unwrap_or_default();
         let terminated = status

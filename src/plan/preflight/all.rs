@@ -6,15 +6,14 @@
 
 use kube::ResourceExt;
 
-use super::{Denial, classes, health, members, owner, spec, target};
-use crate::api::{MigrationType, PlannedMember};
-use crate::image::ImageRef;
-use crate::plan::{Ctx, Observed};
+use super::{Denial, classes, health, members, mover, owner, spec, target};
+use crate::api::MigrationType;
+use crate::plan::{Ctx, Observed, Settings};
 
 /// Every denial, in the order the checks run; empty when preflight would accept the request
 /// (before measuring a Shrink). The first one is the denial preflight gives.
-pub fn all_denials(o: &Observed, image: &ImageRef) -> Vec<Denial> {
-    let cx = Ctx::new(o, image);
+pub fn all_denials(o: &Observed, settings: &Settings) -> Vec<Denial> {
+    let cx = Ctx::new(o, settings);
     let mut out = Vec::new();
     spec_denials(&cx, &mut out);
     cluster_denials(&cx, &mut out);
@@ -36,6 +35,13 @@ fn spec_denials(cx: &Ctx, out: &mut Vec<Denial>) {
     keep(out, by_type);
     keep(out, spec::check_timeout(&s.timeout));
     keep(out, spec::check_target_name(&s.target.name));
+    let namespace = cx.o.request.namespace().unwrap_or_default();
+    let allowed = cx.settings.allow_request_mover_image;
+    keep(out, mover::check_mover_image(s, allowed));
+    keep(
+        out,
+        mover::check_pod_security(&namespace, &cx.o.namespace_labels),
+    );
 }
 
 fn cluster_denials(cx: &Ctx, out: &mut Vec<Denial>) {
@@ -68,7 +74,7 @@ fn cluster_denials(cx: &Ctx, out: &mut Vec<Denial>) {
             claim_classes.push(class);
         }
     }
-    class_denials(cx, &template, &planned, claim_classes, out);
+    class_denials(cx, &template, &mut planned, claim_classes, out);
     health::assign_roles(&o.health, &mut planned);
     keep(
         out,
@@ -79,20 +85,23 @@ fn cluster_denials(cx: &Ctx, out: &mut Vec<Denial>) {
 fn class_denials(
     cx: &Ctx,
     template: &k8s_openapi::api::core::v1::PersistentVolumeClaim,
-    planned: &[PlannedMember],
+    planned: &mut [crate::api::PlannedMember],
     claim_classes: Vec<String>,
     out: &mut Vec<Denial>,
 ) {
     let s = cx.spec();
     let classes_of = &cx.o.storage_classes;
-    let sources = classes::distinct(claim_classes);
-    let Some(target_class) = keep(out, classes::check_target_class(s, &sources)) else {
+    let all_classes = classes::distinct(claim_classes.clone());
+    let Some(target_class) = keep(out, classes::check_target_class(s, &all_classes)) else {
         return;
     };
     let target = keep(out, classes::check_storage_class(classes_of, &target_class));
     match s.type_ {
         MigrationType::StorageClassChange => {
-            keep(out, classes::check_not_same_class(&sources, &target_class));
+            classes::mark_on_class(cx.o, planned, &target_class);
+            let all_there = classes::check_not_all_on_class(planned, template, &target_class);
+            keep(out, all_there);
+            let sources = classes::migrating_classes(planned, &claim_classes);
             if let Some(target) = target {
                 let mode = classes::check_binding_mode(classes_of, &sources, target, &target_class);
                 keep(out, mode);
@@ -100,7 +109,7 @@ fn class_denials(
             keep(out, classes::check_template_size(template));
         }
         MigrationType::Shrink => {
-            keep(out, classes::check_shrink_size(s, planned));
+            keep(out, classes::check_shrink_size(s, planned, template));
         }
     }
 }
@@ -111,8 +120,8 @@ mod tests {
     use crate::plan::fixtures::*;
     use crate::plan::preflight::{DenialReason, dry_run};
 
-    fn image() -> ImageRef {
-        ImageRef::default_image()
+    fn image() -> Settings {
+        SETTINGS.clone()
     }
 
     #[test]

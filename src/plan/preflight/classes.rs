@@ -8,8 +8,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
 use super::{Denial, DenialReason};
-use crate::api::{MigrationType, PlannedMember, StorageMigrationRequestSpec};
-use crate::plan::{claim_request, class_is_wffc, quantity};
+use crate::api::{MigrationType, PlannedMember, PlannedWork, StorageMigrationRequestSpec};
+use crate::plan::{Observed, claim_class, claim_request, class_is_wffc, quantity, volume_class};
 
 /// The members' claim classes, sorted and without duplicates.
 pub(super) fn distinct(mut classes: Vec<String>) -> Vec<String> {
@@ -58,18 +58,49 @@ pub(super) fn check_storage_class<'a>(
     })
 }
 
-/// StorageClassChange: no claim is on the target class already.
-pub(super) fn check_not_same_class(
-    source_classes: &[String],
+/// StorageClassChange: marks `AlreadyThere` each member whose claim and the claim's volume both
+/// are on the target class (an earlier request migrated it); the others stay `Migrate`.
+pub(super) fn mark_on_class(o: &Observed, members: &mut [PlannedMember], target_class: &str) {
+    for m in members {
+        let claim = o.claims.get(&m.claim).and_then(claim_class);
+        let volume = o.volumes.get(&m.old_volume).and_then(volume_class);
+        if claim == Some(target_class) && volume == Some(target_class) {
+            m.work = PlannedWork::AlreadyThere;
+        }
+    }
+}
+
+/// StorageClassChange: denied only when every member already is on the target class and so is
+/// the StatefulSet's template (nothing left to do).
+pub(super) fn check_not_all_on_class(
+    members: &[PlannedMember],
+    template: &PersistentVolumeClaim,
     target_class: &str,
 ) -> Result<(), Denial> {
-    if source_classes.iter().any(|c| c == target_class) {
+    let template_there = claim_class(template) == Some(target_class);
+    if template_there && members.iter().all(|m| m.work == PlannedWork::AlreadyThere) {
         return Err(Denial::new(
             DenialReason::SameStorageClass,
-            format!("the claims are already on StorageClass {target_class}"),
+            format!(
+                "every member's claim and volume, and the StatefulSet's volumeClaimTemplate {}, \
+                 are already on StorageClass {target_class}: nothing to do",
+                template.name_any()
+            ),
         ));
     }
     Ok(())
+}
+
+/// The distinct classes of the members that will migrate (`classes[i]` is member `i`'s).
+pub(super) fn migrating_classes(members: &[PlannedMember], classes: &[String]) -> Vec<String> {
+    distinct(
+        members
+            .iter()
+            .zip(classes)
+            .filter(|(m, _)| m.work == PlannedWork::Migrate)
+            .map(|(_, c)| c.clone())
+            .collect(),
+    )
 }
 
 /// StorageClassChange: a WaitForFirstConsumer source class needs a WaitForFirstConsumer target
@@ -110,10 +141,13 @@ pub(super) fn check_template_size(template: &PersistentVolumeClaim) -> Result<Qu
     })
 }
 
-/// Shrink: the size is below every member's current request; the size.
+/// Shrink: the size; each member whose claim already requests it is marked `AlreadyThere`, the
+/// others must request more (a smaller claim would grow). Denied when every member and the
+/// template already are at the size.
 pub(super) fn check_shrink_size(
     spec: &StorageMigrationRequestSpec,
-    members: &[PlannedMember],
+    members: &mut [PlannedMember],
+    template: &PersistentVolumeClaim,
 ) -> Result<Quantity, Denial> {
     let size = spec
         .shrink
@@ -121,17 +155,34 @@ pub(super) fn check_shrink_size(
         .map(|s| s.size.clone())
         .unwrap_or_default();
     let size_bytes = quantity::bytes(&size).unwrap_or_default();
-    for m in members {
+    for m in members.iter_mut() {
         let old = quantity::bytes(&m.old_size).unwrap_or_default();
-        if size_bytes >= old {
+        if size_bytes > old {
             return Err(Denial::new(
                 DenialReason::NotSmaller,
                 format!(
-                    "shrink size {} is not below claim {}'s request {}",
+                    "shrink size {} is above claim {}'s request {}: it would grow",
                     size.0, m.claim, m.old_size.0
                 ),
             ));
         }
+        if size_bytes == old {
+            m.work = PlannedWork::AlreadyThere;
+        }
+    }
+    let template_bytes = claim_request(template).and_then(quantity::bytes);
+    if template_bytes == Some(size_bytes)
+        && members.iter().all(|m| m.work == PlannedWork::AlreadyThere)
+    {
+        return Err(Denial::new(
+            DenialReason::NotSmaller,
+            format!(
+                "every member's claim, and the StatefulSet's volumeClaimTemplate {}, already \
+                 request {}: nothing to do",
+                template.name_any(),
+                size.0
+            ),
+        ));
     }
     Ok(size)
 }

@@ -42,6 +42,14 @@ denial_reasons! {
     /// type's block is given, `shrink.size` is not a positive quantity, `timeout` does not
     /// parse, or `target.name` is empty.
     InvalidSpec,
+    /// `spec.copy.moverImage` is set and the operator runs without
+    /// `--allow-request-mover-image` (chart value `allowRequestMoverImage`): the copy Jobs run
+    /// the operator's own image only.
+    MoverImageNotAllowed,
+    /// The namespace's Pod Security level (label `pod-security.kubernetes.io/enforce`) would
+    /// refuse the copy Jobs (`restricted` refuses their added capabilities and uid 0; an
+    /// unknown level is evaluated as `restricted`).
+    PodSecurityLevel,
     /// The target StatefulSet does not exist in the request's namespace (or is being deleted).
     TargetNotFound,
     /// Another controller owns the StatefulSet (an ownerReference with `controller: true`), or
@@ -73,12 +81,16 @@ denial_reasons! {
     MixedStorageClasses,
     /// The target StorageClass does not exist.
     StorageClassNotFound,
-    /// A StorageClassChange to a class the claims are already on.
+    /// A StorageClassChange to a class that every member's claim and volume, and the
+    /// StatefulSet's volumeClaimTemplate, are already on: nothing to do. Members already there
+    /// are otherwise skipped (`AlreadyThere`), the others migrated.
     SameStorageClass,
     /// A StorageClassChange from a `WaitForFirstConsumer` class to one that is not: the new
     /// volumes could be provisioned away from the members' nodes.
     BindingModeMismatch,
-    /// A Shrink size that is not below a member claim's current request.
+    /// A Shrink size above a member claim's current request (it would grow), or one that every
+    /// member's claim and the volumeClaimTemplate already request: nothing to do. Members
+    /// already at the size are otherwise skipped (`AlreadyThere`).
     NotSmaller,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
@@ -86,10 +98,18 @@ denial_reasons! {
     /// A Shrink of `ReadWriteOncePod` claims: their used bytes cannot be measured while the
     /// members run.
     CannotMeasure,
-    /// A measure Job failed or reported no used bytes.
+    /// A measure Job failed, did not start within `--helper-start-timeout` (the message quotes
+    /// its pod's reason), or reported no used bytes.
     MeasureFailed,
     /// A member's used bytes (measured by a Job on its node) plus headroom (10%, at least 16
-    /// MiB) exceed the shrink size.
+    /// MiB) exceed the shrink size, or what a volume of that size holds once its filesystem is
+    /// made, or (ext4) its files need more inodes than that volume gets. The measure Job reports
+    /// the old volume's `statfs`: for ext4 the new volume is predicted from `mke2fs`'s defaults
+    /// (below 512 MiB: 1 KiB blocks, one inode per 4 KiB, so inode tables take 6.25%; the
+    /// journal; 5% root reserve and ext4's allocation reserve; a 128Mi volume holds about 104
+    /// MiB), checked against real `mkfs.ext4` 1.47 from 64 MiB to 4 GiB: at most 3% under, never
+    /// over. Another filesystem that is the volume's own is scaled by the old volume's usable
+    /// ratio; a directory on a shared disk (host-path provisioners) gets the headroom rule only.
     InsufficientSize,
 }
 
@@ -189,6 +209,8 @@ mod tests {
             strings,
             [
                 "InvalidSpec",
+                "MoverImageNotAllowed",
+                "PodSecurityLevel",
                 "TargetNotFound",
                 "ForeignOwner",
                 "TemplateNotFound",

@@ -1,12 +1,14 @@
-//! Shrink: one measure Job per member reports the used bytes of its old volume (read-only
-//! mount, on the member's node); each must fit the shrink size with headroom.
+//! Shrink: one measure Job per member reports the used bytes and the filesystem of its old volume
+//! (read-only mount, on the member's node); each must fit the shrink size with headroom, and
+//! what the new volume holds once its filesystem is made ([`headroom`]).
 
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use super::{Denial, DenialReason};
-use crate::api::PlannedMember;
-use crate::build::{self, JobKind};
+use super::{Denial, DenialReason, headroom};
+use crate::api::{PlannedMember, PlannedWork};
+use crate::build::{self, FsReport, JobKind};
+use crate::plan::helpers::{self, Trouble};
 use crate::plan::quantity::{self, human};
 use crate::plan::{Action, Ctx, JobOutcome, Object};
 
@@ -31,7 +33,10 @@ pub(super) fn measure(
     let o = cx.o;
     let req_name = cx.name();
     let mut measurement = Measurement::Complete;
-    for m in members.iter_mut() {
+    let to_migrate = members
+        .iter_mut()
+        .filter(|m| m.work == PlannedWork::Migrate);
+    for m in to_migrate {
         check_measurable(o.claims.get(&m.claim), m)?;
         let job_name = build::job_name(&req_name, &m.pod, JobKind::Measure);
         match o.jobs.get(&job_name).map(|j| &j.outcome) {
@@ -39,7 +44,10 @@ pub(super) fn measure(
                 create_measure_job(cx, m);
                 measurement = Measurement::Running;
             }
-            Some(JobOutcome::Running) => measurement = Measurement::Running,
+            Some(JobOutcome::Running) => {
+                check_started(cx, &job_name, m)?;
+                measurement = Measurement::Running;
+            }
             Some(JobOutcome::Failed { reason }) => {
                 return Err(Denial::new(
                     DenialReason::MeasureFailed,
@@ -50,15 +58,35 @@ pub(super) fn measure(
                 let used = check_measured_bytes(m, message.as_deref())?;
                 m.used_bytes = Some(used);
                 check_fits(m, used, size)?;
+                if let Some(fs) = measured_filesystem(message.as_deref()) {
+                    let capacity = claim_capacity(o.claims.get(&m.claim));
+                    check_filesystem_fits(m, &fs, capacity, used, size)?;
+                }
             }
         }
     }
     Ok(measurement)
 }
 
+/// A measure Job whose pod cannot start (see `plan::helpers`) denies the request with the pod's
+/// reason, within `--helper-start-timeout`.
+fn check_started(cx: &Ctx, job_name: &str, m: &PlannedMember) -> Result<(), Denial> {
+    let Some(job) = cx.o.jobs.get(job_name) else {
+        return Ok(());
+    };
+    let timeout = cx.settings.helper_start_timeout;
+    match helpers::job_trouble(job, &cx.o.helper_pods, cx.o.now, timeout) {
+        Some(Trouble::Stuck(reason) | Trouble::Evicted(reason)) => Err(Denial::new(
+            DenialReason::MeasureFailed,
+            format!("measuring the used bytes of {} failed: {reason}", m.claim),
+        )),
+        None => Ok(()),
+    }
+}
+
 fn create_measure_job(cx: &mut Ctx, m: &PlannedMember) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, cx.image, m, JobKind::Measure, deadline);
+    let job = build::job(&cx.req, &cx.image, m, JobKind::Measure, deadline);
     cx.act(Action::Create(Object::Job(Box::new(job))));
 }
 
@@ -120,6 +148,71 @@ pub fn max_used_bytes(size_bytes: i64) -> i64 {
         if fits(mid) { lo = mid } else { hi = mid - 1 }
     }
     lo
+}
+
+/// The old volume's filesystem, when the measure Job could read it.
+fn measured_filesystem(message: Option<&str>) -> Option<FsReport> {
+    message
+        .and_then(|msg| build::parse_job_result(msg).ok())
+        .and_then(|r| r.filesystem)
+}
+
+/// The claim's provisioned capacity in bytes (`status.capacity.storage`), 0 when unknown.
+fn claim_capacity(claim: Option<&PersistentVolumeClaim>) -> i128 {
+    claim
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+        .and_then(quantity::bytes)
+        .unwrap_or(0)
+}
+
+/// The used bytes plus headroom fit what a new volume of `size` holds once its filesystem is
+/// made ([`headroom::predict`]), and its inodes hold the old volume's files. Without a
+/// prediction (a filesystem shared with others), [`check_fits`] alone applies.
+pub(super) fn check_filesystem_fits(
+    m: &PlannedMember,
+    fs: &FsReport,
+    old_capacity: i128,
+    used: i64,
+    size: &Quantity,
+) -> Result<(), Denial> {
+    let size_bytes = quantity::bytes(size).unwrap_or_default();
+    let Some(usable) = headroom::predict(fs, old_capacity, size_bytes) else {
+        return Ok(());
+    };
+    let used = i128::from(used);
+    let needed = used + (used / 10).max(MIN_HEADROOM_BYTES);
+    if needed > usable.bytes {
+        return Err(Denial::new(
+            DenialReason::InsufficientSize,
+            format!(
+                "member {} uses {} on claim {}: with headroom it needs {}, but a {} volume holds \
+                 about {} once its filesystem is made ({})",
+                m.pod,
+                human(used),
+                m.claim,
+                human(needed),
+                size.0,
+                human(usable.bytes),
+                usable.basis
+            ),
+        ));
+    }
+    let files = i128::from(fs.inodes - fs.inodes_free);
+    if let Some(inodes) = usable.inodes
+        && files + files / 10 > inodes
+    {
+        return Err(Denial::new(
+            DenialReason::InsufficientSize,
+            format!(
+                "member {} has {files} files and directories on claim {}: with 10% headroom they \
+                 need more than the {inodes} inodes a {} volume gets ({})",
+                m.pod, m.claim, size.0, usable.basis
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The used bytes plus headroom (a tenth, at least [`MIN_HEADROOM_BYTES`]) fit the size.

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::{Denial, DenialReason};
-use crate::api::{PlannedMember, Role};
+use crate::api::{PlannedMember, PlannedWork, Role};
 use crate::build::{self, Manifest};
 use crate::plan::{
     Observed, claim_class, claim_phase, claim_request, claim_volume, is_terminating, quantity,
@@ -72,6 +72,7 @@ pub(super) fn check_member(
         old_size,
         used_bytes: None,
         role: None,
+        work: PlannedWork::Migrate,
     };
     Ok((member, class))
 }
@@ -216,7 +217,14 @@ pub(super) fn check_claim_request(
     Ok(size)
 }
 
-/// The migration order: followers first (stable by ordinal), leader last.
+/// The migration order: members already there first (they are not migrated), then followers
+/// (stable by ordinal), leader last.
 pub(super) fn order(members: &mut [PlannedMember]) {
-    members.sort_by_key(|m| (m.role == Some(Role::Leader), m.ordinal));
+    members.sort_by_key(|m| {
+        (
+            m.work == PlannedWork::Migrate,
+            m.role == Some(Role::Leader),
+            m.ordinal,
+        )
+    });
 }

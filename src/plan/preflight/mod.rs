@@ -17,17 +17,18 @@ use kube::ResourceExt;
 
 use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_QUEUED, REQUEUE_WAITING};
 use crate::api::conditions;
-use crate::api::{MemberStatus, MigrationType, Phase, Plan, Stage};
+use crate::api::{MemberStatus, MemberStep, MigrationType, Phase, Plan, PlannedWork, Stage};
 use crate::build::JobKind;
-use crate::image::ImageRef;
 use crate::labels;
 
 mod all;
 mod classes;
 mod denial;
+mod headroom;
 mod health;
 mod measure;
 mod members;
+mod mover;
 mod owner;
 mod queue;
 mod spec;
@@ -84,8 +85,8 @@ pub(crate) fn run(cx: &mut Ctx) {
 /// What preflight would decide for a new request, without creating anything (no measure Jobs:
 /// a Shrink plan then has no `usedBytes`), once its turn comes: other requests on the same
 /// target are not looked at (see [`waiting_for`]). For `storage-migrator plan`.
-pub fn dry_run(o: &super::Observed, image: &ImageRef) -> Result<Plan, Denial> {
-    check(&Ctx::new(o, image))
+pub fn dry_run(o: &super::Observed, settings: &super::Settings) -> Result<Plan, Denial> {
+    check(&Ctx::new(o, settings))
 }
 
 /// Every check but the measuring, in order; the plan when all pass.
@@ -93,8 +94,10 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
     let o = cx.o;
     let spec = cx.spec();
     validate_spec(spec)?;
-    let set_name = spec.target.name.as_str();
     let namespace = o.request.namespace().unwrap_or_default();
+    mover::check_mover_image(spec, cx.settings.allow_request_mover_image)?;
+    mover::check_pod_security(&namespace, &o.namespace_labels)?;
+    let set_name = spec.target.name.as_str();
     let set = target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)?;
     owner::check_owner(set, spec.owner_paused)?;
     let template = choose_template(set, spec.volume_claim_template.as_deref())?;
@@ -114,13 +117,15 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
         claim_classes.push(class);
     }
 
-    // Classes and sizes.
-    let source_classes = classes::distinct(claim_classes);
-    let target_class = classes::check_target_class(spec, &source_classes)?;
+    // Classes and sizes; members already there (an earlier request moved them) are skipped.
+    let all_classes = classes::distinct(claim_classes.clone());
+    let target_class = classes::check_target_class(spec, &all_classes)?;
     let target = classes::check_storage_class(&o.storage_classes, &target_class)?;
     let target_size = match spec.type_ {
         MigrationType::StorageClassChange => {
-            classes::check_not_same_class(&source_classes, &target_class)?;
+            classes::mark_on_class(o, &mut members, &target_class);
+            classes::check_not_all_on_class(&members, &template, &target_class)?;
+            let source_classes = classes::migrating_classes(&members, &claim_classes);
             classes::check_binding_mode(
                 &o.storage_classes,
                 &source_classes,
@@ -130,13 +135,15 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
             classes::check_template_size(&template)?
         }
         MigrationType::Shrink => {
-            let size = classes::check_shrink_size(spec, &members)?;
+            let size = classes::check_shrink_size(spec, &mut members, &template)?;
             members.iter_mut().for_each(|m| m.new_size = size.clone());
             size
         }
     };
+    let source_classes = classes::migrating_classes(&members, &claim_classes);
 
-    // Health (IfReady), then the order: followers first (stable by ordinal), leader last.
+    // Health (IfReady), then the order: members already there first, then the ones to migrate,
+    // followers first (stable by ordinal), leader last.
     health::assign_roles(&o.health, &mut members);
     health::check_engine_health(spec.apply, &o.health, &members)?;
     members::order(&mut members);
@@ -201,7 +208,10 @@ fn measured(cx: &mut Ctx, mut plan: Plan) -> Verdict {
         Ok(Measurement::Complete) => Verdict::Accept(plan),
         Ok(Measurement::Running) => Verdict::Wait(format!(
             "preflight: measuring the used bytes of {} members",
-            plan.members.len()
+            plan.members
+                .iter()
+                .filter(|m| m.work == PlannedWork::Migrate)
+                .count()
         )),
         Err(d) => Verdict::Deny(d),
     }
@@ -234,6 +244,10 @@ fn delete_measure_jobs(cx: &mut Ctx) {
 
 fn deny(cx: &mut Ctx, d: Denial) {
     let generation = cx.o.request.metadata.generation;
+    let d = Denial {
+        message: format!("{}{}", d.message, super::runbook::pointer(d.reason)),
+        ..d
+    };
     cx.status.phase = Phase::Denied;
     cx.enter_stage(Stage::Done);
     cx.status.observed_generation = generation;
@@ -265,6 +279,16 @@ fn accept(cx: &mut Ctx, plan: Plan) {
             ..Default::default()
         })
         .collect();
+    let already_there: Vec<usize> = plan
+        .members
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.work == PlannedWork::AlreadyThere)
+        .map(|(i, _)| i)
+        .collect();
+    for i in already_there {
+        cx.advance_member(i, MemberStep::AlreadyThere);
+    }
     cx.status.plan = Some(plan);
     cx.status.progress = Some(super::progress(&cx.status));
     cx.status.message = Some(message.clone());
@@ -301,18 +325,35 @@ fn declared_paused(cx: &Ctx) -> Option<ForeignOwner> {
     foreign_owner(set).filter(|_| cx.spec().owner_paused)
 }
 
-/// The `Accepted` message: the members, the target class and size, the order.
+/// The `Accepted` message: the members to migrate, the target class and size, the order, and the
+/// members already there.
 fn accepted_message(plan: &Plan) -> String {
-    format!(
+    let pods = |work: PlannedWork| {
+        plan.members
+            .iter()
+            .filter(|m| m.work == work)
+            .map(|m| m.pod.as_str())
+            .collect::<Vec<_>>()
+    };
+    let migrate = pods(PlannedWork::Migrate);
+    let there = pods(PlannedWork::AlreadyThere);
+    let mut message = format!(
         "accepted: {} members of StatefulSet {} move to StorageClass {} ({}), order {}",
-        plan.members.len(),
+        migrate.len(),
         plan.stateful_set,
         plan.target_storage_class,
         plan.target_size.0,
-        plan.members
-            .iter()
-            .map(|m| m.pod.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+        if migrate.is_empty() {
+            "none (only the StatefulSet's template changes)".to_string()
+        } else {
+            migrate.join(", ")
+        }
+    );
+    if !there.is_empty() {
+        message.push_str(&format!(
+            "; already there, left running: {}",
+            there.join(", ")
+        ));
+    }
+    message
 }

@@ -9,10 +9,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 
 use super::*;
-use crate::api::{ApplyPolicy, PlannedMember, Role};
+use crate::api::{ApplyPolicy, PlannedMember, PlannedWork, Role};
 use crate::engine::{HealthUnavailable, MemberHealth};
 use crate::plan::fixtures::*;
-use crate::plan::{JobOutcome, Object, ObservedJob, OtherRequest};
+use crate::plan::{JobOutcome, Object, Observed, ObservedJob, OtherRequest};
 
 /// The reason of a denial; panics on `Ok`.
 fn reason<T: std::fmt::Debug>(r: Result<T, Denial>) -> DenialReason {
@@ -41,6 +41,7 @@ fn planned(ordinal: i32, size: &str) -> PlannedMember {
         new_size: Quantity(size.to_string()),
         used_bytes: None,
         role: None,
+        work: PlannedWork::Migrate,
     }
 }
 
@@ -317,10 +318,10 @@ fn an_owned_set_is_denied_after_the_target_check_and_accepted_when_paused() {
     set.labels_mut().insert(name.into(), "apps".into());
     set.labels_mut().insert(ns.into(), "flux-system".into());
     o.stateful_set = Some(manifest(set));
-    assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::ForeignOwner);
+    assert_eq!(reason(dry_run(&o, &SETTINGS)), DenialReason::ForeignOwner);
     o.request.spec.owner_paused = true;
-    assert!(dry_run(&o, &IMAGE).is_ok());
-    let d = crate::plan::decide(&o, &IMAGE);
+    assert!(dry_run(&o, &SETTINGS).is_ok());
+    let d = crate::plan::decide(&o, &SETTINGS);
     let accepted = match d.actions.first() {
         Some(crate::plan::Action::SetStatus(s)) => s.message.clone().unwrap_or_default(),
         other => panic!("expected SetStatus first, got {other:?}"),
@@ -641,6 +642,7 @@ fn member_is_planned_from_its_pod_claim_and_volume() {
             new_size: Quantity("1Gi".into()),
             used_bytes: None,
             role: None,
+            work: PlannedWork::Migrate,
         }
     );
 }
@@ -685,6 +687,23 @@ fn leader_goes_last_followers_by_ordinal() {
     assert_eq!(order, [0, 2, 3, 1]);
 }
 
+#[test]
+fn members_already_there_come_first_and_the_leader_still_last() {
+    let mut ms: Vec<PlannedMember> = (0..4).map(|i| planned(i, "1Gi")).collect();
+    ms[1].role = Some(Role::Leader);
+    ms[2].work = PlannedWork::AlreadyThere;
+    ms[3].role = Some(Role::Leader);
+    ms[3].work = PlannedWork::AlreadyThere;
+    ms.reverse();
+    members::order(&mut ms);
+    let order: Vec<i32> = ms.iter().map(|m| m.ordinal).collect();
+    assert_eq!(
+        order,
+        [2, 3, 0, 1],
+        "already there (by ordinal), then followers, leader last"
+    );
+}
+
 // ---- classes and sizes ---------------------------------------------------------------------
 
 #[test]
@@ -721,12 +740,81 @@ fn target_class_exists_and_differs() {
     let d = denied(classes::check_storage_class(&o.storage_classes, "gold"));
     assert_eq!(d.reason, DenialReason::StorageClassNotFound);
     assert_eq!(d.message, "StorageClass \"gold\" does not exist");
+}
 
-    let sources = vec!["slow".to_string(), "standard".to_string()];
-    assert!(classes::check_not_same_class(&sources, "fast").is_ok());
-    let d = denied(classes::check_not_same_class(&sources, "standard"));
+/// Moves member `ordinal`'s claim and volume to `class` (as a request that migrated it would).
+fn move_member(o: &mut Observed, ordinal: usize, class: &str) {
+    let claim = o.claims.get_mut(&format!("data-etcd-{ordinal}")).unwrap();
+    claim.spec.as_mut().unwrap().storage_class_name = Some(class.into());
+    let pv = o.volumes.get_mut(&format!("pv-old-{ordinal}")).unwrap();
+    pv.spec.as_mut().unwrap().storage_class_name = Some(class.into());
+}
+
+/// The members' planned work, by ordinal.
+fn work_of(o: &Observed, ms: &mut [PlannedMember], target: &str) -> Vec<PlannedWork> {
+    classes::mark_on_class(o, ms, target);
+    ms.iter().map(|m| m.work).collect()
+}
+
+#[test]
+fn a_member_is_already_there_when_its_claim_and_volume_are_on_the_target() {
+    use PlannedWork::{AlreadyThere, Migrate};
+    let mut o = observed(spec_class_change("fast"));
+    let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
+    assert_eq!(work_of(&o, &mut ms, "fast"), [Migrate, Migrate, Migrate]);
+    move_member(&mut o, 0, "fast");
+    assert_eq!(
+        work_of(&o, &mut ms, "fast"),
+        [AlreadyThere, Migrate, Migrate]
+    );
+    // Only the claim, or only the volume, on the target: not there.
+    let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
+    let claim = o.claims.get_mut("data-etcd-1").unwrap();
+    claim.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
+    let pv = o.volumes.get_mut("pv-old-2").unwrap();
+    pv.spec.as_mut().unwrap().storage_class_name = Some("fast".into());
+    assert_eq!(
+        work_of(&o, &mut ms, "fast"),
+        [AlreadyThere, Migrate, Migrate]
+    );
+    // Back to the source class: the other way round.
+    let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
+    move_member(&mut o, 1, "standard");
+    move_member(&mut o, 2, "standard");
+    assert_eq!(
+        work_of(&o, &mut ms, "standard"),
+        [Migrate, AlreadyThere, AlreadyThere]
+    );
+}
+
+#[test]
+fn same_class_is_denied_only_when_every_member_and_the_template_are_there() {
+    let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
+    let template = claim_template("standard", "1Gi");
+    ms[0].work = PlannedWork::AlreadyThere;
+    assert!(classes::check_not_all_on_class(&ms, &template, "standard").is_ok());
+    ms[1].work = PlannedWork::AlreadyThere;
+    let d = denied(classes::check_not_all_on_class(&ms, &template, "standard"));
     assert_eq!(d.reason, DenialReason::SameStorageClass);
-    assert_eq!(d.message, "the claims are already on StorageClass standard");
+    assert_eq!(
+        d.message,
+        "every member's claim and volume, and the StatefulSet's volumeClaimTemplate data, are \
+         already on StorageClass standard: nothing to do"
+    );
+    // Every member there but the template is not: accepted, to recreate the set.
+    let other = claim_template("slow", "1Gi");
+    assert!(classes::check_not_all_on_class(&ms, &other, "standard").is_ok());
+}
+
+#[test]
+fn classes_of_the_members_to_migrate_only() {
+    let mut ms: Vec<PlannedMember> = (0..3).map(|i| planned(i, "1Gi")).collect();
+    let classes = ["fast", "standard", "standard"].map(String::from).to_vec();
+    ms[0].work = PlannedWork::AlreadyThere;
+    assert_eq!(classes::migrating_classes(&ms, &classes), ["standard"]);
+    ms[1].work = PlannedWork::AlreadyThere;
+    ms[2].work = PlannedWork::AlreadyThere;
+    assert!(classes::migrating_classes(&ms, &classes).is_empty());
 }
 
 #[test]
@@ -767,18 +855,52 @@ fn template_size_is_its_storage_request() {
 }
 
 #[test]
-fn shrink_size_is_below_every_request() {
-    let ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
+fn shrink_size_is_below_every_request_but_the_ones_already_there() {
+    let template = claim_template("standard", "1Gi");
+    let mut ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
     assert_eq!(
-        classes::check_shrink_size(&spec_shrink("256Mi"), &ms).unwrap(),
+        classes::check_shrink_size(&spec_shrink("256Mi"), &mut ms, &template).unwrap(),
         Quantity("256Mi".into())
     );
-    let d = denied(classes::check_shrink_size(&spec_shrink("512Mi"), &ms));
+    assert!(ms.iter().all(|m| m.work == PlannedWork::Migrate));
+    // A claim at the size already is there; the others still shrink.
+    let size = classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, &template);
+    assert_eq!(size.unwrap(), Quantity("512Mi".into()));
+    let work: Vec<PlannedWork> = ms.iter().map(|m| m.work).collect();
+    assert_eq!(work, [PlannedWork::Migrate, PlannedWork::AlreadyThere]);
+    // Above a claim's request: it would grow.
+    let mut ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
+    let d = denied(classes::check_shrink_size(
+        &spec_shrink("768Mi"),
+        &mut ms,
+        &template,
+    ));
     assert_eq!(d.reason, DenialReason::NotSmaller);
     assert_eq!(
         d.message,
-        "shrink size 512Mi is not below claim data-etcd-1's request 512Mi"
+        "shrink size 768Mi is above claim data-etcd-1's request 512Mi: it would grow"
     );
+}
+
+#[test]
+fn shrink_is_denied_when_every_member_and_the_template_are_at_the_size() {
+    let mut ms = vec![planned(0, "512Mi"), planned(1, "512Mi")];
+    let at_size = claim_template("standard", "512Mi");
+    let d = denied(classes::check_shrink_size(
+        &spec_shrink("512Mi"),
+        &mut ms,
+        &at_size,
+    ));
+    assert_eq!(d.reason, DenialReason::NotSmaller);
+    assert_eq!(
+        d.message,
+        "every member's claim, and the StatefulSet's volumeClaimTemplate data, already request \
+         512Mi: nothing to do"
+    );
+    // The template still at the old size: accepted, every member already there.
+    let bigger = claim_template("standard", "1Gi");
+    assert!(classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, &bigger).is_ok());
+    assert!(ms.iter().all(|m| m.work == PlannedWork::AlreadyThere));
 }
 
 // ---- health --------------------------------------------------------------------------------
@@ -930,6 +1052,71 @@ fn used_bytes_fit_with_headroom() {
     );
 }
 
+/// `statfs` of a 1 GiB ext4 volume made by `mkfs.ext4` (4 KiB blocks), `files` in use.
+fn ext4_1gib(files: i64) -> crate::build::FsReport {
+    crate::build::FsReport {
+        fs_type: "ext2/ext3".into(),
+        block_size: 4096,
+        blocks: 249_195,
+        blocks_free: 200_000,
+        blocks_available: 183_000,
+        inodes: 65_536,
+        inodes_free: 65_536 - files,
+    }
+}
+
+#[test]
+fn a_shrink_counts_what_the_new_filesystem_takes() {
+    let m = planned(0, "1Gi");
+    let fs = ext4_1gib(100);
+    let check = |used: i64, size: &str| {
+        measure::check_filesystem_fits(&m, &fs, 1 << 30, used, &Quantity(size.into()))
+    };
+    // 100 MiB passes the naive rule for 128Mi (116 MiB with headroom), but a 128 MiB ext4
+    // volume holds about 104 MiB.
+    assert!(measure::check_fits(&m, 100 << 20, &Quantity("128Mi".into())).is_ok());
+    let d = denied(check(100 << 20, "128Mi"));
+    assert_eq!(d.reason, DenialReason::InsufficientSize);
+    assert!(
+        d.message.starts_with(
+            "member etcd-0 uses 100Mi on claim data-etcd-0: with headroom it needs 116Mi, but a \
+             128Mi volume holds about 103.8Mi once its filesystem is made"
+        ),
+        "{}",
+        d.message
+    );
+    assert!(
+        d.message.contains("ext4: inode tables 8Mi, journal 4Mi"),
+        "{}",
+        d.message
+    );
+    assert!(check(100 << 20, "160Mi").is_ok());
+}
+
+#[test]
+fn a_shrink_counts_inodes_on_ext4() {
+    let m = planned(0, "1Gi");
+    // 40,000 files fit 1 GiB (65,536 inodes), not 128 MiB (32,440 after group rounding).
+    let d = denied(measure::check_filesystem_fits(
+        &m,
+        &ext4_1gib(40_000),
+        1 << 30,
+        10 << 20,
+        &Quantity("128Mi".into()),
+    ));
+    assert!(
+        d.message.contains("has 40000 files and directories") && d.message.contains("32440 inodes"),
+        "{}",
+        d.message
+    );
+    // On a disk shared with others (a host path), nothing is predicted: only headroom counts.
+    let mut shared = ext4_1gib(40_000);
+    shared.blocks = 25_000_000;
+    let ok =
+        measure::check_filesystem_fits(&m, &shared, 1 << 30, 10 << 20, &Quantity("128Mi".into()));
+    assert!(ok.is_ok());
+}
+
 /// The measure Job of `pod`, as observed.
 fn measure_job(pod: &str, outcome: JobOutcome) -> (String, ObservedJob) {
     let name = crate::build::job_name(REQ, pod, crate::build::JobKind::Measure);
@@ -942,7 +1129,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
 
     let o = observed(spec_shrink("256Mi"));
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     let got = measure::measure(&mut cx, &mut ms, &size).unwrap();
     assert_eq!(got, Measurement::Running);
     let created: Vec<String> = cx
@@ -963,7 +1150,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     o.jobs.insert(name, j);
     let (name, j) = measure_job("etcd-1", JobOutcome::Running);
     o.jobs.insert(name, j);
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     assert_eq!(
         measure::measure(&mut cx, &mut ms, &size).unwrap(),
         Measurement::Running
@@ -973,7 +1160,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
 
     let (name, j) = measure_job("etcd-1", done);
     o.jobs.insert(name, j);
-    let mut cx = Ctx::new(&o, &IMAGE);
+    let mut cx = Ctx::new(&o, &SETTINGS);
     assert_eq!(
         measure::measure(&mut cx, &mut ms, &size).unwrap(),
         Measurement::Complete
@@ -991,7 +1178,7 @@ fn a_failed_measure_job_denies() {
     o.jobs.insert(name, j);
     let mut ms = vec![planned(0, "1Gi")];
     let d = denied(measure::measure(
-        &mut Ctx::new(&o, &IMAGE),
+        &mut Ctx::new(&o, &SETTINGS),
         &mut ms,
         &Quantity("256Mi".into()),
     ));
@@ -1006,7 +1193,7 @@ fn a_failed_measure_job_denies() {
 
 #[test]
 fn dry_run_plans_without_measuring() {
-    let plan = dry_run(&observed(spec_shrink("256Mi")), &IMAGE).unwrap();
+    let plan = dry_run(&observed(spec_shrink("256Mi")), &SETTINGS).unwrap();
     assert_eq!(plan.target_storage_class, "standard");
     assert_eq!(plan.source_storage_class.as_deref(), Some("standard"));
     assert_eq!(plan.target_size, Quantity("256Mi".into()));
@@ -1014,7 +1201,50 @@ fn dry_run_plans_without_measuring() {
     assert!(plan.members.iter().all(|m| m.used_bytes.is_none()));
     let mut o = observed(spec_class_change("fast"));
     o.stateful_set = None;
-    assert_eq!(reason(dry_run(&o, &IMAGE)), DenialReason::TargetNotFound);
+    assert_eq!(reason(dry_run(&o, &SETTINGS)), DenialReason::TargetNotFound);
+}
+
+#[test]
+fn a_requests_mover_image_and_a_restricted_namespace_are_denied_before_anything_else() {
+    let mut spec = spec_class_change("fast");
+    spec.copy.mover_image = Some("registry.test/mine:1".into());
+    let mut o = observed(spec);
+    // Checked right after the spec, before the target (here missing too).
+    o.stateful_set = None;
+    let d = denied(dry_run(&o, &SETTINGS));
+    assert_eq!(d.reason, DenialReason::MoverImageNotAllowed, "{d}");
+    let mut allowed = SETTINGS.clone();
+    allowed.allow_request_mover_image = true;
+    assert_eq!(reason(dry_run(&o, &allowed)), DenialReason::TargetNotFound);
+
+    let mut o = observed(spec_class_change("fast"));
+    o.namespace_labels.insert(
+        crate::labels::POD_SECURITY_ENFORCE_LABEL.into(),
+        "restricted".into(),
+    );
+    let d = denied(dry_run(&o, &SETTINGS));
+    assert_eq!(d.reason, DenialReason::PodSecurityLevel, "{d}");
+    // The whole decision: Denied, with the label named in the status.
+    let decision = crate::plan::decide(&o, &SETTINGS);
+    let status = decision
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            crate::plan::Action::SetStatus(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(status.phase, crate::api::Phase::Denied);
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("pod-security.kubernetes.io/enforce=restricted"),
+        "{message}"
+    );
+    o.namespace_labels.insert(
+        crate::labels::POD_SECURITY_ENFORCE_LABEL.into(),
+        "baseline".into(),
+    );
+    assert!(dry_run(&o, &SETTINGS).is_ok());
 }
 
 #[test]

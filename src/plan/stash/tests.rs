@@ -152,7 +152,7 @@ fn run_until(sim: &mut Sim, pred: impl Fn(&Sim) -> bool) {
         if pred(sim) {
             return;
         }
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }
@@ -201,7 +201,7 @@ fn a_request_replaced_at_any_point_gets_its_finalizer_back_and_succeeds() {
         }
         replace_request(&mut sim);
         let in_progress = sim.o.request.status.as_ref().unwrap().stage != Stage::Preflight;
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         if in_progress {
             assert!(d.actions.contains(&Action::AddFinalizer), "round {at}");
             assert!(
@@ -268,7 +268,7 @@ fn a_corrupt_stash_entry_stops_the_request_and_is_never_overwritten() {
     set_cm(&mut sim, "H4sIAAAA-truncated");
     let before = sim.log.len();
     for _ in 0..30 {
-        let d = decide(&sim.o, &IMAGE);
+        let d = decide(&sim.o, &SETTINGS);
         for a in &d.actions {
             sim.apply(a);
         }

@@ -74,7 +74,7 @@ async fn deploy_and_fill(ns: &TestNamespace, size: &DataSize) -> Result<(), Benc
 /// Starts the operator for `ns`, logging to `<log dir>/<ns>-operator.log`.
 async fn start_operator(ns: &TestNamespace, settings: &Settings) -> Result<Operator, BenchError> {
     let log = settings.log_dir.join(format!("{}-operator.log", ns.name));
-    let mut op = Operator::spawn(&settings.operator_bin, &ns.name, log, None)?;
+    let mut op = Operator::spawn(&settings.operator_bin, ns, log, None).await?;
     op.check_running(OPERATOR_SETTLE).await?;
     Ok(op)
 }
@@ -86,7 +86,7 @@ fn request_spec(cluster: &TestCluster, pre_copy: bool) -> serde_json::Value {
         "target": {"kind": "StatefulSet", "name": SET},
         "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
         "timeout": REQUEST_TIMEOUT,
-        "copy": {"preCopy": pre_copy, "moverImage": cluster.mover_image},
+        "copy": {"preCopy": pre_copy},
         "database": {"engine": "Generic"},
     })
 }

@@ -1,0 +1,82 @@
+{{/*
+The operator's RBAC rules, in three scopes. src/permissions.rs holds the same table (RULES, each
+rule with its RuleScope); a unit test compares the two, so edit both together.
+*/}}
+
+{{/* Cluster-scoped objects: a ClusterRole in every mode. */}}
+{{- define "storage-migrator.rules.cluster" -}}
+# Reclaim policy to Retain, claimRef re-pointing, migrated-by label (merge patches). Never delete.
+- apiGroups: [""]
+  resources: ["persistentvolumes"]
+  verbs: ["get", "patch"]
+# Preflight: target class exists, binding modes match.
+- apiGroups: ["storage.k8s.io"]
+  resources: ["storageclasses"]
+  verbs: ["list"]
+{{- end }}
+
+{{/* Objects in the requests' namespaces: the ClusterRole (all namespaces) or a Role in each
+watched namespace. */}}
+{{- define "storage-migrator.rules.watched" -}}
+# The requests: watched; the finalizer (merge patch); status records every step (patch).
+- apiGroups: ["storagemigrator.io"]
+  resources: ["storagemigrationrequests"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["storagemigrator.io"]
+  resources: ["storagemigrationrequests/status"]
+  verbs: ["patch"]
+# Owned Jobs and pods carry blockOwnerDeletion, which needs update on the owner's finalizers.
+- apiGroups: ["storagemigrator.io"]
+  resources: ["storagemigrationrequests/finalizers"]
+  verbs: ["update"]
+# Read, protect (retention policy, Kubernetes 1.23+), orphan-delete and recreate the target
+# StatefulSet.
+- apiGroups: ["apps"]
+  resources: ["statefulsets"]
+  verbs: ["get", "create", "delete", "patch"]
+# Member pods (stop, recreate), mounter pods; the owned ones are watched.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list", "watch", "create", "delete"]
+# Live copy progress: the tail of a running copy Job's pod's log.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
+# Temporary claims, the swap (delete, recreate), ownerReference removal (get, then patch).
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["get", "list", "create", "delete", "patch"]
+# Measure / pre-copy / copy / verify Jobs.
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["list", "watch", "create", "delete"]
+# The stash ConfigMap <request>-stash: created, read, patched one key at a time, deleted after
+# success.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch", "delete"]
+# etcd engine: TLS and auth Secrets named in a request (get by name only, never list).
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+# One Event per step (kube-runtime's Recorder: events.k8s.io/v1; patch when one repeats).
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+# A Job that creates no pod: the API server's reason, from its FailedCreate Events (core v1).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["list"]
+# Preflight: the namespace's Pod Security level (its own Namespace, by name; a Role in a
+# namespace grants get on that Namespace only).
+- apiGroups: [""]
+  resources: ["namespaces"]
+  verbs: ["get"]
+{{- end }}
+
+{{/* Leader election: a Role in the release namespace. */}}
+{{- define "storage-migrator.rules.lease" -}}
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "patch"]
+{{- end }}

@@ -1,0 +1,136 @@
+//! The operator under the chart's RBAC: every operator a test starts runs as a ServiceAccount
+//! of its namespace, bound to exactly the Roles the chart renders for `watchNamespaces: [ns]`
+//! (real `helm template`), with a token from the TokenRequest API. A rule the code needs and the
+//! chart lacks fails the scenario; the audit log ([`audit_log`]) shows which rules were used.
+
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::PostParams;
+
+use super::helm::{chart_dir, helm};
+use super::{TestError, TestNamespace, unexpected};
+
+/// Suffix of the operator's ServiceAccount name, in the tests (`<ns>-storage-migrator`) as in a
+/// chart install (`<release>-storage-migrator`): the audit check finds the operator by it.
+pub const SERVICE_ACCOUNT_SUFFIX: &str = "storage-migrator";
+
+/// How long the operator's token is valid (the longest test runs minutes).
+const TOKEN_SECONDS: i64 = 4 * 3600;
+
+/// The ServiceAccount the operator of `ns` runs as.
+pub fn service_account(ns: &str) -> String {
+    format!("{ns}-{SERVICE_ACCOUNT_SUFFIX}")
+}
+
+/// Applies the chart's ServiceAccount and RBAC for watching `ns` only, and writes a kubeconfig
+/// (beside `KUBECONFIG`'s cluster, with a fresh token of that ServiceAccount) to `path`.
+pub async fn operator_kubeconfig(ns: &TestNamespace, path: &Path) -> Result<(), TestError> {
+    let name = service_account(&ns.name);
+    let chart = chart_dir();
+    let watch = format!("watchNamespaces={{{}}}", ns.name);
+    let full = format!("fullnameOverride={name}");
+    let rendered = helm(&[
+        "template",
+        &name,
+        &chart.to_string_lossy(),
+        "--namespace",
+        &ns.name,
+        "--set",
+        &watch,
+        "--set",
+        &full,
+        "--show-only",
+        "templates/serviceaccount.yaml",
+        "--show-only",
+        "templates/rbac.yaml",
+    ])
+    .await?;
+    ns.apply_yaml(&rendered).await?;
+    let token = token(ns, &name).await?;
+    let admin = std::env::var_os("KUBECONFIG").ok_or(TestError::NoKubeconfig)?;
+    let text = std::fs::read_to_string(&admin)
+        .map_err(|e| unexpected(format!("read {}", admin.to_string_lossy()), e.to_string()))?;
+    let config = with_token(&text, &token)?;
+    write_private(path, &config)
+}
+
+/// A token of ServiceAccount `name` from the TokenRequest API.
+async fn token(ns: &TestNamespace, name: &str) -> Result<String, TestError> {
+    let api: Api<ServiceAccount> = Api::namespaced(ns.client(), &ns.name);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            expiration_seconds: Some(TOKEN_SECONDS),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let answer: TokenRequest = api
+        .create_subresource("token", name, &PostParams::default(), &request)
+        .await?;
+    answer
+        .status
+        .map(|s| s.token)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| unexpected(format!("token of {name}"), "the answer has no token"))
+}
+
+/// The kubeconfig `text` with every user's credentials replaced by `token`.
+pub fn with_token(text: &str, token: &str) -> Result<String, TestError> {
+    let mut doc: serde_norway::Value = serde_norway::from_str(text)?;
+    let users = doc
+        .get_mut("users")
+        .and_then(|u| u.as_sequence_mut())
+        .ok_or_else(|| unexpected("kubeconfig", "no users"))?;
+    for user in users.iter_mut() {
+        let mut creds = serde_norway::Mapping::new();
+        creds.insert("token".into(), token.into());
+        if let Some(u) = user.as_mapping_mut() {
+            u.insert("user".into(), serde_norway::Value::Mapping(creds));
+        }
+    }
+    Ok(serde_norway::to_string(&doc)?)
+}
+
+fn write_private(path: &Path, text: &str) -> Result<(), TestError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let fail = |e: std::io::Error| unexpected(format!("write {}", path.display()), e.to_string());
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(fail)?;
+    f.write_all(text.as_bytes()).map_err(fail)
+}
+
+/// The local cluster's audit log: `audit.log` beside `KUBECONFIG` (see `ClusterState`).
+pub fn audit_log() -> Result<PathBuf, TestError> {
+    let kubeconfig = std::env::var_os("KUBECONFIG").ok_or(TestError::NoKubeconfig)?;
+    Ok(Path::new(&kubeconfig)
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join("audit.log"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_user_gets_the_token_and_nothing_else() {
+        let admin = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\n    certificate-authority-data: Q0E=\nusers:\n- name: admin\n  user:\n    client-certificate-data: Q0VSVA==\n    client-key-data: S0VZ\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: admin\ncurrent-context: c\n";
+        let out = with_token(admin, "tok").unwrap_or_default();
+        assert!(out.contains("token: tok"), "{out}");
+        assert!(!out.contains("client-key-data"), "{out}");
+        assert!(out.contains("certificate-authority-data: Q0E="), "{out}");
+        assert!(out.contains("user: admin"), "{out}");
+    }
+}

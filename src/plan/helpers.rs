@@ -1,0 +1,352 @@
+//! Our helper pods (the Jobs' pods and the mounter) that cannot start or cannot finish: pure
+//! readings of their status, so that a member fails within `--helper-start-timeout` with the
+//! pod's or the API server's own reason instead of waiting for the request's timeout.
+//!
+//! What is read, and what it means:
+//! - a container waiting with `InvalidImageName` or `ErrImageNeverPull`: it can never start;
+//!   the member fails at once;
+//! - a container waiting for any other reason (`ErrImagePull`, `ImagePullBackOff`,
+//!   `CreateContainerConfigError`, ...), or the pod not scheduled (`PodScheduled=False`, reason
+//!   `Unschedulable` and the scheduler's message), for longer than the timeout since the pod
+//!   was created: the member fails quoting that reason and message;
+//! - a pod that is still being deleted a timeout after its grace period ended (its node is gone
+//!   or its kubelet no longer answers): the member fails naming the node;
+//! - a pod that ended `Failed` with reason `Evicted` (the kubelet evicted it under node
+//!   pressure): transient; the caller replaces it, at most `--max-evictions` times per member;
+//! - a Job with no pod a timeout after its creation (its pods are refused at admission: a quota,
+//!   a Pod Security or policy webhook; the Job controller reports it only as `FailedCreate`
+//!   Events): the member fails saying so.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::ObservedJob;
+use crate::labels::JOB_NAME_LABELS;
+
+/// Waiting reasons after which a container can never start, whatever the wait.
+const NEVER_STARTS: [&str; 2] = ["InvalidImageName", "ErrImageNeverPull"];
+
+/// What is wrong with a helper pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trouble {
+    /// It cannot start or cannot finish: fail its member with this message.
+    Stuck(String),
+    /// Evicted from its node (transient): replace it while the eviction budget lasts.
+    Evicted(String),
+}
+
+/// How long ago `t` was, in whole seconds (0 when in the future or unknown).
+fn age(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>, now: Timestamp) -> i64 {
+    t.map_or(0, |t| (now.as_second() - t.0.as_second()).max(0))
+}
+
+/// The trouble of one helper pod, if any (see the module docs).
+pub fn pod_trouble(pod: &Pod, now: Timestamp, timeout: Duration) -> Option<Trouble> {
+    let name = pod.name_any();
+    let limit = i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX);
+    let status = pod.status.clone().unwrap_or_default();
+    if status.phase.as_deref() == Some("Failed") && status.reason.as_deref() == Some("Evicted") {
+        let message = status.message.unwrap_or_default();
+        return Some(Trouble::Evicted(format!(
+            "pod {name} was evicted: {message}"
+        )));
+    }
+    if let Some(deleted) = &pod.metadata.deletion_timestamp {
+        let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        if age(Some(deleted), now) > grace + limit {
+            return Some(Trouble::Stuck(format!(
+                "pod {name} is still being deleted {}s after its grace period ended: its node {} \
+                 is gone or its kubelet does not answer",
+                age(Some(deleted), now) - grace,
+                node.as_deref().unwrap_or("(none)")
+            )));
+        }
+        return None;
+    }
+    let started = status.container_statuses.iter().flatten().any(|c| {
+        c.state
+            .as_ref()
+            .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
+    });
+    if started || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+        return None;
+    }
+    let waiting = status.container_statuses.iter().flatten().find_map(|c| {
+        let w = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = w.reason.clone().filter(|r| r != "ContainerCreating")?;
+        Some((reason, w.message.clone().unwrap_or_default()))
+    });
+    if let Some((reason, message)) = &waiting
+        && NEVER_STARTS.contains(&reason.as_str())
+    {
+        return Some(Trouble::Stuck(format!(
+            "pod {name} cannot start: {reason}: {message}"
+        )));
+    }
+    let waited = age(pod.metadata.creation_timestamp.as_ref(), now);
+    if waited <= limit {
+        return None;
+    }
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    let why = match (waiting, unscheduled) {
+        (Some((reason, message)), _) => format!("{reason}: {message}"),
+        (None, Some(c)) => format!(
+            "not scheduled: {}: {}",
+            c.reason.as_deref().unwrap_or("PodScheduled=False"),
+            c.message.as_deref().unwrap_or_default()
+        ),
+        (None, None) => format!(
+            "no container started (phase {})",
+            status.phase.as_deref().unwrap_or("unknown")
+        ),
+    };
+    Some(Trouble::Stuck(format!(
+        "pod {name} did not start within {limit}s: {why}"
+    )))
+}
+
+/// The pods of Job `name`, oldest first.
+pub fn job_pods<'a>(name: &str, pods: &'a BTreeMap<String, Pod>) -> Vec<&'a Pod> {
+    let mut job_pods: Vec<&Pod> = pods
+        .values()
+        .filter(|p| {
+            let l = p.labels();
+            JOB_NAME_LABELS
+                .iter()
+                .any(|k| l.get(*k).map(String::as_str) == Some(name))
+        })
+        .collect();
+    job_pods.sort_by_key(|p| p.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    job_pods
+}
+
+/// The trouble of a Job: that of its newest pod, or, with no pod a timeout after the Job's
+/// creation, its pods refused at admission.
+pub fn job_trouble(
+    job: &ObservedJob,
+    pods: &BTreeMap<String, Pod>,
+    now: Timestamp,
+    timeout: Duration,
+) -> Option<Trouble> {
+    let name = job.job.name_any();
+    match job_pods(&name, pods).last() {
+        Some(pod) => pod_trouble(pod, now, timeout),
+        None if age(job.job.metadata.creation_timestamp.as_ref(), now)
+            > i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX) =>
+        {
+            let why = match &job.refused {
+                Some(message) => format!("the API server refused its pod: {message}"),
+                None => format!(
+                    "its pods are refused (a quota, Pod Security admission or a policy \
+                     webhook; `kubectl describe job {name}` shows the FailedCreate Events)"
+                ),
+            };
+            Some(Trouble::Stuck(format!(
+                "Job {name} has created no pod within {}s: {why}",
+                timeout.as_secs()
+            )))
+        }
+        None => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateWaiting, ContainerStatus,
+        PodCondition, PodSpec, PodStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+
+    const TIMEOUT: Duration = Duration::from_secs(180);
+
+    fn t(s: i64) -> Timestamp {
+        Timestamp::from_second(1_800_000_000 + s).unwrap()
+    }
+
+    fn pod(created: i64, status: PodStatus) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some("move-etcd-0-copy-abc".into()),
+                creation_timestamp: Some(Time(t(created))),
+                labels: Some(BTreeMap::from([(
+                    "job-name".to_string(),
+                    "move-etcd-0-copy".to_string(),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                node_name: Some("node-a".into()),
+                ..Default::default()
+            }),
+            status: Some(status),
+        }
+    }
+
+    fn waiting(reason: &str, message: &str) -> PodStatus {
+        PodStatus {
+            phase: Some("Pending".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                name: "mover".into(),
+                state: Some(ContainerState {
+                    waiting: Some(ContainerStateWaiting {
+                        reason: Some(reason.into()),
+                        message: Some(message.into()),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    fn stuck(t: Option<Trouble>) -> String {
+        match t {
+            Some(Trouble::Stuck(m)) => m,
+            other => panic!("not stuck: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_image_that_cannot_be_pulled_fails_after_the_timeout_quoting_the_reason() {
+        let p = pod(
+            0,
+            waiting("ImagePullBackOff", "Back-off pulling image \"nope:1\""),
+        );
+        assert_eq!(pod_trouble(&p, t(180), TIMEOUT), None, "within the timeout");
+        let m = stuck(pod_trouble(&p, t(181), TIMEOUT));
+        assert!(m.contains("did not start within 180s"), "{m}");
+        assert!(
+            m.contains("ImagePullBackOff: Back-off pulling image \"nope:1\""),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn an_invalid_image_name_fails_at_once() {
+        for reason in NEVER_STARTS {
+            let p = pod(0, waiting(reason, "bad"));
+            let m = stuck(pod_trouble(&p, t(1), TIMEOUT));
+            assert!(m.contains(&format!("cannot start: {reason}: bad")), "{m}");
+        }
+        // Still creating is not a reason.
+        let p = pod(0, waiting("ContainerCreating", ""));
+        assert_eq!(pod_trouble(&p, t(1), TIMEOUT), None);
+    }
+
+    #[test]
+    fn an_unschedulable_pod_quotes_the_scheduler() {
+        let status = PodStatus {
+            phase: Some("Pending".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some("0/3 nodes are available: 3 Insufficient memory.".into()),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let m = stuck(pod_trouble(&pod(0, status), t(200), TIMEOUT));
+        assert!(
+            m.contains(
+                "not scheduled: Unschedulable: 0/3 nodes are available: 3 Insufficient memory."
+            ),
+            "{m}"
+        );
+    }
+
+    #[test]
+    fn a_running_or_finished_pod_is_fine_however_old() {
+        let running = PodStatus {
+            phase: Some("Running".into()),
+            container_statuses: Some(vec![ContainerStatus {
+                state: Some(ContainerState {
+                    running: Some(ContainerStateRunning::default()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        assert_eq!(pod_trouble(&pod(0, running), t(10_000), TIMEOUT), None);
+        let failed = PodStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        };
+        assert_eq!(pod_trouble(&pod(0, failed), t(10_000), TIMEOUT), None);
+    }
+
+    #[test]
+    fn an_eviction_is_told_apart() {
+        let status = PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some("Evicted".into()),
+            message: Some("The node was low on resource: ephemeral-storage.".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            pod_trouble(&pod(0, status), t(5), TIMEOUT),
+            Some(Trouble::Evicted(
+                "pod move-etcd-0-copy-abc was evicted: The node was low on resource: ephemeral-storage."
+                    .into()
+            ))
+        );
+    }
+
+    #[test]
+    fn a_pod_stuck_in_deletion_names_its_node() {
+        let mut p = pod(0, waiting("ContainerCreating", ""));
+        p.metadata.deletion_timestamp = Some(Time(t(100)));
+        p.metadata.deletion_grace_period_seconds = Some(10);
+        assert_eq!(pod_trouble(&p, t(290), TIMEOUT), None);
+        let m = stuck(pod_trouble(&p, t(291), TIMEOUT));
+        assert!(m.contains("node node-a is gone"), "{m}");
+    }
+
+    #[test]
+    fn a_job_without_pods_is_refused_at_admission() {
+        let mut job = ObservedJob {
+            job: k8s_openapi::api::batch::v1::Job {
+                metadata: ObjectMeta {
+                    name: Some("move-etcd-0-copy".into()),
+                    creation_timestamp: Some(Time(t(0))),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+            outcome: super::super::JobOutcome::Running,
+            refused: None,
+            progress: None,
+        };
+        let none = BTreeMap::new();
+        assert_eq!(job_trouble(&job, &none, t(180), TIMEOUT), None);
+        let m = stuck(job_trouble(&job, &none, t(181), TIMEOUT));
+        assert!(m.contains("has created no pod within 180s"), "{m}");
+        assert!(m.contains("FailedCreate"), "{m}");
+        // With the API server's reason from the Job's FailedCreate Event, quoted.
+        let quota = "Error creating: pods \"x\" is forbidden: exceeded quota: q";
+        job.refused = Some(quota.into());
+        let m = stuck(job_trouble(&job, &none, t(181), TIMEOUT));
+        assert!(
+            m.contains(&format!("the API server refused its pod: {quota}")),
+            "{m}"
+        );
+        // With a pod, the pod's trouble.
+        let p = pod(0, waiting("ErrImagePull", "not found"));
+        let pods = BTreeMap::from([("p".to_string(), p)]);
+        let m = stuck(job_trouble(&job, &pods, t(181), TIMEOUT));
+        assert!(m.contains("ErrImagePull: not found"), "{m}");
+    }
+}
