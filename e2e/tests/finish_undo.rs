@@ -107,7 +107,7 @@ async fn assert_all_on(ns: &TestNamespace, class: &str) {
     );
 }
 
-fn class_change(cluster: &TestCluster, class: &str) -> serde_json::Value {
+fn class_change(class: &str) -> serde_json::Value {
     json!({
         "type": "StorageClassChange",
         "target": {"kind": "StatefulSet", "name": SET},
@@ -118,16 +118,9 @@ fn class_change(cluster: &TestCluster, class: &str) -> serde_json::Value {
 }
 
 /// Runs request `name` to its end; returns it.
-async fn run_request(
-    ns: &TestNamespace,
-    cluster: &TestCluster,
-    name: &str,
-    class: &str,
-) -> StorageMigrationRequest {
+async fn run_request(ns: &TestNamespace, name: &str, class: &str) -> StorageMigrationRequest {
     let started = Instant::now();
-    create_request(ns, name, class_change(cluster, class))
-        .await
-        .unwrap();
+    create_request(ns, name, class_change(class)).await.unwrap();
     let req = wait_final(ns, name, FINAL).await.unwrap();
     info!(took = ?started.elapsed(), summary = %summary(&req), "{name} ended");
     ns.wait_statefulset_ready(SET, 3, ETCD_READY).await.unwrap();
@@ -231,7 +224,8 @@ async fn check_finished(
 /// The etcd fixture on the cluster's Immediate class, seeded, with a client writing; the second
 /// class; the first request run with its second copy Job failing (then its operator stopped).
 struct Run {
-    cluster: TestCluster,
+    /// Kept for the whole run, as the scenario gave it.
+    _cluster: TestCluster,
     ns: TestNamespace,
     source: String,
     class_b: String,
@@ -258,12 +252,12 @@ async fn partly_failed(test: &str) -> Run {
     let op = Operator::start(&ns, 0, Some("copy-job-fails=1*off->return"))
         .await
         .unwrap();
-    let req = run_request(&ns, &cluster, "to-b", &class_b).await;
+    let req = run_request(&ns, "to-b", &class_b).await;
     op.stop(Duration::from_secs(10)).await;
     let done = check_partly_failed(&ns, &req, &class_b, &source).await;
     assert_eq!(etcd::member_ids(&ns, SET, 3).await, ids);
     Run {
-        cluster,
+        _cluster: cluster,
         ns,
         source,
         class_b,
@@ -302,17 +296,17 @@ async fn check_etcd(run: Run) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partly_failed_request_is_finished_then_undone() {
     let run = partly_failed("smr-finish-undo").await;
-    let (ns, cluster) = (&run.ns, &run.cluster);
+    let ns = &run.ns;
 
     // The same class again: only the other two move.
     let pods_before = pods(ns).await;
-    let _op = Operator::start(&ns, 1, None).await.unwrap();
-    let req = run_request(ns, cluster, "finish", &run.class_b).await;
+    let _op = Operator::start(ns, 1, None).await.unwrap();
+    let req = run_request(ns, "finish", &run.class_b).await;
     check_finished(ns, &req, &run.done, &pods_before, &run.class_b).await;
     assert_eq!(etcd::member_ids(ns, SET, 3).await, run.ids);
 
     // Everything back to the source class.
-    let req = run_request(ns, cluster, "back", &run.source).await;
+    let req = run_request(ns, "back", &run.source).await;
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
     assert!(
@@ -327,10 +321,10 @@ async fn a_partly_failed_request_is_finished_then_undone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_partly_failed_request_is_undone_moving_only_the_migrated_member() {
     let run = partly_failed("smr-undo").await;
-    let (ns, cluster) = (&run.ns, &run.cluster);
+    let ns = &run.ns;
     let pods_before = pods(ns).await;
-    let _op = Operator::start(&ns, 1, None).await.unwrap();
-    let req = run_request(ns, cluster, "undo", &run.source).await;
+    let _op = Operator::start(ns, 1, None).await.unwrap();
+    let req = run_request(ns, "undo", &run.source).await;
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
     let pods_after = pods(ns).await;
