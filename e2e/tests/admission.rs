@@ -293,7 +293,6 @@ async fn a_spec_edit_after_acceptance_is_ignored_and_observed() {
     let api = requests(&ns);
     let _op = Operator::start(&ns, 0, None).await.unwrap();
     let class = cluster.wffc_storage_class.clone();
-    let image = cluster.mover_image.clone();
     create(
         &api,
         &request("move", move |s| {
@@ -301,7 +300,6 @@ async fn a_spec_edit_after_acceptance_is_ignored_and_observed() {
             s.as_object_mut().unwrap().remove("shrink");
             s["storageClassChange"] = json!({"storageClassName": class});
             s["database"] = json!({"engine": "Etcd"});
-            s["copy"] = json!({"moverImage": image});
             s["timeout"] = json!("15m");
         }),
     )
