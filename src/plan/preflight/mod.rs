@@ -2,8 +2,8 @@
 //! request `Denied` (condition `Accepted=False` with a [`DenialReason`], a message naming the
 //! problem, an Event); success accepts it with a fixed plan.
 //!
-//! [`check`] is the list of checks, in the order they run: the first one that fails decides the
-//! denial. Each check is a small pure function returning `Result<_, Denial>`.
+//! [`checks`] is the list of checks, in the order they run: the first one that fails decides the
+//! denial (`kubectl smr plan` runs the same list and keeps every denial). Each check is a small pure function returning `Result<_, Denial>`.
 //!
 //! The only objects preflight creates are the Shrink measure Jobs (read-only mounts of the old
 //! claims, owned by the request).
@@ -21,7 +21,7 @@ use crate::api::{MemberStatus, MemberStep, MigrationType, Phase, Plan, PlannedWo
 use crate::build::JobKind;
 use crate::labels;
 
-mod all;
+mod checks;
 mod classes;
 mod denial;
 mod headroom;
@@ -36,7 +36,7 @@ mod target;
 #[cfg(test)]
 mod tests;
 
-pub use all::all_denials;
+pub use checks::all_denials;
 pub use denial::{Denial, DenialReason};
 pub use measure::{MIN_HEADROOM_BYTES, max_used_bytes};
 pub use owner::{ForeignOwner, foreign_owner};
@@ -89,73 +89,19 @@ pub fn dry_run(o: &super::Observed, settings: &super::Settings) -> Result<Plan, 
     check(&Ctx::new(o, settings))
 }
 
-/// Every check but the measuring, in order; the plan when all pass.
+/// Every check but the measuring, in order ([`checks::checks`]); the plan, or the first denial.
 fn check(cx: &Ctx) -> Result<Plan, Denial> {
-    let o = cx.o;
-    let spec = cx.spec();
-    validate_spec(spec)?;
-    let namespace = o.request.namespace().unwrap_or_default();
-    mover::check_mover_image(spec, cx.settings.allow_request_mover_image)?;
-    mover::check_pod_security(&namespace, &o.namespace_labels)?;
-    let set_name = spec.target.name.as_str();
-    let set = target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)?;
-    owner::check_owner(set, spec.owner_paused)?;
-    let template = choose_template(set, spec.volume_claim_template.as_deref())?;
-    target::check_template_volume_mode(&template)?;
-
-    // Members: every pod exists, runs on a node, and is bound to its claim.
-    let names = members::Names {
-        request: cx.name(),
-        set: set_name.to_string(),
-        template: template.name_any(),
-    };
-    let mut members = Vec::new();
-    let mut claim_classes = Vec::new();
-    for ordinal in members::check_ordinals(set, set_name)? {
-        let (member, class) = members::check_member(o, &names, ordinal)?;
-        members.push(member);
-        claim_classes.push(class);
+    let mut c = checks::Checks::new(checks::Mode::First);
+    match checks::checks(cx, &mut c) {
+        Some(plan) => Ok(plan),
+        // `checks` ends without a plan only after recording a denial.
+        None => Err(c.found.into_iter().next().unwrap_or_else(|| {
+            Denial::new(
+                DenialReason::InvalidSpec,
+                "preflight found no plan and no denial (a bug: please report it)",
+            )
+        })),
     }
-
-    // Classes and sizes; members already there (an earlier request moved them) are skipped.
-    let all_classes = classes::distinct(claim_classes.clone());
-    let target_class = classes::check_target_class(spec, &all_classes)?;
-    let target = classes::check_storage_class(&o.storage_classes, &target_class)?;
-    let target_size = match spec.type_ {
-        MigrationType::StorageClassChange => {
-            classes::mark_on_class(o, &mut members, &target_class);
-            classes::check_not_all_on_class(&members, &template, &target_class)?;
-            let source_classes = classes::migrating_classes(&members, &claim_classes);
-            classes::check_binding_mode(
-                &o.storage_classes,
-                &source_classes,
-                target,
-                &target_class,
-            )?;
-            classes::check_template_size(&template)?
-        }
-        MigrationType::Shrink => {
-            let size = classes::check_shrink_size(spec, &mut members, &template)?;
-            members.iter_mut().for_each(|m| m.new_size = size.clone());
-            size
-        }
-    };
-    let source_classes = classes::migrating_classes(&members, &claim_classes);
-
-    // Health (IfReady), then the order: members already there first, then the ones to migrate,
-    // followers first (stable by ordinal), leader last.
-    health::assign_roles(&o.health, &mut members);
-    health::check_engine_health(spec.apply, &o.health, &members)?;
-    members::order(&mut members);
-
-    Ok(Plan {
-        stateful_set: names.set,
-        volume_claim_template: names.template,
-        source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
-        target_storage_class: target_class,
-        target_size,
-        members,
-    })
 }
 
 /// Waits for the request ahead: condition `Queued=True` naming it, the same message, an Event

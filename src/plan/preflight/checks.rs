@@ -1,0 +1,244 @@
+//! The checks of preflight, in the order they run ([`checks`]), run in one of two modes:
+//! - [`Mode::First`]: the first denial ends them; it is the request's denial (`check`, `dry_run`);
+//! - [`Mode::All`]: every denial is kept and the checks go on where they can, for
+//!   `kubectl smr plan` ([`all_denials`]). A check that needs what a failed one would have given
+//!   is skipped (no members without the StatefulSet and its template; no class checks without the
+//!   target class).
+
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::ResourceExt;
+
+use super::{Denial, classes, health, members, mover, owner, spec, target};
+use crate::api::{MigrationType, Plan, PlannedMember};
+use crate::plan::{Ctx, Observed, Settings};
+
+/// Whether the checks stop at the first denial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    First,
+    All,
+}
+
+/// The denials found so far.
+pub(super) struct Checks {
+    mode: Mode,
+    pub(super) found: Vec<Denial>,
+}
+
+impl Checks {
+    pub(super) fn new(mode: Mode) -> Self {
+        Self {
+            mode,
+            found: Vec::new(),
+        }
+    }
+
+    /// `r`'s value; its denial, if any, is recorded.
+    fn keep<T>(&mut self, r: Result<T, Denial>) -> Option<T> {
+        r.map_err(|d| self.found.push(d)).ok()
+    }
+
+    /// The checks end here: a denial was found and only the first counts.
+    fn stop(&self) -> bool {
+        self.mode == Mode::First && !self.found.is_empty()
+    }
+}
+
+/// A check the next ones do not depend on: recorded; the checks end only in [`Mode::First`].
+macro_rules! check {
+    ($c:expr, $r:expr) => {{
+        $c.keep($r);
+        if $c.stop() {
+            return None;
+        }
+    }};
+}
+
+/// A check whose value the next ones need: without it the checks end.
+macro_rules! need {
+    ($c:expr, $r:expr) => {
+        match $c.keep($r) {
+            Some(v) => v,
+            None => return None,
+        }
+    };
+}
+
+/// Every denial, in the order the checks run; empty when preflight would accept the request
+/// (before measuring a Shrink). The first one is the denial preflight gives.
+pub fn all_denials(o: &Observed, settings: &Settings) -> Vec<Denial> {
+    let mut c = Checks::new(Mode::All);
+    checks(&Ctx::new(o, settings), &mut c);
+    c.found.dedup();
+    c.found
+}
+
+/// Every check but the measuring, in order; the plan when none denied.
+pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
+    let o = cx.o;
+    let spec = cx.spec();
+    check!(
+        c,
+        match spec.type_ {
+            MigrationType::StorageClassChange => spec::check_class_change_spec(spec),
+            MigrationType::Shrink => spec::check_shrink_spec(spec),
+        }
+    );
+    check!(c, spec::check_timeout(&spec.timeout));
+    check!(c, spec::check_target_name(&spec.target.name));
+    let namespace = o.request.namespace().unwrap_or_default();
+    let allowed = cx.settings.allow_request_mover_image;
+    check!(c, mover::check_mover_image(spec, allowed));
+    check!(
+        c,
+        mover::check_pod_security(&namespace, &o.namespace_labels)
+    );
+    let set_name = spec.target.name.as_str();
+    let set = need!(
+        c,
+        target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)
+    );
+    check!(c, owner::check_owner(set, spec.owner_paused));
+    let template = need!(
+        c,
+        target::choose_template(set, spec.volume_claim_template.as_deref())
+    );
+    check!(c, target::check_template_volume_mode(&template));
+
+    // Members: every pod exists, runs on a node, and is bound to its claim.
+    let names = members::Names {
+        request: cx.name(),
+        set: set_name.to_string(),
+        template: template.name_any(),
+    };
+    let (mut members, mut claim_classes) = (Vec::new(), Vec::new());
+    for ordinal in need!(c, members::check_ordinals(set, set_name)) {
+        if let Some((member, class)) = c.keep(members::check_member(o, &names, ordinal)) {
+            members.push(member);
+            claim_classes.push(class);
+        }
+        if c.stop() {
+            return None;
+        }
+    }
+
+    // Classes and sizes; members already there (an earlier request moved them) are skipped.
+    let target = target_class_and_size(cx, c, &template, &mut members, &claim_classes);
+    if c.stop() {
+        return None;
+    }
+    let source_classes = classes::migrating_classes(&members, &claim_classes);
+    // Health (IfReady), then the order: members already there first, then the ones to migrate,
+    // followers first (stable by ordinal), leader last.
+    health::assign_roles(&o.health, &mut members);
+    check!(
+        c,
+        health::check_engine_health(spec.apply, &o.health, &members)
+    );
+    let (target_class, target_size) = target?;
+    if !c.found.is_empty() {
+        return None;
+    }
+    members::order(&mut members);
+    Some(Plan {
+        stateful_set: names.set,
+        volume_claim_template: names.template,
+        source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
+        target_storage_class: target_class,
+        target_size,
+        members,
+    })
+}
+
+/// The target class and the new size of every member; members already on the target class are
+/// marked so.
+fn target_class_and_size(
+    cx: &Ctx,
+    c: &mut Checks,
+    template: &PersistentVolumeClaim,
+    members: &mut [PlannedMember],
+    claim_classes: &[String],
+) -> Option<(String, Quantity)> {
+    let spec = cx.spec();
+    let classes_of = &cx.o.storage_classes;
+    let all_classes = classes::distinct(claim_classes.to_vec());
+    let target_class = need!(c, classes::check_target_class(spec, &all_classes));
+    let target = c.keep(classes::check_storage_class(classes_of, &target_class));
+    if c.stop() {
+        return None;
+    }
+    let size = match spec.type_ {
+        MigrationType::StorageClassChange => {
+            classes::mark_on_class(cx.o, members, &target_class);
+            check!(
+                c,
+                classes::check_not_all_on_class(members, template, &target_class)
+            );
+            let sources = classes::migrating_classes(members, claim_classes);
+            if let Some(target) = target {
+                let mode = classes::check_binding_mode(classes_of, &sources, target, &target_class);
+                check!(c, mode);
+            }
+            need!(c, classes::check_template_size(template))
+        }
+        MigrationType::Shrink => {
+            let size = need!(c, classes::check_shrink_size(spec, members, template));
+            members.iter_mut().for_each(|m| m.new_size = size.clone());
+            size
+        }
+    };
+    Some((target_class, size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::fixtures::*;
+    use crate::plan::preflight::{DenialReason, dry_run};
+
+    fn image() -> Settings {
+        SETTINGS.clone()
+    }
+
+    #[test]
+    fn an_acceptable_request_has_no_denial() {
+        let o = observed(spec_class_change("fast"));
+        assert!(dry_run(&o, &image()).is_ok());
+        assert_eq!(all_denials(&o, &image()), vec![]);
+    }
+
+    #[test]
+    fn every_problem_is_listed_the_first_as_preflight_gives_it() {
+        let mut spec = spec_class_change("nowhere");
+        spec.timeout = "soon".into();
+        let mut o = observed(spec);
+        o.pods.remove("etcd-1");
+        o.claims.remove("data-etcd-2");
+        let all = all_denials(&o, &image());
+        let reasons: Vec<DenialReason> = all.iter().map(|d| d.reason).collect();
+        assert_eq!(
+            reasons,
+            vec![
+                DenialReason::InvalidSpec,
+                DenialReason::MemberMissing,
+                DenialReason::ClaimNotFound,
+                DenialReason::StorageClassNotFound,
+            ],
+            "{all:#?}"
+        );
+        assert_eq!(Err(all[0].clone()), dry_run(&o, &image()));
+        assert!(all[1].message.contains("etcd-1"), "{}", all[1].message);
+        assert!(all[2].message.contains("data-etcd-2"), "{}", all[2].message);
+    }
+
+    #[test]
+    fn without_the_stateful_set_nothing_after_it_is_judged() {
+        let mut o = observed(spec_class_change("fast"));
+        o.stateful_set = None;
+        let reasons: Vec<DenialReason> = (all_denials(&o, &image()).iter())
+            .map(|d| d.reason)
+            .collect();
+        assert_eq!(reasons, vec![DenialReason::TargetNotFound]);
+    }
+}
