@@ -7,6 +7,8 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
+use crate::build::is_dns1123_label;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WatchScope {
     /// Requests in every namespace (the chart's cluster-wide mode).
@@ -74,15 +76,6 @@ impl fmt::Display for WatchScope {
             }
         }
     }
-}
-
-/// RFC 1123 label, the rule for namespace names.
-fn is_dns1123_label(s: &str) -> bool {
-    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
-    (1..=63).contains(&s.len())
-        && s.chars().all(ok_char)
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 #[cfg(test)]
