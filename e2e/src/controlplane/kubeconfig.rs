@@ -109,7 +109,9 @@ pub fn render_kubeconfig(
     serde_norway::to_string(&doc).map_err(ControlPlaneError::Render)
 }
 
-fn write_private(path: &Path, content: &str) -> Result<()> {
+/// Writes `content` to `path` (its directory created) readable by its owner only (0600), replacing
+/// any file there.
+pub(crate) fn write_private(path: &Path, content: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io_err("create", parent))?;
     }

@@ -22,6 +22,7 @@ mod deps;
 mod down;
 mod identity;
 mod kubeconfig;
+pub(crate) use kubeconfig::write_private;
 mod leftovers;
 mod process;
 mod up;

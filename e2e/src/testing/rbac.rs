@@ -12,6 +12,7 @@ use kube::api::PostParams;
 
 use super::helm::{chart_dir, helm};
 use super::{TestError, TestNamespace, unexpected};
+use crate::controlplane::write_private;
 
 /// Suffix of the operator's ServiceAccount name, in the tests (`<ns>-storage-migrator`) as in a
 /// chart install (`<release>-storage-migrator`): the audit check finds the operator by it.
@@ -55,6 +56,7 @@ pub async fn operator_kubeconfig(ns: &TestNamespace, path: &Path) -> Result<(), 
         .map_err(|e| unexpected(format!("read {}", admin.to_string_lossy()), e.to_string()))?;
     let config = with_token(&text, &token)?;
     write_private(path, &config)
+        .map_err(|e| unexpected(format!("write {}", path.display()), e.to_string()))
 }
 
 /// A token of ServiceAccount `name` from the TokenRequest API.
@@ -92,23 +94,6 @@ pub fn with_token(text: &str, token: &str) -> Result<String, TestError> {
         }
     }
     Ok(serde_norway::to_string(&doc)?)
-}
-
-fn write_private(path: &Path, text: &str) -> Result<(), TestError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let fail = |e: std::io::Error| unexpected(format!("write {}", path.display()), e.to_string());
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(fail)?;
-    }
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(fail)?;
-    f.write_all(text.as_bytes()).map_err(fail)
 }
 
 /// The local cluster's audit log: `audit.log` beside `KUBECONFIG` (see `ClusterState`).
