@@ -328,14 +328,7 @@ fn a_shrink_measures_and_moves_only_the_members_above_the_size() {
         k8s_openapi::apimachinery::pkg::api::resource::Quantity("512Mi".into()),
     );
     let d = decide(&o, &SETTINGS);
-    let measured: Vec<String> = d
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Create(Object::Job(j)) => Some(j.name_any()),
-            _ => None,
-        })
-        .collect();
+    let measured: Vec<String> = created_jobs(&d.actions);
     assert_eq!(measured.len(), 2, "{measured:?}");
     assert!(
         measured.iter().all(|n| !n.contains("etcd-1")),

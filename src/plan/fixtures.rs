@@ -1051,6 +1051,17 @@ pub fn job(name: &str, kind: &str, outcome: JobOutcome) -> (String, ObservedJob)
 }
 
 /// The simulator against the actions' contracts (`plan::action`).
+/// The names of the Jobs `actions` create, in order.
+pub fn created_jobs(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Create(Object::Job(j)) => Some(j.name_any()),
+            _ => None,
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod contract_tests {
     use super::*;

@@ -12,7 +12,7 @@ use super::*;
 use crate::api::{ApplyPolicy, PlannedMember, PlannedWork, Role};
 use crate::engine::{HealthUnavailable, MemberHealth};
 use crate::plan::fixtures::*;
-use crate::plan::{JobOutcome, Object, Observed, ObservedJob, OtherRequest};
+use crate::plan::{JobOutcome, Observed, ObservedJob, OtherRequest};
 
 /// The reason of a denial; panics on `Ok`.
 fn reason<T: std::fmt::Debug>(r: Result<T, Denial>) -> DenialReason {
@@ -1132,14 +1132,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     let mut cx = Ctx::new(&o, &SETTINGS);
     let got = measure::measure(&mut cx, &mut ms, &size).unwrap();
     assert_eq!(got, Measurement::Running);
-    let created: Vec<String> = cx
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Create(Object::Job(j)) => Some(j.name_any()),
-            _ => None,
-        })
-        .collect();
+    let created: Vec<String> = created_jobs(&cx.actions);
     assert_eq!(created.len(), 2, "{:?}", cx.actions);
 
     let mut o = observed(spec_shrink("256Mi"));
