@@ -252,33 +252,50 @@ async fn a_spec_edit_after_the_verdict_is_ignored_and_observed() {
     assert_eq!(status.observed_generation, Some(1));
 
     let started = Instant::now();
-    api.patch(
-        "denied",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"timeout": "2h"}})),
-    )
-    .await
-    .unwrap();
-    let seen = wait_status(
+    let seen = edit_timeout_and_see_it_ignored(
         &ns,
         "denied",
+        "2h",
+        "after the request was denied at generation 1",
+    )
+    .await;
+    assert_eq!(seen.status.unwrap().phase, Phase::Denied);
+    info!(after = ?started.elapsed(), "edit seen and ignored");
+}
+
+/// Sets `spec.timeout` of request `name` to `timeout` (its generation becomes 2) and waits until
+/// the operator has seen it: `observedGeneration` 2 and `SpecChangeIgnored=True` whose message
+/// contains `says`. The request as then seen.
+async fn edit_timeout_and_see_it_ignored(
+    ns: &TestNamespace,
+    name: &str,
+    timeout: &str,
+    says: &'static str,
+) -> StorageMigrationRequest {
+    requests(ns)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"timeout": timeout}})),
+        )
+        .await
+        .unwrap();
+    let seen = wait_status(
+        ns,
+        name,
         "SpecChangeIgnored",
         Duration::from_secs(30),
-        |s| {
+        move |s| {
             s.observed_generation == Some(2)
                 && s.conditions.iter().any(|c| {
-                    c.type_ == "SpecChangeIgnored"
-                        && c.status == "True"
-                        && c.message
-                            .contains("after the request was denied at generation 1")
+                    c.type_ == "SpecChangeIgnored" && c.status == "True" && c.message.contains(says)
                 })
         },
     )
     .await
     .unwrap();
     assert_eq!(seen.metadata.generation, Some(2));
-    assert_eq!(seen.status.unwrap().phase, Phase::Denied);
-    info!(after = ?started.elapsed(), "edit seen and ignored");
+    seen
 }
 
 /// An accepted request (a StorageClassChange of the etcd fixture), edited while it runs: the
@@ -310,31 +327,13 @@ async fn a_spec_edit_after_acceptance_is_ignored_and_observed() {
     })
     .await
     .unwrap();
-    api.patch(
-        "move",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"timeout": "1h"}})),
-    )
-    .await
-    .unwrap();
-    let seen = wait_status(
+    edit_timeout_and_see_it_ignored(
         &ns,
         "move",
-        "SpecChangeIgnored",
-        Duration::from_secs(30),
-        |s| {
-            s.observed_generation == Some(2)
-                && s.conditions.iter().any(|c| {
-                    c.type_ == "SpecChangeIgnored"
-                        && c.status == "True"
-                        && c.message
-                            .contains("spec.timeout differ from status.acceptedSpec")
-                })
-        },
+        "1h",
+        "spec.timeout differ from status.acceptedSpec",
     )
-    .await
-    .unwrap();
-    assert_eq!(seen.metadata.generation, Some(2));
+    .await;
     let done = wait_final(&ns, "move", Duration::from_secs(600))
         .await
         .unwrap();

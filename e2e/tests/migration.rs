@@ -27,6 +27,7 @@ use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, node_satisfies,
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -193,6 +194,37 @@ async fn seed(ns: &TestNamespace, n: usize) -> Vec<String> {
 
 /// The recreated set owns the pods, which existed before it (adopted, not recreated), with no
 /// restarts, one revision, and the template's class/size as expected.
+/// A Shrink of the etcd set to `size`.
+fn shrink_spec(size: &str, timeout: &str) -> serde_json::Value {
+    json!({
+        "type": "Shrink",
+        "target": {"kind": "StatefulSet", "name": SET},
+        "shrink": {"size": size},
+        "timeout": timeout,
+        "database": {"engine": "Etcd"},
+    })
+}
+
+/// Runs the Shrink request `name` to `size`, which must end `Denied` for `InsufficientSize`;
+/// its `Accepted` condition.
+async fn denied_as_too_small(ns: &TestNamespace, name: &str, size: &str) -> Condition {
+    create_request(ns, name, shrink_spec(size, "10m"))
+        .await
+        .unwrap();
+    let req = wait_final(ns, name, Duration::from_secs(180))
+        .await
+        .unwrap();
+    let status = req.status.clone().unwrap();
+    assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
+    let accepted = status
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Accepted")
+        .unwrap();
+    assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
+    accepted
+}
+
 /// The whole MiB at or above the figure after `prefix` in `message` ("... it needs 77.2Mi ...").
 fn mib_after(message: &str, prefix: &str) -> u64 {
     let figure = message
@@ -386,30 +418,7 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     let _op = Operator::start(&ns, 0, None).await.unwrap();
 
     // etcd preallocates 64 MiB WAL files: far more than 32Mi is in use.
-    create_request(
-        &ns,
-        "too-small",
-        json!({
-            "type": "Shrink",
-            "target": {"kind": "StatefulSet", "name": SET},
-            "shrink": {"size": "32Mi"},
-            "timeout": "10m",
-            "database": {"engine": "Etcd"},
-        }),
-    )
-    .await
-    .unwrap();
-    let req = wait_final(&ns, "too-small", Duration::from_secs(180))
-        .await
-        .unwrap();
-    let status = req.status.clone().unwrap();
-    assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
-    let accepted = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Accepted")
-        .unwrap();
-    assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
+    let accepted = denied_as_too_small(&ns, "too-small", "32Mi").await;
     assert_eq!(claims(&ns).await, before, "nothing changed");
     assert_eq!(
         check_etcd(&ns, &seeded).await,
@@ -435,30 +444,8 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     // A size the used bytes plus headroom fit, which an ext4 volume of that size does not hold
     // once its journal, inode tables and reserves are taken: denied too, with those numbers.
     let needs = mib_after(&accepted.message, "it needs ");
-    create_request(
-        &ns,
-        "naive-fit",
-        json!({
-            "type": "Shrink",
-            "target": {"kind": "StatefulSet", "name": SET},
-            "shrink": {"size": format!("{}Mi", needs + 8)},
-            "timeout": "10m",
-            "database": {"engine": "Etcd"},
-        }),
-    )
-    .await
-    .unwrap();
-    let req = wait_final(&ns, "naive-fit", Duration::from_secs(180))
-        .await
-        .unwrap();
-    let status = req.status.clone().unwrap();
-    assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
-    let accepted = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Accepted")
-        .unwrap();
-    assert_eq!(accepted.reason, "InsufficientSize", "{}", accepted.message);
+    let naive = format!("{}Mi", needs + 8);
+    let accepted = denied_as_too_small(&ns, "naive-fit", &naive).await;
     assert!(
         accepted
             .message
@@ -468,19 +455,9 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     );
     assert_eq!(claims(&ns).await, before, "nothing changed");
 
-    create_request(
-        &ns,
-        "shrink",
-        json!({
-            "type": "Shrink",
-            "target": {"kind": "StatefulSet", "name": SET},
-            "shrink": {"size": "256Mi"},
-            "timeout": "15m",
-            "database": {"engine": "Etcd"},
-        }),
-    )
-    .await
-    .unwrap();
+    create_request(&ns, "shrink", shrink_spec("256Mi", "15m"))
+        .await
+        .unwrap();
     let started = Instant::now();
     let req = wait_final(&ns, "shrink", MIGRATION).await.unwrap();
     info!(took = ?started.elapsed(), summary = %summary(&req), "shrink done");
