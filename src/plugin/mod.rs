@@ -10,6 +10,10 @@ use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::time::Instant;
+
 use anyhow::Context as _;
 use clap::{CommandFactory, Parser, Subcommand};
 use k8s_openapi::api::core::v1::{Event, PersistentVolume, PersistentVolumeClaim};
@@ -59,9 +63,6 @@ enum Command {
     /// phase and each member's downtime. Exit 0 Successful, 3 Failed, 2 Denied.
     Watch {
         name: String,
-        /// Seconds between looks.
-        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=60))]
-        interval: u64,
         /// Give up after this many seconds (exit 1); 0 waits for the end.
         #[arg(long, default_value_t = 0)]
         timeout: u64,
@@ -112,11 +113,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             file,
             allow_request_mover_image,
         } => plan(client, &file, ns, allow_request_mover_image).await,
-        Command::Watch {
-            name,
-            interval,
-            timeout,
-        } => watch(client, &ns, &name, interval, timeout).await,
+        Command::Watch { name, timeout } => watch(client, &ns, &name, timeout).await,
         Command::Describe { name } => describe(client, &ns, &name).await,
         Command::Abort { name } => abort(client, &ns, &name).await,
         Command::Orphans { delete, yes } => orphans_cmd(client, delete, yes).await,
@@ -203,31 +200,47 @@ async fn get_request(
         .with_context(|| format!("cannot read StorageMigrationRequest {ns}/{name}"))
 }
 
-/// `watch`: redraws in place on a terminal; elsewhere prints a line whenever one changed.
-async fn watch(
-    client: Client,
-    ns: &str,
-    name: &str,
-    interval: u64,
-    timeout: u64,
-) -> anyhow::Result<u8> {
+/// `watch`: follows the request through a watch on it (every status write shows at once);
+/// redraws in place on a terminal, elsewhere prints a line whenever one changed.
+async fn watch(client: Client, ns: &str, name: &str, timeout: u64) -> anyhow::Result<u8> {
+    // A clear error when there is no such request, before waiting on a watch.
+    get_request(&client, ns, name).await?;
+    let api = Api::<StorageMigrationRequest>::namespaced(client, ns);
+    let fields = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(api, fields).default_backoff().boxed();
+    let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_secs(timeout));
     let tty = std::io::stdout().is_terminal();
-    let started = std::time::Instant::now();
     let mut shown: Vec<String> = Vec::new();
     loop {
-        let req = get_request(&client, ns, name).await?;
+        let next = match deadline {
+            Some(at) => match tokio::time::timeout_at(at, events.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    eprintln!("gave up after {timeout}s; the request goes on");
+                    return Ok(EXIT_ERROR);
+                }
+            },
+            None => events.next().await,
+        };
+        let req = match next {
+            Some(Ok(watcher::Event::Apply(req) | watcher::Event::InitApply(req))) => req,
+            Some(Ok(watcher::Event::Delete(_))) => {
+                anyhow::bail!("StorageMigrationRequest {ns}/{name} was deleted")
+            }
+            Some(Ok(watcher::Event::Init | watcher::Event::InitDone)) => continue,
+            // The watcher retries with a backoff; say why it had to.
+            Some(Err(e)) => {
+                eprintln!("watching {ns}/{name}: {e}; retrying");
+                continue;
+            }
+            None => anyhow::bail!("the watch of StorageMigrationRequest {ns}/{name} ended"),
+        };
         let status = req.status.clone().unwrap_or_default();
-        let lines = render::watch_lines(name, &status);
-        show(&lines, &mut shown, tty);
+        show(&render::watch_lines(name, &status), &mut shown, tty);
         if let Some(code) = render::exit_code(status.phase) {
             print_lines(&render::final_lines(name, &status));
             return Ok(code);
         }
-        if timeout > 0 && started.elapsed() >= Duration::from_secs(timeout) {
-            eprintln!("gave up after {timeout}s; the request goes on");
-            return Ok(EXIT_ERROR);
-        }
-        tokio::time::sleep(Duration::from_secs(interval)).await;
     }
 }
 
