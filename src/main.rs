@@ -49,6 +49,10 @@ struct ImageArg {
     /// Times a helper pod evicted from its node is replaced before its member fails.
     #[arg(long, env = "MAX_EVICTIONS", default_value_t = storage_migrator::plan::DEFAULT_MAX_EVICTIONS, value_parser = clap::value_parser!(u32).range(0..=10))]
     max_evictions: u32,
+    /// Seconds every member pod must have been running and Ready, with no restart, before the
+    /// next member stops (a member in a crash loop answers healthy between two crashes).
+    #[arg(long, env = "STABLE_WINDOW", default_value_t = storage_migrator::plan::stability::DEFAULT_STABLE_WINDOW.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
+    stable_window: u64,
 }
 
 impl ImageArg {
@@ -64,6 +68,7 @@ impl ImageArg {
             allow_request_mover_image: self.allow_request_mover_image,
             helper_start_timeout: Duration::from_secs(self.helper_start_timeout),
             max_evictions: self.max_evictions,
+            stable_window: Duration::from_secs(self.stable_window),
         })
     }
 }

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use e2e::testing::operator::{self, Operator, install_crd};
-use e2e::testing::{TestCluster, TestNamespace, init_tracing};
+use e2e::testing::{TestCluster, TestNamespace, init_tracing, procs};
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
@@ -579,4 +579,159 @@ async fn etcd_order_adapts_when_leadership_moves_between_members() {
     );
     assert_eq!(used, vec![first, leader, other.clone()]);
     assert_eq!(after.term, before.term + 1 + handed);
+}
+
+/// How long a member in a crash loop answers healthy between two crashes: long enough for a gate
+/// that reads the database's health once (the operator looks every 2 s while it waits) to open.
+const HEALTHY_BETWEEN_CRASHES: Duration = Duration::from_secs(3);
+
+/// Kills `victim`'s etcd process `kills` times, the first at once, then each time it has been
+/// back and answering for [`HEALTHY_BETWEEN_CRASHES`], as in a crash loop. Returns when the last
+/// kill is done.
+async fn crash_loop(ns: &TestNamespace, victim: &str, kills: usize) {
+    for kill in 0..kills {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let answering = match endpoints(ns).await.get(victim) {
+                Some(ep) => match connect(ep).await {
+                    Some(mut c) => c.status().await.is_ok(),
+                    None => false,
+                },
+                None => false,
+            };
+            if answering {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{victim} did not come back");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        if kill > 0 {
+            tokio::time::sleep(HEALTHY_BETWEEN_CRASHES).await;
+        }
+        let pids = procs::etcd_member(&ns.name, victim);
+        assert!(!pids.is_empty(), "no etcd process of {victim}");
+        for pid in pids {
+            procs::crash(pid);
+        }
+        println!("NOTE crash-loop: killed {victim} ({} of {kills})", kill + 1);
+    }
+}
+
+/// Waits until `pod`'s first container shows `kills` restarts and the pod is Ready again; returns
+/// the restart count (the agent reports a crash a moment after it).
+async fn wait_restarted(ns: &TestNamespace, pod: &str, kills: i32) -> i32 {
+    let pods: Api<Pod> = ns.api();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut restarts = 0;
+    loop {
+        if let Ok(p) = pods.get(pod).await {
+            restarts = p
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|cs| cs.first())
+                .map_or(0, |c| c.restart_count);
+            if restarts >= kills && ready(&p) {
+                return restarts;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{pod} not Ready with {kills} restarts (has {restarts})"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Samples every 100 ms which members have no etcd process (down: crashed or stopped by the
+/// operator) until `stop`; returns the largest number down at once and when that was seen.
+fn watch_down(
+    ns: &TestNamespace,
+    n: usize,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<(usize, Vec<String>)> {
+    let ns_name = ns.name.clone();
+    tokio::spawn(async move {
+        let (mut most, mut seen) = (0usize, Vec::new());
+        while !stop.load(Ordering::Relaxed) {
+            let running = procs::etcd_members_running(&ns_name);
+            let down: Vec<String> = (0..n)
+                .map(|i| format!("etcd-{i}"))
+                .filter(|p| !running.contains(p))
+                .collect();
+            if down.len() > most || (down.len() >= 2 && seen.len() < 20) {
+                seen.push(format!("{down:?}"));
+            }
+            most = most.max(down.len());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (most, seen)
+    })
+}
+
+/// A follower in a crash loop while the first member waits at its gate: the gate holds until the
+/// crashing member has been running and Ready, with no restart, for the stable window (10 s, the
+/// default of `--stable-window`); at no moment are two members down; no acknowledged write is
+/// lost. Without the window (`STABLE_WINDOW=0` in the operator's environment), the gate opens in a
+/// healthy moment between two crashes, the first member stops, the next crash leaves two of
+/// three down and this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
+    if TestCluster::local_state().is_none() {
+        println!("NOTE crash-loop: skipped, needs the local cluster (member processes are killed)");
+        return;
+    }
+    let (cluster, ns, _operator) = setup("etcd-crashloop", 3).await;
+    let before = wait_etcd(&ns, 3).await;
+    let leader = before.leader.clone().expect("leader");
+    let victim = (0..3)
+        .map(|i| format!("etcd-{i}"))
+        .rfind(|p| *p != leader)
+        .expect("a follower");
+    let writer = Writer::start(&ns);
+    let stop = Arc::new(AtomicBool::new(false));
+    let down = watch_down(&ns, 3, stop.clone());
+    // Always: the request starts although a member crashes; only the gate protects quorum.
+    create_request(&ns, &cluster.wffc_storage_class, "Always").await;
+    crash_loop(&ns, &victim, 4).await;
+    let last_kill = k8s_openapi::jiff::Timestamp::now();
+    let restarts = wait_restarted(&ns, &victim, 4).await;
+    let status = wait_final(&ns, Duration::from_secs(900)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (most_down, seen) = down.await.expect("monitor");
+    let writes = writer.finish().await;
+    let used = order(&status);
+    let first = used.first().cloned().unwrap_or_default();
+    let first_stopped = status["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["pod"] == first.as_str()))
+        .and_then(|m| {
+            m["podDeletedAt"]
+                .as_str()?
+                .parse::<k8s_openapi::jiff::Timestamp>()
+                .ok()
+        });
+    let after_kill = first_stopped.map(|t| t.as_second() - last_kill.as_second());
+    println!(
+        "NOTE crash-loop: victim {victim} restarts {restarts}; order {used:?}; first member {first} \
+         stopped {after_kill:?} s after the last kill; most members down at once \
+         {most_down} ({seen:?}); writes acknowledged {} failed {}, longest gap {} ms; \
+         downtime {:?}",
+        writes.acked.len(),
+        writes.failed,
+        writes.longest_gap.as_millis(),
+        downtimes(&status),
+    );
+    assert_eq!(phase(&status), "Successful", "{status:#}");
+    assert!(
+        restarts >= 4,
+        "the crash loop happened: {restarts} restarts"
+    );
+    assert_ne!(
+        first, victim,
+        "the crashing member is not the first migrated"
+    );
+    assert_eq!(most_down, 1, "never two members down at once: {seen:?}");
+    check_writes(&ns, &writes).await;
+    claims_on(&ns, &cluster.wffc_storage_class, 3).await;
 }

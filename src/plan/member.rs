@@ -444,6 +444,10 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             return Ok(());
         }
     };
+    if let Some(reason) = unstable_member(cx) {
+        waiting_for_health(cx, &reason);
+        return Ok(());
+    }
     match engine::gate_before_stop(&report, &pod, engine::DEFAULT_MAX_LAG) {
         Gate::Open => {
             cx.set_condition(
@@ -508,6 +512,10 @@ fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
             return false;
         }
     };
+    if let Some(reason) = unstable_member(cx) {
+        waiting_for_health(cx, &format!("member pod {pod} is not deleted: {reason}"));
+        return false;
+    }
     match engine::gate_before_stop(&report, pod, engine::DEFAULT_MAX_LAG) {
         Gate::Open => {
             cx.set_condition(
@@ -532,6 +540,19 @@ fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
             false
         }
     }
+}
+
+/// Why the gate waits for stability, if it does: the first member pod of the plan that has not
+/// been running and Ready, with no restart, for `--stable-window` ([`super::stability`]).
+fn unstable_member(cx: &Ctx) -> Option<String> {
+    let plan = cx.status.plan.as_ref()?;
+    super::stability::first_unstable(
+        plan.members
+            .iter()
+            .map(|m| (m.pod.as_str(), cx.o.pods.get(&m.pod).map(|p| p.typed()))),
+        cx.o.now,
+        cx.settings.stable_window,
+    )
 }
 
 /// Health gate closed: a condition and an Event (once per reason), and look again soon.

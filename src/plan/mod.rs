@@ -47,6 +47,7 @@ pub mod preflight;
 pub mod progress;
 pub mod quantity;
 pub mod runbook;
+pub mod stability;
 pub mod stages;
 pub mod stash;
 
@@ -202,6 +203,9 @@ pub struct Settings {
     /// `--max-evictions`: how many times a helper pod evicted from its node is replaced
     /// before its member fails.
     pub max_evictions: u32,
+    /// `--stable-window`: how long every member pod must have been running and Ready, with no
+    /// restart, before the next member stops ([`stability`]).
+    pub stable_window: Duration,
 }
 
 /// Default of `--helper-start-timeout`.
@@ -217,6 +221,7 @@ impl Settings {
             allow_request_mover_image: false,
             helper_start_timeout: DEFAULT_HELPER_START_TIMEOUT,
             max_evictions: DEFAULT_MAX_EVICTIONS,
+            stable_window: stability::DEFAULT_STABLE_WINDOW,
         }
     }
 

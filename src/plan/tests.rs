@@ -407,6 +407,44 @@ fn always_starts_despite_an_unhealthy_member_but_the_gate_holds() {
 }
 
 #[test]
+fn the_gate_holds_until_a_member_that_restarted_is_stable_for_the_window() {
+    // etcd-2 crashed and came back: healthy to the database, Ready again, but only just.
+    let mut sim = Sim::at(MemberStep::GatingStop);
+    let now = sim.o.now;
+    sim.o.pods.get_mut("etcd-2").unwrap().update(|p| {
+        p.status.as_mut().unwrap().conditions = Some(vec![PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            last_transition_time: Some(Time(now)),
+            ..Default::default()
+        }]);
+    });
+    let window = SETTINGS.stable_window.as_secs();
+    for _ in 1..window {
+        let d = decide(&sim.o, &sim.settings);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+        assert_eq!(sim.step_of("etcd-0"), MemberStep::GatingStop);
+    }
+    let cond = conditions::get(
+        &sim.o.request.status.as_ref().unwrap().conditions,
+        conditions::HEALTH_GATE,
+    )
+    .unwrap();
+    assert_eq!(cond.status, "False");
+    assert!(
+        cond.message.contains("etcd-2 has been Ready") && cond.message.contains("--stable-window"),
+        "{}",
+        cond.message
+    );
+    // Once it has been stable for the whole window, etcd-0 stops.
+    sim.run(5);
+    assert_ne!(sim.step_of("etcd-0"), MemberStep::GatingStop);
+}
+
+#[test]
 fn accept_records_the_plan_before_anything() {
     let o = observed(spec_class_change("fast"));
     let d = decide(&o, &SETTINGS);

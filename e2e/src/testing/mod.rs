@@ -22,6 +22,7 @@ mod namespace;
 mod objects;
 pub mod operator;
 mod pods;
+pub mod procs;
 pub mod rbac;
 mod waits;
 
