@@ -84,6 +84,13 @@ impl JobKind {
     }
 }
 
+/// `stat -f` format of a volume's `statfs` as the JSON of [`FsReport`].
+macro_rules! statfs_format {
+    () => {
+        r#"{"type":"%T","blockSize":%S,"blocks":%b,"blocksFree":%f,"blocksAvailable":%a,"inodes":%c,"inodesFree":%d}"#
+    };
+}
+
 /// The rsync pass, with the exit codes it accepts (`$ok`, space-separated and padded).
 ///
 /// `-aHAXS --numeric-ids --delete` keeps hard links, ACLs, xattrs, sparse files and numeric
@@ -106,6 +113,12 @@ impl JobKind {
 ///
 /// The stats are parsed into `{"bytes","files","totalBytes"}`; rsync groups digits with `,`
 /// (C locale), hence the `tr`.
+///
+/// Out of space: when rsync fails and its output says `No space left on device` (ENOSPC, also
+/// what a filesystem out of inodes returns), the result says so, `"cause":"NoSpace"`, with the
+/// bytes now allocated on the source (`usedBytes`, `du` as at preflight) and the target's
+/// `statfs` (`targetFilesystem`): the planner quotes them ([`JobFailureCause::NoSpace`]). The
+/// `sed` passes that line on even when it holds a `%` (a file name).
 macro_rules! rsync_copy_script {
     ($ok:literal) => {
         concat!(
@@ -114,14 +127,27 @@ macro_rules! rsync_copy_script {
             r#" '
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
-out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p')
+out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p' -e '/%.*No space left on device/p')
 rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
 rc=${rc:-1}
 case "$ok" in
 *" $rc "*) ;;
 *)
-  printf '{"error":"rsync exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
-  echo "rsync failed with exit code $rc" >&2
+  case "$out" in
+  *"No space left on device"*)
+    used=$(du -s -B1 /source 2>/dev/null) || used=""
+    used=${used%%[!0-9]*}
+    fs=$(stat -f -c '"#,
+            statfs_format!(),
+            r#"' /target 2>/dev/null) || fs=""
+    printf '{"error":"rsync exited with %d: no space left on the target","exitCode":%d,"cause":"NoSpace"%s%s}' "$rc" "$rc" "${used:+,\"usedBytes\":$used}" "${fs:+,\"targetFilesystem\":$fs}" > /dev/termination-log
+    echo "rsync failed with exit code $rc: no space left on the target" >&2
+    ;;
+  *)
+    printf '{"error":"rsync exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
+    echo "rsync failed with exit code $rc" >&2
+    ;;
+  esac
   exit "$rc"
   ;;
 esac
@@ -173,7 +199,8 @@ fi
 /// they occupy, which is what must fit on the smaller volume), and the filesystem's `statfs`
 /// (type, blocks, inodes: how much of a volume its filesystem leaves usable). Writes
 /// `{"usedBytes":N,"filesystem":{...}}`; `filesystem` is left out when `stat -f` fails.
-pub const MEASURE_SCRIPT: &str = r#"set -u
+pub const MEASURE_SCRIPT: &str = concat!(
+    r#"set -u
 out=$(du -s -B1 /source)
 rc=$?
 used=${out%%[!0-9]*}
@@ -182,11 +209,14 @@ if [ "$rc" -ne 0 ] || [ -z "$used" ]; then
   echo "du failed with exit code $rc: $out" >&2
   exit 1
 fi
-fs=$(stat -f -c '{"type":"%T","blockSize":%S,"blocks":%b,"blocksFree":%f,"blocksAvailable":%a,"inodes":%c,"inodesFree":%d}' /source 2>/dev/null) || fs=""
+fs=$(stat -f -c '"#,
+    statfs_format!(),
+    r#"' /source 2>/dev/null) || fs=""
 result=$(printf '{"usedBytes":%s%s}' "$used" "${fs:+,\"filesystem\":$fs}")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
-"#;
+"#
+);
 
 /// The Job of `kind` for `member`, bounded by `deadline_seconds` (the request's remaining
 /// timeout; at least 1), running `image` (the planner's choice: the operator's own image, or
@@ -370,6 +400,19 @@ pub struct JobResult {
     /// Set when the script failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the script failed, when it knows a cause the planner treats apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<JobFailureCause>,
+    /// The temporary claim's filesystem when a copy failed for lack of space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_filesystem: Option<FsReport>,
+}
+
+/// A cause of failure a script recognises (`"cause"` of its result).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobFailureCause {
+    /// A copy pass found no space left on the target (rsync: `No space left on device`).
+    NoSpace,
 }
 
 /// A volume's `statfs`, as `stat -f` prints it (block counts in `block_size` units).
@@ -706,6 +749,19 @@ mod tests {
         }
 
         fn run(kind: JobKind, dir: &Path) -> Run {
+            run_with_path(kind, dir, None)
+        }
+
+        /// [`run`] with `bin` first on the `PATH` (programs standing in for the real ones).
+        fn run_with_path(kind: JobKind, dir: &Path, bin: Option<&Path>) -> Run {
+            let path = match bin {
+                Some(bin) => format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+                None => std::env::var("PATH").unwrap_or_default(),
+            };
             let src = dir.join("source");
             let dst = dir.join("target");
             let msg = dir.join("termination-log");
@@ -718,6 +774,7 @@ mod tests {
             let out = Command::new("sh")
                 .args(["-c", &script])
                 .env("LC_ALL", "C")
+                .env("PATH", path)
                 .output()
                 .unwrap();
             let message = std::fs::read_to_string(&msg).unwrap_or_default();
@@ -932,6 +989,60 @@ mod tests {
             let measure = run(JobKind::Measure, dir.path());
             assert_eq!(measure.code, 1);
             assert!(measure.result.unwrap().failed());
+        }
+
+        /// rsync reporting ENOSPC (as it does when the target fills: exit 11, or 23 when it
+        /// failed on some files): the result says `NoSpace`, with the source's bytes and the
+        /// target's `statfs`; any other failure does not.
+        #[test]
+        fn copy_out_of_space_is_reported_with_its_cause_and_numbers() {
+            let dir = tempfile::tempdir().unwrap();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir_all(dir.path().join("source")).unwrap();
+            std::fs::create_dir_all(dir.path().join("target")).unwrap();
+            std::fs::write(dir.path().join("source/data"), vec![7u8; 64 * 1024]).unwrap();
+            std::fs::create_dir_all(&bin).unwrap();
+            let fake = bin.join("rsync");
+            for (code, line, no_space) in [
+                (
+                    11,
+                    r#"rsync: [receiver] write failed on "/target/data": No space left on device (28)"#,
+                    true,
+                ),
+                (
+                    23,
+                    r#"rsync: [receiver] mkstemp "/target/.50%.x" failed: No space left on device (28)"#,
+                    true,
+                ),
+                (
+                    23,
+                    r#"rsync: [sender] link_stat "/source/x" failed: No such file or directory (2)"#,
+                    false,
+                ),
+            ] {
+                std::fs::write(
+                    &fake,
+                    format!("#!/bin/sh\necho '{line}' >&2\nexit {code}\n"),
+                )
+                .unwrap();
+                std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+                for kind in [JobKind::PreCopy, JobKind::Copy] {
+                    let run = run_with_path(kind, dir.path(), Some(&bin));
+                    assert_eq!(run.code, code, "{kind:?}: {}", run.stderr);
+                    let r = run.result.unwrap();
+                    assert!(r.failed());
+                    assert_eq!(r.exit_code, Some(code));
+                    if !no_space {
+                        assert_eq!(r.cause, None, "{line}");
+                        assert_eq!(r.target_filesystem, None);
+                        continue;
+                    }
+                    assert_eq!(r.cause, Some(JobFailureCause::NoSpace), "{line}");
+                    assert!(r.used_bytes.is_some_and(|b| b >= 64 * 1024), "{r:?}");
+                    let fs = r.target_filesystem.expect("the target's statfs");
+                    assert!(fs.blocks > 0 && fs.block_size > 0, "{fs:?}");
+                }
+            }
         }
 
         fn nix_is_root() -> bool {
