@@ -107,7 +107,8 @@ macro_rules! statfs_format {
 /// lines, line-buffered by `stdbuf` where the image has it (without it the lines come in blocks
 /// of 4 KiB), and `sed -u` writes every line to the log (`w /dev/stderr`, which GNU sed and
 /// busybox sed write without opening a file) while passing on only the lines without a `%` (the
-/// summary and the exit code) to `$out`. So `kubectl logs -f` shows the copy live and the
+/// summary and the exit code) and the last progress line (held, printed after the last line) to
+/// `$out`. So `kubectl logs -f` shows the copy live and the
 /// operator reads the tail of the log (`build::progress`). rsync's exit code travels as the last
 /// line, `rc=N` (a plain `sh` has no `pipefail`).
 ///
@@ -116,9 +117,10 @@ macro_rules! statfs_format {
 ///
 /// Out of space: when rsync fails and its output says `No space left on device` (ENOSPC, also
 /// what a filesystem out of inodes returns), the result says so, `"cause":"NoSpace"`, with the
-/// bytes now allocated on the source (`usedBytes`, `du` as at preflight) and the target's
-/// `statfs` (`targetFilesystem`): the planner quotes them ([`JobFailureCause::NoSpace`]). The
-/// `sed` passes that line on even when it holds a `%` (a file name).
+/// bytes its last progress line had dealt with (`bytes`), the bytes now allocated on the source
+/// (`usedBytes`, `du` as at preflight) and the target's `statfs` (`targetFilesystem`): the
+/// planner quotes them ([`JobFailureCause::NoSpace`]). The `sed` passes that line on even when
+/// it holds a `%` (a file name).
 macro_rules! rsync_copy_script {
     ($ok:literal) => {
         concat!(
@@ -127,7 +129,7 @@ macro_rules! rsync_copy_script {
             r#" '
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
-out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p' -e '/%.*No space left on device/p')
+out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
 rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
 rc=${rc:-1}
 case "$ok" in
@@ -137,10 +139,11 @@ case "$ok" in
   *"No space left on device"*)
     used=$(du -s -B1 /source 2>/dev/null) || used=""
     used=${used%%[!0-9]*}
+    done=$(printf '%s\n' "$out" | sed -n 's/^ *\([0-9][0-9,]*\)  *[0-9][0-9]*%.*/\1/p' | tail -n 1 | tr -d ',')
     fs=$(stat -f -c '"#,
             statfs_format!(),
             r#"' /target 2>/dev/null) || fs=""
-    printf '{"error":"rsync exited with %d: no space left on the target","exitCode":%d,"cause":"NoSpace"%s%s}' "$rc" "$rc" "${used:+,\"usedBytes\":$used}" "${fs:+,\"targetFilesystem\":$fs}" > /dev/termination-log
+    printf '{"error":"rsync exited with %d: no space left on the target","exitCode":%d,"cause":"NoSpace"%s%s%s}' "$rc" "$rc" "${done:+,\"bytes\":$done}" "${used:+,\"usedBytes\":$used}" "${fs:+,\"targetFilesystem\":$fs}" > /dev/termination-log
     echo "rsync failed with exit code $rc: no space left on the target" >&2
     ;;
   *)
@@ -376,7 +379,8 @@ fn job_container(
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobResult {
-    /// Bytes rsync transferred (`Total transferred file size`).
+    /// Bytes rsync transferred (`Total transferred file size`); on a copy out of space, the
+    /// bytes of its last progress line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<i64>,
     /// Regular files rsync transferred.
@@ -646,7 +650,9 @@ mod tests {
             assert!(script.contains(
                 "rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
             ));
-            assert!(script.contains("tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p'"));
+            assert!(script.contains(
+                "tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}'"
+            ));
         }
         assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
         assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
@@ -1003,6 +1009,8 @@ mod tests {
             std::fs::write(dir.path().join("source/data"), vec![7u8; 64 * 1024]).unwrap();
             std::fs::create_dir_all(&bin).unwrap();
             let fake = bin.join("rsync");
+            const PROGRESS: &str =
+                "         57,344  89%   54.69MB/s    0:00:01 (xfr#1, to-chk=0/3)";
             for (code, line, no_space) in [
                 (
                     11,
@@ -1022,7 +1030,9 @@ mod tests {
             ] {
                 std::fs::write(
                     &fake,
-                    format!("#!/bin/sh\necho '{line}' >&2\nexit {code}\n"),
+                    format!(
+                        "#!/bin/sh\nprintf '%s\\r' '{PROGRESS}'\necho '{line}' >&2\nexit {code}\n"
+                    ),
                 )
                 .unwrap();
                 std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -1038,6 +1048,7 @@ mod tests {
                         continue;
                     }
                     assert_eq!(r.cause, Some(JobFailureCause::NoSpace), "{line}");
+                    assert_eq!(r.bytes, Some(57_344), "{r:?}");
                     assert!(r.used_bytes.is_some_and(|b| b >= 64 * 1024), "{r:?}");
                     let fs = r.target_filesystem.expect("the target's statfs");
                     assert!(fs.blocks > 0 && fs.block_size > 0, "{fs:?}");

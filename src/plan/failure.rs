@@ -172,9 +172,10 @@ pub struct OutOfSpace {
     pub measured_bytes: Option<i64>,
     /// Bytes in use on the old claim when the pass failed.
     pub used_bytes: Option<i64>,
-    /// The target's `statfs` when the pass failed: its filesystem's bytes, and those in use.
-    pub target_bytes: Option<(i64, i64)>,
-    /// Bytes the pass had copied by its last progress reading.
+    /// The size of the target's filesystem (`statfs`: its blocks, metadata left out).
+    pub target_bytes: Option<i64>,
+    /// Bytes the pass had dealt with by its last progress line (a lower bound: rsync reports
+    /// about once a second, so a fast pass may fill the volume after its first line).
     pub copied_bytes: Option<i64>,
     /// The target's filesystem type (`statfs`), when known.
     pub fs_type: Option<String>,
@@ -188,13 +189,13 @@ impl std::fmt::Display for OutOfSpace {
             "the {} of member {} ran out of space on temporary claim {} ({}",
             self.pass, self.pod, self.temp_claim, self.size
         )?;
-        if let Some((size, used)) = self.target_bytes {
-            write!(f, ": its filesystem holds {}, {} in use", h(size), h(used))?;
+        if let Some(size) = self.target_bytes {
+            write!(f, ": its filesystem holds {}", h(size))?;
+        }
+        if let Some(copied) = self.copied_bytes {
+            write!(f, "; rsync last reported {} copied", h(copied))?;
         }
         write!(f, ")")?;
-        if let Some(copied) = self.copied_bytes {
-            write!(f, " after copying {}", h(copied))?;
-        }
         let mut data = Vec::new();
         if let Some(used) = self.used_bytes {
             data.push(format!("claim {} now uses {}", self.claim, h(used)));

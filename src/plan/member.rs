@@ -186,13 +186,8 @@ fn out_of_space(mb: &Member, kind: JobKind, result: &JobResult) -> Failure {
         size: m.new_size.0.clone(),
         measured_bytes: m.used_bytes,
         used_bytes: result.used_bytes,
-        target_bytes: fs.map(|f| {
-            (
-                f.block_size.saturating_mul(f.blocks),
-                f.block_size.saturating_mul(f.blocks - f.blocks_free),
-            )
-        }),
-        copied_bytes: copied,
+        target_bytes: fs.map(|f| f.block_size.saturating_mul(f.blocks)),
+        copied_bytes: result.bytes.or(copied),
         fs_type: fs.map(|f| f.fs_type.clone()),
     }))
 }

@@ -2333,6 +2333,7 @@ fn a_copy_out_of_space_fails_the_member_with_the_numbers_and_leaves_nothing() {
             error: Some("rsync exited with 11: no space left on the target".into()),
             exit_code: Some(11),
             cause: Some(build::JobFailureCause::NoSpace),
+            bytes: Some(200 << 20),
             used_bytes: Some(300 << 20),
             target_filesystem: Some(build::FsReport {
                 fs_type: "ext2/ext3".into(),
@@ -2360,7 +2361,7 @@ fn a_copy_out_of_space_fails_the_member_with_the_numbers_and_leaves_nothing() {
         };
         for want in [
             format!("the {pass} of member etcd-0 ran out of space on temporary claim"),
-            "(256Mi: its filesystem holds 247.9Mi, 236.2Mi in use)".to_string(),
+            "(256Mi: its filesystem holds 247.9Mi; rsync last reported 200Mi copied);".to_string(),
             "claim data-etcd-0 now uses 300Mi, preflight measured 100Mi".to_string(),
             "stays on its untouched old claim data-etcd-0; retry with a larger size".to_string(),
             "with headroom the data needs 330Mi, which an ext4 volume of".to_string(),
