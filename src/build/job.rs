@@ -84,6 +84,13 @@ impl JobKind {
     }
 }
 
+/// `stat -f` format of a volume's `statfs` as the JSON of [`FsReport`].
+macro_rules! statfs_format {
+    () => {
+        r#"{"type":"%T","blockSize":%S,"blocks":%b,"blocksFree":%f,"blocksAvailable":%a,"inodes":%c,"inodesFree":%d}"#
+    };
+}
+
 /// The rsync pass, with the exit codes it accepts (`$ok`, space-separated and padded).
 ///
 /// `-aHAXS --numeric-ids --delete` keeps hard links, ACLs, xattrs, sparse files and numeric
@@ -100,12 +107,20 @@ impl JobKind {
 /// lines, line-buffered by `stdbuf` where the image has it (without it the lines come in blocks
 /// of 4 KiB), and `sed -u` writes every line to the log (`w /dev/stderr`, which GNU sed and
 /// busybox sed write without opening a file) while passing on only the lines without a `%` (the
-/// summary and the exit code) to `$out`. So `kubectl logs -f` shows the copy live and the
+/// summary and the exit code) and the last progress line (held, printed after the last line) to
+/// `$out`. So `kubectl logs -f` shows the copy live and the
 /// operator reads the tail of the log (`build::progress`). rsync's exit code travels as the last
 /// line, `rc=N` (a plain `sh` has no `pipefail`).
 ///
 /// The stats are parsed into `{"bytes","files","totalBytes"}`; rsync groups digits with `,`
 /// (C locale), hence the `tr`.
+///
+/// Out of space: when rsync fails and its output says `No space left on device` (ENOSPC, also
+/// what a filesystem out of inodes returns), the result says so, `"cause":"NoSpace"`, with the
+/// bytes its last progress line had dealt with (`bytes`), the bytes now allocated on the source
+/// (`usedBytes`, `du` as at preflight) and the target's `statfs` (`targetFilesystem`): the
+/// planner quotes them ([`JobFailureCause::NoSpace`]). The `sed` passes that line on even when
+/// it holds a `%` (a file name).
 macro_rules! rsync_copy_script {
     ($ok:literal) => {
         concat!(
@@ -114,14 +129,28 @@ macro_rules! rsync_copy_script {
             r#" '
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
-out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p')
+out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
 rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
 rc=${rc:-1}
 case "$ok" in
 *" $rc "*) ;;
 *)
-  printf '{"error":"rsync exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
-  echo "rsync failed with exit code $rc" >&2
+  case "$out" in
+  *"No space left on device"*)
+    used=$(du -s -B1 /source 2>/dev/null) || used=""
+    used=${used%%[!0-9]*}
+    done=$(printf '%s\n' "$out" | sed -n 's/^ *\([0-9][0-9,]*\)  *[0-9][0-9]*%.*/\1/p' | tail -n 1 | tr -d ',')
+    fs=$(stat -f -c '"#,
+            statfs_format!(),
+            r#"' /target 2>/dev/null) || fs=""
+    printf '{"error":"rsync exited with %d: no space left on the target","exitCode":%d,"cause":"NoSpace"%s%s%s}' "$rc" "$rc" "${done:+,\"bytes\":$done}" "${used:+,\"usedBytes\":$used}" "${fs:+,\"targetFilesystem\":$fs}" > /dev/termination-log
+    echo "rsync failed with exit code $rc: no space left on the target" >&2
+    ;;
+  *)
+    printf '{"error":"rsync exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
+    echo "rsync failed with exit code $rc" >&2
+    ;;
+  esac
   exit "$rc"
   ;;
 esac
@@ -173,7 +202,8 @@ fi
 /// they occupy, which is what must fit on the smaller volume), and the filesystem's `statfs`
 /// (type, blocks, inodes: how much of a volume its filesystem leaves usable). Writes
 /// `{"usedBytes":N,"filesystem":{...}}`; `filesystem` is left out when `stat -f` fails.
-pub const MEASURE_SCRIPT: &str = r#"set -u
+pub const MEASURE_SCRIPT: &str = concat!(
+    r#"set -u
 out=$(du -s -B1 /source)
 rc=$?
 used=${out%%[!0-9]*}
@@ -182,11 +212,14 @@ if [ "$rc" -ne 0 ] || [ -z "$used" ]; then
   echo "du failed with exit code $rc: $out" >&2
   exit 1
 fi
-fs=$(stat -f -c '{"type":"%T","blockSize":%S,"blocks":%b,"blocksFree":%f,"blocksAvailable":%a,"inodes":%c,"inodesFree":%d}' /source 2>/dev/null) || fs=""
+fs=$(stat -f -c '"#,
+    statfs_format!(),
+    r#"' /source 2>/dev/null) || fs=""
 result=$(printf '{"usedBytes":%s%s}' "$used" "${fs:+,\"filesystem\":$fs}")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
-"#;
+"#
+);
 
 /// The Job of `kind` for `member`, bounded by `deadline_seconds` (the request's remaining
 /// timeout; at least 1), running `image` (the planner's choice: the operator's own image, or
@@ -346,7 +379,8 @@ fn job_container(
 #[derive(Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct JobResult {
-    /// Bytes rsync transferred (`Total transferred file size`).
+    /// Bytes rsync transferred (`Total transferred file size`); on a copy out of space, the
+    /// bytes of its last progress line.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<i64>,
     /// Regular files rsync transferred.
@@ -370,6 +404,19 @@ pub struct JobResult {
     /// Set when the script failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Why the script failed, when it knows a cause the planner treats apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<JobFailureCause>,
+    /// The temporary claim's filesystem when a copy failed for lack of space.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_filesystem: Option<FsReport>,
+}
+
+/// A cause of failure a script recognises (`"cause"` of its result).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobFailureCause {
+    /// A copy pass found no space left on the target (rsync: `No space left on device`).
+    NoSpace,
 }
 
 /// A volume's `statfs`, as `stat -f` prints it (block counts in `block_size` units).
@@ -603,7 +650,9 @@ mod tests {
             assert!(script.contains(
                 "rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
             ));
-            assert!(script.contains("tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/%/!p'"));
+            assert!(script.contains(
+                "tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}'"
+            ));
         }
         assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
         assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
@@ -706,6 +755,19 @@ mod tests {
         }
 
         fn run(kind: JobKind, dir: &Path) -> Run {
+            run_with_path(kind, dir, None)
+        }
+
+        /// [`run`] with `bin` first on the `PATH` (programs standing in for the real ones).
+        fn run_with_path(kind: JobKind, dir: &Path, bin: Option<&Path>) -> Run {
+            let path = match bin {
+                Some(bin) => format!(
+                    "{}:{}",
+                    bin.display(),
+                    std::env::var("PATH").unwrap_or_default()
+                ),
+                None => std::env::var("PATH").unwrap_or_default(),
+            };
             let src = dir.join("source");
             let dst = dir.join("target");
             let msg = dir.join("termination-log");
@@ -718,6 +780,7 @@ mod tests {
             let out = Command::new("sh")
                 .args(["-c", &script])
                 .env("LC_ALL", "C")
+                .env("PATH", path)
                 .output()
                 .unwrap();
             let message = std::fs::read_to_string(&msg).unwrap_or_default();
@@ -932,6 +995,65 @@ mod tests {
             let measure = run(JobKind::Measure, dir.path());
             assert_eq!(measure.code, 1);
             assert!(measure.result.unwrap().failed());
+        }
+
+        /// rsync reporting ENOSPC (as it does when the target fills: exit 11, or 23 when it
+        /// failed on some files): the result says `NoSpace`, with the source's bytes and the
+        /// target's `statfs`; any other failure does not.
+        #[test]
+        fn copy_out_of_space_is_reported_with_its_cause_and_numbers() {
+            let dir = tempfile::tempdir().unwrap();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir_all(dir.path().join("source")).unwrap();
+            std::fs::create_dir_all(dir.path().join("target")).unwrap();
+            std::fs::write(dir.path().join("source/data"), vec![7u8; 64 * 1024]).unwrap();
+            std::fs::create_dir_all(&bin).unwrap();
+            let fake = bin.join("rsync");
+            const PROGRESS: &str =
+                "         57,344  89%   54.69MB/s    0:00:01 (xfr#1, to-chk=0/3)";
+            for (code, line, no_space) in [
+                (
+                    11,
+                    r#"rsync: [receiver] write failed on "/target/data": No space left on device (28)"#,
+                    true,
+                ),
+                (
+                    23,
+                    r#"rsync: [receiver] mkstemp "/target/.50%.x" failed: No space left on device (28)"#,
+                    true,
+                ),
+                (
+                    23,
+                    r#"rsync: [sender] link_stat "/source/x" failed: No such file or directory (2)"#,
+                    false,
+                ),
+            ] {
+                std::fs::write(
+                    &fake,
+                    format!(
+                        "#!/bin/sh\nprintf '%s\\r' '{PROGRESS}'\necho '{line}' >&2\nexit {code}\n"
+                    ),
+                )
+                .unwrap();
+                std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+                for kind in [JobKind::PreCopy, JobKind::Copy] {
+                    let run = run_with_path(kind, dir.path(), Some(&bin));
+                    assert_eq!(run.code, code, "{kind:?}: {}", run.stderr);
+                    let r = run.result.unwrap();
+                    assert!(r.failed());
+                    assert_eq!(r.exit_code, Some(code));
+                    if !no_space {
+                        assert_eq!(r.cause, None, "{line}");
+                        assert_eq!(r.target_filesystem, None);
+                        continue;
+                    }
+                    assert_eq!(r.cause, Some(JobFailureCause::NoSpace), "{line}");
+                    assert_eq!(r.bytes, Some(57_344), "{r:?}");
+                    assert!(r.used_bytes.is_some_and(|b| b >= 64 * 1024), "{r:?}");
+                    let fs = r.target_filesystem.expect("the target's statfs");
+                    assert!(fs.blocks > 0 && fs.block_size > 0, "{fs:?}");
+                }
+            }
         }
 
         fn nix_is_root() -> bool {

@@ -3,6 +3,8 @@
 //! Event, and the final `Failed` message.
 
 use crate::build::JobResult;
+use crate::plan::preflight::{MIN_HEADROOM_BYTES, headroom};
+use crate::plan::quantity::human;
 
 /// A reason to stop and roll back (see `machine::STAGES`: the transitions to `RollingBack`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -40,6 +42,11 @@ pub enum Failure {
         temp_claim: String,
         reason: String,
     },
+    /// A copy pass found no space left on the member's temporary claim: the new size does not
+    /// hold the member's data (it grew since preflight, or its filesystem takes more than
+    /// predicted). The member rolls back to its untouched old claim.
+    #[error("{0}")]
+    OutOfSpace(Box<OutOfSpace>),
     /// The verification Job of a member failed.
     #[error("verification of member {pod} failed: {reason}")]
     VerifyFailed { pod: String, reason: String },
@@ -149,4 +156,85 @@ pub enum Failure {
 /// How the message of [`Failure::StaleCopy`] of member `pod` begins.
 pub fn stale_copy_prefix(pod: &str) -> String {
     format!("member {pod} ran again after its final copy")
+}
+
+/// What is known when a copy pass of a member runs out of space ([`Failure::OutOfSpace`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutOfSpace {
+    pub pod: String,
+    /// The pass: `pre-copy` or `final copy`.
+    pub pass: &'static str,
+    pub claim: String,
+    pub temp_claim: String,
+    /// The size asked for the temporary claim (`spec.shrink.size`, or the old claim's size).
+    pub size: String,
+    /// Bytes in use on the old claim as measured at preflight (Shrink).
+    pub measured_bytes: Option<i64>,
+    /// Bytes in use on the old claim when the pass failed.
+    pub used_bytes: Option<i64>,
+    /// The size of the target's filesystem (`statfs`: its blocks, metadata left out).
+    pub target_bytes: Option<i64>,
+    /// Bytes the pass had dealt with by its last progress line (a lower bound: rsync reports
+    /// about once a second, so a fast pass may fill the volume after its first line).
+    pub copied_bytes: Option<i64>,
+    /// The target's filesystem type (`statfs`), when known.
+    pub fs_type: Option<String>,
+}
+
+impl std::fmt::Display for OutOfSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let h = |b: i64| human(i128::from(b));
+        write!(
+            f,
+            "the {} of member {} ran out of space on temporary claim {} ({}",
+            self.pass, self.pod, self.temp_claim, self.size
+        )?;
+        if let Some(size) = self.target_bytes {
+            write!(f, ": its filesystem holds {}", h(size))?;
+        }
+        if let Some(copied) = self.copied_bytes {
+            write!(f, "; rsync last reported {} copied", h(copied))?;
+        }
+        write!(f, ")")?;
+        let mut data = Vec::new();
+        if let Some(used) = self.used_bytes {
+            data.push(format!("claim {} now uses {}", self.claim, h(used)));
+        }
+        if let Some(measured) = self.measured_bytes {
+            data.push(format!("preflight measured {}", h(measured)));
+        }
+        if !data.is_empty() {
+            write!(f, "; {}", data.join(", "))?;
+        }
+        write!(
+            f,
+            "; the member stays on its untouched old claim {}; retry with a larger size",
+            self.claim
+        )?;
+        match self.suggested_size() {
+            Some((needed, Some(size))) => write!(
+                f,
+                " (with headroom the data needs {}, which an ext4 volume of {} holds)",
+                human(needed),
+                human(size)
+            ),
+            Some((needed, None)) => write!(
+                f,
+                " (with headroom the data needs {} once the filesystem is made)",
+                human(needed)
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
+impl OutOfSpace {
+    /// What the data needs with preflight's headroom (the larger of the bytes now and those
+    /// measured), and for ext4 the size of a volume that holds it.
+    pub fn suggested_size(&self) -> Option<(i128, Option<i128>)> {
+        let used = i128::from(self.used_bytes.max(self.measured_bytes)?);
+        let needed = used + (used / 10).max(MIN_HEADROOM_BYTES);
+        let ext4 = self.fs_type.as_deref() == Some(headroom::EXT_FAMILY);
+        Some((needed, ext4.then(|| headroom::ext4_size_holding(needed))))
+    }
 }

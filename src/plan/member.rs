@@ -148,12 +148,48 @@ fn run_job(
             }
             _ => Err(failed(reason)),
         },
+        Some(JobOutcome::NoSpace { result, .. }) => Err(out_of_space(mb, kind, &result)),
         Some(JobOutcome::Succeeded { message }) => Ok(Some(
             message
                 .as_deref()
                 .and_then(|msg| build::parse_job_result(msg).ok()),
         )),
     }
+}
+
+/// The failure of a copy pass of `kind` that found no space left on the temporary claim, with
+/// every number known: the size asked for, the target's filesystem when it filled, what the
+/// pass had copied, the bytes on the old claim now and at preflight.
+fn out_of_space(mb: &Member, kind: JobKind, result: &JobResult) -> Failure {
+    let m = &mb.m;
+    let fs = result.target_filesystem.as_ref();
+    let pass = match kind {
+        JobKind::PreCopy => crate::api::CopyPass::PreCopy,
+        _ => crate::api::CopyPass::Copy,
+    };
+    let copied = mb
+        .ms
+        .copy_progress
+        .as_ref()
+        .filter(|p| p.pass == pass)
+        .map(|p| p.bytes_done);
+    Failure::OutOfSpace(Box::new(super::failure::OutOfSpace {
+        pod: m.pod.clone(),
+        pass: match kind {
+            JobKind::PreCopy => "pre-copy",
+            JobKind::Copy => "final copy",
+            JobKind::Verify => "verification",
+            JobKind::Measure => "measurement",
+        },
+        claim: m.claim.clone(),
+        temp_claim: m.temp_claim.clone(),
+        size: m.new_size.0.clone(),
+        measured_bytes: m.used_bytes,
+        used_bytes: result.used_bytes,
+        target_bytes: fs.map(|f| f.block_size.saturating_mul(f.blocks)),
+        copied_bytes: result.bytes.or(copied),
+        fs_type: fs.map(|f| f.fs_type.clone()),
+    }))
 }
 
 /// Puts the running copy's latest progress reading, if any, in the member's status.

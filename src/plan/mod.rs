@@ -174,6 +174,13 @@ pub enum JobOutcome {
     Failed {
         reason: String,
     },
+    /// Failed because a copy pass found no space left on the target (its result's cause is
+    /// [`crate::build::JobFailureCause::NoSpace`]): a reason for humans, and the result with the
+    /// numbers the script could read (source bytes now, the target's `statfs`).
+    NoSpace {
+        reason: String,
+        result: Box<crate::build::JobResult>,
+    },
 }
 
 /// Another request on the same target.

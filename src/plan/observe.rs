@@ -79,11 +79,18 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
             })
             .unwrap_or_default();
         let detail = message
-            .map(|m| failure_detail(&m))
+            .as_deref()
+            .map(failure_detail)
             .map(|m| format!("; {}", m.trim()))
             .unwrap_or_default();
-        return JobOutcome::Failed {
-            reason: format!("Job {name} failed: {condition}{detail}"),
+        let reason = format!("Job {name} failed: {condition}{detail}");
+        let result = message.and_then(|m| build::parse_job_result(&m).ok());
+        return match result {
+            Some(r) if r.cause == Some(build::JobFailureCause::NoSpace) => JobOutcome::NoSpace {
+                reason,
+                result: Box::new(r),
+            },
+            _ => JobOutcome::Failed { reason },
         };
     }
     JobOutcome::Running
@@ -316,6 +323,29 @@ mod tests {
                 reason: "Job copy-etcd-0 failed: DeadlineExceeded".into()
             }
         );
+    }
+
+    #[test]
+    fn a_copy_out_of_space_is_told_apart_with_its_numbers() {
+        let failed = job(&[("Failed", "BackoffLimitExceeded", None)]);
+        let script = r#"{"error":"rsync exited with 11: no space left on the target","exitCode":11,"cause":"NoSpace","usedBytes":42,"targetFilesystem":{"type":"ext2/ext3","blockSize":1024,"blocks":100,"blocksFree":0,"blocksAvailable":0,"inodes":10,"inodesFree":5}}"#;
+        let pods = BTreeMap::from([job_pod("p", "job-name", 0, Some(script))]);
+        let JobOutcome::NoSpace { reason, result } = job_outcome(&failed, &pods) else {
+            panic!("not NoSpace: {:?}", job_outcome(&failed, &pods));
+        };
+        assert_eq!(
+            reason,
+            "Job copy-etcd-0 failed: BackoffLimitExceeded; rsync exited with 11: no space left \
+             on the target (exit Some(11))"
+        );
+        assert_eq!(result.used_bytes, Some(42));
+        assert_eq!(result.target_filesystem.map(|f| f.blocks), Some(100));
+        // The same result from a Job that did not fail is no failure.
+        let complete = job(&[("Complete", "Completed", None)]);
+        assert!(matches!(
+            job_outcome(&complete, &pods),
+            JobOutcome::Succeeded { .. }
+        ));
     }
 
     #[test]

@@ -45,6 +45,7 @@ sections! {
     FailedDeleted => "failed-request-deleted-while-progressing",
     FailedAborted => "failed-aborted-kubectl-smr-abort",
     FailedCopy => "failed-a-copy-verify-or-mounter-job-failed",
+    FailedOutOfSpace => "failed-out-of-space-during-a-copy",
     FailedDifferences => "failed-the-copy-differs-from-the-original",
     FailedStaleCopy => "failed-a-member-pod-came-back-stale-copy",
     FailedFinalCheck => "failed-the-final-check",
@@ -142,6 +143,7 @@ impl From<&Failure> for Section {
             | NoVerification { .. }
             | MounterPod { .. }
             | MounterStuck { .. } => Section::FailedCopy,
+            OutOfSpace(_) => Section::FailedOutOfSpace,
             Differences { .. } => Section::FailedDifferences,
             StaleCopy { .. } | PodCameBack { .. } | ForeignPodDuringCopy { .. } => {
                 Section::FailedStaleCopy

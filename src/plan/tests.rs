@@ -2351,3 +2351,65 @@ fn a_mounter_that_cannot_start_fails_the_member() {
         "{failure}"
     );
 }
+
+/// A Shrink whose pre-copy (or final copy) runs out of space on the temporary claim: the
+/// request fails with the numbers (size, the target's filesystem, bytes now and at preflight,
+/// what the data needs), the member rolls back, and its Jobs and temporary claim are deleted.
+#[test]
+fn a_copy_out_of_space_fails_the_member_with_the_numbers_and_leaves_nothing() {
+    for kind in [JobKind::PreCopy, JobKind::Copy] {
+        let mut sim = Sim::new(observed(spec_shrink("256Mi")));
+        let job = build::job_name(REQ, "etcd-0", kind);
+        for _ in 0..400 {
+            if sim.o.jobs.contains_key(&job) {
+                break;
+            }
+            sim.run(1);
+        }
+        assert!(sim.o.jobs.contains_key(&job), "{kind:?} Job created");
+        let result = build::JobResult {
+            error: Some("rsync exited with 11: no space left on the target".into()),
+            exit_code: Some(11),
+            cause: Some(build::JobFailureCause::NoSpace),
+            bytes: Some(200 << 20),
+            used_bytes: Some(300 << 20),
+            target_filesystem: Some(build::FsReport {
+                fs_type: "ext2/ext3".into(),
+                block_size: 1024,
+                blocks: 253_920,
+                blocks_free: 12_000,
+                blocks_available: 0,
+                inodes: 65_536,
+                inodes_free: 65_000,
+            }),
+            ..Default::default()
+        };
+        sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::NoSpace {
+            reason: format!("Job {job} failed: BackoffLimitExceeded"),
+            result: Box::new(result),
+        };
+        sim.run(400);
+        let s = sim.o.request.status.clone().unwrap();
+        assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+        let failure = s.failure.unwrap();
+        let pass = if kind == JobKind::PreCopy {
+            "pre-copy"
+        } else {
+            "final copy"
+        };
+        for want in [
+            format!("the {pass} of member etcd-0 ran out of space on temporary claim"),
+            "(256Mi: its filesystem holds 247.9Mi; rsync last reported 200Mi copied);".to_string(),
+            "claim data-etcd-0 now uses 300Mi, preflight measured 100Mi".to_string(),
+            "stays on its untouched old claim data-etcd-0; retry with a larger size".to_string(),
+            "with headroom the data needs 330Mi, which an ext4 volume of".to_string(),
+            "runbook: docs/runbook.md#failed-out-of-space-during-a-copy".to_string(),
+        ] {
+            assert!(failure.contains(&want), "{want:?} not in {failure}");
+        }
+        assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+        assert!(sim.o.jobs.is_empty(), "{:?}", sim.o.jobs.keys());
+        assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
+        assert!(sim.o.pods.contains_key("etcd-0"), "member pod back");
+    }
+}

@@ -92,6 +92,22 @@ pub fn ext4(size: i128) -> Usable {
     }
 }
 
+/// The smallest whole number of MiB whose ext4 volume ([`ext4`]) lets a workload fill `bytes`
+/// (searched by halving: the usable bytes grow with the size, save a step up at 512 MiB).
+pub fn ext4_size_holding(bytes: i128) -> i128 {
+    const MIB: i128 = 1 << 20;
+    let (mut lo, mut hi) = (bytes.max(0) / MIB, (bytes.max(0) / MIB + 64) * 2);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if ext4(mid * MIB).bytes >= bytes {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo * MIB
+}
+
 /// e2fsprogs' `ext2fs_default_journal_size`, in blocks (0: no journal).
 fn journal_blocks(blocks: i128) -> i128 {
     match blocks {
@@ -110,6 +126,19 @@ fn journal_blocks(blocks: i128) -> i128 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_smallest_ext4_size_that_holds_the_bytes() {
+        for bytes in [1i128, 10 << 20, 100 << 20, 330 << 20, 3 << 30] {
+            let size = ext4_size_holding(bytes);
+            assert_eq!(size % (1 << 20), 0);
+            assert!(ext4(size).bytes >= bytes, "{bytes}: {size}");
+            assert!(
+                ext4(size - (1 << 20)).bytes < bytes,
+                "{bytes}: {size} is not the smallest"
+            );
+        }
+    }
 
     /// `statfs` of fresh `mkfs.ext4` (e2fsprogs 1.47.0, Debian 12) volumes, mounted: size in
     /// MiB, block size, available blocks (non-root), inodes.

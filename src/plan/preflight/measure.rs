@@ -48,7 +48,7 @@ pub(super) fn measure(
                 check_started(cx, &job_name, m)?;
                 measurement = Measurement::Running;
             }
-            Some(JobOutcome::Failed { reason }) => {
+            Some(JobOutcome::Failed { reason } | JobOutcome::NoSpace { reason, .. }) => {
                 return Err(Denial::new(
                     DenialReason::MeasureFailed,
                     format!("measuring the used bytes of {} failed: {reason}", m.claim),

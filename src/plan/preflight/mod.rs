@@ -24,7 +24,7 @@ use crate::labels;
 mod checks;
 mod classes;
 mod denial;
-mod headroom;
+pub(crate) mod headroom;
 mod health;
 mod measure;
 mod members;
