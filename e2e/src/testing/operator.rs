@@ -6,12 +6,18 @@
 //! The operator's `--image` (env `STORAGE_MIGRATOR_IMAGE`, the default image of its Jobs) is
 //! the tests' mover image ([`operator_image`]) unless the environment sets it.
 //!
+//! Started without failpoints, the operator is restarted when it exits by itself, as the kubelet
+//! restarts the Deployment's pod (it exits when a Lease renewal does not land in time); with
+//! failpoints the test awaits its exit instead.
+//!
 //! The operator's log goes to `<workspace>/target/e2e-logs/<namespace>-operator-<run>.log` and
 //! is kept; when the test panics, its tail is printed. `OPERATOR_LOG` sets its `RUST_LOG`
 //! (default `info,kube=warn`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -53,6 +59,11 @@ pub enum OperatorError {
         log: PathBuf,
         source: std::io::Error,
     },
+    #[error(
+        "the operator was started without failpoints: it is restarted when it exits, not awaited; \
+         log {log}"
+    )]
+    Supervised { log: PathBuf },
     #[error("the operator did not exit within {timeout:?}; log {log}")]
     NoExit { timeout: Duration, log: PathBuf },
     #[error("the operator exited at start ({status}); log {log}")]
@@ -100,10 +111,135 @@ fn workspace() -> PathBuf {
 }
 
 /// One operator process watching one namespace; killed when dropped.
+///
+/// Started without failpoints it is supervised as a Deployment's pod is: when it exits by
+/// itself (it does when a renewal of its Lease does not land in time, which a loaded 2-core
+/// machine can cause), it is started again after [`RESTART_DELAY`], appending to the same log.
+/// With failpoints it is not: the test waits for its exit ([`Operator::wait_exit`]).
 #[derive(Debug)]
 pub struct Operator {
-    child: Child,
     log: PathBuf,
+    process: Process,
+}
+
+#[derive(Debug)]
+enum Process {
+    /// The one process; the test waits for its exit.
+    Direct(Child),
+    /// Restarted when it exits, until `stop` is set; `pid` is the current process's.
+    Supervised {
+        stop: Arc<AtomicBool>,
+        pid: Arc<AtomicI32>,
+        restarts: Arc<AtomicUsize>,
+        task: tokio::task::JoinHandle<()>,
+    },
+}
+
+/// How long a supervised operator that exited waits before it is started again.
+pub const RESTART_DELAY: Duration = Duration::from_secs(1);
+
+/// Everything needed to start the operator process again.
+#[derive(Debug, Clone)]
+struct Launch {
+    bin: PathBuf,
+    ns: String,
+    kubeconfig: PathBuf,
+    log: PathBuf,
+    failpoints: Option<String>,
+    flags: Vec<String>,
+}
+
+impl Launch {
+    /// Starts `bin run --namespace NS ...`, appending its output to the log.
+    fn spawn(&self) -> Result<Child, OperatorError> {
+        let log_error = |source| OperatorError::Log {
+            path: self.log.clone(),
+            source,
+        };
+        let out = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(&self.log)
+            .map_err(log_error)?;
+        let err = out.try_clone().map_err(log_error)?;
+        let mut cmd = Command::new(&self.bin);
+        // A stable lease identity per namespace: an operator restarted by a test (after a
+        // failpoint exit, which releases nothing) takes the lease over at once, as a restarted
+        // pod of the same name does; an ephemeral port for /metrics and the probes.
+        let identity = format!("e2e-{}", self.ns);
+        cmd.args([
+            "run",
+            "--namespace",
+            &self.ns,
+            "--http-address",
+            "127.0.0.1:0",
+        ])
+        .args(["--lease-identity", &identity])
+        .args(&self.flags)
+        .env(
+            "RUST_LOG",
+            std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .env("STORAGE_MIGRATOR_IMAGE", operator_image())
+        .env("KUBECONFIG", &self.kubeconfig)
+        .env_remove("FAILPOINTS")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true);
+        if let Some(fp) = &self.failpoints {
+            cmd.env("FAILPOINTS", fp);
+        }
+        let child = cmd.spawn().map_err(|source| OperatorError::Spawn {
+            bin: self.bin.clone(),
+            source,
+        })?;
+        info!(ns = self.ns, failpoints = ?self.failpoints, pid = ?child.id(), log = %self.log.display(), "operator started");
+        Ok(child)
+    }
+}
+
+/// Waits for `child`; starts the operator again whenever it exits, until `stop`.
+async fn supervise(
+    launch: Launch,
+    mut child: Child,
+    stop: Arc<AtomicBool>,
+    pid: Arc<AtomicI32>,
+    restarts: Arc<AtomicUsize>,
+) {
+    loop {
+        let status = child.wait().await;
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        warn!(?status, log = %launch.log.display(), "operator exited by itself; starting it again, as the kubelet restarts a pod");
+        restarts.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(RESTART_DELAY).await;
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        match launch.spawn() {
+            Ok(c) => {
+                pid.store(
+                    c.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0),
+                    Ordering::SeqCst,
+                );
+                child = c;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot start the operator again");
+                return;
+            }
+        }
+    }
+}
+
+fn signal(pid: i32, sig: nix::sys::signal::Signal) {
+    if pid > 0
+        && let Err(e) = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig)
+    {
+        warn!(pid, error = %e, "cannot signal the operator");
+    }
 }
 
 impl Operator {
@@ -142,7 +278,8 @@ impl Operator {
         Self::spawn_with(bin, ns, log, failpoints, &[]).await
     }
 
-    /// [`Operator::spawn`] with more flags for `run`.
+    /// [`Operator::spawn`] with more flags for `run`. Supervised (restarted on exit) unless
+    /// `failpoints` is set.
     pub async fn spawn_with(
         bin: &Path,
         ns: &TestNamespace,
@@ -157,71 +294,112 @@ impl Operator {
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).map_err(log_error)?;
         }
+        std::fs::File::create(&log).map_err(log_error)?;
         let kubeconfig = log.with_extension("kubeconfig");
         rbac::operator_kubeconfig(ns, &kubeconfig).await?;
-        let ns = ns.name.as_str();
-        let out = std::fs::File::create(&log).map_err(log_error)?;
-        let err = out.try_clone().map_err(log_error)?;
-        let bin = bin.to_path_buf();
-        let mut cmd = Command::new(&bin);
-        // A stable lease identity per namespace: an operator restarted by a test (after a
-        // failpoint exit, which releases nothing) takes the lease over at once, as a restarted
-        // pod of the same name does; an ephemeral port for /metrics and the probes.
-        let identity = format!("e2e-{ns}");
-        cmd.args(["run", "--namespace", ns, "--http-address", "127.0.0.1:0"])
-            .args(["--lease-identity", &identity])
-            .args(flags)
-            .env(
-                "RUST_LOG",
-                std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
-            )
-            .env("STORAGE_MIGRATOR_IMAGE", operator_image())
-            .env("KUBECONFIG", &kubeconfig)
-            .env_remove("FAILPOINTS")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true);
-        if let Some(fp) = failpoints {
-            cmd.env("FAILPOINTS", fp);
+        let launch = Launch {
+            bin: bin.to_path_buf(),
+            ns: ns.name.clone(),
+            kubeconfig,
+            log: log.clone(),
+            failpoints: failpoints.map(str::to_string),
+            flags: flags.iter().map(|f| f.to_string()).collect(),
+        };
+        let child = launch.spawn()?;
+        if failpoints.is_some() {
+            return Ok(Operator {
+                log,
+                process: Process::Direct(child),
+            });
         }
-        let child = cmd
-            .spawn()
-            .map_err(|source| OperatorError::Spawn { bin, source })?;
-        info!(ns, ?failpoints, pid = ?child.id(), log = %log.display(), "operator started");
-        Ok(Operator { child, log })
+        let stop = Arc::new(AtomicBool::new(false));
+        let pid = Arc::new(AtomicI32::new(
+            child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0),
+        ));
+        let restarts = Arc::new(AtomicUsize::new(0));
+        let task = tokio::spawn(supervise(
+            launch,
+            child,
+            stop.clone(),
+            pid.clone(),
+            restarts.clone(),
+        ));
+        Ok(Operator {
+            log,
+            process: Process::Supervised {
+                stop,
+                pid,
+                restarts,
+                task,
+            },
+        })
     }
 
     /// Waits `settle`, then fails with [`OperatorError::Exited`] if the process has exited
-    /// already (a bad binary, flag or kubeconfig).
+    /// already (a bad binary, flag or kubeconfig; a supervised one that had to be restarted).
     pub async fn check_running(&mut self, settle: Duration) -> Result<(), OperatorError> {
         tokio::time::sleep(settle).await;
-        match self.child.try_wait() {
-            Ok(Some(status)) => Err(OperatorError::Exited {
-                status: status.to_string(),
+        let exited = match &mut self.process {
+            Process::Direct(child) => match child.try_wait() {
+                Ok(Some(status)) => Some(status.to_string()),
+                _ => None,
+            },
+            Process::Supervised { restarts, task, .. } => {
+                let n = restarts.load(Ordering::SeqCst);
+                (n > 0 || task.is_finished()).then(|| format!("exited and restarted {n} time(s)"))
+            }
+        };
+        match exited {
+            Some(status) => Err(OperatorError::Exited {
+                status,
                 log: self.log.clone(),
             }),
-            _ => Ok(()),
+            None => Ok(()),
+        }
+    }
+
+    /// How many times a supervised operator exited by itself and was started again.
+    pub fn restarts(&self) -> usize {
+        match &self.process {
+            Process::Direct(_) => 0,
+            Process::Supervised { restarts, .. } => restarts.load(Ordering::SeqCst),
         }
     }
 
     /// Stops the process: SIGTERM to its pid, then SIGKILL if it has not exited within `grace`.
     pub async fn stop(mut self, grace: Duration) {
-        let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) else {
-            return; // already reaped
-        };
-        let pid = nix::unistd::Pid::from_raw(pid);
-        if let Err(e) = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM) {
-            warn!(%pid, error = %e, "cannot signal the operator");
-        }
-        match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(Ok(status)) => info!(%pid, %status, log = %self.log.display(), "operator stopped"),
-            Ok(Err(e)) => warn!(%pid, error = %e, "cannot wait for the operator"),
-            Err(_) => {
-                warn!(%pid, "operator ignored SIGTERM; killing it");
-                if let Err(e) = self.child.kill().await {
-                    warn!(%pid, error = %e, "cannot kill the operator");
+        match &mut self.process {
+            Process::Direct(child) => {
+                let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) else {
+                    return; // already reaped
+                };
+                signal(pid, nix::sys::signal::Signal::SIGTERM);
+                match tokio::time::timeout(grace, child.wait()).await {
+                    Ok(Ok(status)) => {
+                        info!(pid, %status, log = %self.log.display(), "operator stopped")
+                    }
+                    Ok(Err(e)) => warn!(pid, error = %e, "cannot wait for the operator"),
+                    Err(_) => {
+                        warn!(pid, "operator ignored SIGTERM; killing it");
+                        if let Err(e) = child.kill().await {
+                            warn!(pid, error = %e, "cannot kill the operator");
+                        }
+                    }
                 }
+            }
+            Process::Supervised {
+                stop, pid, task, ..
+            } => {
+                stop.store(true, Ordering::SeqCst);
+                signal(
+                    pid.load(Ordering::SeqCst),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+                if tokio::time::timeout(grace, &mut *task).await.is_err() {
+                    warn!("operator ignored SIGTERM; killing it");
+                    task.abort(); // drops the child: SIGKILL (kill_on_drop)
+                }
+                info!(log = %self.log.display(), "operator stopped");
             }
         }
     }
@@ -232,9 +410,15 @@ impl Operator {
     }
 
     /// Waits until the process exits by itself (e.g. at a failpoint); its exit code (-1 when
-    /// killed by a signal).
+    /// killed by a signal). Only for an operator started with failpoints: a supervised one is
+    /// started again instead.
     pub async fn wait_exit(&mut self, timeout: Duration) -> Result<i32, OperatorError> {
-        match tokio::time::timeout(timeout, self.child.wait()).await {
+        let Process::Direct(child) = &mut self.process else {
+            return Err(OperatorError::Supervised {
+                log: self.log.clone(),
+            });
+        };
+        match tokio::time::timeout(timeout, child.wait()).await {
             Ok(Ok(status)) => Ok(status.code().unwrap_or(-1)),
             Ok(Err(source)) => Err(OperatorError::Wait {
                 log: self.log.clone(),
@@ -250,7 +434,21 @@ impl Operator {
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        let _ = self.child.start_kill();
+        match &mut self.process {
+            Process::Direct(child) => {
+                let _ = child.start_kill();
+            }
+            Process::Supervised {
+                stop, pid, task, ..
+            } => {
+                stop.store(true, Ordering::SeqCst);
+                signal(
+                    pid.load(Ordering::SeqCst),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                task.abort();
+            }
+        }
         if std::thread::panicking() {
             let text = std::fs::read_to_string(&self.log).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
