@@ -49,6 +49,11 @@ struct ImageArg {
     /// Times a helper pod evicted from its node is replaced before its member fails.
     #[arg(long, env = "MAX_EVICTIONS", default_value_t = storage_migrator::plan::DEFAULT_MAX_EVICTIONS, value_parser = clap::value_parser!(u32).range(0..=10))]
     max_evictions: u32,
+    /// Seconds RecreatingStatefulSet, the cleanup of Finalizing and RollingBack may each wait
+    /// (spec.timeout bounds orphaning and migrating): a recreation past it rolls back, a
+    /// rollback past it ends Failed saying what it still waited for.
+    #[arg(long, env = "STAGE_TIMEOUT", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..=86400))]
+    stage_timeout: u64,
 }
 
 impl ImageArg {
@@ -64,6 +69,7 @@ impl ImageArg {
             allow_request_mover_image: self.allow_request_mover_image,
             helper_start_timeout: Duration::from_secs(self.helper_start_timeout),
             max_evictions: self.max_evictions,
+            stage_timeout: Duration::from_secs(self.stage_timeout),
         })
     }
 }
@@ -416,6 +422,7 @@ mod tests {
             "ALLOW_REQUEST_MOVER_IMAGE",
             "HELPER_START_TIMEOUT",
             "MAX_EVICTIONS",
+            "STAGE_TIMEOUT",
         ] {
             if std::env::var_os(var).is_some() {
                 return;
@@ -425,6 +432,10 @@ mod tests {
         assert!(!d.allow_request_mover_image);
         assert_eq!(d.helper_start_timeout, Duration::from_secs(180));
         assert_eq!(d.max_evictions, 2);
+        assert_eq!(d.stage_timeout, Duration::from_secs(600));
+        let st = settings(&["sm", "run", "--stage-timeout", "60"]);
+        assert_eq!(st.stage_timeout, Duration::from_secs(60));
+        assert!(Cli::try_parse_from(["sm", "run", "--stage-timeout", "1"]).is_err());
         let on = settings(&["sm", "run", "--allow-request-mover-image"]);
         assert!(on.allow_request_mover_image);
         let off = settings(&["sm", "run", "--allow-request-mover-image=false"]);

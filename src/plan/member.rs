@@ -569,7 +569,19 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             cx.delete(Kind::Pod, m.pod.clone(), p.uid());
             cx.wait(Duration::from_secs(1));
         }
-        Some(_) => cx.wait(Duration::from_secs(1)),
+        Some(p) => {
+            let bound = cx.settings.helper_start_timeout;
+            if let Some(lost) = helpers::lost_pod(p.typed(), &cx.o.nodes, cx.o.now, bound) {
+                // The rollback's `undo` force-deletes it (this decision's actions are dropped).
+                return Err(Failure::NodeLost {
+                    pod: m.pod.clone(),
+                    node: lost.node,
+                    node_state: lost.node_state,
+                    waited: lost.waited,
+                });
+            }
+            cx.wait(Duration::from_secs(1));
+        }
         None => {
             let now = cx.now.clone();
             if mb.ms.pod_deleted_at.is_none()
@@ -1089,6 +1101,29 @@ fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jif
     cx.requeue = Duration::ZERO;
 }
 
+/// A member pod still terminating on a lost node ([`helpers::lost_pod`]) is force-deleted,
+/// with its uid as precondition, as Kubernetes' pod garbage collector would once the node is
+/// deleted; its data stays on its claim, and its stashed manifest brings it back.
+fn force_delete_if_lost(cx: &mut Ctx, pod: &Pod) {
+    let bound = cx.settings.helper_start_timeout;
+    let Some(lost) = helpers::lost_pod(pod, &cx.o.nodes, cx.o.now, bound) else {
+        return;
+    };
+    let name = pod.name_any();
+    cx.act(Action::ForceDeletePod {
+        name: name.clone(),
+        uid: pod.uid(),
+    });
+    cx.event(
+        EventType::Warning,
+        "PodForceDeleted",
+        format!(
+            "member pod {name} was still terminating {}s after its grace period on node {} ({}): force-deleted, as the pod garbage collector would",
+            lost.waited, lost.node, lost.node_state
+        ),
+    );
+}
+
 /// Rollback of a member whose swap had not begun: drop its temporary objects, bring its pod
 /// back on its untouched claim.
 pub(crate) fn undo(cx: &mut Ctx, i: usize) {
@@ -1123,7 +1158,10 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         }
     }
     match cx.o.pods.get(&m.pod) {
-        Some(p) if is_terminating(p.typed()) => pending = true,
+        Some(p) if is_terminating(p.typed()) => {
+            pending = true;
+            force_delete_if_lost(cx, p.typed());
+        }
         Some(_) => {}
         // A foreign set starts it on its untouched claim: no pod of ours is created over it.
         None if foreign::foreign_set(cx).is_some() => {}
