@@ -21,7 +21,7 @@ use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
     copy_log_pod, effective_spec, expected_members, job_outcome, measured_bytes,
-    terminating_member_nodes,
+    terminating_pod_nodes,
 };
 use crate::plan::{self, Observed, ObservedJob, OtherRequest};
 
@@ -62,7 +62,7 @@ impl Cluster {
             .collect();
         let health = gather_health(engine, &status, &member_pods, &expected).await;
         let final_hash = gather_final_hash(engine, &status, &member_pods).await;
-        let nodes = self.nodes(&status, &pods).await?;
+        let nodes = self.nodes(&status, &pods, &helper_pods).await?;
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
@@ -82,19 +82,20 @@ impl Cluster {
         })
     }
 
-    /// The Nodes of the plan's member pods that are terminating (`None`: no such Node); none
-    /// otherwise, so a request that is not stopping a pod reads no Node.
+    /// The Nodes of the member and helper pods that are terminating (`None`: no such Node);
+    /// none otherwise, so a request with no pod terminating reads no Node.
     async fn nodes(
         &self,
         status: &StorageMigrationRequestStatus,
         pods: &BTreeMap<String, Manifest<Pod>>,
+        helper_pods: &BTreeMap<String, Pod>,
     ) -> Result<BTreeMap<String, Option<Node>>, ClusterError> {
         let api: Api<Node> = Api::all(self.client.clone());
         let mut nodes = BTreeMap::new();
         if status.phase.is_final() {
             return Ok(nodes);
         }
-        for name in terminating_member_nodes(status, pods) {
+        for name in terminating_pod_nodes(status, pods, helper_pods) {
             let node = api
                 .get_opt(&name)
                 .await

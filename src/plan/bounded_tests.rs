@@ -299,3 +299,62 @@ fn a_rollback_carried_past_a_swap_that_gives_up_says_the_swap_was_interrupted() 
     assert_eq!(location.state, DataState::SwapInterrupted);
     assert!(status.message.unwrap().contains("swap interrupted at step"));
 }
+
+#[test]
+fn a_copy_pod_stuck_terminating_on_a_lost_node_is_force_deleted_by_the_rollback() {
+    let mut sim = Sim::at(MemberStep::Copying);
+    // The copy Job's pod, on the member's node, stuck terminating since the node went down.
+    let job = crate::build::job_name(REQ, "etcd-0", crate::build::JobKind::Copy);
+    let mut pod = k8s_openapi::api::core::v1::Pod {
+        metadata: ObjectMeta {
+            name: Some(format!("{job}-x")),
+            uid: Some("uid-copy".into()),
+            labels: Some(BTreeMap::from([
+                ("job-name".to_string(), job.clone()),
+                (
+                    crate::labels::MEMBER_LABEL.to_string(),
+                    "etcd-0".to_string(),
+                ),
+            ])),
+            creation_timestamp: Some(Time(sim.o.now)),
+            deletion_timestamp: Some(Time(sim.o.now)),
+            deletion_grace_period_seconds: Some(30),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        node_name: Some("node-a".into()),
+        ..Default::default()
+    });
+    sim.o.helper_pods.insert(format!("{job}-x"), pod);
+    sim.o.nodes = BTreeMap::from([("node-a".to_string(), None)]);
+    sim.o
+        .request
+        .annotations_mut()
+        .insert(crate::labels::ABORT_ANNOTATION.into(), "true".into());
+    let d = decide(&sim.o, &sim.settings);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    assert_eq!(sim.status().stage, Stage::RollingBack);
+    // Within its grace period plus the bound: left alone.
+    let d = decide(&sim.o, &sim.settings);
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::ForceDeletePod { .. }))
+    );
+    sim.o.now = later(
+        sim.o.now,
+        30 + sim.settings.helper_start_timeout.as_secs() + 1,
+    );
+    let d = decide(&sim.o, &sim.settings);
+    assert!(
+        d.actions.iter().any(|a| matches!(a,
+            Action::ForceDeletePod { name, uid } if *name == format!("{job}-x")
+                && uid.as_deref() == Some("uid-copy"))),
+        "{:?}",
+        d.actions
+    );
+}

@@ -1101,9 +1101,10 @@ fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jif
     cx.requeue = Duration::ZERO;
 }
 
-/// A member pod still terminating on a lost node ([`helpers::lost_pod`]) is force-deleted,
-/// with its uid as precondition, as Kubernetes' pod garbage collector would once the node is
-/// deleted; its data stays on its claim, and its stashed manifest brings it back.
+/// A member or helper pod still terminating on a lost node ([`helpers::lost_pod`]) is
+/// force-deleted, with its uid as precondition, as Kubernetes' pod garbage collector would once
+/// the node is deleted; a member's data stays on its claim, and its stashed manifest brings it
+/// back.
 fn force_delete_if_lost(cx: &mut Ctx, pod: &Pod) {
     let bound = cx.settings.helper_start_timeout;
     let Some(lost) = helpers::lost_pod(pod, &cx.o.nodes, cx.o.now, bound) else {
@@ -1118,10 +1119,38 @@ fn force_delete_if_lost(cx: &mut Ctx, pod: &Pod) {
         EventType::Warning,
         "PodForceDeleted",
         format!(
-            "member pod {name} was still terminating {}s after its grace period on node {} ({}): force-deleted, as the pod garbage collector would",
+            "pod {name} was still terminating {}s after its grace period on node {} ({}): force-deleted, as the pod garbage collector would",
             lost.waited, lost.node, lost.node_state
         ),
     );
+}
+
+/// The member's Jobs and mounter pod deleted; its helper pods (its Jobs' pods, the mounter)
+/// stuck terminating on a lost node, which hold its temporary claim, force-deleted. True while
+/// any is still there.
+fn undo_helpers(cx: &mut Ctx, mb: &Member) -> bool {
+    let m = &mb.m;
+    let mut pending = ALL_JOBS
+        .iter()
+        .any(|kind| (cx.o.jobs).contains_key(&build::job_name(&cx.name(), &m.pod, *kind)));
+    delete_jobs(cx, mb, &ALL_JOBS);
+    let mounter = build::mounter_name(&cx.name(), &m.pod);
+    if let Some(pod) = cx.o.helper_pods.get(&mounter) {
+        pending = true;
+        if !is_terminating(pod) {
+            let uid = pod.uid();
+            cx.delete(Kind::Pod, mounter, uid);
+        }
+    }
+    let stuck_helpers: Vec<Pod> = (cx.o.helper_pods.values())
+        .filter(|p| is_terminating(*p))
+        .filter(|p| p.labels().get(labels::MEMBER_LABEL) == Some(&m.pod))
+        .cloned()
+        .collect();
+    for pod in &stuck_helpers {
+        force_delete_if_lost(cx, pod);
+    }
+    pending
 }
 
 /// Rollback of a member whose swap had not begun: drop its temporary objects, bring its pod
@@ -1131,25 +1160,7 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         return;
     };
     let m = &mb.m;
-    let mut pending = false;
-    for kind in ALL_JOBS {
-        if cx
-            .o
-            .jobs
-            .contains_key(&build::job_name(&cx.name(), &m.pod, kind))
-        {
-            pending = true;
-        }
-    }
-    delete_jobs(cx, &mb, &ALL_JOBS);
-    let mounter = build::mounter_name(&cx.name(), &m.pod);
-    if let Some(pod) = cx.o.helper_pods.get(&mounter) {
-        pending = true;
-        if !is_terminating(pod) {
-            let uid = pod.uid();
-            cx.delete(Kind::Pod, mounter, uid);
-        }
-    }
+    let mut pending = undo_helpers(cx, &mb);
     if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
         pending = true;
         if !is_terminating(temp) {

@@ -118,8 +118,9 @@ pub struct Observed {
     pub health: Result<HealthReport, HealthUnavailable>,
     /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
     pub final_hash: Option<Result<Option<String>, FinalHashError>>,
-    /// The Nodes of the member pods that are terminating, by name (`None`: no such Node): a
-    /// pod stuck terminating on a lost node is force-deleted (see [`helpers::lost_pod`]).
+    /// The Nodes of the member and helper pods that are terminating, by name (`None`: no such
+    /// Node): a pod stuck terminating on a lost node is force-deleted (see
+    /// [`helpers::lost_pod`]).
     pub nodes: BTreeMap<String, Option<Node>>,
 }
 

@@ -43,19 +43,21 @@ pub fn expected_members(
         .collect()
 }
 
-/// The nodes of the plan's member pods that are terminating (a pod stuck terminating on a lost
-/// node is force-deleted: see `plan::helpers::lost_pod`).
-pub fn terminating_member_nodes(
+/// The nodes of the pods that are terminating, among the plan's member pods and our helper
+/// pods (a pod stuck terminating on a lost node is force-deleted: see
+/// `plan::helpers::lost_pod`).
+pub fn terminating_pod_nodes(
     status: &StorageMigrationRequestStatus,
     pods: &BTreeMap<String, Manifest<Pod>>,
+    helper_pods: &BTreeMap<String, Pod>,
 ) -> BTreeSet<String> {
     let Some(plan) = &status.plan else {
         return BTreeSet::new();
     };
-    plan.members
-        .iter()
-        .filter_map(|m| pods.get(&m.pod))
+    let members = plan.members.iter().filter_map(|m| pods.get(&m.pod));
+    members
         .map(|p| p.typed())
+        .chain(helper_pods.values())
         .filter(|p| p.metadata.deletion_timestamp.is_some())
         .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect()
