@@ -332,6 +332,7 @@ pub async fn run(client: Client, scope: WatchScope, settings: Settings, metrics:
         image = %settings.image,
         allow_request_mover_image = settings.allow_request_mover_image,
         helper_start_timeout = ?settings.helper_start_timeout,
+        stage_timeout = ?settings.stage_timeout,
         "starting controller"
     );
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics));

@@ -53,6 +53,11 @@ struct ImageArg {
     /// next member stops (a member in a crash loop answers healthy between two crashes).
     #[arg(long, env = "STABLE_WINDOW", default_value_t = storage_migrator::plan::stability::DEFAULT_STABLE_WINDOW.as_secs(), value_parser = clap::value_parser!(u64).range(0..=3600))]
     stable_window: u64,
+    /// Seconds RecreatingStatefulSet, the cleanup of Finalizing and RollingBack may each wait
+    /// (spec.timeout bounds orphaning and migrating): a recreation past it rolls back, a
+    /// rollback past it ends Failed saying what it still waited for.
+    #[arg(long, env = "STAGE_TIMEOUT", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..=86400))]
+    stage_timeout: u64,
 }
 
 impl ImageArg {
@@ -69,6 +74,7 @@ impl ImageArg {
             helper_start_timeout: Duration::from_secs(self.helper_start_timeout),
             max_evictions: self.max_evictions,
             stable_window: Duration::from_secs(self.stable_window),
+            stage_timeout: Duration::from_secs(self.stage_timeout),
         })
     }
 }
@@ -421,6 +427,7 @@ mod tests {
             "ALLOW_REQUEST_MOVER_IMAGE",
             "HELPER_START_TIMEOUT",
             "MAX_EVICTIONS",
+            "STAGE_TIMEOUT",
         ] {
             if std::env::var_os(var).is_some() {
                 return;
@@ -430,6 +437,10 @@ mod tests {
         assert!(!d.allow_request_mover_image);
         assert_eq!(d.helper_start_timeout, Duration::from_secs(180));
         assert_eq!(d.max_evictions, 2);
+        assert_eq!(d.stage_timeout, Duration::from_secs(600));
+        let st = settings(&["sm", "run", "--stage-timeout", "60"]);
+        assert_eq!(st.stage_timeout, Duration::from_secs(60));
+        assert!(Cli::try_parse_from(["sm", "run", "--stage-timeout", "1"]).is_err());
         let on = settings(&["sm", "run", "--allow-request-mover-image"]);
         assert!(on.allow_request_mover_image);
         let off = settings(&["sm", "run", "--allow-request-mover-image=false"]);

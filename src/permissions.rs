@@ -100,6 +100,13 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         scope: RuleScope::Cluster,
+        group: "",
+        resource: "nodes",
+        verbs: &["get"],
+        why: "a member pod stuck terminating: is its node NotReady or gone (then force-delete)",
+    },
+    Rule {
+        scope: RuleScope::Cluster,
         group: "storage.k8s.io",
         resource: "storageclasses",
         verbs: &["list"],

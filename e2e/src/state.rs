@@ -147,6 +147,35 @@ impl ClusterState {
     }
 }
 
+/// The directory of the markers of nodes taken down (`localcluster node down`): one empty
+/// file per node that is down. The agent polls it (see `agent::down`).
+pub fn nodes_down_dir(state_dir: &Path) -> PathBuf {
+    state_dir.join("nodes-down")
+}
+
+/// Marks node `node` down (power loss) or up again.
+pub fn set_node_down(state_dir: &Path, node: &str, down: bool) -> std::io::Result<()> {
+    let marker = nodes_down_dir(state_dir).join(node);
+    if down {
+        std::fs::create_dir_all(nodes_down_dir(state_dir))?;
+        std::fs::write(marker, b"")
+    } else {
+        match std::fs::remove_file(marker) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The nodes marked down, among [`NODE_NAMES`].
+pub fn nodes_down(state_dir: &Path) -> std::collections::BTreeSet<String> {
+    NODE_NAMES
+        .iter()
+        .filter(|n| nodes_down_dir(state_dir).join(n).exists())
+        .map(|n| n.to_string())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,5 +213,17 @@ mod tests {
         s.save().unwrap();
         assert_eq!(ClusterState::load(&dir).unwrap(), s);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn node_down_markers() {
+        let dir = std::env::temp_dir().join(format!("nodes-down-{}", std::process::id()));
+        assert!(nodes_down(&dir).is_empty());
+        set_node_down(&dir, "node-b", true).unwrap();
+        assert_eq!(nodes_down(&dir).into_iter().collect::<Vec<_>>(), ["node-b"]);
+        set_node_down(&dir, "node-b", false).unwrap();
+        set_node_down(&dir, "node-b", false).unwrap();
+        assert!(nodes_down(&dir).is_empty());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

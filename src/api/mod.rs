@@ -407,6 +407,11 @@ pub struct StorageMigrationRequestStatus {
     /// When the request reached a final phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// When the current stage was entered (in `Finalizing`: when the final check passed). The
+    /// operator's `--stage-timeout` counts from here for `RecreatingStatefulSet`, `Finalizing`
+    /// and `RollingBack`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_started: Option<Time>,
     /// The plan fixed at preflight: the set, the template, the classes, the target size and
     /// each member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -596,7 +601,8 @@ pub struct DataLocation {
     /// That volume's StorageClass.
     pub storage_class: String,
     /// `Migrated` (on its new volume; the old one kept on Retain), `Untouched` (on its
-    /// original volume) or `AlreadyThere` (on the target before the request started).
+    /// original volume), `AlreadyThere` (on the target before the request started) or
+    /// `SwapInterrupted` (the rollback gave up in the middle of its swap).
     pub state: DataState,
 }
 
@@ -610,6 +616,10 @@ pub enum DataState {
     Migrated,
     /// Already on the target class and size before the request; untouched.
     AlreadyThere,
+    /// In the middle of its swap when the rollback gave up (`--stage-timeout`): the original
+    /// data on the old volume and its verified copy on the new one, both on Retain; `volume`
+    /// is the one the claim is (or is about to be) bound to.
+    SwapInterrupted,
 }
 
 fn is_zero(n: &u32) -> bool {

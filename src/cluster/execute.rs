@@ -59,6 +59,11 @@ impl Cluster {
                 let dp = delete_params(*propagation, uid, resource_version);
                 self.delete(&ns, *kind, obj, &dp).await?
             }
+            Action::ForceDeletePod { name: pod, uid } => {
+                let mut dp = delete_params(Propagation::Background, uid, &None);
+                dp.grace_period_seconds = Some(0);
+                self.delete(&ns, Kind::Pod, pod, &dp).await?
+            }
             Action::PatchReclaimPolicy { volume, policy } => {
                 self.patch_reclaim_policy(volume, policy).await?
             }

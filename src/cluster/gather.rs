@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Event, Namespace, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{
+    Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
+};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams};
 use kube::{ResourceExt, api::ObjectList};
@@ -19,6 +21,7 @@ use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
     copy_log_pod, effective_spec, expected_members, job_outcome, measured_bytes,
+    terminating_pod_nodes,
 };
 use crate::plan::{self, Observed, ObservedJob, OtherRequest};
 
@@ -59,6 +62,7 @@ impl Cluster {
             .collect();
         let health = gather_health(engine, &status, &member_pods, &expected).await;
         let final_hash = gather_final_hash(engine, &status, &member_pods).await;
+        let nodes = self.nodes(&status, &pods, &helper_pods).await?;
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
@@ -74,7 +78,31 @@ impl Cluster {
             other_requests,
             health,
             final_hash,
+            nodes,
         })
+    }
+
+    /// The Nodes of the member and helper pods that are terminating (`None`: no such Node);
+    /// none otherwise, so a request with no pod terminating reads no Node.
+    async fn nodes(
+        &self,
+        status: &StorageMigrationRequestStatus,
+        pods: &BTreeMap<String, Manifest<Pod>>,
+        helper_pods: &BTreeMap<String, Pod>,
+    ) -> Result<BTreeMap<String, Option<Node>>, ClusterError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let mut nodes = BTreeMap::new();
+        if status.phase.is_final() {
+            return Ok(nodes);
+        }
+        for name in terminating_pod_nodes(status, pods, helper_pods) {
+            let node = api
+                .get_opt(&name)
+                .await
+                .map_err(kube_err(format!("get node {name}")))?;
+            nodes.insert(name, node);
+        }
+        Ok(nodes)
     }
 
     /// Member pods: by the set's selector (live or stashed), never our own helper pods; raw

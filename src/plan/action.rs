@@ -167,6 +167,16 @@ pub enum Action {
         uid: Option<String>,
         resource_version: Option<String>,
     },
+    /// Force-delete a pod (grace period 0), as Kubernetes' pod garbage collector does for a pod
+    /// whose node is gone: the planner asks for it only for a member pod that is already
+    /// terminating past its grace period on a node that is NotReady, Unknown or gone (see
+    /// `plan::helpers::lost_pod`).
+    ///
+    /// - `uid`: sent as the delete's uid precondition, so that a successor of the same name is
+    ///   never deleted; a failed precondition (409) is a success.
+    /// - Success: the API server removed the pod object (the kubelet's confirmation is not
+    ///   awaited), or it does not exist (404).
+    ForceDeletePod { name: String, uid: Option<String> },
     /// Set a volume's `persistentVolumeReclaimPolicy` (`Retain` or `Delete`).
     ///
     /// - Success: the volume has that policy; a missing volume (404) is a success.
@@ -235,6 +245,7 @@ impl Action {
             Action::Stash { .. } => "Stash".into(),
             Action::Create(o) => format!("Create-{:?}", o.kind()),
             Action::Delete { kind, .. } => format!("Delete-{kind:?}"),
+            Action::ForceDeletePod { .. } => "ForceDeletePod".into(),
             Action::PatchReclaimPolicy { .. } => "PatchReclaimPolicy".into(),
             Action::SetClaimRef { .. } => "SetClaimRef".into(),
             Action::RemoveOwnerReferences { .. } => "RemoveOwnerReferences".into(),

@@ -25,6 +25,29 @@ pub enum Failure {
     /// `spec.timeout` expired while the request was orphaning or migrating.
     #[error("the request's timeout of {timeout} expired")]
     TimedOut { timeout: String },
+    /// A stage bounded by `--stage-timeout` (recreating the StatefulSet) waited longer: what
+    /// for is named (pods never adopted, a set stuck terminating, a set that cannot be
+    /// recreated).
+    #[error(
+        "stage {stage} did not end within {timeout} (--stage-timeout): still waiting for {waiting}"
+    )]
+    StageTimedOut {
+        stage: String,
+        timeout: String,
+        waiting: String,
+    },
+    /// A member's pod was being stopped when its node became unreachable: it stayed
+    /// Terminating past its grace period and `--helper-start-timeout`, so it is force-deleted
+    /// (as Kubernetes' pod garbage collector would) and the member rolls back on its old claim.
+    #[error(
+        "member pod {pod} was still terminating {waited}s after its grace period ended and its node {node} is {node_state}: it is force-deleted and the member rolls back; its data stays on its old claim and volume"
+    )]
+    NodeLost {
+        pod: String,
+        node: String,
+        node_state: String,
+        waited: i64,
+    },
     /// The request was deleted while orphaning or migrating.
     #[error("the request was deleted while progressing")]
     Deleted,

@@ -348,6 +348,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
         other_requests: Vec::new(),
         health,
         final_hash: None,
+        nodes: BTreeMap::new(),
     }
 }
 
@@ -456,7 +457,7 @@ impl Sim {
         format!("uid-{name}-{}", self.next_uid)
     }
 
-    fn status(&self) -> crate::api::StorageMigrationRequestStatus {
+    pub fn status(&self) -> crate::api::StorageMigrationRequestStatus {
         self.o.request.status.clone().unwrap_or_default()
     }
 
@@ -639,6 +640,11 @@ impl Sim {
                 }
                 if self.uid_matches(*kind, name, uid.as_deref()) {
                     self.delete(*kind, name, *propagation);
+                }
+            }
+            Action::ForceDeletePod { name, uid } => {
+                if self.uid_matches(Kind::Pod, name, uid.as_deref()) {
+                    self.delete(Kind::Pod, name, Propagation::Background);
                 }
             }
             Action::PatchReclaimPolicy { volume, policy } => {

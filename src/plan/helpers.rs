@@ -13,6 +13,9 @@
 //!   or its kubelet no longer answers): the member fails naming the node;
 //! - a pod that ended `Failed` with reason `Evicted` (the kubelet evicted it under node
 //!   pressure): transient; the caller replaces it, at most `--max-evictions` times per member;
+//! - a member pod (not a helper) still terminating a timeout after its grace period ended on a
+//!   node that is NotReady, Unknown or gone ([`lost_pod`]): force-deleted, as the pod garbage
+//!   collector would, and its member rolls back (`Failure::NodeLost`);
 //! - a Job with no pod a timeout after its creation (its pods are refused at admission: a quota,
 //!   a Pod Security or policy webhook; the Job controller reports it only as `FailedCreate`
 //!   Events): the member fails saying so.
@@ -20,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -112,6 +115,61 @@ pub fn pod_trouble(pod: &Pod, now: Timestamp, timeout: Duration) -> Option<Troub
     Some(Trouble::Stuck(format!(
         "pod {name} did not start within {limit}s: {why}"
     )))
+}
+
+/// A member pod stuck terminating on a lost node (see [`lost_pod`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LostPod {
+    pub node: String,
+    /// `NotReady`, `Unknown` (no heartbeat) or `gone` (no such Node).
+    pub node_state: String,
+    /// Seconds since its grace period ended.
+    pub waited: i64,
+}
+
+/// The state of a Node that is not Ready (its `Ready` condition `False` or `Unknown`, or the
+/// Node gone), `None` when it is Ready.
+pub fn node_not_ready(node: Option<&Node>) -> Option<String> {
+    let Some(node) = node else {
+        return Some("gone".to_string());
+    };
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"));
+    match ready.map(|c| c.status.as_str()) {
+        Some("True") => None,
+        Some("False") => Some("NotReady".to_string()),
+        _ => Some("Unknown".to_string()),
+    }
+}
+
+/// A pod that is still terminating `bound` after its grace period ended, on a node that is
+/// NotReady, Unknown or gone (`nodes`: what was observed of the terminating member pods'
+/// nodes; a node not observed is not judged). Kubernetes' pod garbage collector force-deletes
+/// such a pod once its node is deleted; the operator does it for its member pods so that the
+/// stop (or the rollback's undo) ends. A pod on a Ready node is never judged lost: its kubelet
+/// will finish the deletion.
+pub fn lost_pod(
+    pod: &Pod,
+    nodes: &BTreeMap<String, Option<Node>>,
+    now: Timestamp,
+    bound: Duration,
+) -> Option<LostPod> {
+    let deleted = pod.metadata.deletion_timestamp.as_ref()?;
+    let grace = pod.metadata.deletion_grace_period_seconds.unwrap_or(0);
+    let waited = age(Some(deleted), now) - grace;
+    if waited <= i64::try_from(bound.as_secs()).unwrap_or(i64::MAX) {
+        return None;
+    }
+    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let node_state = node_not_ready(nodes.get(&node)?.as_ref())?;
+    Some(LostPod {
+        node,
+        node_state,
+        waited,
+    })
 }
 
 /// The pods of Job `name`, oldest first.
@@ -313,6 +371,61 @@ mod tests {
         assert_eq!(pod_trouble(&p, t(290), TIMEOUT), None);
         let m = stuck(pod_trouble(&p, t(291), TIMEOUT));
         assert!(m.contains("node node-a is gone"), "{m}");
+    }
+
+    fn node(ready: Option<&str>) -> Node {
+        use k8s_openapi::api::core::v1::{NodeCondition, NodeStatus};
+        Node {
+            metadata: ObjectMeta {
+                name: Some("node-a".into()),
+                ..Default::default()
+            },
+            status: ready.map(|r| NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: "Ready".into(),
+                    status: r.into(),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_pod_terminating_on_a_lost_node_is_lost_after_its_grace_and_the_bound() {
+        let mut p = pod(0, waiting("ContainerCreating", ""));
+        let nodes = |n: Option<Node>| BTreeMap::from([("node-a".to_string(), n)]);
+        let down = nodes(Some(node(Some("Unknown"))));
+        assert_eq!(lost_pod(&p, &down, t(10_000), TIMEOUT), None, "not deleted");
+        p.metadata.deletion_timestamp = Some(Time(t(100)));
+        p.metadata.deletion_grace_period_seconds = Some(30);
+        assert_eq!(
+            lost_pod(&p, &down, t(310), TIMEOUT),
+            None,
+            "within the bound"
+        );
+        let lost = lost_pod(&p, &down, t(311), TIMEOUT);
+        assert_eq!(
+            lost,
+            Some(LostPod {
+                node: "node-a".into(),
+                node_state: "Unknown".into(),
+                waited: 181
+            })
+        );
+        for (n, state) in [
+            (Some(node(Some("False"))), "NotReady"),
+            (Some(node(None)), "Unknown"),
+            (None, "gone"),
+        ] {
+            let got = lost_pod(&p, &nodes(n), t(400), TIMEOUT).map(|l| l.node_state);
+            assert_eq!(got.as_deref(), Some(state));
+        }
+        // A Ready node finishes the deletion itself; a node not observed is not judged.
+        let ready = nodes(Some(node(Some("True"))));
+        assert_eq!(lost_pod(&p, &ready, t(10_000), TIMEOUT), None);
+        assert_eq!(lost_pod(&p, &BTreeMap::new(), t(10_000), TIMEOUT), None);
     }
 
     #[test]

@@ -30,6 +30,8 @@
 
 use std::fmt::Write as _;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
 use crate::api::{MemberStatus, MemberStep, Stage, StorageMigrationRequestStatus};
 
 /// One allowed transition, with when it is taken (the label in the diagram).
@@ -117,14 +119,21 @@ pub fn step_allowed(from: MemberStep, to: MemberStep) -> bool {
     allowed(STEPS, from, to)
 }
 
-/// Moves the request to stage `to`; leaves the status untouched when [`STAGES`] does not allow it.
+/// Moves the request to stage `to` at `now`; leaves the status untouched when [`STAGES`] does
+/// not allow it. Entering another stage records `now` in `status.stageStarted` (the
+/// `--stage-timeout` counts from there); `RollingBack` → `RollingBack` (a new failure while
+/// rolling back) keeps the time the rollback began, so that it stays bounded.
 pub fn enter_stage(
     status: &mut StorageMigrationRequestStatus,
     to: Stage,
+    now: &Time,
 ) -> Result<(), TransitionError> {
     let from = status.stage;
     if !stage_allowed(from, to) {
         return Err(TransitionError::Stage { from, to });
+    }
+    if from != to || status.stage_started.is_none() {
+        status.stage_started = Some(now.clone());
     }
     status.stage = to;
     Ok(())
@@ -236,6 +245,31 @@ mod tests {
         }
     }
 
+    fn now() -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    #[test]
+    fn entering_a_stage_records_when_and_a_rollback_keeps_its_start() {
+        let mut status = status_at(Stage::Migrating);
+        let t0 = now();
+        assert_eq!(enter_stage(&mut status, Stage::RollingBack, &t0), Ok(()));
+        assert_eq!(status.stage_started, Some(t0.clone()));
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(1_800_000_600).unwrap());
+        assert_eq!(enter_stage(&mut status, Stage::RollingBack, &later), Ok(()));
+        assert_eq!(
+            status.stage_started,
+            Some(t0),
+            "a new failure does not reset it"
+        );
+        assert_eq!(enter_stage(&mut status, Stage::Done, &later), Ok(()));
+        assert_eq!(status.stage_started, Some(later.clone()));
+        // Refused: nothing changes.
+        let mut status = status_at(Stage::Preflight);
+        assert!(enter_stage(&mut status, Stage::Migrating, &later).is_err());
+        assert_eq!(status.stage_started, None);
+    }
+
     fn member_at(step: MemberStep) -> MemberStatus {
         MemberStatus {
             pod: "etcd-0".into(),
@@ -248,7 +282,7 @@ mod tests {
     fn every_listed_stage_transition_is_accepted() {
         for t in STAGES {
             let mut status = status_at(t.from);
-            assert_eq!(enter_stage(&mut status, t.to), Ok(()), "{t:?}");
+            assert_eq!(enter_stage(&mut status, t.to, &now()), Ok(()), "{t:?}");
             assert_eq!(status.stage, t.to);
         }
     }
@@ -272,7 +306,7 @@ mod tests {
                 }
                 let mut status = status_at(from);
                 assert_eq!(
-                    enter_stage(&mut status, to),
+                    enter_stage(&mut status, to, &now()),
                     Err(TransitionError::Stage { from, to })
                 );
                 assert_eq!(status.stage, from);
@@ -361,10 +395,10 @@ mod tests {
             Stage::RollingBack,
         ] {
             let mut status = status_at(from);
-            assert_eq!(enter_stage(&mut status, Stage::RollingBack), Ok(()));
+            assert_eq!(enter_stage(&mut status, Stage::RollingBack, &now()), Ok(()));
         }
         let mut status = status_at(Stage::RollingBack);
-        assert_eq!(enter_stage(&mut status, Stage::Done), Ok(()));
+        assert_eq!(enter_stage(&mut status, Stage::Done, &now()), Ok(()));
         for from in [Stage::Preflight, Stage::Done] {
             assert!(!stage_allowed(from, Stage::RollingBack), "{from:?}");
         }

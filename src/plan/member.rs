@@ -626,7 +626,19 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             cx.delete(Kind::Pod, m.pod.clone(), p.uid());
             cx.wait(Duration::from_secs(1));
         }
-        Some(_) => cx.wait(Duration::from_secs(1)),
+        Some(p) => {
+            let bound = cx.settings.helper_start_timeout;
+            if let Some(lost) = helpers::lost_pod(p.typed(), &cx.o.nodes, cx.o.now, bound) {
+                // The rollback's `undo` force-deletes it (this decision's actions are dropped).
+                return Err(Failure::NodeLost {
+                    pod: m.pod.clone(),
+                    node: lost.node,
+                    node_state: lost.node_state,
+                    waited: lost.waited,
+                });
+            }
+            cx.wait(Duration::from_secs(1));
+        }
         None => {
             let now = cx.now.clone();
             if mb.ms.pod_deleted_at.is_none()
@@ -1146,24 +1158,39 @@ fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jif
     cx.requeue = Duration::ZERO;
 }
 
-/// Rollback of a member whose swap had not begun: drop its temporary objects, bring its pod
-/// back on its untouched claim.
-pub(crate) fn undo(cx: &mut Ctx, i: usize) {
-    let Ok(mb) = member(cx, i, Mode::Rollback) else {
+/// A member or helper pod still terminating on a lost node ([`helpers::lost_pod`]) is
+/// force-deleted, with its uid as precondition, as Kubernetes' pod garbage collector would once
+/// the node is deleted; a member's data stays on its claim, and its stashed manifest brings it
+/// back.
+fn force_delete_if_lost(cx: &mut Ctx, pod: &Pod) {
+    let bound = cx.settings.helper_start_timeout;
+    let Some(lost) = helpers::lost_pod(pod, &cx.o.nodes, cx.o.now, bound) else {
         return;
     };
+    let name = pod.name_any();
+    cx.act(Action::ForceDeletePod {
+        name: name.clone(),
+        uid: pod.uid(),
+    });
+    cx.event(
+        EventType::Warning,
+        "PodForceDeleted",
+        format!(
+            "pod {name} was still terminating {}s after its grace period on node {} ({}): force-deleted, as the pod garbage collector would",
+            lost.waited, lost.node, lost.node_state
+        ),
+    );
+}
+
+/// The member's Jobs and mounter pod deleted; its helper pods (its Jobs' pods, the mounter)
+/// stuck terminating on a lost node, which hold its temporary claim, force-deleted. True while
+/// any is still there.
+fn undo_helpers(cx: &mut Ctx, mb: &Member) -> bool {
     let m = &mb.m;
-    let mut pending = false;
-    for kind in ALL_JOBS {
-        if cx
-            .o
-            .jobs
-            .contains_key(&build::job_name(&cx.name(), &m.pod, kind))
-        {
-            pending = true;
-        }
-    }
-    delete_jobs(cx, &mb, &ALL_JOBS);
+    let mut pending = ALL_JOBS
+        .iter()
+        .any(|kind| (cx.o.jobs).contains_key(&build::job_name(&cx.name(), &m.pod, *kind)));
+    delete_jobs(cx, mb, &ALL_JOBS);
     let mounter = build::mounter_name(&cx.name(), &m.pod);
     if let Some(pod) = cx.o.helper_pods.get(&mounter) {
         pending = true;
@@ -1172,6 +1199,25 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
             cx.delete(Kind::Pod, mounter, uid);
         }
     }
+    let stuck_helpers: Vec<Pod> = (cx.o.helper_pods.values())
+        .filter(|p| is_terminating(*p))
+        .filter(|p| p.labels().get(labels::MEMBER_LABEL) == Some(&m.pod))
+        .cloned()
+        .collect();
+    for pod in &stuck_helpers {
+        force_delete_if_lost(cx, pod);
+    }
+    pending
+}
+
+/// Rollback of a member whose swap had not begun: drop its temporary objects, bring its pod
+/// back on its untouched claim.
+pub(crate) fn undo(cx: &mut Ctx, i: usize) {
+    let Ok(mb) = member(cx, i, Mode::Rollback) else {
+        return;
+    };
+    let m = &mb.m;
+    let mut pending = undo_helpers(cx, &mb);
     if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
         pending = true;
         if !is_terminating(temp) {
@@ -1180,7 +1226,10 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         }
     }
     match cx.o.pods.get(&m.pod) {
-        Some(p) if is_terminating(p.typed()) => pending = true,
+        Some(p) if is_terminating(p.typed()) => {
+            pending = true;
+            force_delete_if_lost(cx, p.typed());
+        }
         Some(_) => {}
         // A foreign set starts it on its untouched claim: no pod of ours is created over it.
         None if foreign::foreign_set(cx).is_some() => {}

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -56,6 +56,8 @@ pub use failure::Failure;
 
 #[cfg(test)]
 mod admission_tests;
+#[cfg(test)]
+mod bounded_tests;
 #[cfg(test)]
 mod finish_tests;
 #[cfg(test)]
@@ -117,6 +119,10 @@ pub struct Observed {
     pub health: Result<HealthReport, HealthUnavailable>,
     /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
     pub final_hash: Option<Result<Option<String>, FinalHashError>>,
+    /// The Nodes of the member and helper pods that are terminating, by name (`None`: no such
+    /// Node): a pod stuck terminating on a lost node is force-deleted (see
+    /// [`helpers::lost_pod`]).
+    pub nodes: BTreeMap<String, Option<Node>>,
 }
 
 /// Manifests stashed before they are deleted. The StatefulSet and the pods are kept as the raw
@@ -213,12 +219,19 @@ pub struct Settings {
     /// `--stable-window`: how long every member pod must have been running and Ready, with no
     /// restart, before the next member stops ([`stability`]).
     pub stable_window: Duration,
+    /// `--stage-timeout`: how long `RecreatingStatefulSet`, the cleanup of `Finalizing` and
+    /// `RollingBack` may wait (the request's own timeout bounds orphaning and migrating). See
+    /// [`stages`]: a recreation past it rolls back, a rollback past it ends `Failed` saying what
+    /// it still waited for, a cleanup past it ends `Successful` naming what is left behind.
+    pub stage_timeout: Duration,
 }
 
 /// Default of `--helper-start-timeout`.
 pub const DEFAULT_HELPER_START_TIMEOUT: Duration = Duration::from_secs(180);
 /// Default of `--max-evictions`.
 pub const DEFAULT_MAX_EVICTIONS: u32 = 2;
+/// Default of `--stage-timeout`.
+pub const DEFAULT_STAGE_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl Settings {
     /// The defaults of every flag with `image` as the operator's image.
@@ -229,6 +242,7 @@ impl Settings {
             helper_start_timeout: DEFAULT_HELPER_START_TIMEOUT,
             max_evictions: DEFAULT_MAX_EVICTIONS,
             stable_window: stability::DEFAULT_STABLE_WINDOW,
+            stage_timeout: DEFAULT_STAGE_TIMEOUT,
         }
     }
 
@@ -295,7 +309,7 @@ impl<'a> Ctx<'a> {
     /// machine refuses leaves the stage as it is and turns the whole decision into "stuck" (see
     /// [`Ctx::finish`]).
     pub fn enter_stage(&mut self, to: Stage) {
-        if let Err(e) = machine::enter_stage(&mut self.status, to) {
+        if let Err(e) = machine::enter_stage(&mut self.status, to, &self.now) {
             self.reject(e);
         }
     }
@@ -506,6 +520,12 @@ pub fn decide(o: &Observed, settings: &Settings) -> Decision {
     }
 
     if stash::stopped_by_a_problem(&mut cx) {
+        if let Some(failure) = stages::stuck_past_deadline(&mut cx) {
+            let mut fresh = Ctx::new(o, settings);
+            spec_change(&mut fresh);
+            start_rollback(&mut fresh, failure);
+            return fresh.finish();
+        }
         return cx.finish();
     }
 

@@ -1,7 +1,7 @@
 //! Pure readers the cluster layer uses while it gathers an [`super::Observed`] snapshot: the
 //! spec a request runs with, the member pods the engine must see, how a Job ended.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
@@ -12,7 +12,7 @@ use super::JobOutcome;
 use crate::api::{
     StorageMigrationRequest, StorageMigrationRequestSpec, StorageMigrationRequestStatus,
 };
-use crate::build;
+use crate::build::{self, Manifest};
 use crate::labels;
 
 /// The spec the request runs with: the accepted one once accepted, else the current one.
@@ -40,6 +40,26 @@ pub fn expected_members(
     let start = spec.ordinals.as_ref().and_then(|o| o.start).unwrap_or(0);
     (start..start + replicas)
         .map(|i| format!("{set_name}-{i}"))
+        .collect()
+}
+
+/// The nodes of the pods that are terminating, among the plan's member pods and our helper
+/// pods (a pod stuck terminating on a lost node is force-deleted: see
+/// `plan::helpers::lost_pod`).
+pub fn terminating_pod_nodes(
+    status: &StorageMigrationRequestStatus,
+    pods: &BTreeMap<String, Manifest<Pod>>,
+    helper_pods: &BTreeMap<String, Pod>,
+) -> BTreeSet<String> {
+    let Some(plan) = &status.plan else {
+        return BTreeSet::new();
+    };
+    let members = plan.members.iter().filter_map(|m| pods.get(&m.pod));
+    members
+        .map(|p| p.typed())
+        .chain(helper_pods.values())
+        .filter(|p| p.metadata.deletion_timestamp.is_some())
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect()
 }
 

@@ -53,6 +53,9 @@ sections! {
     FailedVolumeUnreachable => "failed-new-volume-unreachable-from-the-node",
     FailedStash => "failed-the-stash-cannot-take-a-manifest",
     FailedInternal => "failed-inconsistent-status",
+    FailedStageTimedOut => "failed-a-stage-timed-out",
+    FailedNodeLost => "failed-a-members-node-was-lost-while-its-pod-stopped",
+    FailedRollbackGaveUp => "failed-the-rollback-gave-up",
     BlockedForeignStatefulSet => "blocked-foreignstatefulset",
     BlockedForeignPod => "blocked-foreignpod",
     StuckPlanner => "stuck-a-transition-the-state-machine-does-not-allow",
@@ -157,6 +160,8 @@ impl From<&Failure> for Section {
             | ClaimReplaced { .. }
             | TempClaimLost { .. } => Section::FailedObjectChanged,
             VolumeUnreachable { .. } => Section::FailedVolumeUnreachable,
+            StageTimedOut { .. } => Section::FailedStageTimedOut,
+            NodeLost { .. } => Section::FailedNodeLost,
             Stash { .. } | StashFull { .. } => Section::FailedStash,
             NoPlan | NoMemberStatus { .. } | NotInPlan { .. } | RetentionPolicy { .. } => {
                 Section::FailedInternal

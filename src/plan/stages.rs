@@ -290,8 +290,105 @@ fn recreate_stateful_set(
 }
 
 /// Recreate the StatefulSet from the stash with the new template; wait until it has
-/// adopted its pods.
+/// adopted its pods, at most `--stage-timeout`: then the request rolls back
+/// ([`Failure::StageTimedOut`], naming what it waited for).
 pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
+    recreate_and_wait(cx)?;
+    if cx.status.stage == Stage::RecreatingStatefulSet && stage_expired(cx) {
+        let plan = plan(cx)?;
+        return Err(stage_timed_out(cx, recreation_waits_for(cx, &plan)));
+    }
+    Ok(())
+}
+
+/// [`Failure::StageTimedOut`] of the current stage.
+fn stage_timed_out(cx: &Ctx, waiting: String) -> Failure {
+    Failure::StageTimedOut {
+        stage: format!("{:?}", cx.status.stage),
+        timeout: stage_timeout_text(cx),
+        waiting,
+    }
+}
+
+/// Whether the current stage has waited longer than `--stage-timeout`, counted from
+/// `status.stageStarted` (a request from before that field counts from now on).
+pub(crate) fn stage_expired(cx: &mut Ctx) -> bool {
+    let Some(started) = &cx.status.stage_started else {
+        cx.status.stage_started = Some(cx.now.clone());
+        return false;
+    };
+    let limit = i64::try_from(cx.settings.stage_timeout.as_secs()).unwrap_or(i64::MAX);
+    cx.o.now.as_second() - started.0.as_second() > limit
+}
+
+/// `--stage-timeout` for messages: `10m`, `90s`.
+fn stage_timeout_text(cx: &Ctx) -> String {
+    let secs = cx.settings.stage_timeout.as_secs();
+    if secs.is_multiple_of(60) {
+        format!("{}m", secs / 60)
+    } else {
+        format!("{secs}s")
+    }
+}
+
+/// What the recreation still waits for, for [`Failure::StageTimedOut`].
+fn recreation_waits_for(cx: &Ctx, plan: &Plan) -> String {
+    let name = &plan.stateful_set;
+    let what = match &cx.o.stateful_set {
+        None => format!("StatefulSet {name} to be created"),
+        Some(_) if foreign::foreign_set(cx).is_some() => {
+            format!("StatefulSet {name}, created by someone else, to be deleted")
+        }
+        Some(set) if is_terminating(set.typed()) => {
+            format!("the earlier StatefulSet {name} to finish terminating")
+        }
+        Some(set) => {
+            let want = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let (seen, has) = set
+                .status
+                .as_ref()
+                .map_or((0, 0), |s| (s.observed_generation.unwrap_or(0), s.replicas));
+            format!(
+                "StatefulSet {name} to adopt its pods (it owns {has} of {want}; observed \
+                 generation {seen} of {})",
+                set.metadata.generation.unwrap_or(0)
+            )
+        }
+    };
+    with_stuck_message(cx, what)
+}
+
+/// `what`, followed by the status message when the request reports itself stuck.
+fn with_stuck_message(cx: &Ctx, what: String) -> String {
+    match cx.status.message.as_deref() {
+        Some(m) if m.starts_with("stuck: ") => format!("{what} ({m})"),
+        _ => what,
+    }
+}
+
+/// A decision stopped by a stash problem (see `stash::stopped_by_a_problem`) stays bounded:
+/// past `--stage-timeout` a recreation rolls back (the returned failure) and a rollback gives
+/// up.
+pub(crate) fn stuck_past_deadline(cx: &mut Ctx) -> Option<Failure> {
+    let stage = cx.status.stage;
+    if !matches!(stage, Stage::RecreatingStatefulSet | Stage::RollingBack) || !stage_expired(cx) {
+        return None;
+    }
+    match stage {
+        Stage::RecreatingStatefulSet => {
+            let waiting = with_stuck_message(cx, "the stash to be readable".to_string());
+            Some(stage_timed_out(cx, waiting))
+        }
+        _ => {
+            let plan = cx.status.plan.clone().unwrap_or_default();
+            let waiting = with_stuck_message(cx, "the stash to be readable".to_string());
+            give_up(cx, &plan, &waiting);
+            None
+        }
+    }
+}
+
+fn recreate_and_wait(cx: &mut Ctx) -> Result<(), Failure> {
     let plan = plan(cx)?;
     foreign::record_our_set(cx);
     if let Some(set) = foreign::foreign_set(cx) {
@@ -444,9 +541,13 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         restore_new_volume_policy(cx, &ms);
     }
     let pending = clean_up(cx, &plan) | delete_stash(cx);
+    let mut note = note;
     if !cx.actions.is_empty() || pending {
-        cx.wait(Duration::from_secs(1));
-        return Ok(());
+        if !stage_expired(cx) {
+            cx.wait(Duration::from_secs(1));
+            return Ok(());
+        }
+        note.push_str(&cleanup_gave_up(cx, &plan));
     }
     if !restore_old {
         cx.event(
@@ -457,6 +558,52 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
     }
     succeed(cx, &plan, &note);
     Ok(())
+}
+
+/// The cleanup after a passed final check waited longer than `--stage-timeout`: every member
+/// is on its verified new volume, so the request still ends `Successful`, naming (note, Event
+/// `CleanupIncomplete`) what is left behind for a human to remove.
+fn cleanup_gave_up(cx: &mut Ctx, plan: &Plan) -> String {
+    let mut left: Vec<String> = Vec::new();
+    left.extend(cx.o.jobs.keys().map(|j| format!("Job {j}")));
+    for m in &plan.members {
+        let mounter = build::mounter_name(&cx.name(), &m.pod);
+        if cx.o.helper_pods.contains_key(&mounter) {
+            left.push(format!("pod {mounter}"));
+        }
+        if cx.o.claims.contains_key(&m.temp_claim) {
+            left.push(format!("temporary claim {}", m.temp_claim));
+        }
+    }
+    if matches!(cx.o.stash.object, StashObject::Ours { .. }) {
+        left.push(format!(
+            "ConfigMap {}",
+            build::stash_config_map_name(&cx.name())
+        ));
+    }
+    for a in &cx.actions {
+        match a {
+            Action::PatchReclaimPolicy { volume, policy } => left.push(format!(
+                "volume {volume} not yet on reclaim policy {policy}"
+            )),
+            Action::LabelVolume { volume } => {
+                left.push(format!("volume {volume} not yet labelled"))
+            }
+            _ => {}
+        }
+    }
+    let message = format!(
+        "; the cleanup gave up after {} (--stage-timeout), left behind: {}{}",
+        stage_timeout_text(cx),
+        left.join(", "),
+        super::runbook::pointer(super::runbook::Section::FailedStageTimedOut)
+    );
+    cx.event(
+        EventType::Warning,
+        "CleanupIncomplete",
+        message.trim_start_matches("; ").to_string(),
+    );
+    message
 }
 
 /// What the final consistency check allows.
@@ -493,6 +640,9 @@ fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
     let reason = match &cx.o.final_hash {
         Some(Ok(Some(hash))) => {
             cx.status.final_hash = Some(hash.clone());
+            // The cleanup's `--stage-timeout` counts from here (the wait for the check is
+            // bounded by the request's timeout).
+            cx.status.stage_started = Some(cx.now.clone());
             return Ok(passed(hash));
         }
         Some(Err(e @ FinalHashError::Inconsistent(_))) => {
@@ -672,13 +822,116 @@ fn restore_new_volume_policy(cx: &mut Ctx, ms: &MemberStatus) {
 
 /// Failure or timeout: the member in flight before its swap is undone, a member whose swap began
 /// is carried forward; then the StatefulSet is recreated with a template that fits; `Failed`.
+/// Past `--stage-timeout` the rollback gives up: `Failed` anyway ([`give_up`]).
 pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
-    let plan = plan(cx)?;
+    let plan = match plan(cx) {
+        Ok(plan) => plan,
+        Err(f) if stage_expired(cx) => {
+            give_up(cx, &Plan::default(), &f.to_string());
+            return Ok(());
+        }
+        Err(f) => return Err(f),
+    };
+    let result = roll_back(cx, &plan);
+    if cx.status.stage != Stage::RollingBack || !stage_expired(cx) {
+        return result;
+    }
+    let waiting = match result {
+        Ok(()) => rollback_waits_for(cx, &plan),
+        Err(f) => f.to_string(),
+    };
+    give_up(cx, &plan, &waiting);
+    Ok(())
+}
+
+/// The rollback waited longer than `--stage-timeout`: the request ends `Failed` anyway, saying
+/// what it still waited for, where each member's data is and whether the StatefulSet is back.
+fn give_up(cx: &mut Ctx, plan: &Plan, waiting: &str) {
+    let reason = format!(
+        "rollback gave up after {} (--stage-timeout): still waiting for {waiting}; {}{}",
+        stage_timeout_text(cx),
+        set_state(cx, plan),
+        super::runbook::pointer(super::runbook::Section::FailedRollbackGaveUp)
+    );
+    let failure = cx
+        .status
+        .failure
+        .clone()
+        .unwrap_or_else(|| "unknown failure".to_string());
+    cx.status.failure = Some(format!("{failure}; {reason}"));
+    cx.event(EventType::Warning, "RollbackGaveUp", reason);
+    fail(cx, plan);
+}
+
+/// Whether the StatefulSet is back, for a rollback that gave up.
+fn set_state(cx: &Ctx, plan: &Plan) -> String {
+    let name = &plan.stateful_set;
+    let stash = build::stash_config_map_name(&cx.name());
+    let by_hand = format!(
+        "recreate it from ConfigMap {stash} (runbook: docs/runbook.md#restoring-from-the-stash-by-hand)"
+    );
+    match &cx.o.stateful_set {
+        Some(_) if foreign::foreign_set(cx).is_some() => {
+            format!("StatefulSet {name} exists, created by someone else")
+        }
+        Some(set) if is_terminating(set.typed()) => {
+            format!("StatefulSet {name} is still terminating and was not recreated: {by_hand}")
+        }
+        Some(_) => format!("StatefulSet {name} is in place"),
+        None => format!("StatefulSet {name} was not recreated: {by_hand}"),
+    }
+}
+
+/// What a rollback still waits for: the member in flight, member pods terminating, the
+/// StatefulSet, the request's leftovers.
+fn rollback_waits_for(cx: &Ctx, plan: &Plan) -> String {
+    let mut what: Vec<String> = Vec::new();
+    for ms in &cx.status.members {
+        if ms.step.in_flight() && ms.held.is_none() && ms.step.swap_begun() {
+            what.push(format!(
+                "member {} to be carried forward from step {:?}",
+                ms.pod, ms.step
+            ));
+        }
+    }
+    for m in &plan.members {
+        if let Some(p) = cx.o.pods.get(&m.pod).filter(|p| is_terminating(p.typed())) {
+            let node = p.typed().spec.as_ref().and_then(|s| s.node_name.clone());
+            what.push(format!(
+                "member pod {} to finish terminating (node {})",
+                m.pod,
+                node.as_deref().unwrap_or("none")
+            ));
+        }
+        let mounter = build::mounter_name(&cx.name(), &m.pod);
+        if cx.o.helper_pods.contains_key(&mounter) {
+            what.push(format!("pod {mounter} to be deleted"));
+        }
+        if cx.o.claims.contains_key(&m.temp_claim) {
+            what.push(format!("temporary claim {} to be deleted", m.temp_claim));
+        }
+    }
+    what.extend(cx.o.jobs.keys().map(|j| format!("Job {j} to be deleted")));
+    match &cx.o.stateful_set {
+        None => what.push(format!("StatefulSet {} to be recreated", plan.stateful_set)),
+        Some(set) if is_terminating(set.typed()) => what.push(format!(
+            "StatefulSet {} to finish terminating",
+            plan.stateful_set
+        )),
+        Some(_) => {}
+    }
+    if what.is_empty() {
+        what.push("the rollback's last changes to take effect".to_string());
+    }
+    with_stuck_message(cx, what.join(", "))
+}
+
+fn roll_back(cx: &mut Ctx, plan: &Plan) -> Result<(), Failure> {
     foreign::record_our_set(cx);
     if roll_back_member_in_flight(cx) {
         return Ok(());
     }
-    if restore_stateful_set(cx, &plan)? {
+    if restore_stateful_set(cx, plan)? {
         return Ok(());
     }
     // Migrated members keep their new volume: its policy goes back to the class's.
@@ -691,12 +944,12 @@ pub(crate) fn rolling_back(cx: &mut Ctx) -> Result<(), Failure> {
             label_old_volume(cx, m);
         }
     }
-    let pending = clean_up(cx, &plan);
+    let pending = clean_up(cx, plan);
     if !cx.actions.is_empty() || pending {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
-    fail(cx, &plan);
+    fail(cx, plan);
     Ok(())
 }
 
@@ -807,7 +1060,7 @@ fn data_locations(cx: &mut Ctx, plan: &Plan) -> String {
             .entry(location.storage_class.clone())
             .or_default()
             .push(m.pod.clone());
-        details.push(describe_location(m, &location));
+        details.push(describe_location(m, &ms, &location));
         cx.status.members[i].data_location = Some(location);
     }
     let summary: Vec<String> = by_class
@@ -830,6 +1083,27 @@ fn data_location(cx: &Ctx, plan: &Plan, m: &PlannedMember, ms: &MemberStatus) ->
             DataState::AlreadyThere,
             plan.target_storage_class.clone(),
         ),
+        // Only when a rollback gave up in the middle of a swap: the claim is (or is about to
+        // be) bound to the new volume once the old claim is gone.
+        s if s.swap_begun() => match (&ms.new_volume, s) {
+            (Some(new), s)
+                if !matches!(
+                    s,
+                    MemberStep::RetainingVolumes | MemberStep::DeletingOldClaim
+                ) =>
+            {
+                (
+                    new.clone(),
+                    DataState::SwapInterrupted,
+                    plan.target_storage_class.clone(),
+                )
+            }
+            _ => (
+                m.old_volume.clone(),
+                DataState::SwapInterrupted,
+                plan.source_storage_class.clone().unwrap_or_default(),
+            ),
+        },
         _ => (
             m.old_volume.clone(),
             DataState::Untouched,
@@ -849,9 +1123,16 @@ fn data_location(cx: &Ctx, plan: &Plan, m: &PlannedMember, ms: &MemberStatus) ->
     }
 }
 
-fn describe_location(m: &PlannedMember, l: &DataLocation) -> String {
+fn describe_location(m: &PlannedMember, ms: &MemberStatus, l: &DataLocation) -> String {
     let (pod, claim, volume, class) = (&m.pod, &l.claim, &l.volume, &l.storage_class);
     match l.state {
+        DataState::SwapInterrupted => format!(
+            "{pod} swap interrupted at step {:?}: claim {claim} -> volume {volume} ({class}); \
+             the original data is on volume {}, its verified copy on volume {}, both Retain",
+            ms.step,
+            m.old_volume,
+            ms.new_volume.as_deref().unwrap_or("(not recorded)")
+        ),
         DataState::Migrated => format!(
             "{pod} on claim {claim} -> new volume {volume} ({class}; old volume {} kept, Retain)",
             m.old_volume

@@ -9,6 +9,10 @@ rule with its RuleScope); a unit test compares the two, so edit both together.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
   verbs: ["get", "patch"]
+# A member pod stuck terminating: is its node NotReady or gone (then it is force-deleted).
+- apiGroups: [""]
+  resources: ["nodes"]
+  verbs: ["get"]
 # Preflight: target class exists, binding modes match.
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]

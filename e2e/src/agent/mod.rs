@@ -11,7 +11,7 @@
 //! One unfiltered pod watcher feeds both the workers (pods whose `spec.nodeName` is one of our
 //! nodes) and the hosts files (every pod with `hostname` + `subdomain` and an IP).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -156,6 +156,8 @@ pub struct Agent {
     running: Mutex<HashMap<(String, String), Arc<pod::PodShared>>>,
     /// Pods being deleted without a worker (already finished).
     deleting: Mutex<HashSet<String>>,
+    /// The nodes taken down (`localcluster node down`, see [`Agent::watch_down`]).
+    pub down: watch::Sender<BTreeSet<String>>,
 }
 
 impl Agent {
@@ -171,6 +173,38 @@ impl Agent {
             hosts_dirty: Notify::new(),
             running: Mutex::new(HashMap::new()),
             deleting: Mutex::new(HashSet::new()),
+            down: watch::Sender::new(BTreeSet::new()),
+        }
+    }
+
+    /// Polls the down markers (`state::nodes_down`) every half second. A node taken down loses
+    /// power: its pod workers kill their processes and end without a status write or a
+    /// deletion (see `pod::run_pod`), and while it is down nothing of its pods is run, deleted
+    /// or reported (see [`Agent::apply`]); its heartbeat stops and its Ready condition turns
+    /// Unknown (see `node::run`). A node brought up again starts its pods as a rebooted kubelet
+    /// would: every pod still bound to it is looked at again.
+    async fn watch_down(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        loop {
+            tick.tick().await;
+            let now = crate::state::nodes_down(&self.state.dir);
+            let before = self.down.borrow().clone();
+            if now == before {
+                continue;
+            }
+            info!(down = ?now, "nodes down changed");
+            self.down.send_replace(now.clone());
+            let up: Vec<&String> = before.difference(&now).collect();
+            if up.is_empty() {
+                continue;
+            }
+            let pods: Vec<Arc<Pod>> = lock(&self.all_pods).values().cloned().collect();
+            for p in pods {
+                let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                if node.is_some_and(|n| up.contains(&&n)) {
+                    self.apply((*p).clone());
+                }
+            }
         }
     }
 
@@ -254,6 +288,10 @@ impl Agent {
         lock(&self.all_pods).insert(uid.clone(), p.clone());
         let node = p.spec.as_ref().and_then(|s| s.node_name.as_deref());
         if !node.is_some_and(|n| NODE_NAMES.contains(&n)) {
+            return;
+        }
+        if node.is_some_and(|n| self.down.borrow().contains(n)) {
+            // A node without power runs, deletes and reports nothing.
             return;
         }
         let mut workers = lock(&self.workers);
@@ -456,7 +494,12 @@ pub async fn run(state: ClusterState) -> Result<(), AgentError> {
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(apiproxy::serve(proxy, state.apiserver_port));
     tasks.spawn(run_provisioner(client.clone(), state.clone()));
-    tasks.spawn(node::run(client.clone(), state.clone()));
+    tasks.spawn(node::run(
+        client.clone(),
+        state.clone(),
+        agent.down.subscribe(),
+    ));
+    tasks.spawn(agent.clone().watch_down());
     tasks.spawn(agent.clone().hosts_writer());
     tasks.spawn(serve_logs(agent.clone()));
     let watch = tokio::spawn(agent.clone().watch_pods());

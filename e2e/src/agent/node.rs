@@ -242,17 +242,63 @@ async fn renew_lease(
     Ok(())
 }
 
+/// The status patch of a node that stopped posting its status, as the node lifecycle
+/// controller writes it: every condition `Unknown`, reason `NodeStatusUnknown`.
+pub fn unknown_patch(now: Timestamp) -> serde_json::Value {
+    let cond = |type_: &str| {
+        json!({
+            "type": type_, "status": "Unknown", "reason": "NodeStatusUnknown",
+            "message": "Kubelet stopped posting node status.",
+            "lastHeartbeatTime": now.to_string(), "lastTransitionTime": now.to_string(),
+        })
+    };
+    json!({"status": {"conditions": [
+        cond("MemoryPressure"), cond("DiskPressure"), cond("PIDPressure"), cond("Ready"),
+    ]}})
+}
+
 /// Registers every node, then renews status and leases every [`HEARTBEAT`] until dropped.
+/// A node in `down` (`localcluster node down`) gets no heartbeat nor lease renewal; its
+/// conditions turn `Unknown` at once (this cluster has no node lifecycle controller to do it).
 /// Errors are logged and retried.
-pub async fn run(client: kube::Client, state: ClusterState) {
+pub async fn run(
+    client: kube::Client,
+    state: ClusterState,
+    mut down: tokio::sync::watch::Receiver<std::collections::BTreeSet<String>>,
+) {
     let nodes: Api<Node> = Api::all(client.clone());
-    let since = Timestamp::now();
+    let mut since = [Timestamp::now(); 3];
     let mut registered = [false; 3];
+    let mut was_down = [false; 3];
     let mut tick = tokio::time::interval(HEARTBEAT);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            _ = down.changed() => {}
+        }
+        let down_now = down.borrow_and_update().clone();
         for (i, name) in NODE_NAMES.iter().enumerate() {
+            if down_now.contains(*name) {
+                if !was_down[i] {
+                    let patch = unknown_patch(Timestamp::now());
+                    match nodes
+                        .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+                        .await
+                    {
+                        Ok(_) => was_down[i] = true,
+                        Err(e) => {
+                            tracing::warn!(node = name, error = %e, "cannot mark node Unknown")
+                        }
+                    }
+                }
+                continue;
+            }
+            if was_down[i] {
+                was_down[i] = false;
+                since[i] = Timestamp::now();
+            }
+            let since = since[i];
             let res = if registered[i] {
                 heartbeat(&nodes, &state, i, since).await
             } else {
@@ -332,6 +378,11 @@ mod tests {
         let addrs = st.addresses.unwrap();
         assert_eq!(addrs[0].type_, "InternalIP");
         assert_eq!(addrs[0].address, "127.0.0.1");
+        let down = unknown_patch(now);
+        let conds = down["status"]["conditions"].as_array().unwrap();
+        assert_eq!(conds.len(), 4);
+        assert!(conds.iter().all(|c| c["status"] == "Unknown"));
+        assert!(conds.iter().any(|c| c["type"] == "Ready"));
         assert!(removable(NOT_READY_TAINT));
         assert!(!removable("dedicated"));
     }

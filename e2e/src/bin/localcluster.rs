@@ -4,6 +4,9 @@
 //! - `localcluster up --state-dir DIR`: start it in the background; prints
 //!   `export KUBECONFIG=DIR/kubeconfig` on stdout once it is usable (progress goes to stderr).
 //! - `localcluster down --state-dir DIR`: stop it and check nothing is left.
+//! - `localcluster node down|up --state-dir DIR NODE`: take a node down as a power loss would
+//!   (its heartbeat stops and its conditions turn Unknown, its pods' processes are killed, and
+//!   nothing of its pods is run, deleted or reported until it is up again), or bring it up.
 //! - `localcluster image load --state-dir DIR [--name REF] ARCHIVE`: import an OCI archive into
 //!   the image store the cluster's nodes run containers from (`DIR/images`, see `e2e::images`).
 
@@ -47,6 +50,11 @@ enum Cmd {
         #[arg(long)]
         state_dir: PathBuf,
     },
+    /// Take a node down (power loss) or bring it up again.
+    Node {
+        #[command(subcommand)]
+        command: NodeCmd,
+    },
     /// The image store shared by the cluster's nodes (`DIR/images`).
     Image {
         #[command(subcommand)]
@@ -61,6 +69,24 @@ enum Cmd {
     /// Enter a pod's namespaces and exec a container (started by the agent).
     #[command(hide = true)]
     ContainerInit { spec: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// Its heartbeat stops, its conditions turn Unknown, its pods' processes are killed and
+    /// nothing of its pods is run, deleted or reported (a kubelet that lost power).
+    Down {
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// node-a, node-b or node-c.
+        node: String,
+    },
+    /// Heartbeats again (Ready) and starts the pods still bound to it, as after a reboot.
+    Up {
+        #[arg(long)]
+        state_dir: PathBuf,
+        node: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -98,6 +124,12 @@ fn main() -> ExitCode {
         } => cmd_up(&state_dir, no_agent, bin_dir),
         Cmd::Down { state_dir } => cmd_down(&state_dir),
         Cmd::Agent { state_dir } => cmd_agent(&state_dir),
+        Cmd::Node {
+            command: NodeCmd::Down { state_dir, node },
+        } => cmd_node(&state_dir, &node, true),
+        Cmd::Node {
+            command: NodeCmd::Up { state_dir, node },
+        } => cmd_node(&state_dir, &node, false),
         Cmd::Image {
             command:
                 ImageCmd::Load {
@@ -115,6 +147,22 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Marks `node` down or up (the agent polls the marker every half second).
+fn cmd_node(state_dir: &Path, node: &str, down: bool) -> anyhow::Result<ExitCode> {
+    if !e2e::state::NODE_NAMES.contains(&node) {
+        anyhow::bail!(
+            "unknown node {node:?}: one of {}",
+            e2e::state::NODE_NAMES.join(", ")
+        );
+    }
+    ClusterState::load(state_dir)
+        .with_context(|| format!("no cluster in {}", state_dir.display()))?;
+    e2e::state::set_node_down(state_dir, node, down)
+        .with_context(|| format!("cannot mark {node} {}", if down { "down" } else { "up" }))?;
+    eprintln!("{node} is {}", if down { "down" } else { "up" });
+    Ok(ExitCode::SUCCESS)
 }
 
 fn init_tracing() {

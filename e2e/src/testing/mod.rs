@@ -7,6 +7,7 @@
 //!   one-off mover pods and Jobs.
 //! - [`etcd`]: one etcd client per member endpoint, member list, leader, put/get.
 //! - [`operator`]: the operator as a child process, the CRD, creating and awaiting requests.
+//! - [`faults`]: faults injected into the local cluster (a node taken down).
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
 //! object's last state.
@@ -17,6 +18,7 @@ use std::time::Duration;
 
 mod cluster;
 pub mod etcd;
+pub mod faults;
 pub mod helm;
 mod namespace;
 mod objects;

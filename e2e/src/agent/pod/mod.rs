@@ -204,6 +204,9 @@ enum End {
     Gone,
     /// The agent shuts down.
     Shutdown,
+    /// Its node lost power (`localcluster node down`): processes killed at once, no status
+    /// written, nothing deleted from the API.
+    PowerLoss,
 }
 
 /// Runs one pod until it is deleted (or the agent stops: `rx`'s sender dropped).
@@ -232,9 +235,52 @@ pub async fn run_pod(agent: Arc<Agent>, pod: Arc<Pod>, mut rx: watch::Receiver<O
         stop.clone(),
         grace.clone(),
     ));
+    let mut down = agent.down.subscribe();
+    let (end, life_done) = wait_end(&shared, &mut rx, &mut down, &mut life).await;
+    let g = match &end {
+        End::Deleted(g) => *g,
+        End::Gone | End::Shutdown => SHORT_GRACE,
+        End::PowerLoss => Duration::ZERO,
+    };
+    let power_loss = matches!(end, End::PowerLoss);
+    if power_loss {
+        status_task.abort();
+    }
+    info!(pod = %format!("{}/{}", shared.namespace, shared.name), grace_s = g.as_secs_f64(), "stopping pod");
+    grace.store(g.as_millis() as u64, Ordering::SeqCst);
+    stop.cancel();
+    let stopping = Stopping {
+        life: (!life_done).then_some(life),
+        status_task,
+        status_stop,
+    };
+    let power_loss = stopping.finish(&shared, &mut down, power_loss).await;
+    if power_loss {
+        warn!(pod = %shared.name, node = %shared.node, "node lost power: pod processes killed");
+    }
+    release(&agent, &shared).await;
+    if let End::Deleted(_) = end
+        && !power_loss
+    {
+        let pods: Api<Pod> = Api::namespaced(agent.client.clone(), &shared.namespace);
+        delete_now(&pods, &shared.name, &shared.uid).await;
+    }
+    agent.remove_worker(&shared.uid);
+    info!(pod = %format!("{}/{}", shared.namespace, shared.name), "pod released");
+}
+
+/// Runs until the pod is deleted, gone, its node loses power or the agent stops, passing
+/// updates of the pod on to its workers; also notes when its lifecycle ends by itself.
+async fn wait_end<L>(
+    shared: &PodShared,
+    rx: &mut watch::Receiver<Option<Arc<Pod>>>,
+    down: &mut watch::Receiver<std::collections::BTreeSet<String>>,
+    life: &mut tokio::task::JoinHandle<L>,
+) -> (End, bool) {
     let mut life_done = false;
     let end = loop {
         tokio::select! {
+            _ = down.wait_for(|d| d.contains(&shared.node)) => break End::PowerLoss,
             changed = rx.changed() => {
                 if changed.is_err() {
                     break End::Shutdown;
@@ -253,7 +299,7 @@ pub async fn run_pod(agent: Arc<Agent>, pod: Arc<Pod>, mut rx: watch::Receiver<O
                     }
                 }
             }
-            res = &mut life, if !life_done => {
+            res = &mut *life, if !life_done => {
                 life_done = true;
                 if let Err(e) = res {
                     warn!(pod = %shared.name, error = %e, "pod lifecycle task failed");
@@ -261,26 +307,46 @@ pub async fn run_pod(agent: Arc<Agent>, pod: Arc<Pod>, mut rx: watch::Receiver<O
             }
         }
     };
-    let g = match &end {
-        End::Deleted(g) => *g,
-        End::Gone | End::Shutdown => SHORT_GRACE,
-    };
-    info!(pod = %format!("{}/{}", shared.namespace, shared.name), grace_s = g.as_secs_f64(), "stopping pod");
-    grace.store(g.as_millis() as u64, Ordering::SeqCst);
-    stop.cancel();
-    if !life_done && let Err(e) = life.await {
-        warn!(pod = %shared.name, error = %e, "pod lifecycle task failed");
+    (end, life_done)
+}
+
+/// The tasks of a pod being stopped.
+struct Stopping<L, S> {
+    /// The lifecycle, unless it has ended already.
+    life: Option<tokio::task::JoinHandle<L>>,
+    status_task: tokio::task::JoinHandle<S>,
+    status_stop: CancellationToken,
+}
+
+impl<L, S> Stopping<L, S> {
+    /// Waits until the lifecycle has stopped the containers, then for the final status write
+    /// (containers terminated) while the pod still exists. A node that loses power meanwhile
+    /// ends the stop at once: the processes die with the sandbox (see `release`), nothing is
+    /// reported. True after a power loss (before or during the stop).
+    async fn finish(
+        mut self,
+        shared: &PodShared,
+        down: &mut watch::Receiver<std::collections::BTreeSet<String>>,
+        mut power_loss: bool,
+    ) -> bool {
+        if let Some(mut life) = self.life.take() {
+            tokio::select! {
+                res = &mut life => {
+                    if let Err(e) = res {
+                        warn!(pod = %shared.name, error = %e, "pod lifecycle task failed");
+                    }
+                }
+                _ = down.wait_for(|d| d.contains(&shared.node)), if !power_loss => {
+                    power_loss = true;
+                    self.status_task.abort();
+                    life.abort();
+                }
+            }
+        }
+        self.status_stop.cancel();
+        let _ = self.status_task.await;
+        power_loss
     }
-    // Final status (containers terminated) while the pod still exists, then release.
-    status_stop.cancel();
-    let _ = status_task.await;
-    release(&agent, &shared).await;
-    if let End::Deleted(_) = end {
-        let pods: Api<Pod> = Api::namespaced(agent.client.clone(), &shared.namespace);
-        delete_now(&pods, &shared.name, &shared.uid).await;
-    }
-    agent.remove_worker(&shared.uid);
-    info!(pod = %format!("{}/{}", shared.namespace, shared.name), "pod released");
 }
 
 /// Deletes a pod with grace period 0 and a uid precondition (404 and 409 are fine).
