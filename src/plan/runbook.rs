@@ -133,7 +133,9 @@ impl From<&Failure> for Section {
     fn from(f: &Failure) -> Self {
         use Failure::*;
         match f {
-            TimedOut { .. } | BlockedUntilTimeout { .. } => Section::FailedTimedOut,
+            TimedOut { .. } | BlockedUntilTimeout { .. } | DisruptionBudgetUntilTimeout { .. } => {
+                Section::FailedTimedOut
+            }
             Deleted => Section::FailedDeleted,
             Aborted { .. } => Section::FailedAborted,
             PreCopyFailed { .. }
