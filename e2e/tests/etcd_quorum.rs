@@ -580,3 +580,160 @@ async fn etcd_order_adapts_when_leadership_moves_between_members() {
     assert_eq!(used, vec![first, leader, other.clone()]);
     assert_eq!(after.term, before.term + 1 + handed);
 }
+
+const BUDGET: &str = "etcd-pdb";
+
+/// The PodDisruptionBudget API version the cluster serves (`v1` from Kubernetes 1.21, else
+/// `v1beta1`).
+async fn budget_version(ns: &TestNamespace) -> &'static str {
+    let groups = ns.client().list_api_groups().await.expect("API groups");
+    let v1 = groups
+        .groups
+        .iter()
+        .filter(|g| g.name == "policy")
+        .any(|g| g.versions.iter().any(|v| v.version == "v1"));
+    if v1 { "v1" } else { "v1beta1" }
+}
+
+/// Applies the budget on the etcd members with `minAvailable`; waits until the disruption
+/// controller has computed its status for this spec; returns its `disruptionsAllowed`.
+async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> i64 {
+    let yaml = format!(
+        "apiVersion: policy/{version}\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
+         spec:\n  minAvailable: {min_available}\n  selector:\n    matchLabels:\n      app: etcd\n"
+    );
+    ns.apply_yaml(&yaml).await.expect("apply the budget");
+    let resource = kube::discovery::ApiResource {
+        group: "policy".into(),
+        version: version.into(),
+        api_version: format!("policy/{version}"),
+        kind: "PodDisruptionBudget".into(),
+        plural: "poddisruptionbudgets".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ns.client(), &ns.name, &resource);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pdb = api.get(BUDGET).await.expect("get the budget");
+        let status = &pdb.data["status"];
+        if status["observedGeneration"].as_i64() == pdb.metadata.generation
+            && status["desiredHealthy"].as_i64() == Some(min_available.into())
+        {
+            return status["disruptionsAllowed"].as_i64().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the disruption controller did not compute {BUDGET}'s status: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The request's `DisruptionBudget` condition: (status, message).
+fn budget_condition(status: &Value) -> Option<(String, String)> {
+    let conditions = status["conditions"].as_array()?;
+    let c = conditions
+        .iter()
+        .find(|c| c["type"] == "DisruptionBudget")?;
+    Some((
+        c["status"].as_str()?.to_string(),
+        c["message"].as_str()?.to_string(),
+    ))
+}
+
+/// The uid of each member pod.
+async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = ns.api();
+    let list = pods
+        .list(&ListParams::default().labels("app=etcd"))
+        .await
+        .expect("list pods");
+    list.iter()
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect()
+}
+
+/// A budget that allows no disruption (`minAvailable: 3` of 3) holds the first member before
+/// it stops: the request waits with the condition naming the budget and no member pod is
+/// deleted; once the budget allows one (`minAvailable: 2`), the members go one at a time (the
+/// budget allows none while one is down) and the request succeeds with every write kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_waits_while_a_disruption_budget_allows_none() {
+    let (cluster, ns, _operator) = setup("etcd-pdb", 3).await;
+    let version = budget_version(&ns).await;
+    assert_eq!(
+        apply_budget(&ns, version, 3).await,
+        0,
+        "minAvailable 3 of 3"
+    );
+    let writer = Writer::start(&ns);
+    let before = member_uids(&ns).await;
+    create_request(&ns, &cluster.wffc_storage_class, "IfReady").await;
+    let started = Instant::now();
+    let held = operator::wait_status(
+        &ns,
+        REQUEST,
+        "DisruptionBudget False",
+        Duration::from_secs(180),
+        |s| {
+            serde_json::to_value(s)
+                .ok()
+                .and_then(|v| budget_condition(&v))
+                .is_some_and(|(status, _)| status == "False")
+        },
+    )
+    .await
+    .expect("the request waits for the budget");
+    let (_, message) = budget_condition(&serde_json::to_value(held.status).unwrap()).unwrap();
+    assert!(
+        message.contains(&format!(
+            "PodDisruptionBudget {BUDGET} (minAvailable 3) allows 0"
+        )),
+        "{message}"
+    );
+    // Held: over 20 s the condition stays False, the request in progress, no member pod
+    // deleted or replaced.
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(20) {
+        let status = request_status(&ns).await;
+        assert_eq!(phase(&status), "Progressing", "{status:#}");
+        let (cond, _) = budget_condition(&status).expect("condition");
+        assert_eq!(cond, "False", "{status:#}");
+        assert_eq!(member_uids(&ns).await, before, "no member pod deleted");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let waited = started.elapsed();
+    assert_eq!(
+        apply_budget(&ns, version, 2).await,
+        1,
+        "minAvailable 2 of 3"
+    );
+    let status = wait_final(&ns, Duration::from_secs(900)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = writer.finish().await;
+    assert_eq!(phase(&status), "Successful", "{status:#}");
+    let events = ns.events_for(REQUEST).await.unwrap_or_default();
+    let waits: Vec<&String> = events
+        .iter()
+        .filter(|e| e.starts_with("WaitingForDisruptionBudget:"))
+        .collect();
+    println!(
+        "NOTE etcd-pdb ({version}): held {waited:?} with no member pod deleted; then succeeded \
+         after {:?}; {} WaitingForDisruptionBudget Event(s): {waits:?}; writes attempted {} \
+         acknowledged {} failed {}; downtime {:?}",
+        started.elapsed(),
+        waits.len(),
+        writes.attempted,
+        writes.acked.len(),
+        writes.failed,
+        downtimes(&status),
+    );
+    assert!(!waits.is_empty(), "{events:?}");
+    assert_eq!(
+        budget_condition(&status).map(|(s, _)| s).as_deref(),
+        Some("True"),
+        "{status:#}"
+    );
+    assert_eq!(writes.failed, 0, "writes failed even after a retry");
+    check_writes(&ns, &writes).await;
+    claims_on(&ns, &cluster.wffc_storage_class, 3).await;
+}

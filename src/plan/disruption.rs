@@ -12,6 +12,13 @@
 //! - A budget whose status is behind its spec (`status.observedGeneration < generation`), or
 //!   has no status yet, allows nothing until the disruption controller has caught up: its
 //!   `disruptionsAllowed` was computed for an older spec.
+//! - While migrating, the StatefulSet is orphaned and its pods have no controller. The
+//!   disruption controller can still count a budget with an integer `minAvailable`, but not one
+//!   with `maxUnavailable` or a percentage (it needs the controller's scale): it reports no
+//!   disruption allowed until the set is back. For those the operator counts the budget itself
+//!   over the plan's members, as the controller would (expected = the members it selects,
+//!   healthy = their pods Ready, percentages rounded up); pods it selects outside the
+//!   StatefulSet are not counted then.
 //! - [`hold`]: the gate before a member stops (`GatingStop`) and again just before its pod is
 //!   deleted (`StoppingPod`): while a budget holds, the member waits with the condition
 //!   `DisruptionBudget` (`False`, reason `Waiting`, message naming the budget and its numbers)
@@ -23,6 +30,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use serde_json::Value;
 
@@ -76,6 +84,17 @@ pub struct Budget {
     pub status: Option<PodDisruptionBudgetStatus>,
     /// `spec.minAvailable` / `spec.maxUnavailable` as written (for messages).
     pub rule: String,
+    pub min_available: Option<IntOrString>,
+    pub max_unavailable: Option<IntOrString>,
+}
+
+/// The members a budget selects, as the operator counts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    /// Members of the plan it selects (a member whose pod is gone counts).
+    pub expected: i32,
+    /// Those whose pod is there, Ready and not terminating.
+    pub healthy: i32,
 }
 
 impl Budget {
@@ -102,6 +121,8 @@ impl Budget {
             generation,
             status,
             rule,
+            min_available: spec.min_available,
+            max_unavailable: spec.max_unavailable,
         }
     }
 
@@ -139,8 +160,59 @@ impl Budget {
     }
 }
 
-fn int_or_string(v: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString) -> String {
-    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+impl Budget {
+    /// True when the disruption controller needs the scale of the pods' controller to compute
+    /// this budget (`maxUnavailable`, or `minAvailable` as a percentage). It cannot while the
+    /// StatefulSet is orphaned (its pods have no controller): it then reports no disruption
+    /// allowed, whatever the pods' health, until the set is back.
+    pub fn needs_scale(&self) -> bool {
+        self.max_unavailable.is_some() || matches!(self.min_available, Some(IntOrString::String(_)))
+    }
+
+    /// How many of `c.expected` members must stay healthy, as the disruption controller
+    /// computes it (percentages rounded up); `None` when it needs no scale.
+    pub fn desired_healthy(&self, expected: i32) -> Option<i32> {
+        match (&self.min_available, &self.max_unavailable) {
+            (_, Some(max)) => Some((expected - scaled(max, expected)).max(0)),
+            (Some(min @ IntOrString::String(_)), None) => Some(scaled(min, expected)),
+            _ => None,
+        }
+    }
+
+    /// [`Budget::refusal`] computed by the operator from the members it counted, for a budget
+    /// the disruption controller cannot compute while the members have no controller.
+    pub fn counted_refusal(&self, c: Counted) -> Option<String> {
+        let desired = self.desired_healthy(c.expected)?;
+        let allowed = c.healthy - desired;
+        (allowed < 1).then(|| {
+            format!(
+                "PodDisruptionBudget {} ({}) allows {} disruptions ({} healthy of {} members, \
+                 {desired} must stay healthy; counted by the operator, as the disruption \
+                 controller cannot count this budget while the StatefulSet is orphaned)",
+                self.name,
+                self.rule,
+                allowed.max(0),
+                c.healthy,
+                c.expected
+            )
+        })
+    }
+}
+
+/// `v` of `total`: an integer as it is, a percentage rounded up (as the disruption controller
+/// does); a value that cannot be read counts as all of `total` (nothing may be disrupted).
+fn scaled(v: &IntOrString, total: i32) -> i32 {
+    match v {
+        IntOrString::Int(i) => *i,
+        IntOrString::String(s) => s
+            .strip_suffix('%')
+            .and_then(|p| p.trim().parse::<i64>().ok())
+            .map(|p| ((p * i64::from(total) + 99) / 100) as i32)
+            .unwrap_or(total),
+    }
+}
+
+fn int_or_string(v: &IntOrString) -> String {
     match v {
         IntOrString::Int(i) => i.to_string(),
         IntOrString::String(s) => s.clone(),
@@ -175,8 +247,8 @@ fn requirement_holds(r: &LabelSelectorRequirement, labels: &BTreeMap<String, Str
     }
 }
 
-/// Why a pod with `labels` may not be disrupted now: the refusal of the first budget (by name)
-/// that selects it and does not allow a disruption.
+/// Why a pod with `labels` may not be disrupted now, by the disruption controller's status:
+/// the refusal of the first budget (by name) that selects it and does not allow a disruption.
 pub fn refusal(budgets: &[Budget], labels: &BTreeMap<String, String>) -> Option<String> {
     budgets
         .iter()
@@ -194,13 +266,55 @@ fn selecting(budgets: &[Budget], labels: &BTreeMap<String, String>) -> Vec<Strin
 }
 
 /// Why the budgets keep member pod `pod` from being deleted now, if they do (a pod not
-/// observed, or already terminating, is not held here: its step handles it).
+/// observed, or already terminating, is not held here: its step handles it). A budget the
+/// disruption controller cannot compute while a member it selects has no controller (the
+/// StatefulSet orphaned) is counted by the operator over the plan's members instead
+/// ([`Budget::counted_refusal`]); pods it selects outside the StatefulSet are not counted then.
 fn member_refusal(cx: &Ctx, pod: &str) -> Option<String> {
     let pod = cx.o.pods.get(pod)?.typed();
     if super::is_terminating(pod) {
         return None;
     }
-    refusal(&cx.o.budgets, pod.labels())
+    cx.o.budgets
+        .iter()
+        .filter(|b| selects(b, pod.labels()))
+        .find_map(|b| match counted(cx, b) {
+            Some(c) if b.needs_scale() => b.counted_refusal(c),
+            _ => b.refusal(),
+        })
+}
+
+/// The plan's members `budget` selects, counted, when one of their pods has no controller
+/// (else `None`: the disruption controller's status is right). A member without a pod (or
+/// only its stashed one) is counted by the labels of its stashed pod, else as selected.
+fn counted(cx: &Ctx, budget: &Budget) -> Option<Counted> {
+    let plan = cx.status.plan.as_ref()?;
+    let mut c = Counted {
+        expected: 0,
+        healthy: 0,
+    };
+    let mut orphaned = false;
+    for m in &plan.members {
+        let live = cx.o.pods.get(&m.pod).map(|p| p.typed());
+        let stashed = cx.o.stash.pods.get(&m.pod).map(|p| p.typed());
+        if live
+            .or(stashed)
+            .is_some_and(|p| !selects(budget, p.labels()))
+        {
+            continue;
+        }
+        c.expected += 1;
+        if let Some(p) = live {
+            orphaned |= p
+                .owner_references()
+                .iter()
+                .all(|o| o.controller != Some(true));
+            if super::pod_ready(p) && !super::is_terminating(p) {
+                c.healthy += 1;
+            }
+        }
+    }
+    orphaned.then_some(c)
 }
 
 /// The gate of the budgets before member pod `pod` is stopped. True when it holds: the

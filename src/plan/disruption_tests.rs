@@ -229,3 +229,88 @@ fn the_timeout_while_a_budget_holds_names_it_and_rolls_back() {
     assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
     assert_eq!(deleted_pods(&sim), 0);
 }
+
+/// A budget the disruption controller cannot count while the set is orphaned: its status
+/// says no disruption (fail-safe), whatever the pods.
+fn max_unavailable_budget(max: Value) -> Budget {
+    let data = json!({
+        "spec": {"maxUnavailable": max, "selector": {"matchLabels": {"app": "etcd"}}},
+        "status": {
+            "disruptionsAllowed": 0, "currentHealthy": 3, "desiredHealthy": 2,
+            "expectedPods": 3, "observedGeneration": 1,
+        },
+    });
+    Budget::from_object("etcd-pdb".into(), Some(1), &data, BudgetApi::V1)
+}
+
+#[test]
+fn desired_healthy_as_the_disruption_controller_computes_it() {
+    assert_eq!(max_unavailable_budget(json!(1)).desired_healthy(3), Some(2));
+    assert_eq!(
+        max_unavailable_budget(json!("34%")).desired_healthy(3),
+        Some(1)
+    );
+    assert_eq!(max_unavailable_budget(json!(5)).desired_healthy(3), Some(0));
+    assert_eq!(
+        max_unavailable_budget(json!("x")).desired_healthy(3),
+        Some(0)
+    );
+    let min = |v: Value| {
+        let data = json!({"spec": {"minAvailable": v}});
+        Budget::from_object("b".into(), None, &data, BudgetApi::V1)
+    };
+    assert_eq!(min(json!("50%")).desired_healthy(3), Some(2));
+    assert_eq!(min(json!("100%")).desired_healthy(3), Some(3));
+    assert_eq!(min(json!(2)).desired_healthy(3), None, "no scale needed");
+    assert!(!min(json!(2)).needs_scale());
+    assert!(min(json!("50%")).needs_scale());
+    assert!(max_unavailable_budget(json!(1)).needs_scale());
+    let b = max_unavailable_budget(json!(1));
+    let counted = |healthy| Counted {
+        expected: 3,
+        healthy,
+    };
+    assert_eq!(b.counted_refusal(counted(3)), None);
+    let why = b.counted_refusal(counted(2)).unwrap();
+    assert!(
+        why.starts_with(
+            "PodDisruptionBudget etcd-pdb (maxUnavailable 1) allows 0 disruptions (2 healthy \
+             of 3 members, 2 must stay healthy; counted by the operator"
+        ),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_max_unavailable_budget_is_counted_by_the_operator_while_the_set_is_orphaned() {
+    let mut o = observed(spec_class_change("fast"));
+    o.budgets = vec![max_unavailable_budget(json!(1))];
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(
+        sim.o.request.status.as_ref().unwrap().phase,
+        Phase::Successful,
+        "the controller's fail-safe 0 does not hold orphaned members: {:?}",
+        sim.events
+    );
+}
+
+#[test]
+fn a_max_unavailable_budget_holds_while_another_member_is_not_ready() {
+    let mut o = observed(spec_class_change("fast"));
+    o.request.spec.apply = crate::api::ApplyPolicy::Always;
+    o.budgets = vec![max_unavailable_budget(json!(1))];
+    o.pods.get_mut("etcd-2").unwrap().update(|p| {
+        p.status.as_mut().unwrap().conditions = None;
+    });
+    let mut sim = Sim::new(o);
+    sim.run(80);
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::GatingStop);
+    assert_eq!(deleted_pods(&sim), 0);
+    let (status, message) = condition(&sim);
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("allows 0 disruptions (2 healthy of 3 members"),
+        "{message}"
+    );
+}
