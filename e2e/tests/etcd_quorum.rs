@@ -598,9 +598,17 @@ async fn budget_version(ns: &TestNamespace) -> &'static str {
 /// Applies the budget on the etcd members with `minAvailable`; waits until the disruption
 /// controller has computed its status for this spec; returns its `disruptionsAllowed`.
 async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> i64 {
+    let rule = format!("minAvailable: {min_available}");
+    apply_budget_rule(ns, version, &rule, min_available.into()).await
+}
+
+/// Applies the budget on the etcd members with `rule` (`minAvailable: N`, `maxUnavailable: N`);
+/// waits until the disruption controller has computed its status for this spec (`desired`
+/// pods must stay healthy); returns its `disruptionsAllowed`.
+async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desired: i64) -> i64 {
     let yaml = format!(
         "apiVersion: policy/{version}\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
-         spec:\n  minAvailable: {min_available}\n  selector:\n    matchLabels:\n      app: etcd\n"
+         spec:\n  {rule}\n  selector:\n    matchLabels:\n      app: etcd\n"
     );
     ns.apply_yaml(&yaml).await.expect("apply the budget");
     let resource = kube::discovery::ApiResource {
@@ -616,7 +624,7 @@ async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> 
         let pdb = api.get(BUDGET).await.expect("get the budget");
         let status = &pdb.data["status"];
         if status["observedGeneration"].as_i64() == pdb.metadata.generation
-            && status["desiredHealthy"].as_i64() == Some(min_available.into())
+            && status["desiredHealthy"].as_i64() == Some(desired)
         {
             return status["disruptionsAllowed"].as_i64().unwrap_or(-1);
         }
@@ -652,8 +660,9 @@ async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A budget that allows no disruption (`minAvailable: 3` of 3) holds the first member before
-/// it stops: the request waits with the condition naming the budget and no member pod is
+/// A budget that allows no disruption (`minAvailable: 3` of 3): a request with `apply: IfReady`
+/// is denied naming it; one with `apply: Always` starts and the budget holds the first member
+/// before it stops: the request waits with the condition naming the budget and no member pod is
 /// deleted; once the budget allows one (`minAvailable: 2`), the members go one at a time (the
 /// budget allows none while one is down) and the request succeeds with every write kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -665,9 +674,40 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
         0,
         "minAvailable 3 of 3"
     );
+    // `apply: IfReady` is denied at preflight, naming the budget.
+    let denied = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "20m",
+        "apply": "IfReady",
+        "database": {"engine": "Etcd", "etcd": {"clientPort": 2379}},
+    });
+    operator::create_request(&ns, "if-ready", denied)
+        .await
+        .expect("create the IfReady request");
+    let req = operator::wait_final(&ns, "if-ready", Duration::from_secs(120))
+        .await
+        .expect("the IfReady request ends");
+    let status = serde_json::to_value(req.status).unwrap();
+    let accepted = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Accepted"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(phase(&status), "Denied", "{status:#}");
+    assert_eq!(accepted["reason"], "DisruptionBudget", "{status:#}");
+    let why = accepted["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "PodDisruptionBudget {BUDGET} (minAvailable 3) allows 0"
+        )) && why.contains("its rule leaves no room"),
+        "{why}"
+    );
+    // `apply: Always` starts, and waits before the first stop.
     let writer = Writer::start(&ns);
     let before = member_uids(&ns).await;
-    create_request(&ns, &cluster.wffc_storage_class, "IfReady").await;
+    create_request(&ns, &cluster.wffc_storage_class, "Always").await;
     let started = Instant::now();
     let held = operator::wait_status(
         &ns,
@@ -732,6 +772,46 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
         budget_condition(&status).map(|(s, _)| s).as_deref(),
         Some("True"),
         "{status:#}"
+    );
+    assert_eq!(writes.failed, 0, "writes failed even after a retry");
+    check_writes(&ns, &writes).await;
+    claims_on(&ns, &cluster.wffc_storage_class, 3).await;
+}
+
+/// A `maxUnavailable: 1` budget: while the StatefulSet is orphaned the disruption controller
+/// cannot count it (its pods have no controller: it reports no disruption allowed, Event
+/// `NoControllerRef`), so the operator counts it over the members; the request succeeds, one
+/// member at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned() {
+    let (cluster, ns, _operator) = setup("etcd-pdb-max", 3).await;
+    let version = budget_version(&ns).await;
+    let allowed = apply_budget_rule(&ns, version, "maxUnavailable: 1", 2).await;
+    assert_eq!(allowed, 1, "maxUnavailable 1 of 3, the set owning its pods");
+    let writer = Writer::start(&ns);
+    create_request(&ns, &cluster.wffc_storage_class, "IfReady").await;
+    let status = wait_final(&ns, Duration::from_secs(900)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = writer.finish().await;
+    assert_eq!(phase(&status), "Successful", "{status:#}");
+    let controller = ns.events_for(BUDGET).await.unwrap_or_default();
+    let ours: Vec<String> = ns
+        .events_for(REQUEST)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.starts_with("WaitingForDisruptionBudget:"))
+        .collect();
+    println!(
+        "NOTE etcd-pdb-max ({version}): succeeded; the budget's own Events {controller:?}; \
+         WaitingForDisruptionBudget {ours:?}; writes acknowledged {} failed {}; downtime {:?}",
+        writes.acked.len(),
+        writes.failed,
+        downtimes(&status),
+    );
+    assert!(
+        controller.iter().any(|e| e.starts_with("NoControllerRef:")),
+        "the disruption controller could not count the orphaned pods: {controller:?}"
     );
     assert_eq!(writes.failed, 0, "writes failed even after a retry");
     check_writes(&ns, &writes).await;

@@ -1,7 +1,7 @@
 //! The PodDisruptionBudgets of a request's namespace, read through the API version the cluster
 //! serves (`policy/v1`, else `policy/v1beta1`, else none), found by discovery once per operator
 //! process and kept in a [`BudgetApiCache`] shared by every reconcile. Budgets are read only
-//! while migrating: the gate before a member stops is their only reader (see
+//! in Preflight (`apply: IfReady`) and while migrating (the gate before a member stops, see
 //! `plan::disruption`).
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -34,14 +34,14 @@ fn resource(api: BudgetApi) -> ApiResource {
 }
 
 impl Cluster {
-    /// The budgets of `ns` while migrating (none in other stages). A cluster that stopped
+    /// The budgets of `ns` in Preflight and while migrating (none in other stages). A cluster that stopped
     /// serving the cached version (upgraded under the operator: a 404) is asked again once.
     pub(super) async fn budgets(
         &self,
         ns: &str,
         status: &StorageMigrationRequestStatus,
     ) -> Result<Vec<Budget>, ClusterError> {
-        if status.phase.is_final() || status.stage != Stage::Migrating {
+        if status.phase.is_final() || !matches!(status.stage, Stage::Preflight | Stage::Migrating) {
             return Ok(Vec::new());
         }
         let mut retried = false;

@@ -429,7 +429,8 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
 
 /// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
 /// and helper pods, the claims and their volumes, the classes, the other requests, and (in
-/// Preflight) the namespace; the FailedCreate Events of a running Job that has no pod.
+/// Preflight) the namespace and the PodDisruptionBudgets; the FailedCreate Events of a running
+/// Job that has no pod.
 #[tokio::test]
 async fn gather_reads_everything_the_planner_needs_in_order() {
     let o = observed();
@@ -490,6 +491,10 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "demo", "labels": {labels::POD_SECURITY_ENFORCE_LABEL: "baseline"}},
+        })),
+        // In Preflight and Migrating: the PodDisruptionBudgets (a cluster serving none here).
+        Exchange::new(Method::GET, "/apis").returns(json!({
+            "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
         })),
     ];
     let request = o.request.clone();
@@ -588,6 +593,9 @@ async fn gather_reads_a_running_copys_progress_from_its_log() {
             Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
             })),
+            Exchange::new(Method::GET, "/apis").returns(json!({
+                "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
+            })),
         ]
     };
     let gather = |answer: Exchange| {
@@ -650,7 +658,7 @@ async fn delete_with_a_resource_version_sends_both_preconditions_and_a_conflict_
     execute(observed(), action, vec![gone]).await.unwrap();
 }
 
-/// PodDisruptionBudgets are read while migrating only, through the version discovery finds
+/// PodDisruptionBudgets are read in Preflight and while migrating only, through the version discovery finds
 /// (once, then cached); a cluster that stops serving it (404) is asked again once.
 #[tokio::test]
 async fn budgets_are_read_through_the_discovered_version_once() {
@@ -687,7 +695,7 @@ async fn budgets_are_read_through_the_discovered_version_once() {
     ];
     let got = super::mock::verify(exchanges, |cluster| async move {
         let mut status = StorageMigrationRequestStatus {
-            stage: Stage::Preflight,
+            stage: Stage::Finalizing,
             ..Default::default()
         };
         let none = cluster.budgets(NS, &status).await.unwrap();
@@ -699,7 +707,7 @@ async fn budgets_are_read_through_the_discovered_version_once() {
         got
     })
     .await;
-    assert!(got[0].is_empty(), "not read in Preflight");
+    assert!(got[0].is_empty(), "not read while finalizing");
     let apis: Vec<BudgetApi> = got[1..].iter().map(|b| b[0].api).collect();
     assert_eq!(
         apis,

@@ -161,6 +161,15 @@ impl Budget {
 }
 
 impl Budget {
+    /// True when, by its status, the rule needs every pod it selects healthy (or more): it
+    /// can never allow a disruption of these pods (`minAvailable` as many as the pods,
+    /// `maxUnavailable: 0`).
+    pub fn leaves_no_room(&self) -> bool {
+        self.status
+            .as_ref()
+            .is_some_and(|s| s.expected_pods > 0 && s.desired_healthy >= s.expected_pods)
+    }
+
     /// True when the disruption controller needs the scale of the pods' controller to compute
     /// this budget (`maxUnavailable`, or `minAvailable` as a percentage). It cannot while the
     /// StatefulSet is orphaned (its pods have no controller): it then reports no disruption

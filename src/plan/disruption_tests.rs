@@ -1,7 +1,7 @@
 use serde_json::json;
 
 use super::*;
-use crate::api::Phase;
+use crate::api::{ApplyPolicy, Phase};
 use crate::plan::fixtures::{Sim, observed, spec_class_change, t};
 use crate::plan::{Action, Kind, decide};
 
@@ -160,6 +160,7 @@ fn deletes_member(a: &Action) -> bool {
 #[test]
 fn a_member_waits_while_a_budget_allows_nothing_then_goes() {
     let mut o = observed(spec_class_change("fast"));
+    o.request.spec.apply = ApplyPolicy::Always;
     o.budgets = vec![etcd_budget(0)];
     let mut sim = Sim::new(o);
     sim.run(80);
@@ -211,6 +212,7 @@ fn a_budget_closed_after_the_gate_keeps_the_pod_from_being_deleted() {
 #[test]
 fn the_timeout_while_a_budget_holds_names_it_and_rolls_back() {
     let mut o = observed(spec_class_change("fast"));
+    o.request.spec.apply = ApplyPolicy::Always;
     o.budgets = vec![etcd_budget(0)];
     let mut sim = Sim::new(o);
     sim.run(80);
@@ -284,6 +286,7 @@ fn desired_healthy_as_the_disruption_controller_computes_it() {
 #[test]
 fn a_max_unavailable_budget_is_counted_by_the_operator_while_the_set_is_orphaned() {
     let mut o = observed(spec_class_change("fast"));
+    o.request.spec.apply = ApplyPolicy::Always;
     o.budgets = vec![max_unavailable_budget(json!(1))];
     let mut sim = Sim::new(o);
     sim.run(400);
@@ -298,7 +301,7 @@ fn a_max_unavailable_budget_is_counted_by_the_operator_while_the_set_is_orphaned
 #[test]
 fn a_max_unavailable_budget_holds_while_another_member_is_not_ready() {
     let mut o = observed(spec_class_change("fast"));
-    o.request.spec.apply = crate::api::ApplyPolicy::Always;
+    o.request.spec.apply = ApplyPolicy::Always;
     o.budgets = vec![max_unavailable_budget(json!(1))];
     o.pods.get_mut("etcd-2").unwrap().update(|p| {
         p.status.as_mut().unwrap().conditions = None;
@@ -313,4 +316,56 @@ fn a_max_unavailable_budget_holds_while_another_member_is_not_ready() {
         message.contains("allows 0 disruptions (2 healthy of 3 members"),
         "{message}"
     );
+}
+
+/// The phase the first decision writes.
+fn phase(o: &crate::plan::Observed) -> Phase {
+    match decide(o, &crate::plan::fixtures::SETTINGS).actions.first() {
+        Some(Action::SetStatus(s)) => s.phase,
+        other => panic!("expected SetStatus first, got {other:?}"),
+    }
+}
+
+/// The Denied condition's reason and message of the first decision.
+fn denial(o: &crate::plan::Observed) -> (String, String) {
+    let d = decide(o, &crate::plan::fixtures::SETTINGS);
+    let Some(Action::SetStatus(s)) = d.actions.first() else {
+        panic!("expected SetStatus first, got {:?}", d.actions);
+    };
+    assert_eq!(s.phase, Phase::Denied);
+    let c = conditions::get(&s.conditions, conditions::ACCEPTED).expect("Accepted");
+    (c.reason.clone(), c.message.clone())
+}
+
+#[test]
+fn if_ready_is_denied_while_a_budget_allows_nothing_and_always_starts() {
+    let mut o = observed(spec_class_change("fast"));
+    o.budgets = vec![etcd_budget(1)];
+    assert_eq!(phase(&o), Phase::Progressing);
+    o.budgets = vec![etcd_budget(0)];
+    let (reason, message) = denial(&o);
+    assert_eq!(reason, "DisruptionBudget");
+    assert!(
+        message.starts_with(
+            "apply is IfReady and member pod etcd-0 may not be stopped now: PodDisruptionBudget \
+             etcd-pdb (minAvailable 2) allows 0 disruptions"
+        ),
+        "{message}"
+    );
+    assert!(message.contains("its rule leaves no room"), "{message}");
+    assert!(
+        message.contains("(runbook: docs/runbook.md#denied-"),
+        "{message}"
+    );
+    // Room by its rule, but a pod it selects is not Ready.
+    if let Some(s) = o.budgets[0].status.as_mut() {
+        (s.current_healthy, s.desired_healthy) = (1, 2);
+    }
+    let (_, message) = denial(&o);
+    assert!(
+        message.contains("a pod it selects is not Ready?"),
+        "{message}"
+    );
+    o.request.spec.apply = ApplyPolicy::Always;
+    assert_eq!(phase(&o), Phase::Progressing);
 }

@@ -113,8 +113,8 @@ pub struct Observed {
     pub storage_classes: BTreeMap<String, StorageClass>,
     /// Other requests in the namespace on the same target.
     pub other_requests: Vec<OtherRequest>,
-    /// The PodDisruptionBudgets of the namespace, read while migrating (empty in other stages,
-    /// and when the cluster serves no PodDisruptionBudget API).
+    /// The PodDisruptionBudgets of the namespace, read in Preflight and while migrating (empty
+    /// in other stages, and when the cluster serves no PodDisruptionBudget API).
     pub budgets: Vec<disruption::Budget>,
     /// The database engine's view, or why it could not be had.
     pub health: Result<HealthReport, HealthUnavailable>,

@@ -37,7 +37,7 @@ sections! {
     DeniedTarget => "denied-targetnotfound-templatenotfound-templaterequired-nomembers",
     DeniedForeignOwner => "denied-foreignowner",
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
-    DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy",
+    DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
     DeniedStorageClass => "denied-mixedstorageclasses-storageclassnotfound-samestorageclass-bindingmodemismatch",
     DeniedSize => "denied-notsmaller-cannotmeasure-measurefailed-insufficientsize",
     DeniedMover => "denied-moverimagenotallowed-podsecuritylevel",
@@ -119,7 +119,9 @@ impl From<DenialReason> for Section {
             | ClaimNotBound
             | VolumeNotFound
             | InvalidClaim => Section::DeniedClaims,
-            MemberMissing | MemberNotScheduled | NotHealthy => Section::DeniedMembers,
+            MemberMissing | MemberNotScheduled | NotHealthy | DisruptionBudget => {
+                Section::DeniedMembers
+            }
             MixedStorageClasses | StorageClassNotFound | SameStorageClass | BindingModeMismatch => {
                 Section::DeniedStorageClass
             }
