@@ -57,6 +57,8 @@ pub struct Context {
     pub settings: Settings,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
+    /// The PodDisruptionBudget API version, discovered once for every reconcile.
+    budget_api: crate::cluster::BudgetApiCache,
 }
 
 impl Context {
@@ -73,6 +75,7 @@ impl Context {
             metrics,
             settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
+            budget_api: Default::default(),
         }
     }
 
@@ -81,6 +84,7 @@ impl Context {
             self.client.clone(),
             Recorder::new(self.client.clone(), self.reporter.clone()),
         )
+        .with_budget_api(self.budget_api.clone())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {

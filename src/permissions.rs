@@ -121,6 +121,13 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         scope: RuleScope::Watched,
+        group: "policy",
+        resource: "poddisruptionbudgets",
+        verbs: &["list"],
+        why: "a member is not stopped while a PodDisruptionBudget that selects it allows none",
+    },
+    Rule {
+        scope: RuleScope::Watched,
         group: "batch",
         resource: "jobs",
         verbs: &["list", "watch", "create", "delete"],

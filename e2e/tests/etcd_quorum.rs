@@ -732,6 +732,249 @@ async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
         "the crashing member is not the first migrated"
     );
     assert_eq!(most_down, 1, "never two members down at once: {seen:?}");
+    // The first member stopped only once the victim had run, with no restart, for the window
+    // (whole seconds in the status: one second of slack).
+    assert!(
+        after_kill.is_some_and(|s| s >= 9),
+        "the first member stopped {after_kill:?} s after the last kill"
+    );
+    check_writes(&ns, &writes).await;
+    claims_on(&ns, &cluster.wffc_storage_class, 3).await;
+}
+
+const BUDGET: &str = "etcd-pdb";
+
+/// The PodDisruptionBudget API version the cluster serves (`v1` from Kubernetes 1.21, else
+/// `v1beta1`).
+async fn budget_version(ns: &TestNamespace) -> &'static str {
+    let groups = ns.client().list_api_groups().await.expect("API groups");
+    let v1 = groups
+        .groups
+        .iter()
+        .filter(|g| g.name == "policy")
+        .any(|g| g.versions.iter().any(|v| v.version == "v1"));
+    if v1 { "v1" } else { "v1beta1" }
+}
+
+/// Applies the budget on the etcd members with `minAvailable`; waits until the disruption
+/// controller has computed its status for this spec; returns its `disruptionsAllowed`.
+async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> i64 {
+    let rule = format!("minAvailable: {min_available}");
+    apply_budget_rule(ns, version, &rule, min_available.into()).await
+}
+
+/// Applies the budget on the etcd members with `rule` (`minAvailable: N`, `maxUnavailable: N`);
+/// waits until the disruption controller has computed its status for this spec (`desired`
+/// pods must stay healthy); returns its `disruptionsAllowed`.
+async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desired: i64) -> i64 {
+    let yaml = format!(
+        "apiVersion: policy/{version}\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
+         spec:\n  {rule}\n  selector:\n    matchLabels:\n      app: etcd\n"
+    );
+    ns.apply_yaml(&yaml).await.expect("apply the budget");
+    let resource = kube::discovery::ApiResource {
+        group: "policy".into(),
+        version: version.into(),
+        api_version: format!("policy/{version}"),
+        kind: "PodDisruptionBudget".into(),
+        plural: "poddisruptionbudgets".into(),
+    };
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(ns.client(), &ns.name, &resource);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pdb = api.get(BUDGET).await.expect("get the budget");
+        let status = &pdb.data["status"];
+        if status["observedGeneration"].as_i64() == pdb.metadata.generation
+            && status["desiredHealthy"].as_i64() == Some(desired)
+        {
+            return status["disruptionsAllowed"].as_i64().unwrap_or(-1);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the disruption controller did not compute {BUDGET}'s status: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The request's `DisruptionBudget` condition: (status, message).
+fn budget_condition(status: &Value) -> Option<(String, String)> {
+    let conditions = status["conditions"].as_array()?;
+    let c = conditions
+        .iter()
+        .find(|c| c["type"] == "DisruptionBudget")?;
+    Some((
+        c["status"].as_str()?.to_string(),
+        c["message"].as_str()?.to_string(),
+    ))
+}
+
+/// The uid of each member pod.
+async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = ns.api();
+    let list = pods
+        .list(&ListParams::default().labels("app=etcd"))
+        .await
+        .expect("list pods");
+    list.iter()
+        .map(|p| (p.name_any(), p.uid().unwrap_or_default()))
+        .collect()
+}
+
+/// A budget that allows no disruption (`minAvailable: 3` of 3): a request with `apply: IfReady`
+/// is denied naming it; one with `apply: Always` starts and the budget holds the first member
+/// before it stops: the request waits with the condition naming the budget and no member pod is
+/// deleted; once the budget allows one (`minAvailable: 2`), the members go one at a time (the
+/// budget allows none while one is down) and the request succeeds with every write kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_waits_while_a_disruption_budget_allows_none() {
+    let (cluster, ns, _operator) = setup("etcd-pdb", 3).await;
+    let version = budget_version(&ns).await;
+    assert_eq!(
+        apply_budget(&ns, version, 3).await,
+        0,
+        "minAvailable 3 of 3"
+    );
+    // `apply: IfReady` is denied at preflight, naming the budget.
+    let denied = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "20m",
+        "apply": "IfReady",
+        "database": {"engine": "Etcd", "etcd": {"clientPort": 2379}},
+    });
+    operator::create_request(&ns, "if-ready", denied)
+        .await
+        .expect("create the IfReady request");
+    let req = operator::wait_final(&ns, "if-ready", Duration::from_secs(120))
+        .await
+        .expect("the IfReady request ends");
+    let status = serde_json::to_value(req.status).unwrap();
+    let accepted = status["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Accepted"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(phase(&status), "Denied", "{status:#}");
+    assert_eq!(accepted["reason"], "DisruptionBudget", "{status:#}");
+    let why = accepted["message"].as_str().unwrap_or_default();
+    assert!(
+        why.contains(&format!(
+            "PodDisruptionBudget {BUDGET} (minAvailable 3) allows 0"
+        )) && why.contains("its rule leaves no room"),
+        "{why}"
+    );
+    // `apply: Always` starts, and waits before the first stop.
+    let writer = Writer::start(&ns);
+    let before = member_uids(&ns).await;
+    create_request(&ns, &cluster.wffc_storage_class, "Always").await;
+    let started = Instant::now();
+    let held = operator::wait_status(
+        &ns,
+        REQUEST,
+        "DisruptionBudget False",
+        Duration::from_secs(180),
+        |s| {
+            serde_json::to_value(s)
+                .ok()
+                .and_then(|v| budget_condition(&v))
+                .is_some_and(|(status, _)| status == "False")
+        },
+    )
+    .await
+    .expect("the request waits for the budget");
+    let (_, message) = budget_condition(&serde_json::to_value(held.status).unwrap()).unwrap();
+    assert!(
+        message.contains(&format!(
+            "PodDisruptionBudget {BUDGET} (minAvailable 3) allows 0"
+        )),
+        "{message}"
+    );
+    // Held: over 20 s the condition stays False, the request in progress, no member pod
+    // deleted or replaced.
+    let window = Instant::now();
+    while window.elapsed() < Duration::from_secs(20) {
+        let status = request_status(&ns).await;
+        assert_eq!(phase(&status), "Progressing", "{status:#}");
+        let (cond, _) = budget_condition(&status).expect("condition");
+        assert_eq!(cond, "False", "{status:#}");
+        assert_eq!(member_uids(&ns).await, before, "no member pod deleted");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let waited = started.elapsed();
+    assert_eq!(
+        apply_budget(&ns, version, 2).await,
+        1,
+        "minAvailable 2 of 3"
+    );
+    let status = wait_final(&ns, Duration::from_secs(900)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = writer.finish().await;
+    assert_eq!(phase(&status), "Successful", "{status:#}");
+    let events = ns.events_for(REQUEST).await.unwrap_or_default();
+    let waits: Vec<&String> = events
+        .iter()
+        .filter(|e| e.starts_with("WaitingForDisruptionBudget:"))
+        .collect();
+    println!(
+        "NOTE etcd-pdb ({version}): held {waited:?} with no member pod deleted; then succeeded \
+         after {:?}; {} WaitingForDisruptionBudget Event(s): {waits:?}; writes attempted {} \
+         acknowledged {} failed {}; downtime {:?}",
+        started.elapsed(),
+        waits.len(),
+        writes.attempted,
+        writes.acked.len(),
+        writes.failed,
+        downtimes(&status),
+    );
+    assert!(!waits.is_empty(), "{events:?}");
+    assert_eq!(
+        budget_condition(&status).map(|(s, _)| s).as_deref(),
+        Some("True"),
+        "{status:#}"
+    );
+    assert_eq!(writes.failed, 0, "writes failed even after a retry");
+    check_writes(&ns, &writes).await;
+    claims_on(&ns, &cluster.wffc_storage_class, 3).await;
+}
+
+/// A `maxUnavailable: 1` budget: while the StatefulSet is orphaned the disruption controller
+/// cannot count it (its pods have no controller: it reports no disruption allowed, Event
+/// `NoControllerRef`), so the operator counts it over the members; the request succeeds, one
+/// member at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned() {
+    let (cluster, ns, _operator) = setup("etcd-pdb-max", 3).await;
+    let version = budget_version(&ns).await;
+    let allowed = apply_budget_rule(&ns, version, "maxUnavailable: 1", 2).await;
+    assert_eq!(allowed, 1, "maxUnavailable 1 of 3, the set owning its pods");
+    let writer = Writer::start(&ns);
+    create_request(&ns, &cluster.wffc_storage_class, "IfReady").await;
+    let status = wait_final(&ns, Duration::from_secs(900)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let writes = writer.finish().await;
+    assert_eq!(phase(&status), "Successful", "{status:#}");
+    let controller = ns.events_for(BUDGET).await.unwrap_or_default();
+    let ours: Vec<String> = ns
+        .events_for(REQUEST)
+        .await
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.starts_with("WaitingForDisruptionBudget:"))
+        .collect();
+    println!(
+        "NOTE etcd-pdb-max ({version}): succeeded; the budget's own Events {controller:?}; \
+         WaitingForDisruptionBudget {ours:?}; writes acknowledged {} failed {}; downtime {:?}",
+        writes.acked.len(),
+        writes.failed,
+        downtimes(&status),
+    );
+    assert!(
+        controller.iter().any(|e| e.starts_with("NoControllerRef:")),
+        "the disruption controller could not count the orphaned pods: {controller:?}"
+    );
+    assert_eq!(writes.failed, 0, "writes failed even after a retry");
     check_writes(&ns, &writes).await;
     claims_on(&ns, &cluster.wffc_storage_class, 3).await;
 }

@@ -13,6 +13,9 @@ pub const FAILED: &str = "Failed";
 pub const BLOCKED: &str = "Blocked";
 /// A `Pending` request waiting for another request on the same target (see the preflight).
 pub const QUEUED: &str = "Queued";
+/// Whether the PodDisruptionBudgets that select the member about to stop allow it: `False`
+/// (reason `Waiting`) while one allows no disruption (see `plan::disruption`).
+pub const DISRUPTION_BUDGET: &str = "DisruptionBudget";
 
 /// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
 /// not change. Returns true when anything changed.

@@ -383,8 +383,8 @@ pub struct StorageMigrationRequestStatus {
     /// why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Accepted`, `Ready`, `Progressing`, `HealthGate`, `Failed`, `Blocked`, `Queued` and
-    /// `SpecChangeIgnored`, each with the generation it was set at.
+    /// `Accepted`, `Ready`, `Progressing`, `HealthGate`, `DisruptionBudget`, `Failed`,
+    /// `Blocked`, `Queued` and `SpecChangeIgnored`, each with the generation it was set at.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
     /// Human-readable summary; on failure it says where each member's data is.

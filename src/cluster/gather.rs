@@ -55,6 +55,7 @@ impl Cluster {
         let storage_classes = self.storage_classes().await?;
         let other_requests = self.other_requests(&ns, &name, &set_name).await?;
         let namespace_labels = self.namespace_labels(&ns, &status).await?;
+        let budgets = self.budgets(&ns, &status).await?;
         let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
         let member_pods: Vec<Pod> = expected
             .iter()
@@ -76,6 +77,7 @@ impl Cluster {
             jobs,
             storage_classes,
             other_requests,
+            budgets,
             health,
             final_hash,
             nodes,

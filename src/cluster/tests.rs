@@ -429,7 +429,8 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
 
 /// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
 /// and helper pods, the claims and their volumes, the classes, the other requests, and (in
-/// Preflight) the namespace; the FailedCreate Events of a running Job that has no pod.
+/// Preflight) the namespace and the PodDisruptionBudgets; the FailedCreate Events of a running
+/// Job that has no pod.
 #[tokio::test]
 async fn gather_reads_everything_the_planner_needs_in_order() {
     let o = observed();
@@ -490,6 +491,10 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "demo", "labels": {labels::POD_SECURITY_ENFORCE_LABEL: "baseline"}},
+        })),
+        // In Preflight and Migrating: the PodDisruptionBudgets (a cluster serving none here).
+        Exchange::new(Method::GET, "/apis").returns(json!({
+            "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
         })),
     ];
     let request = o.request.clone();
@@ -588,6 +593,9 @@ async fn gather_reads_a_running_copys_progress_from_its_log() {
             Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
             })),
+            Exchange::new(Method::GET, "/apis").returns(json!({
+                "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
+            })),
         ]
     };
     let gather = |answer: Exchange| {
@@ -648,4 +656,84 @@ async fn delete_with_a_resource_version_sends_both_preconditions_and_a_conflict_
     // Gone: a success.
     let gone = Exchange::new(Method::DELETE, &path).fails(404, "NotFound");
     execute(observed(), action, vec![gone]).await.unwrap();
+}
+
+/// PodDisruptionBudgets are read in Preflight and while migrating only, through the version discovery finds
+/// (once, then cached); a cluster that stops serving it (404) is asked again once.
+#[tokio::test]
+async fn budgets_are_read_through_the_discovered_version_once() {
+    use crate::api::Stage;
+    use crate::plan::disruption::BudgetApi;
+    let groups = |versions: &[&str]| {
+        let versions: Vec<Value> = versions
+            .iter()
+            .map(|v| json!({"groupVersion": format!("policy/{v}"), "version": v}))
+            .collect();
+        json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+            {"name": "apps", "versions": [{"groupVersion": "apps/v1", "version": "v1"}]},
+            {"name": "policy", "versions": versions},
+        ]})
+    };
+    let pdbs = |version: &str| {
+        json!({"apiVersion": format!("policy/{version}"), "kind": "PodDisruptionBudgetList",
+        "metadata": {}, "items": [{
+            "apiVersion": format!("policy/{version}"), "kind": "PodDisruptionBudget",
+            "metadata": {"name": "etcd-pdb", "namespace": "demo", "generation": 2},
+            "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "etcd"}}},
+            "status": {"disruptionsAllowed": 0, "currentHealthy": 3, "desiredHealthy": 3,
+                       "expectedPods": 3, "observedGeneration": 2},
+        }]})
+    };
+    let path = |v: &str| format!("/apis/policy/{v}/namespaces/demo/poddisruptionbudgets");
+    let exchanges = vec![
+        Exchange::new(Method::GET, "/apis").returns(groups(&["v1beta1"])),
+        Exchange::new(Method::GET, &path("v1beta1")).returns(pdbs("v1beta1")),
+        Exchange::new(Method::GET, &path("v1beta1")).returns(pdbs("v1beta1")),
+        Exchange::new(Method::GET, &path("v1beta1")).fails(404, "NotFound"),
+        Exchange::new(Method::GET, "/apis").returns(groups(&["v1"])),
+        Exchange::new(Method::GET, &path("v1")).returns(pdbs("v1")),
+    ];
+    let got = super::mock::verify(exchanges, |cluster| async move {
+        let mut status = StorageMigrationRequestStatus {
+            stage: Stage::Finalizing,
+            ..Default::default()
+        };
+        let none = cluster.budgets(NS, &status).await.unwrap();
+        status.stage = Stage::Migrating;
+        let mut got = vec![none];
+        for _ in 0..3 {
+            got.push(cluster.budgets(NS, &status).await.unwrap());
+        }
+        got
+    })
+    .await;
+    assert!(got[0].is_empty(), "not read while finalizing");
+    let apis: Vec<BudgetApi> = got[1..].iter().map(|b| b[0].api).collect();
+    assert_eq!(
+        apis,
+        [BudgetApi::V1beta1, BudgetApi::V1beta1, BudgetApi::V1]
+    );
+    let b = &got[3][0];
+    assert_eq!((b.name.as_str(), b.generation), ("etcd-pdb", Some(2)));
+    assert!(b.refusal().unwrap().contains("allows 0 disruptions"));
+}
+
+/// A cluster that serves no PodDisruptionBudget API has none (and is not asked again).
+#[tokio::test]
+async fn a_cluster_without_the_policy_group_has_no_budgets() {
+    use crate::api::Stage;
+    let exchanges = vec![Exchange::new(Method::GET, "/apis").returns(json!({
+        "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
+    }))];
+    let got = super::mock::verify(exchanges, |cluster| async move {
+        let status = StorageMigrationRequestStatus {
+            stage: Stage::Migrating,
+            ..Default::default()
+        };
+        let first = cluster.budgets(NS, &status).await.unwrap();
+        let second = cluster.budgets(NS, &status).await.unwrap();
+        (first, second)
+    })
+    .await;
+    assert!(got.0.is_empty() && got.1.is_empty());
 }

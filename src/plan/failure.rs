@@ -22,6 +22,16 @@ pub enum Failure {
         stale_copy_prefix(pod)
     )]
     StaleCopy { pod: String, what: String },
+    /// `spec.timeout` expired while a PodDisruptionBudget kept the member in flight from
+    /// stopping (see `plan::disruption`).
+    #[error(
+        "the request's timeout of {timeout} expired while member pod {pod} waited for a disruption budget: {why}"
+    )]
+    DisruptionBudgetUntilTimeout {
+        timeout: String,
+        pod: String,
+        why: String,
+    },
     /// `spec.timeout` expired while the request was orphaning or migrating.
     #[error("the request's timeout of {timeout} expired")]
     TimedOut { timeout: String },

@@ -346,6 +346,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
             ("slow".to_string(), class("slow", "Immediate")),
         ]),
         other_requests: Vec::new(),
+        budgets: Vec::new(),
         health,
         final_hash: None,
         nodes: BTreeMap::new(),

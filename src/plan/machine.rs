@@ -73,7 +73,7 @@ pub const STEPS: &[Transition<MemberStep>] = &[
     t(MemberStep::CreatingClaim,      MemberStep::PreCopying,         "claim bound, pre-copy on"),
     t(MemberStep::CreatingClaim,      MemberStep::GatingStop,         "claim bound, pre-copy off or ReadWriteOncePod"),
     t(MemberStep::PreCopying,         MemberStep::GatingStop,         "pre-copied"),
-    t(MemberStep::GatingStop,         MemberStep::StoppingPod,        "health gate open"),
+    t(MemberStep::GatingStop,         MemberStep::StoppingPod,        "budgets and health gate open"),
     t(MemberStep::StoppingPod,        MemberStep::Copying,            "pod gone"),
     t(MemberStep::Copying,            MemberStep::RetainingVolumes,   "copied and verified"),
     t(MemberStep::RetainingVolumes,   MemberStep::DeletingOldClaim,   "both volumes Retain"),

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
+use super::disruption;
 use super::foreign;
 use super::helpers::{self, Trouble};
 use super::runbook::Stuck;
@@ -470,9 +471,13 @@ fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The engine's gate before the member stops; an etcd leader hands its leadership over first.
+/// The PodDisruptionBudgets that select the member, then the engine's gate before the member
+/// stops; an etcd leader hands its leadership over first.
 fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let pod = mb.m.pod.clone();
+    if disruption::hold(cx, &pod) {
+        return Ok(());
+    }
     let report = match &cx.o.health {
         Ok(r) => r.clone(),
         Err(e) => {
@@ -532,10 +537,13 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
     }
 }
 
-/// The same gate as `GatingStop`, checked again just before the running pod is deleted. True
-/// when it is open; when closed, the pod is not deleted: the member waits in `StoppingPod` (an
-/// etcd leader hands its leadership over first).
+/// The same gates as `GatingStop` (budgets, health), checked again just before the running
+/// pod is deleted. True when both are open; when one is closed, the pod is not deleted: the
+/// member waits in `StoppingPod` (an etcd leader hands its leadership over first).
 fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
+    if disruption::hold(cx, pod) {
+        return false;
+    }
     let report = match &cx.o.health {
         Ok(r) => r.clone(),
         Err(e) => {

@@ -37,6 +37,7 @@ use crate::image::ImageRef;
 use crate::labels;
 
 pub mod action;
+pub mod disruption;
 pub mod failure;
 pub mod foreign;
 pub mod helpers;
@@ -115,6 +116,9 @@ pub struct Observed {
     pub storage_classes: BTreeMap<String, StorageClass>,
     /// Other requests in the namespace on the same target.
     pub other_requests: Vec<OtherRequest>,
+    /// The PodDisruptionBudgets of the namespace, read in Preflight and while migrating (empty
+    /// in other stages, and when the cluster serves no PodDisruptionBudget API).
+    pub budgets: Vec<disruption::Budget>,
     /// The database engine's view, or why it could not be had.
     pub health: Result<HealthReport, HealthUnavailable>,
     /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
@@ -582,6 +586,7 @@ fn rollback_asked(cx: &Ctx, deleting: bool) -> Option<Failure> {
         return None;
     }
     if let Some(failure) = expired(cx) {
+        let failure = disruption::timeout_failure(cx, failure);
         return Some(foreign::timeout_failure(cx, failure));
     }
     if deleting {

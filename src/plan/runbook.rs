@@ -37,7 +37,7 @@ sections! {
     DeniedTarget => "denied-targetnotfound-templatenotfound-templaterequired-nomembers",
     DeniedForeignOwner => "denied-foreignowner",
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
-    DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy",
+    DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
     DeniedStorageClass => "denied-mixedstorageclasses-storageclassnotfound-samestorageclass-bindingmodemismatch",
     DeniedSize => "denied-notsmaller-cannotmeasure-measurefailed-insufficientsize",
     DeniedMover => "denied-moverimagenotallowed-podsecuritylevel",
@@ -123,7 +123,9 @@ impl From<DenialReason> for Section {
             | ClaimNotBound
             | VolumeNotFound
             | InvalidClaim => Section::DeniedClaims,
-            MemberMissing | MemberNotScheduled | NotHealthy => Section::DeniedMembers,
+            MemberMissing | MemberNotScheduled | NotHealthy | DisruptionBudget => {
+                Section::DeniedMembers
+            }
             MixedStorageClasses | StorageClassNotFound | SameStorageClass | BindingModeMismatch => {
                 Section::DeniedStorageClass
             }
@@ -137,7 +139,9 @@ impl From<&Failure> for Section {
     fn from(f: &Failure) -> Self {
         use Failure::*;
         match f {
-            TimedOut { .. } | BlockedUntilTimeout { .. } => Section::FailedTimedOut,
+            TimedOut { .. } | BlockedUntilTimeout { .. } | DisruptionBudgetUntilTimeout { .. } => {
+                Section::FailedTimedOut
+            }
             Deleted => Section::FailedDeleted,
             Aborted { .. } => Section::FailedAborted,
             PreCopyFailed { .. }

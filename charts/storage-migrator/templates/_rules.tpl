@@ -76,6 +76,11 @@ watched namespace. */}}
 - apiGroups: [""]
   resources: ["namespaces"]
   verbs: ["get"]
+# A member is not stopped while a PodDisruptionBudget that selects it allows no disruption
+# (policy/v1, or policy/v1beta1 on clusters before 1.21; the same rule covers both).
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["list"]
 {{- end }}
 
 {{/* Leader election: a Role in the release namespace. */}}

@@ -136,6 +136,10 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         c,
         health::check_engine_health(spec.apply, &o.health, &members)
     );
+    check!(
+        c,
+        health::check_budgets(spec.apply, &o.budgets, &o.pods, &members)
+    );
     let (target_class, target_size) = target?;
     if !c.found.is_empty() {
         return None;

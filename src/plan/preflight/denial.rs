@@ -95,6 +95,11 @@ denial_reasons! {
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
     NotHealthy,
+    /// `apply: IfReady` and a PodDisruptionBudget that selects a member to migrate allows no
+    /// disruption now, or its status is not up to date (the message names the budget, its
+    /// numbers, and whether its rule leaves no room for these pods). With `apply: Always` the
+    /// request starts and each member waits for its budgets before it stops.
+    DisruptionBudget,
     /// A Shrink of `ReadWriteOncePod` claims: their used bytes cannot be measured while the
     /// members run.
     CannotMeasure,
@@ -229,6 +234,7 @@ mod tests {
                 "BindingModeMismatch",
                 "NotSmaller",
                 "NotHealthy",
+                "DisruptionBudget",
                 "CannotMeasure",
                 "MeasureFailed",
                 "InsufficientSize",
