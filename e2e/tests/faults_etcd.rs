@@ -14,99 +14,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use e2e::testing::operator::{self, Operator, install_crd, summary};
-use e2e::testing::{TestCluster, TestNamespace, etcd, scenario};
+use e2e::testing::TestNamespace;
+use e2e::testing::faults::EtcdUnderLoad;
+use e2e::testing::operator::{self, Operator, summary};
 use futures::StreamExt;
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams};
 use kube::runtime::watcher;
-use serde_json::json;
 use storage_migrator::api::{Phase, StorageMigrationRequest};
 use storage_migrator::labels;
 
-const SET: &str = "etcd";
 const MIGRATION: Duration = Duration::from_secs(900);
-
-/// The etcd fixture, seeded, and a writer putting `seed/w-<n>` keys until the returned flag is
-/// set.
-async fn setup(
-    test: &str,
-) -> (
-    TestCluster,
-    TestNamespace,
-    BTreeSet<String>,
-    Arc<AtomicBool>,
-    tokio::task::JoinHandle<etcd::Written>,
-) {
-    let (cluster, ns) = scenario(test).await;
-    install_crd(&ns).await.expect("CRD");
-    ns.apply_etcd().await.expect("etcd");
-    let seeded = etcd::seed_keys(&ns, SET, 50).await.expect("seed");
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = etcd::start_writer(&ns, SET, 3, "seed/w-", stop.clone());
-    (cluster, ns, seeded, stop, writer)
-}
-
-/// Creates request `name`: the set's volumes to the WaitForFirstConsumer class.
-async fn create(ns: &TestNamespace, cluster: &TestCluster, name: &str) {
-    let spec = json!({
-        "type": "StorageClassChange",
-        "target": {"kind": "StatefulSet", "name": SET},
-        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-        "timeout": "20m",
-        "database": {"engine": "Etcd"},
-    });
-    operator::create_request(ns, name, spec)
-        .await
-        .expect("create the request");
-}
-
-/// The end of every scenario: the writer stopped, every acknowledged and seeded key on every
-/// member (which agree), nothing of the request left. Returns the writer's counts for the NOTE.
-async fn check_end(
-    ns: &TestNamespace,
-    seeded: BTreeSet<String>,
-    stop: Arc<AtomicBool>,
-    writer: tokio::task::JoinHandle<etcd::Written>,
-) -> etcd::Written {
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.store(true, Ordering::Relaxed);
-    let written = writer.await.expect("writer");
-    let mut expected = seeded;
-    expected.extend(written.acked.iter().cloned());
-    etcd::assert_keys_everywhere(ns, SET, 3, &expected).await;
-    let left = leftovers(ns).await;
-    assert!(left.is_empty(), "left behind: {left:?}");
-    written
-}
-
-/// The request's Jobs, helper pods and temporary claims still in the namespace.
-async fn leftovers(ns: &TestNamespace) -> Vec<String> {
-    let mut left = Vec::new();
-    let jobs: Api<Job> = ns.api();
-    for j in jobs.list(&ListParams::default()).await.expect("jobs").items {
-        left.push(format!("job {}", j.name_any()));
-    }
-    let pods: Api<Pod> = ns.api();
-    let ours = ListParams::default().labels(labels::REQUEST_LABEL);
-    for p in pods.list(&ours).await.expect("pods").items {
-        left.push(format!("pod {}", p.name_any()));
-    }
-    let claims: Api<PersistentVolumeClaim> = ns.api();
-    for c in claims
-        .list(&ListParams::default())
-        .await
-        .expect("claims")
-        .items
-    {
-        if c.name_any().contains("-smr-") {
-            left.push(format!("claim {}", c.name_any()));
-        }
-    }
-    left
-}
 
 /// Deletes the first pod of every final-copy Job as soon as the watch shows it, until `stop`;
 /// returns how many it deleted.
@@ -144,17 +63,20 @@ fn delete_copy_pods(ns: &TestNamespace, stop: Arc<AtomicBool>) -> tokio::task::J
 /// with no write lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_mover_pod_deleted_during_the_final_copy_loses_nothing() {
-    let (cluster, ns, seeded, stop, writer) = setup("fault-mover-deleted").await;
-    let op = Operator::start(&ns, 0, None).await.expect("operator");
+    let run = EtcdUnderLoad::start("fault-mover-deleted")
+        .await
+        .expect("setup");
+    let ns = &run.ns;
+    let op = Operator::start(ns, 0, None).await.expect("operator");
     let stop_deleting = Arc::new(AtomicBool::new(false));
-    let deleter = delete_copy_pods(&ns, stop_deleting.clone());
-    create(&ns, &cluster, "mover-deleted").await;
-    let req = operator::wait_final(&ns, "mover-deleted", MIGRATION)
+    let deleter = delete_copy_pods(ns, stop_deleting.clone());
+    run.create_request("mover-deleted").await.expect("request");
+    let req = operator::wait_final(ns, "mover-deleted", MIGRATION)
         .await
         .expect("final");
     stop_deleting.store(true, Ordering::Relaxed);
     let deleted = deleter.await.expect("deleter");
-    let written = check_end(&ns, seeded, stop, writer).await;
+    let (_cluster, _ns, written) = run.finish().await;
     let status = req.status.clone().unwrap_or_default();
     println!(
         "NOTE faults mover-deleted: {deleted} copy pod(s) deleted; operator restarts {}; ended \
@@ -199,7 +121,10 @@ impl Rng {
 /// 15 times over one request, then left to finish: the request ends Successful with every write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_operator_killed_at_random_moments_many_times_still_finishes() {
-    let (cluster, ns, seeded, stop, writer) = setup("fault-operator-killed").await;
+    let run = EtcdUnderLoad::start("fault-operator-killed")
+        .await
+        .expect("setup");
+    let ns = &run.ns;
     let seed = std::env::var("FAULT_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -209,12 +134,12 @@ async fn the_operator_killed_at_random_moments_many_times_still_finishes() {
                 .map_or(1, |d| d.as_nanos() as u64 | 1)
         });
     let mut rng = Rng(seed);
-    create(&ns, &cluster, "killed").await;
+    run.create_request("killed").await.expect("request");
     let api: Api<StorageMigrationRequest> = ns.api();
     let started = Instant::now();
     let mut kills = Vec::new();
-    for run in 0..15 {
-        let op = Operator::start(&ns, run, None).await.expect("operator");
+    for attempt in 0..15 {
+        let op = Operator::start(ns, attempt, None).await.expect("operator");
         let after = Duration::from_millis(500 + rng.below(7500));
         tokio::time::sleep(after).await;
         drop(op); // SIGKILL
@@ -225,11 +150,11 @@ async fn the_operator_killed_at_random_moments_many_times_still_finishes() {
             break;
         }
     }
-    let _op = Operator::start(&ns, 99, None).await.expect("operator");
-    let req = operator::wait_final(&ns, "killed", MIGRATION)
+    let _op = Operator::start(ns, 99, None).await.expect("operator");
+    let req = operator::wait_final(ns, "killed", MIGRATION)
         .await
         .expect("final");
-    let written = check_end(&ns, seeded, stop, writer).await;
+    let (_cluster, _ns, written) = run.finish().await;
     println!(
         "NOTE faults operator-killed: seed {seed} (FAULT_SEED to replay); {} kill(s) [{}]; \
          ended after {:?}: {}; writes acknowledged {} failed {}",

@@ -252,6 +252,22 @@ async fn start_etcd(state: &ClusterState, started: &mut Vec<Started>) -> Result<
     .await
 }
 
+/// Restarts the kube-apiserver of the running cluster `state` (a fault the e2e suite injects):
+/// SIGTERM, up to 10 s, SIGKILL, then the same command line again until `/readyz` answers.
+/// Returns how long the API was unavailable.
+pub async fn restart_apiserver(state: &ClusterState) -> Result<Duration> {
+    let t = Instant::now();
+    let dir = state.dir.clone();
+    tokio::task::spawn_blocking(move || {
+        super::process::stop(&dir, APISERVER, Duration::from_secs(10));
+    })
+    .await
+    .map_err(|e| io_err("stop", &state.dir)(io::Error::other(e)))?;
+    let mut started = Vec::new();
+    start_apiserver(state, &mut started).await?;
+    Ok(t.elapsed())
+}
+
 /// Starts kube-apiserver and waits for `/readyz`; returns the admin client.
 async fn start_apiserver(state: &ClusterState, started: &mut Vec<Started>) -> Result<kube::Client> {
     started.push(spawn(

@@ -97,3 +97,112 @@ async fn wait_ready(
         }
     }
 }
+
+/// A fault scenario on the etcd fixture: a 3-member set, seeded, with a client writing
+/// `seed/w-<n>` keys until [`EtcdUnderLoad::finish`].
+pub struct EtcdUnderLoad {
+    pub cluster: TestCluster,
+    pub ns: crate::testing::TestNamespace,
+    seeded: std::collections::BTreeSet<String>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writer: tokio::task::JoinHandle<crate::testing::etcd::Written>,
+}
+
+/// The set's name in the etcd fixture.
+pub const ETCD_SET: &str = "etcd";
+
+impl EtcdUnderLoad {
+    /// A fresh namespace with the CRD, the etcd fixture Ready, 50 seeded keys and the writer.
+    pub async fn start(test: &str) -> Result<Self, TestError> {
+        use crate::testing::{etcd, operator, scenario};
+        let (cluster, ns) = scenario(test).await;
+        operator::install_crd(&ns)
+            .await
+            .map_err(|e| unexpected("install the CRD", e.to_string()))?;
+        ns.apply_etcd().await?;
+        let seeded = etcd::seed_keys(&ns, ETCD_SET, 50).await?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let writer = etcd::start_writer(&ns, ETCD_SET, 3, "seed/w-", stop.clone());
+        Ok(Self {
+            cluster,
+            ns,
+            seeded,
+            stop,
+            writer,
+        })
+    }
+
+    /// Creates request `name`: the set's volumes to the WaitForFirstConsumer class.
+    pub async fn create_request(&self, name: &str) -> Result<(), TestError> {
+        let spec = serde_json::json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": ETCD_SET},
+            "storageClassChange": {"storageClassName": self.cluster.wffc_storage_class},
+            "timeout": "20m",
+            "database": {"engine": "Etcd"},
+        });
+        crate::testing::operator::create_request(&self.ns, name, spec)
+            .await
+            .map_err(|e| unexpected(format!("create request {name}"), e.to_string()))
+    }
+
+    /// The end of every scenario: the writer stopped, every acknowledged and seeded key on
+    /// every member (which agree), nothing of the request left (asserted). Returns the writer's
+    /// counts.
+    pub async fn finish(
+        self,
+    ) -> (
+        TestCluster,
+        crate::testing::TestNamespace,
+        crate::testing::etcd::Written,
+    ) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let written = match self.writer.await {
+            Ok(w) => w,
+            Err(e) => panic!("the writer task failed: {e}"),
+        };
+        let mut expected = self.seeded;
+        expected.extend(written.acked.iter().cloned());
+        crate::testing::etcd::assert_keys_everywhere(&self.ns, ETCD_SET, 3, &expected).await;
+        let left = request_leftovers(&self.ns).await;
+        assert!(left.is_empty(), "left behind: {left:?}");
+        (self.cluster, self.ns, written)
+    }
+}
+
+/// The Jobs, helper pods (labelled with the request) and temporary claims (`-smr-`) still in
+/// the namespace.
+pub async fn request_leftovers(ns: &crate::testing::TestNamespace) -> Vec<String> {
+    use k8s_openapi::api::batch::v1::Job;
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    use kube::ResourceExt;
+    use kube::api::ListParams;
+    let mut left = Vec::new();
+    let jobs: Api<Job> = ns.api();
+    for j in jobs
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        left.push(format!("job {}", j.name_any()));
+    }
+    let pods: Api<Pod> = ns.api();
+    let ours = ListParams::default().labels(storage_migrator::labels::REQUEST_LABEL);
+    for p in pods.list(&ours).await.map(|l| l.items).unwrap_or_default() {
+        left.push(format!("pod {}", p.name_any()));
+    }
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    for c in claims
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        if c.name_any().contains("-smr-") {
+            left.push(format!("claim {}", c.name_any()));
+        }
+    }
+    left
+}
