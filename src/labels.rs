@@ -39,6 +39,14 @@ pub const STASH_CLAIM_KEY_PREFIX: &str = "claim-";
 /// it again (value: unix seconds of the nudge); removed once the claim is bound.
 pub const BIND_NUDGE_ANNOTATION: &str = "storagemigrator.io/bind-nudge";
 
+/// True for a label or annotation key of our own ([`GROUP`]`/...`): bookkeeping of a request,
+/// never carried to an object the operator recreates from a user's one (see
+/// `build::swapped_claim`).
+pub fn is_own_key(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(prefix, _)| prefix == GROUP)
+}
+
 /// Annotation a user (or `kubectl smr abort`) puts on a progressing request to have it rolled
 /// back, like a timeout: any value asks for it (the plugin writes the time it asked). Honoured
 /// while the request orphans the StatefulSet or migrates members; later stages finish.
@@ -153,6 +161,20 @@ mod tests {
             BIND_NUDGE_ANNOTATION,
         ] {
             assert_eq!(key.split_once('/').map(|(g, _)| g), Some(GROUP), "{key}");
+        }
+    }
+
+    #[test]
+    fn own_keys_are_the_group_prefixed_ones() {
+        assert!(is_own_key(BIND_NUDGE_ANNOTATION) && is_own_key(REQUEST_LABEL));
+        for key in [
+            "app",
+            MANAGED_BY_LABEL,
+            "example.com/storagemigrator.io",
+            "x.storagemigrator.io/a",
+            "storagemigrator.io",
+        ] {
+            assert!(!is_own_key(key), "{key}");
         }
     }
 

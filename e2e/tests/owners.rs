@@ -8,6 +8,11 @@
 //! - a request with `ownerPaused: true` is accepted, its message saying the owner was declared
 //!   paused; it is then deleted, and its finalizer rolls it back before it goes.
 //!
+//! And the owners a claim has itself: a one-member generic StatefulSet whose claim a user gave a
+//! label, an annotation and an ownerReference to a ConfigMap of their own is moved to another
+//! class; the recreated claim has all three back (the ConfigMap by its uid), none of the
+//! control plane's binding annotations of the old claim and no key of ours.
+//!
 //! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
 //! `<workspace>/target/debug/storage-migrator`).
 //!
@@ -21,11 +26,12 @@ use e2e::testing::operator::{
 };
 use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use storage_migrator::api::{Phase, StorageMigrationRequest};
-use storage_migrator::labels::FLUX_KUSTOMIZATION_LABELS;
+use storage_migrator::labels::{self, FLUX_KUSTOMIZATION_LABELS};
 use tracing::info;
 
 const ROLLBACK: Duration = Duration::from_secs(600);
@@ -132,4 +138,166 @@ async fn a_flux_managed_set_is_denied_unless_declared_paused() {
         etcd_before,
         "etcd key count and hash unchanged"
     );
+}
+
+const APP: &str = "app";
+const APP_CLAIM: &str = "data-app-0";
+
+/// A one-member StatefulSet in the mover image, idle on a 64Mi claim (a TERM ends it at once).
+fn app_set(image: &str, class: &str) -> StatefulSet {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": APP},
+        "spec": {
+            "serviceName": APP,
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": APP}},
+            "template": {
+                "metadata": {"labels": {"app": APP}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+                    "containers": [{
+                        "name": "app",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", "trap 'exit 0' TERM; echo x > /data/x; while true; do sleep 1; done"],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "storageClassName": class,
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": "64Mi"}},
+                },
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_claim_keeps_its_users_labels_annotations_and_owners() {
+    let (cluster, ns) = scenario("smr-claim-owners").await;
+    install_crd(&ns).await.unwrap();
+    let set = app_set(&cluster.mover_image, &cluster.storage_class);
+    ns.api::<StatefulSet>()
+        .create(&PostParams::default(), &set)
+        .await
+        .unwrap();
+    ns.wait_statefulset_ready(APP, 1, Duration::from_secs(120))
+        .await
+        .unwrap();
+    let keeper: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "keeper"}})).unwrap();
+    let keeper = ns
+        .api::<ConfigMap>()
+        .create(&PostParams::default(), &keeper)
+        .await
+        .unwrap();
+    let keeper_uid = keeper.uid().unwrap();
+    let claims: Api<PersistentVolumeClaim> = ns.api();
+    let patch = json!({"metadata": {
+        "labels": {"team": "db"},
+        "annotations": {"example.com/backup": "daily"},
+        "ownerReferences": [{
+            "apiVersion": "v1", "kind": "ConfigMap", "name": "keeper", "uid": keeper_uid,
+        }],
+    }});
+    let before = claims
+        .patch(APP_CLAIM, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let old_volume = before.spec.clone().unwrap().volume_name.unwrap();
+    info!(annotations = ?before.annotations(), "claim before");
+
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
+    create_request(
+        &ns,
+        "owners",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": APP},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "10m",
+            "database": {"engine": "Generic"},
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "owners", Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert_eq!(
+        req.status.clone().unwrap().phase,
+        Phase::Successful,
+        "{}",
+        summary(&req)
+    );
+
+    let after = claims.get(APP_CLAIM).await.unwrap();
+    info!(annotations = ?after.annotations(), labels = ?after.labels(), "claim after");
+    let spec = after.spec.clone().unwrap();
+    assert_ne!(spec.volume_name.as_deref(), Some(old_volume.as_str()));
+    assert_eq!(
+        spec.storage_class_name.as_deref(),
+        Some(cluster.wffc_storage_class.as_str())
+    );
+    assert_ne!(after.uid(), before.uid(), "recreated");
+    assert_eq!(after.labels().get("team").map(String::as_str), Some("db"));
+    assert_eq!(
+        after.labels().get("app").map(String::as_str),
+        Some(APP),
+        "the template's label"
+    );
+    assert_eq!(
+        after
+            .annotations()
+            .get("example.com/backup")
+            .map(String::as_str),
+        Some("daily")
+    );
+    let refs: Vec<(&str, &str, &str)> = after
+        .owner_references()
+        .iter()
+        .map(|r| (r.kind.as_str(), r.name.as_str(), r.uid.as_str()))
+        .collect();
+    assert_eq!(refs, [("ConfigMap", "keeper", keeper_uid.as_str())]);
+    for key in after.labels().keys().chain(after.annotations().keys()) {
+        assert!(
+            !labels::is_own_key(key),
+            "key {key} of ours left on the claim"
+        );
+    }
+    // Dynamically provisioned, the old claim was bound by the controller; the recreated one is
+    // pre-bound by the operator, and the old claim's marker is not carried over.
+    assert_eq!(
+        before
+            .annotations()
+            .get("pv.kubernetes.io/bound-by-controller")
+            .map(String::as_str),
+        Some("yes")
+    );
+    assert!(
+        !after
+            .annotations()
+            .contains_key("pv.kubernetes.io/bound-by-controller"),
+        "{:?}",
+        after.annotations()
+    );
+    assert_eq!(
+        after
+            .annotations()
+            .get("pv.kubernetes.io/bind-completed")
+            .map(String::as_str),
+        Some("yes"),
+        "bound again by the PV controller"
+    );
+    ns.wait_statefulset_ready(APP, 1, Duration::from_secs(120))
+        .await
+        .unwrap();
 }

@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::api::{Plan, PlannedMember, StorageMigrationRequest};
 
 use super::member_meta;
-use crate::labels::{BINDING_ANNOTATIONS, GC_FINALIZERS, PVC_PROTECTION_FINALIZER};
+use crate::labels::{self, BINDING_ANNOTATIONS, GC_FINALIZERS, PVC_PROTECTION_FINALIZER};
 
 /// Finalizers the control plane adds on create; copying them is pointless and a stale
 /// `foregroundDeletion`/`orphan` would be wrong.
@@ -50,47 +50,29 @@ pub fn temp_claim(
 }
 
 /// The original claim recreated under its own name, pre-bound to `new_volume` on `class` with
-/// `size`.
+/// `size`; `stateful_set` and `pod` name the member's StatefulSet (orphan-deleted, then
+/// recreated) and pod (deleted, then recreated).
 ///
 /// Why `spec.volumeName`: together with the new PV's `claimRef` (see
 /// [`super::claim_ref_patch`]) it binds exactly that volume, never a fresh one. Why `class` and
 /// `size` from the new volume: a claim binds only a PV of its own class and not smaller than
-/// itself (`VolumeMismatch`). Kept: name, namespace, labels, the user's annotations,
-/// accessModes, volumeMode, other finalizers, ownerReferences to anything but a StatefulSet or a
-/// pod (those would let the garbage collector delete the claim, see
-/// [`is_statefulset_or_pod_ref`]). Dropped: everything the server sets (uid, resourceVersion,
-/// creationTimestamp, managedFields, status, deletion fields, generation), the
-/// [`BINDING_ANNOTATIONS`] (they describe the old binding), the selector, dataSource,
-/// dataSourceRef and volumeAttributesClassName (they belong to the old volume's provisioning and
-/// could keep the claim from binding the new volume).
+/// itself (`VolumeMismatch`).
+///
+/// The claim comes back whole ([`kept_metadata`]): name, namespace, every label and annotation
+/// but the control plane's and ours, every ownerReference but the StatefulSet's and the pod's,
+/// other finalizers, accessModes, volumeMode. Dropped besides: everything the server sets (uid,
+/// resourceVersion, creationTimestamp, managedFields, status, deletion fields, generation), the
+/// selector, dataSource, dataSourceRef and volumeAttributesClassName (they belong to the old
+/// volume's provisioning and could keep the claim from binding the new volume).
 pub fn swapped_claim(
     original: &PersistentVolumeClaim,
     new_volume: &str,
     class: &str,
     size: &Quantity,
+    stateful_set: &str,
+    pod: &str,
 ) -> PersistentVolumeClaim {
-    let meta = &original.metadata;
-    let annotations: BTreeMap<String, String> = meta
-        .annotations
-        .iter()
-        .flatten()
-        .filter(|(k, _)| !BINDING_ANNOTATIONS.contains(&k.as_str()))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let finalizers: Vec<String> = meta
-        .finalizers
-        .iter()
-        .flatten()
-        .filter(|f| !SYSTEM_FINALIZERS.contains(&f.as_str()))
-        .cloned()
-        .collect();
-    let owner_references: Vec<OwnerReference> = meta
-        .owner_references
-        .iter()
-        .flatten()
-        .filter(|r| !is_statefulset_or_pod_ref(r))
-        .cloned()
-        .collect();
+    let meta = kept_metadata(&original.metadata, stateful_set, pod);
     let spec = original.spec.clone().unwrap_or_default();
     let mut resources = spec.resources.unwrap_or_default();
     resources
@@ -98,15 +80,7 @@ pub fn swapped_claim(
         .get_or_insert_with(BTreeMap::new)
         .insert("storage".to_string(), size.clone());
     PersistentVolumeClaim {
-        metadata: ObjectMeta {
-            name: meta.name.clone(),
-            namespace: meta.namespace.clone(),
-            labels: meta.labels.clone(),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            finalizers: (!finalizers.is_empty()).then_some(finalizers),
-            owner_references: (!owner_references.is_empty()).then_some(owner_references),
-            ..Default::default()
-        },
+        metadata: meta,
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: spec.access_modes,
             volume_mode: spec.volume_mode,
@@ -120,6 +94,70 @@ pub fn swapped_claim(
         }),
         status: None,
     }
+}
+
+/// The metadata a recreated claim gets back from the `original` of a member whose StatefulSet is
+/// `stateful_set` and pod is `pod`: name, namespace and
+///
+/// - every label, except our own keys ([`labels::is_own_key`]: a request's bookkeeping);
+/// - every annotation, except the [`BINDING_ANNOTATIONS`] (the control plane wrote them about the
+///   old binding or the old volume's provisioning: `bind-completed` and `bound-by-controller`
+///   come back when the PV controller binds the new volume, and a stale `bound-by-controller`
+///   would let it treat the pre-bound claim as its own to unbind; a stale `storage-provisioner`,
+///   `selected-node`, `migrated-to` or beta `storage-class` names the old volume's provisioner,
+///   node or class) and our own keys (e.g. the bind nudge);
+/// - every ownerReference, except one to the member's StatefulSet or pod
+///   ([`is_adoption_ref`]): they point at objects deleted during the swap (the garbage collector
+///   would delete a claim whose owners are all gone), and the recreated set puts its own back
+///   when its retention policy asks for them (`whenDeleted: Delete` → the set, `whenScaled:
+///   Delete` → a pod being scaled away; clusters from 1.23 on). A reference to anything else (a
+///   user's own owner, another workload) stays, uid included;
+/// - every finalizer, except the control plane's ([`SYSTEM_FINALIZERS`]).
+pub fn kept_metadata(original: &ObjectMeta, stateful_set: &str, pod: &str) -> ObjectMeta {
+    let keep = |map: &Option<BTreeMap<String, String>>, dropped: &[&str]| {
+        let kept: BTreeMap<String, String> = map
+            .iter()
+            .flatten()
+            .filter(|(k, _)| !labels::is_own_key(k) && !dropped.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    let finalizers: Vec<String> = original
+        .finalizers
+        .iter()
+        .flatten()
+        .filter(|f| !SYSTEM_FINALIZERS.contains(&f.as_str()))
+        .cloned()
+        .collect();
+    let owner_references: Vec<OwnerReference> = original
+        .owner_references
+        .iter()
+        .flatten()
+        .filter(|r| !is_adoption_ref(r, stateful_set, pod))
+        .cloned()
+        .collect();
+    ObjectMeta {
+        name: original.name.clone(),
+        namespace: original.namespace.clone(),
+        labels: keep(&original.labels, &[]),
+        annotations: keep(&original.annotations, &BINDING_ANNOTATIONS),
+        finalizers: (!finalizers.is_empty()).then_some(finalizers),
+        owner_references: (!owner_references.is_empty()).then_some(owner_references),
+        ..Default::default()
+    }
+}
+
+/// True for an ownerReference to the StatefulSet named `stateful_set` or the Pod named `pod`
+/// (any uid): the references a member's StatefulSet puts on its claim through its retention
+/// policy. Step 2 removes them from the live claim ([`is_statefulset_or_pod_ref`] says why) and
+/// the recreated claim does not get them back.
+pub fn is_adoption_ref(r: &OwnerReference, stateful_set: &str, pod: &str) -> bool {
+    is_statefulset_or_pod_ref(r)
+        && match r.kind.as_str() {
+            "StatefulSet" => r.name == stateful_set,
+            _ => r.name == pod,
+        }
 }
 
 /// True for an ownerReference to a StatefulSet (`apps/*`) or a Pod (`v1`).
@@ -218,6 +256,8 @@ mod tests {
             "pvc-new-0000",
             "fast",
             &Quantity("1Gi".to_string()),
+            "etcd",
+            "etcd-1",
         );
         insta::assert_yaml_snapshot!(pvc);
         let meta = &pvc.metadata;
@@ -253,7 +293,14 @@ mod tests {
             spec: None,
             status: None,
         };
-        let pvc = swapped_claim(&original, "pv1", "fast", &Quantity("256Mi".into()));
+        let pvc = swapped_claim(
+            &original,
+            "pv1",
+            "fast",
+            &Quantity("256Mi".into()),
+            "x",
+            "x-0",
+        );
         assert!(pvc.metadata.annotations.is_none());
         assert!(pvc.metadata.owner_references.is_none());
         let spec = pvc.spec.unwrap();
@@ -261,6 +308,117 @@ mod tests {
             spec.resources.unwrap().requests.unwrap()["storage"],
             Quantity("256Mi".into())
         );
+    }
+
+    fn owner(api_version: &str, kind: &str, name: &str) -> OwnerReference {
+        OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            ..Default::default()
+        }
+    }
+
+    /// What a recreated claim keeps and drops, key by key.
+    #[test]
+    fn kept_metadata_keeps_the_users_and_drops_the_control_planes_and_ours() {
+        let mut meta = testdata::claim().metadata;
+        let labels = meta.labels.get_or_insert_with(BTreeMap::new);
+        labels.insert("team".into(), "db".into());
+        labels.insert(crate::labels::REQUEST_LABEL.into(), "old".into());
+        let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+        annotations.insert(crate::labels::BIND_NUDGE_ANNOTATION.into(), "1".into());
+        annotations.insert(
+            "kubectl.kubernetes.io/last-applied-configuration".into(),
+            "{}".into(),
+        );
+        meta.finalizers = Some(vec![
+            PVC_PROTECTION_FINALIZER.into(),
+            "foregroundDeletion".into(),
+            "example.com/keep".into(),
+        ]);
+        meta.owner_references = Some(vec![
+            owner("apps/v1", "StatefulSet", "etcd"),
+            owner("v1", "Pod", "etcd-1"),
+            owner("v1", "ConfigMap", "etcd-owner"),
+            owner("apps/v1", "StatefulSet", "other"),
+            owner("v1", "Pod", "etcd-0"),
+            owner("example.com/v1", "StatefulSet", "etcd"),
+        ]);
+        let kept = kept_metadata(&meta, "etcd", "etcd-1");
+
+        let labels: Vec<&str> = kept
+            .labels
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(labels, ["app", "team"]);
+        let annotations: Vec<&str> = kept
+            .annotations
+            .iter()
+            .flatten()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(
+            annotations,
+            [
+                "example.com/backup",
+                "kubectl.kubernetes.io/last-applied-configuration"
+            ]
+        );
+        assert_eq!(kept.finalizers, Some(vec!["example.com/keep".to_string()]));
+        let refs: Vec<(&str, &str)> = kept
+            .owner_references
+            .iter()
+            .flatten()
+            .map(|r| (r.kind.as_str(), r.name.as_str()))
+            .collect();
+        assert_eq!(
+            refs,
+            [
+                ("ConfigMap", "etcd-owner"),
+                ("StatefulSet", "other"),
+                ("Pod", "etcd-0"),
+                ("StatefulSet", "etcd"),
+            ],
+            "only the member's own set and pod are dropped (the last is not an apps/* set)"
+        );
+        assert_eq!(
+            kept.owner_references.as_ref().unwrap()[0].uid,
+            "uid-etcd-owner"
+        );
+        assert_eq!(kept.name, meta.name);
+        assert_eq!(kept.namespace, meta.namespace);
+        assert!(kept.uid.is_none() && kept.resource_version.is_none());
+        assert!(kept.creation_timestamp.is_none() && kept.managed_fields.is_none());
+    }
+
+    #[test]
+    fn adoption_refs_are_the_members_set_and_pod() {
+        assert!(is_adoption_ref(
+            &owner("apps/v1", "StatefulSet", "db"),
+            "db",
+            "db-0"
+        ));
+        assert!(is_adoption_ref(&owner("v1", "Pod", "db-0"), "db", "db-0"));
+        assert!(!is_adoption_ref(&owner("v1", "Pod", "db-1"), "db", "db-0"));
+        assert!(!is_adoption_ref(
+            &owner("apps/v1", "StatefulSet", "db-0"),
+            "db",
+            "db-0"
+        ));
+        assert!(!is_adoption_ref(
+            &owner("v1", "ConfigMap", "db"),
+            "db",
+            "db-0"
+        ));
+        assert!(!is_adoption_ref(
+            &owner("apps/v1", "Deployment", "db"),
+            "db",
+            "db-0"
+        ));
     }
 
     #[test]

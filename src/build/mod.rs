@@ -42,7 +42,8 @@ pub mod statefulset;
 pub mod volume;
 
 pub use claim::{
-    claim_owner_references_patch, is_statefulset_or_pod_ref, swapped_claim, temp_claim,
+    claim_owner_references_patch, is_adoption_ref, is_statefulset_or_pod_ref, kept_metadata,
+    swapped_claim, temp_claim,
 };
 pub use job::{FsReport, JobFailureCause, JobKind, JobResult, job, parse_job_result};
 pub use manifest::Manifest;

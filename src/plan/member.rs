@@ -1024,6 +1024,8 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 &new_volume,
                 &plan.target_storage_class,
                 &m.new_size,
+                &plan.stateful_set,
+                &m.pod,
             );
             cx.act(Action::Create(Object::Claim(Box::new(claim))));
             cx.wait(Duration::from_secs(1));

@@ -68,7 +68,7 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
         });
     }
     for m in &plan.members {
-        protect_claim(cx, m);
+        protect_claim(cx, &plan.stateful_set, m);
     }
     if !cx.actions.is_empty() {
         return Ok(());
@@ -134,16 +134,17 @@ fn orphan_delete(cx: &mut Ctx, plan: &Plan, set: &Manifest<StatefulSet>) -> Resu
     Ok(())
 }
 
-/// Removes the ownerReferences through which the StatefulSet (retention policy) or the member's
-/// pod could garbage-collect the member's claim.
-fn protect_claim(cx: &mut Ctx, m: &PlannedMember) {
+/// Removes the ownerReferences through which the StatefulSet `set` (retention policy) or the
+/// member's pod could garbage-collect the member's claim; a reference to anything else stays
+/// (see `build::kept_metadata`).
+fn protect_claim(cx: &mut Ctx, set: &str, m: &PlannedMember) {
     let Some(claim) = cx.o.claims.get(&m.claim) else {
         return;
     };
     let uids: Vec<String> = claim
         .owner_references()
         .iter()
-        .filter(|r| build::is_statefulset_or_pod_ref(r))
+        .filter(|r| build::is_adoption_ref(r, set, &m.pod))
         .map(|r| r.uid.clone())
         .collect();
     if !uids.is_empty() {

@@ -1075,6 +1075,139 @@ fn retention_policy_and_claim_owner_references_are_neutralised_then_restored() {
     );
 }
 
+/// Every claim of the set gets `whenDeleted/whenScaled: Delete` refs to the set and its pod, plus
+/// a user's own owner, label and annotation; the set a `Delete`/`Delete` retention policy.
+fn observed_with_retention_and_owners()
+-> (Observed, StatefulSetPersistentVolumeClaimRetentionPolicy) {
+    let mut o = observed(spec_class_change("fast"));
+    let policy = StatefulSetPersistentVolumeClaimRetentionPolicy {
+        when_deleted: Some("Delete".into()),
+        when_scaled: Some("Delete".into()),
+    };
+    o.stateful_set.as_mut().unwrap().update(|s| {
+        s.spec
+            .as_mut()
+            .unwrap()
+            .persistent_volume_claim_retention_policy = Some(policy.clone());
+    });
+    for (i, c) in o.claims.values_mut().enumerate() {
+        let owner = |api_version: &str, kind: &str, name: String| OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            uid: format!("uid-{name}"),
+            name,
+            ..Default::default()
+        };
+        c.metadata.owner_references = Some(vec![
+            owner("apps/v1", "StatefulSet", "etcd".into()),
+            owner("v1", "Pod", format!("etcd-{i}")),
+            owner("v1", "ConfigMap", "keeper".into()),
+        ]);
+        c.labels_mut().insert("team".into(), "db".into());
+        c.annotations_mut()
+            .insert("example.com/backup".into(), "daily".into());
+    }
+    (o, policy)
+}
+
+fn retention_of(sim: &Sim) -> Option<StatefulSetPersistentVolumeClaimRetentionPolicy> {
+    let set = sim.o.stateful_set.as_ref().unwrap();
+    set.spec
+        .as_ref()
+        .unwrap()
+        .persistent_volume_claim_retention_policy
+        .clone()
+}
+
+#[test]
+fn recreated_claims_keep_the_users_metadata_and_only_the_users_owner() {
+    let (o, _) = observed_with_retention_and_owners();
+    let mut sim = Sim::new(o);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    for i in 0..3 {
+        let c = &sim.o.claims[&format!("data-etcd-{i}")];
+        assert_ne!(claim_volume(c), Some(format!("pv-old-{i}").as_str()));
+        let refs: Vec<&str> = c
+            .owner_references()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(
+            refs,
+            ["keeper"],
+            "claim {i}: the set's and pod's refs dropped"
+        );
+        assert_eq!(c.owner_references()[0].uid, "uid-keeper");
+        assert_eq!(c.labels()["team"], "db");
+        assert_eq!(c.annotations()["example.com/backup"], "daily");
+        assert!(c.annotations().keys().all(|k| !labels::is_own_key(k)));
+    }
+}
+
+#[test]
+fn a_rollback_after_the_orphan_delete_recreates_the_set_with_the_original_retention_policy() {
+    let (o, policy) = observed_with_retention_and_owners();
+    let mut sim = Sim::new(o);
+    sim.jobs.fail = vec!["copy".into()];
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Failed);
+    assert!(
+        sim.log.iter().any(|a| matches!(
+            a,
+            Action::Delete {
+                kind: Kind::StatefulSet,
+                ..
+            }
+        )),
+        "the set was orphan-deleted"
+    );
+    assert_eq!(retention_of(&sim), Some(policy));
+    for i in 0..3 {
+        let c = &sim.o.claims[&format!("data-etcd-{i}")];
+        let refs: Vec<&str> = c
+            .owner_references()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(refs, ["keeper"], "a user's owner survives the rollback");
+    }
+}
+
+#[test]
+fn a_rollback_before_the_orphan_delete_patches_the_original_retention_policy_back() {
+    let (o, policy) = observed_with_retention_and_owners();
+    let mut sim = Sim::new(o);
+    for _ in 0..400 {
+        if sim
+            .log
+            .iter()
+            .any(|a| matches!(a, Action::PatchRetentionPolicy { .. }))
+        {
+            break;
+        }
+        let d = decide(&sim.o, &SETTINGS);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert_ne!(retention_of(&sim), Some(policy.clone()), "protected");
+    let set_uid = sim.o.stateful_set.as_ref().unwrap().uid();
+    sim.o.request.annotations_mut().insert(
+        labels::ABORT_ANNOTATION.into(),
+        "2026-12-01T18:00:00Z".into(),
+    );
+    sim.run(300);
+    assert_eq!(sim.phase(), Phase::Failed);
+    assert_eq!(
+        sim.o.stateful_set.as_ref().unwrap().uid(),
+        set_uid,
+        "never deleted"
+    );
+    assert_eq!(retention_of(&sim), Some(policy));
+}
+
 #[test]
 fn the_stash_lives_in_its_config_map_from_before_the_first_delete_until_success() {
     let mut sim = Sim::new(observed(spec_class_change("fast")));
