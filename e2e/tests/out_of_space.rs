@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{MoverSpec, TestNamespace, scenario};
+use e2e::testing::{MoverSpec, TestNamespace, one_member_set, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -45,39 +45,7 @@ fn app_set(image: &str, class: &str) -> StatefulSet {
     let script = "trap 'exit 0' TERM\n\
                   [ -f /data/seed ] || head -c 4194304 /dev/urandom > /data/seed\n\
                   while true; do sleep 1; done";
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": SET},
-        "spec": {
-            "serviceName": SET,
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": SET}},
-            "template": {
-                "metadata": {"labels": {"app": SET}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "securityContext": {"runAsUser": 0, "runAsGroup": 0},
-                    "containers": [{
-                        "name": "app",
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["sh", "-c", script],
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    }],
-                },
-            },
-            "volumeClaimTemplates": [{
-                "metadata": {"name": "data"},
-                "spec": {
-                    "storageClassName": class,
-                    "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": "256Mi"}},
-                },
-            }],
-        },
-    }))
-    .unwrap()
+    one_member_set(SET, image, class, "256Mi", script)
 }
 
 /// Runs `script` in a one-off pod on `node` with the member's claim at `/data`; its log.

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
+use e2e::testing::{ETCD_READY, TestNamespace, etcd, one_member_set, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim};
 use kube::ResourceExt;
@@ -145,39 +145,8 @@ const APP_CLAIM: &str = "data-app-0";
 
 /// A one-member StatefulSet in the mover image, idle on a 64Mi claim (a TERM ends it at once).
 fn app_set(image: &str, class: &str) -> StatefulSet {
-    serde_json::from_value(json!({
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": APP},
-        "spec": {
-            "serviceName": APP,
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": APP}},
-            "template": {
-                "metadata": {"labels": {"app": APP}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 5,
-                    "securityContext": {"runAsUser": 0, "runAsGroup": 0},
-                    "containers": [{
-                        "name": "app",
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "command": ["sh", "-c", "trap 'exit 0' TERM; echo x > /data/x; while true; do sleep 1; done"],
-                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                    }],
-                },
-            },
-            "volumeClaimTemplates": [{
-                "metadata": {"name": "data"},
-                "spec": {
-                    "storageClassName": class,
-                    "accessModes": ["ReadWriteOnce"],
-                    "resources": {"requests": {"storage": "64Mi"}},
-                },
-            }],
-        },
-    }))
-    .unwrap()
+    let script = "trap 'exit 0' TERM; echo x > /data/x; while true; do sleep 1; done";
+    one_member_set(APP, image, class, "64Mi", script)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -31,7 +31,8 @@ mod waits;
 pub use cluster::TestCluster;
 pub use namespace::TestNamespace;
 pub use objects::{
-    assert_claims_bound, claim_manifest, fixture_path, node_satisfies, set_template_class,
+    assert_claims_bound, claim_manifest, fixture_path, node_satisfies, one_member_set,
+    set_template_class,
 };
 pub use pods::{ClaimMount, JobOutcome, MoverSpec, PodOutcome, describe_pod, mover_pod_spec};
 

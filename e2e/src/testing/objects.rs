@@ -126,6 +126,53 @@ pub async fn assert_claims_bound(
     out
 }
 
+/// A one-member StatefulSet `name` (label `app: name`) running `script` as root in `image`,
+/// with a `data` claim template of `size` on `class` mounted at `/data`; grace period 5 s.
+pub fn one_member_set(
+    name: &str,
+    image: &str,
+    class: &str,
+    size: &str,
+    script: &str,
+) -> k8s_openapi::api::apps::v1::StatefulSet {
+    let set = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": {"name": name},
+        "spec": {
+            "serviceName": name,
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+                    "containers": [{
+                        "name": "app",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", script],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                },
+            },
+            "volumeClaimTemplates": [{
+                "metadata": {"name": "data"},
+                "spec": {
+                    "storageClassName": class,
+                    "accessModes": ["ReadWriteOnce"],
+                    "resources": {"requests": {"storage": size}},
+                },
+            }],
+        },
+    });
+    match serde_json::from_value(set) {
+        Ok(s) => s,
+        Err(e) => panic!("the one-member StatefulSet does not decode: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

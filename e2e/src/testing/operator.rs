@@ -135,6 +135,16 @@ enum Process {
     },
 }
 
+impl Process {
+    /// A supervised operator: no restart from now on, and `sig` to its current process.
+    fn halt(&self, sig: nix::sys::signal::Signal) {
+        if let Process::Supervised { stop, pid, .. } = self {
+            stop.store(true, Ordering::SeqCst);
+            signal(pid.load(Ordering::SeqCst), sig);
+        }
+    }
+}
+
 /// How long a supervised operator that exited waits before it is started again.
 pub const RESTART_DELAY: Duration = Duration::from_secs(1);
 
@@ -387,14 +397,11 @@ impl Operator {
                     }
                 }
             }
-            Process::Supervised {
-                stop, pid, task, ..
-            } => {
-                stop.store(true, Ordering::SeqCst);
-                signal(
-                    pid.load(Ordering::SeqCst),
-                    nix::sys::signal::Signal::SIGTERM,
-                );
+            Process::Supervised { .. } => {
+                self.process.halt(nix::sys::signal::Signal::SIGTERM);
+                let Process::Supervised { task, .. } = &mut self.process else {
+                    return;
+                };
                 if tokio::time::timeout(grace, &mut *task).await.is_err() {
                     warn!("operator ignored SIGTERM; killing it");
                     task.abort(); // drops the child: SIGKILL (kill_on_drop)
@@ -438,15 +445,11 @@ impl Drop for Operator {
             Process::Direct(child) => {
                 let _ = child.start_kill();
             }
-            Process::Supervised {
-                stop, pid, task, ..
-            } => {
-                stop.store(true, Ordering::SeqCst);
-                signal(
-                    pid.load(Ordering::SeqCst),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-                task.abort();
+            Process::Supervised { .. } => {
+                self.process.halt(nix::sys::signal::Signal::SIGKILL);
+                if let Process::Supervised { task, .. } = &self.process {
+                    task.abort();
+                }
             }
         }
         if std::thread::panicking() {
