@@ -9,7 +9,8 @@
 //!   than the SelfSubjectAccessReviews every user may create).
 //! - **Unused**: a verb of a rule in `RULES` that no operator request used, unless
 //!   [`NOT_EXERCISED`] says why no scenario on the local cluster can use it (and then it must
-//!   indeed be unused: an entry that a scenario uses fails the test, so the list only shrinks).
+//!   indeed be unused: an entry that a scenario uses fails the test, so the list only shrinks),
+//!   or [`SOMETIMES_USED`] says why its use depends on timing (used or not, both pass).
 //!
 //! A refusal counts as a missing rule only when the same ServiceAccount was never allowed that
 //! verb: refusals after the RBAC was revoked (`helm uninstall` removes the Roles while the
@@ -49,19 +50,17 @@ const NOT_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "get",
         "etcd TLS and auth Secrets: no e2e scenario runs the operator against a TLS or auth etcd yet",
     ),
-    (
-        "",
-        "events",
-        "list",
-        "a Job's FailedCreate Events are read only while a running Job has no pod; no e2e scenario makes admission refuse a helper pod yet (a ResourceQuota would)",
-    ),
-    (
-        "events.k8s.io",
-        "events",
-        "patch",
-        "kube-runtime's Recorder patches an Event's series only when the same event repeats",
-    ),
 ];
+
+/// Rule verbs that scenarios use or not depending on timing, so that no run can be made to
+/// need them, nor to avoid them: neither unused nor used fails the test. Each is printed with
+/// whether this run used it.
+const SOMETIMES_USED: &[(&str, &str, &str, &str)] = &[(
+    "events.k8s.io",
+    "events",
+    "patch",
+    "kube-runtime's Recorder patches an Event's series only when the same event repeats within its cache window",
+)];
 
 /// (group, resource[/subresource], verb) of one audit event of the operator, and its code.
 fn operator_request(event: &Value) -> Option<(Triple, i64)> {
@@ -153,19 +152,31 @@ fn every_rule_is_used_and_none_is_missing() {
             (g.to_string(), r.to_string(), v.to_string())
         })
         .collect();
+    let sometimes: BTreeSet<Triple> = SOMETIMES_USED
+        .iter()
+        .map(|(g, r, v, why)| {
+            let t = (g.to_string(), r.to_string(), v.to_string());
+            let this_run = if used.contains(&t) { "used" } else { "unused" };
+            eprintln!("NOTE timing-dependent ({this_run} in this run): {v} {r} ({g:?}): {why}");
+            t
+        })
+        .collect();
     let now_used: Vec<_> = exempt.intersection(&used).collect();
     assert!(
         now_used.is_empty(),
         "used now, drop from NOT_EXERCISED: {now_used:?}"
     );
-    let stale: Vec<_> = exempt.difference(&granted).collect();
+    let stale: Vec<_> = exempt
+        .union(&sometimes)
+        .filter(|t| !granted.contains(*t))
+        .collect();
     assert!(
         stale.is_empty(),
         "NOT_EXERCISED names rules RULES lacks: {stale:?}"
     );
     let unused: Vec<_> = granted
         .difference(&used)
-        .filter(|t| !exempt.contains(*t))
+        .filter(|t| !exempt.contains(*t) && !sometimes.contains(*t))
         .collect();
     assert!(unused.is_empty(), "rules no e2e scenario used: {unused:?}");
 }
