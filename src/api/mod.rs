@@ -553,6 +553,11 @@ pub struct MemberStatus {
     /// Files the final copy transferred.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_copied: Option<i64>,
+    /// Bytes the final copy wrote to the new volume: with its delta transfer only the blocks
+    /// that changed since the pre-copy, so at most `bytesCopied` (the sizes of the files that
+    /// changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_written: Option<i64>,
     /// Live progress of the member's running copy (pre-copy or final pass), read from the copy
     /// Job's log every few seconds while it runs; the last reading stays after it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]

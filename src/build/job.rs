@@ -122,14 +122,16 @@ macro_rules! statfs_format {
 /// planner quotes them ([`JobFailureCause::NoSpace`]). The `sed` passes that line on even when
 /// it holds a `%` (a file name).
 macro_rules! rsync_copy_script {
-    ($ok:literal) => {
+    ($ok:literal, $mode:literal) => {
         concat!(
             "set -u\nok=' ",
             $ok,
-            r#" '
+            " '\n",
+            $mode,
+            r#"
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
-out=$( { rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
+out=$( { rsync -aHAXS $delta --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
 rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
 rc=${rc:-1}
 case "$ok" in
@@ -159,9 +161,10 @@ field() {
 }
 bytes=$(field 'Total transferred file size')
 total=$(field 'Total file size')
+literal=$(field 'Literal data')
 files=$(field 'Number of regular files transferred')
 [ -n "$files" ] || files=$(field 'Number of files transferred')
-result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"exitCode":%d}' "${bytes:-0}" "${files:-0}" "${total:-0}" "$rc")
+result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"literalBytes":%s,"mode":"%s","exitCode":%d}' "${bytes:-0}" "${files:-0}" "${total:-0}" "${literal:-0}" "$mode" "$rc")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
 "#
@@ -170,11 +173,31 @@ printf '%s' "$result" > /dev/termination-log
 }
 
 /// Live pass: exit 24 ("some files vanished before they could be transferred") is expected
-/// while the member writes, and tolerated; the final pass repairs whatever it missed.
-pub const PRECOPY_SCRIPT: &str = rsync_copy_script!("0 24");
+/// while the member writes, and tolerated; the final pass repairs whatever it missed. Whole
+/// files (rsync's default between local paths): the target is empty or nearly so, and reading
+/// both sides for a delta would only cost time.
+pub const PRECOPY_SCRIPT: &str = rsync_copy_script!("0 24", "mode=WholeFile\ndelta=");
 
 /// Final pass over a stopped member: anything but exit 0 fails the Job.
-pub const COPY_SCRIPT: &str = rsync_copy_script!("0");
+///
+/// It moves what changed since the pre-copy, not whole files (issue: a few KiB appended to a
+/// 64 MiB etcd WAL segment copied the whole segment): `--no-whole-file` turns on rsync's delta
+/// transfer between local paths and `--inplace` writes only the blocks that differ into the
+/// existing target file, instead of a full new copy renamed over it. `Literal data` in rsync's
+/// stats (`literalBytes`) is then what was written. In place is safe here: nothing else uses
+/// the temporary claim, and an interrupted pass leaves files whose modification time differs
+/// from the source, which the next pass sends again; verification reads every file after it.
+///
+/// Except when a regular file on the target has more than one link: writing it in place would
+/// write through every name of that inode, and if the source no longer links them ("tug of
+/// war", rsync's manual) the target ends up different. Then the pass copies whole files and
+/// says so (`"mode":"WholeFile"` instead of `"Delta"`).
+pub const COPY_SCRIPT: &str = rsync_copy_script!(
+    "0",
+    r#"mode=Delta
+delta='--no-whole-file --inplace'
+if [ -n "$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null)" ]; then mode=WholeFile; delta=; fi"#
+);
 
 /// Compares both trees by content (`--checksum`) and metadata without changing anything
 /// (`--dry-run`); every line of `--itemize-changes` is a difference. Writes
@@ -389,6 +412,13 @@ pub struct JobResult {
     /// Size of all files on the source (`Total file size`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_bytes: Option<i64>,
+    /// Bytes rsync wrote as new data (`Literal data`): with the final pass's delta transfer,
+    /// the blocks that changed; with whole files, the same as `bytes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub literal_bytes: Option<i64>,
+    /// How the pass copied (PreCopy, Copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<CopyMode>,
     /// Bytes allocated on the source (Measure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<i64>,
@@ -410,6 +440,15 @@ pub struct JobResult {
     /// The temporary claim's filesystem when a copy failed for lack of space.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_filesystem: Option<FsReport>,
+}
+
+/// How a copy pass copied changed files (`"mode"` of its result).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyMode {
+    /// Each changed file written anew, whole.
+    WholeFile,
+    /// rsync's delta transfer, in place: only the blocks that differ are written.
+    Delta,
 }
 
 /// A cause of failure a script recognises (`"cause"` of its result).
@@ -477,6 +516,7 @@ pub fn parse_job_result(msg: &str) -> Result<JobResult, BuildError> {
         result.bytes,
         result.files,
         result.total_bytes,
+        result.literal_bytes,
         result.used_bytes,
         result.differences,
     ];
@@ -648,7 +688,7 @@ mod tests {
     fn scripts_use_fixed_flags() {
         for script in [PRECOPY_SCRIPT, COPY_SCRIPT] {
             assert!(script.contains(
-                "rsync -aHAXS --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
+                "rsync -aHAXS $delta --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
             ));
             assert!(script.contains(
                 "tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}'"
@@ -656,6 +696,9 @@ mod tests {
         }
         assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
         assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
+        // The delta mode is chosen from constants only: nothing of the request reaches it.
+        assert!(PRECOPY_SCRIPT.contains("\nmode=WholeFile\ndelta=\n"));
+        assert!(COPY_SCRIPT.contains("\nmode=Delta\ndelta='--no-whole-file --inplace'\n"));
         assert!(VERIFY_SCRIPT.contains(
             "rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/"
         ));
@@ -796,6 +839,70 @@ mod tests {
                 .arg("--version")
                 .output()
                 .is_ok_and(|o| o.status.success())
+        }
+
+        /// The final pass after a pre-copy writes the blocks that changed, not the files that
+        /// changed; with a hard-linked file on the target it copies whole files and says so.
+        #[test]
+        fn final_pass_writes_only_what_changed() {
+            if !have("rsync") {
+                eprintln!("rsync not installed: skipped");
+                return;
+            }
+            let dir = tempfile::tempdir().unwrap();
+            let src = dir.path().join("source");
+            let dst = dir.path().join("target");
+            std::fs::create_dir_all(&src).unwrap();
+            std::fs::create_dir_all(&dst).unwrap();
+            // 8 MiB of varied bytes (a WAL segment): a pattern no block of which repeats.
+            let wal: Vec<u8> = (0u32..2 << 20).flat_map(|i| i.to_le_bytes()).collect();
+            std::fs::write(src.join("wal"), &wal).unwrap();
+            let pre = run(JobKind::PreCopy, dir.path()).result.unwrap();
+            assert_eq!(pre.mode, Some(CopyMode::WholeFile), "{pre:?}");
+            assert_eq!(pre.literal_bytes, Some(8 << 20), "{pre:?}");
+
+            // The member appends 4 KiB and rewrites 100 bytes in the middle, then stops.
+            let mut changed = wal.clone();
+            changed[4 << 20..(4 << 20) + 100].fill(0xAB);
+            changed.extend(std::iter::repeat_n(0xCDu8, 4096));
+            std::fs::write(src.join("wal"), &changed).unwrap();
+            let copy = run(JobKind::Copy, dir.path());
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            let r = copy.result.unwrap();
+            assert_eq!(r.mode, Some(CopyMode::Delta), "{r:?}");
+            assert_eq!(
+                r.bytes,
+                Some((8 << 20) + 4096),
+                "the changed file's size: {r:?}"
+            );
+            let written = r.literal_bytes.unwrap();
+            assert!(
+                (4096..256 << 10).contains(&written),
+                "wrote {written} bytes for 4196 changed"
+            );
+            assert_eq!(std::fs::read(dst.join("wal")).unwrap(), changed);
+            let verify = run(JobKind::Verify, dir.path());
+            assert_eq!(verify.result.unwrap().differences, Some(0));
+
+            // A hard link on the target: an in-place write would change both names.
+            std::fs::hard_link(dst.join("wal"), dst.join("wal-link")).unwrap();
+            std::fs::hard_link(src.join("wal"), src.join("wal-link")).unwrap();
+            changed[100..200].fill(0x11);
+            std::fs::write(src.join("other"), &changed).unwrap();
+            std::fs::remove_file(src.join("wal-link")).unwrap();
+            std::fs::rename(src.join("other"), src.join("wal-link")).unwrap();
+            let copy = run(JobKind::Copy, dir.path());
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            let r = copy.result.unwrap();
+            assert_eq!(r.mode, Some(CopyMode::WholeFile), "{r:?}");
+            assert_eq!(std::fs::read(dst.join("wal-link")).unwrap(), changed);
+            let verify = run(JobKind::Verify, dir.path());
+            assert_eq!(
+                verify.result.unwrap().differences,
+                Some(0),
+                "{}",
+                verify.stderr
+            );
         }
 
         #[test]

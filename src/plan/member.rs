@@ -27,6 +27,12 @@ use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
 /// Seconds a recreated claim may stay Pending before (and between) nudges.
 pub const BIND_NUDGE_AFTER_SECONDS: i64 = 2;
 
+/// How soon the claim swap looks again while the member is down: claims and volumes are not
+/// watched, and each of the swap's four waits (old claim gone, temporary claim gone, new volume
+/// Available, claim Bound) is usually over within a few hundred milliseconds, all of it
+/// downtime.
+pub const SWAP_POLL: Duration = Duration::from_millis(200);
+
 /// Forward (the normal flow) or carrying a swapped member forward during a rollback (no health
 /// gates, no waiting for readiness: the rollback must end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -682,15 +688,27 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     if mb.ms.bytes_copied.is_none() {
         let bytes = copied.as_ref().and_then(|r| r.bytes).unwrap_or(0);
         let files = copied.as_ref().and_then(|r| r.files).unwrap_or(0);
+        let written = copied.as_ref().and_then(|r| r.literal_bytes);
         if let Some(ms) = ms_mut(cx, mb) {
             ms.bytes_copied = Some(bytes);
             ms.files_copied = Some(files);
+            ms.bytes_written = written;
         }
+        let wrote = match (written, copied.as_ref().and_then(|r| r.mode)) {
+            (Some(w), Some(build::CopyMode::Delta)) => format!(
+                " (delta transfer: wrote {})",
+                super::quantity::human(i128::from(w))
+            ),
+            (_, Some(build::CopyMode::WholeFile)) => {
+                " (whole files: the target has hard-linked files)".to_string()
+            }
+            _ => String::new(),
+        };
         cx.event(
             EventType::Normal,
             "Copied",
             format!(
-                "member {}: copied {} in {files} files from {} to {}",
+                "member {}: copied {} in {files} files from {} to {}{wrote}",
                 m.pod,
                 super::quantity::human(i128::from(bytes)),
                 m.claim,
@@ -851,12 +869,12 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 return Ok(());
             }
             cx.delete(Kind::Claim, m.claim.clone(), stashed);
-            cx.wait(Duration::from_secs(1));
+            cx.wait(SWAP_POLL);
         }
         Some(_) => {
             // pvc-protection: gone once no pod uses it.
             delete_jobs(cx, mb, &ALL_JOBS);
-            cx.wait(Duration::from_secs(1));
+            cx.wait(SWAP_POLL);
         }
         None => advance(cx, mb, MemberStep::DeletingTempClaim),
     }
@@ -913,9 +931,9 @@ fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     match cx.o.claims.get(&m.temp_claim) {
         Some(c) if !is_terminating(c) => {
             cx.delete(Kind::Claim, m.temp_claim.clone(), c.uid());
-            cx.wait(Duration::from_secs(1));
+            cx.wait(SWAP_POLL);
         }
-        Some(_) => cx.wait(Duration::from_secs(1)),
+        Some(_) => cx.wait(SWAP_POLL),
         None => advance(cx, mb, MemberStep::ReleasingNewVolume),
     }
     Ok(())
@@ -956,13 +974,13 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     if points_at_claim && matches!(phase, Some("Available") | Some("Bound")) {
         advance(cx, mb, MemberStep::RecreatingClaim);
     } else if points_at_claim {
-        cx.wait(Duration::from_millis(500));
+        cx.wait(SWAP_POLL);
     } else {
         cx.act(Action::SetClaimRef {
             volume: name,
             claim: m.claim.clone(),
         });
-        cx.wait(Duration::from_secs(1));
+        cx.wait(SWAP_POLL);
     }
     Ok(())
 }
@@ -991,7 +1009,7 @@ fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim) {
             value: Some(cx.o.now.as_second().to_string()),
         });
     }
-    cx.wait(Duration::from_secs(1));
+    cx.wait(SWAP_POLL);
 }
 
 /// Recreate the claim under its original name, bound to the new volume; wait until Bound.
@@ -1028,7 +1046,7 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 &m.pod,
             );
             cx.act(Action::Create(Object::Claim(Box::new(claim))));
-            cx.wait(Duration::from_secs(1));
+            cx.wait(SWAP_POLL);
         }
         Some(c) if claim_volume(c) == Some(new_volume.as_str()) && !is_terminating(c) => {
             if claim_phase(c) == "Bound" {

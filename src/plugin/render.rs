@@ -292,6 +292,9 @@ pub fn member_times(m: &MemberStatus) -> Vec<String> {
         let files = f.map(|f| format!(", {f} files")).unwrap_or_default();
         lines.push(format!("    {:<12} {}{files}", "copied", bytes(b)));
     }
+    if let Some(w) = m.bytes_written {
+        lines.push(format!("    {:<12} {}", "written", bytes(w)));
+    }
     lines
 }
 

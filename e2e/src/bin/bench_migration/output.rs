@@ -6,14 +6,15 @@ use crate::scenario::{MemberRow, Row};
 /// A scenario's result: its size label, its `copy.preCopy`, its row or its error.
 pub type ScenarioResult = (String, bool, Result<Row, String>);
 
-const MAIN_HEADER: [&str; 7] = [
+const MAIN_HEADER: [&str; 8] = [
     "size",
     "preCopy",
     "members",
     "downtime per member (s)",
     "mean downtime",
     "total (s)",
-    "bytes copied in final pass",
+    "final pass: size of files changed",
+    "final pass: bytes written",
 ];
 
 const CLIENT_HEADER: [&str; 7] = [
@@ -82,11 +83,14 @@ fn observed_secs(m: &MemberRow) -> Option<f64> {
 /// The operator's numbers of a successful scenario.
 fn main_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
     let downtimes: Vec<String> = row.members.iter().map(|m| opt_secs(m.downtime)).collect();
-    let bytes: Vec<String> = row
-        .members
-        .iter()
-        .map(|m| m.bytes_copied.map_or_else(|| "?".into(), human_bytes))
-        .collect();
+    let list = |f: fn(&MemberRow) -> Option<i64>| {
+        let each: Vec<String> = row
+            .members
+            .iter()
+            .map(|m| f(m).map_or_else(|| "?".into(), human_bytes))
+            .collect();
+        each.join(" / ")
+    };
     vec![
         size.to_string(),
         mode.to_string(),
@@ -95,7 +99,8 @@ fn main_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
         opt_secs(mean(row.members.iter().map(|m| m.downtime))),
         row.total_seconds
             .map_or_else(|| "?".into(), |s| s.to_string()),
-        bytes.join(" / "),
+        list(|m| m.bytes_copied),
+        list(|m| m.bytes_written),
     ]
 }
 
@@ -168,12 +173,14 @@ mod tests {
                     pod: "bench-2".into(),
                     downtime: Some(6.0),
                     bytes_copied: Some(2048),
+                    bytes_written: Some(512),
                     observed: Some(Duration::from_millis(5800)),
                 },
                 MemberRow {
                     pod: "bench-1".into(),
                     downtime: Some(8.0),
                     bytes_copied: Some(100),
+                    bytes_written: None,
                     observed: Some(Duration::from_millis(7200)),
                 },
             ],
@@ -188,6 +195,7 @@ mod tests {
         assert!(out.contains("6.0 / 8.0"), "{out}");
         assert!(out.contains("| 7.0 "), "{out}");
         assert!(out.contains("2.0 KiB / 100 B"), "{out}");
+        assert!(out.contains("| 512 B / ? "), "{out}");
         assert!(out.contains("FAILED: timed out"), "{out}");
         assert!(out.contains("bench-2, bench-1"), "{out}");
         assert!(out.contains("62.3"), "{out}");

@@ -43,6 +43,7 @@ pub struct MemberRow {
     pub pod: String,
     pub downtime: Option<f64>,
     pub bytes_copied: Option<i64>,
+    pub bytes_written: Option<i64>,
     pub observed: Option<Duration>,
 }
 
@@ -150,6 +151,7 @@ fn row(ns: &TestNamespace, migration: Migration) -> Result<Row, BenchError> {
             pod: m.pod.clone(),
             downtime: m.downtime_seconds,
             bytes_copied: m.bytes_copied,
+            bytes_written: m.bytes_written,
             observed: observed.as_ref().and_then(|a| a.down(&m.pod, now)),
         })
         .collect();

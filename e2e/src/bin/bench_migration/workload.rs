@@ -27,13 +27,19 @@ const FILL_FILE_MIB: u64 = 64;
 const POD_SCHEDULED: Duration = Duration::from_secs(300);
 const FILL_POD_GONE: Duration = Duration::from_secs(120);
 
-/// The member's program: append a short line to the volume every 100 ms, exit on SIGTERM (sh
-/// as the container's first process would otherwise ignore it and wait out the grace period).
+/// The member's program, every 100 ms: append a short line to a log and, once the volume is
+/// filled, overwrite the next 4 KiB of the first 64 MiB fill file in place, as a database
+/// writes its preallocated WAL segment. So the final pass finds a few KiB changed in a large
+/// file. Exits on SIGTERM (sh as the container's first process would otherwise ignore it and
+/// wait out the grace period).
 pub const WRITER_SCRIPT: &str = r#"trap 'exit 0' TERM INT
 n=0
 while :; do
   n=$((n + 1))
   echo "$n $(date -u +%s)" >> /data/writes.log
+  if [ -f /data/ready ]; then
+    dd if=/dev/urandom of=/data/fill-0 bs=4096 count=1 seek=$((n % 16384)) conv=notrunc 2>/dev/null
+  fi
   sleep 0.1
 done
 "#;
