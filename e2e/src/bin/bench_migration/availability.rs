@@ -42,6 +42,12 @@ impl Availability {
         }
     }
 
+    /// The unavailability of `pod` once it has had an outage and is serving again.
+    pub fn recovered(&self, pod: &str) -> Option<Duration> {
+        let p = self.pods.get(pod)?;
+        (p.outages > 0 && p.down_since.is_none()).then_some(p.down_total)
+    }
+
     /// Total unavailability of `pod`; an outage still open counts until `now`.
     pub fn down(&self, pod: &str, now: Instant) -> Option<Duration> {
         let p = self.pods.get(pod)?;
@@ -113,5 +119,10 @@ mod tests {
         );
         assert_eq!(a.pods["p"].outages, 2);
         assert_eq!(a.down("q", t0), None);
+        assert_eq!(a.recovered("p"), None, "down again");
+        a.observe("p", true, t0 + Duration::from_secs(12));
+        assert_eq!(a.recovered("p"), Some(Duration::from_millis(5500)));
+        a.observe("q", true, t0);
+        assert_eq!(a.recovered("q"), None, "never down");
     }
 }

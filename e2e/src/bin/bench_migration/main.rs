@@ -4,15 +4,18 @@
 //! `64Mi,1Gi`) and each mode (`copy.preCopy` true / false), in a fresh namespace:
 //!
 //! 1. a 3-member Generic StatefulSet (`busybox`, a writer appending a line to its volume every
-//!    100 ms; ready once `/data/ready` exists) with its claims on the Immediate class
+//!    100 ms and, once filled, overwriting the next 4 KiB of its first 64 MiB file in place, as a
+//!    database writes a WAL segment; ready once `/data/ready` exists) with its claims on the Immediate class
 //!    (`E2E_STORAGE_CLASS`, default `standard`), sized data + 50% (at least 256Mi);
 //! 2. each member's volume filled with that many bytes of incompressible data (64 MiB files from
 //!    `/dev/urandom`) by a one-off pod pinned to the member's node, which then writes the
 //!    readiness file;
-//! 3. the operator (`storage-migrator run --namespace NS`, started and stopped through the shared
+//! 3. a plain restart: the last member's pod deleted under its StatefulSet, and the time until a
+//!    client sees it Ready again (the floor each member's downtime is compared with);
+//! 4. the operator (`storage-migrator run --namespace NS`, started and stopped through the shared
 //!    harness `e2e::testing::operator`, which also installs the CRD) migrates the set to the WaitForFirstConsumer class (`E2E_WFFC_STORAGE_CLASS`,
 //!    default `fast`), engine Generic, timeout 30m;
-//! 4. the request's `status.members[].downtimeSeconds` and `bytesCopied` and its
+//! 5. the request's `status.members[].downtimeSeconds`, `bytesCopied`, `bytesWritten` and its
 //!    `startTime`→`completionTime` are read, and a pod watcher measures each member's
 //!    unavailability as a client sees it (from the first event showing the pod deleted or not
 //!    Ready to the first showing it Ready again).
@@ -68,6 +71,14 @@ enum BenchError {
         phase: String,
         exit: Option<i32>,
         output: String,
+    },
+    #[error(
+        "pod {namespace}/{pod}, deleted under its StatefulSet, was not Ready again within {waited:?}"
+    )]
+    PlainRestart {
+        namespace: String,
+        pod: String,
+        waited: std::time::Duration,
     },
     #[error("request {namespace}/{name} ended {phase}: {detail}")]
     NotSuccessful {

@@ -17,12 +17,15 @@ const MAIN_HEADER: [&str; 8] = [
     "final pass: bytes written",
 ];
 
-const CLIENT_HEADER: [&str; 7] = [
+const CLIENT_HEADER: [&str; 10] = [
     "size",
     "preCopy",
     "migration order",
     "observed unavailability per member (s)",
     "mean",
+    "plain restart (s)",
+    "worst − plain restart (s)",
+    "mean / plain restart",
     "request created → Successful seen (s)",
     "namespace",
 ];
@@ -112,12 +115,24 @@ fn client_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
         .map(|m| opt_secs(observed_secs(m)))
         .collect();
     let order: Vec<&str> = row.members.iter().map(|m| m.pod.as_str()).collect();
+    let plain = row.plain_restart.as_secs_f64();
+    let mean_observed = mean(row.members.iter().map(observed_secs));
+    let worst = row
+        .members
+        .iter()
+        .filter_map(observed_secs)
+        .fold(None, |w: Option<f64>, s| Some(w.map_or(s, |w| w.max(s))));
     vec![
         size.to_string(),
         mode.to_string(),
         order.join(", "),
         observed.join(" / "),
-        opt_secs(mean(row.members.iter().map(observed_secs))),
+        opt_secs(mean_observed),
+        format!("{plain:.1}"),
+        opt_secs(worst.map(|w| w - plain)),
+        mean_observed
+            .filter(|_| plain > 0.0)
+            .map_or_else(|| "?".into(), |m| format!("{:.2}×", m / plain)),
         format!("{:.1}", row.wall.as_secs_f64()),
         row.namespace.clone(),
     ]
@@ -130,6 +145,7 @@ fn failed_row(size: &str, mode: &str, error: &str) -> Vec<String> {
         mode.to_string(),
         "-".into(),
         format!("FAILED: {error}"),
+        "-".into(),
         "-".into(),
         "-".into(),
         "-".into(),
@@ -186,6 +202,7 @@ mod tests {
             ],
             total_seconds: Some(61),
             wall: Duration::from_millis(62_300),
+            plain_restart: Duration::from_millis(4000),
         };
         let out = tables(&[
             ("64Mi".into(), true, Ok(row)),
@@ -199,6 +216,15 @@ mod tests {
         assert!(out.contains("FAILED: timed out"), "{out}");
         assert!(out.contains("bench-2, bench-1"), "{out}");
         assert!(out.contains("62.3"), "{out}");
+        // Plain restart 4.0 s; worst observed 7.2 s; mean 6.5 s.
+        let cells: Vec<&str> = out
+            .lines()
+            .find(|l| l.contains("bench-2, bench-1"))
+            .unwrap()
+            .split('|')
+            .map(str::trim)
+            .collect();
+        assert_eq!(cells[6..9], ["4.0", "3.2", "1.62×"], "{out}");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use e2e::testing::{TestCluster, TestNamespace};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolume, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use storage_migrator::api::{Phase, StorageMigrationRequest, StorageMigrationRequestStatus};
 use tracing::{info, warn};
@@ -55,6 +55,41 @@ pub struct Row {
     pub total_seconds: Option<i64>,
     /// Request created → `Successful` seen by this client.
     pub wall: Duration,
+    /// A plain restart of one member before the request, as the client saw it.
+    pub plain_restart: Duration,
+}
+
+/// Deletes the last member's pod under its StatefulSet and waits until the pod watcher sees it
+/// Ready again: the floor each member's downtime is compared with, measured in the same run.
+async fn plain_restart(ns: &TestNamespace) -> Result<Duration, BenchError> {
+    let (watch_task, availability) = watch_availability(ns.api::<Pod>());
+    // The watcher's first list, so that the deletion is seen as an outage of a serving pod.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let pod = format!("{SET}-{}", REPLICAS - 1);
+    if let Err(e) = ns.api::<Pod>().delete(&pod, &DeleteParams::default()).await {
+        watch_task.abort();
+        return Err(e.into());
+    }
+    let deadline = Instant::now() + SET_READY;
+    let result = loop {
+        let back = availability.lock().ok().and_then(|a| a.recovered(&pod));
+        if let Some(d) = back {
+            break Ok(d);
+        }
+        if Instant::now() >= deadline {
+            break Err(BenchError::PlainRestart {
+                namespace: ns.name.clone(),
+                pod,
+                waited: SET_READY,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    watch_task.abort();
+    if let Ok(took) = &result {
+        info!(namespace = %ns.name, ?took, "plain restart of the last member");
+    }
+    result
 }
 
 /// Creates the StatefulSet, fills every member's volume, and waits until the set is Ready.
@@ -132,7 +167,11 @@ fn total_seconds(status: &StorageMigrationRequestStatus) -> Option<i64> {
 }
 
 /// The scenario's row; an error unless the request ended `Successful`.
-fn row(ns: &TestNamespace, migration: Migration) -> Result<Row, BenchError> {
+fn row(
+    ns: &TestNamespace,
+    migration: Migration,
+    plain_restart: Duration,
+) -> Result<Row, BenchError> {
     let status = migration.request.status.clone().unwrap_or_default();
     if status.phase != Phase::Successful {
         return Err(BenchError::NotSuccessful {
@@ -160,6 +199,7 @@ fn row(ns: &TestNamespace, migration: Migration) -> Result<Row, BenchError> {
         members,
         total_seconds: total_seconds(&status),
         wall: migration.wall,
+        plain_restart,
     })
 }
 
@@ -171,9 +211,11 @@ async fn scenario_body(
     operator: &mut Option<Operator>,
 ) -> Result<Row, BenchError> {
     deploy_and_fill(ns, size).await?;
+    let restart = plain_restart(ns).await?;
+    ns.wait_statefulset_ready(SET, REPLICAS, SET_READY).await?;
     *operator = Some(start_operator(ns, settings).await?);
     let migration = migrate(ns, pre_copy).await?;
-    row(ns, migration)
+    row(ns, migration, restart)
 }
 
 /// Names of the volumes still bound to claims of `namespace`.
