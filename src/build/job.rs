@@ -841,19 +841,28 @@ mod tests {
                 .is_ok_and(|o| o.status.success())
         }
 
-        /// The final pass after a pre-copy writes the blocks that changed, not the files that
-        /// changed; with a hard-linked file on the target it copies whole files and says so.
-        #[test]
-        fn final_pass_writes_only_what_changed() {
+        /// A temporary dir with empty `source` and `target` trees; None (the test skips) where
+        /// rsync is not installed.
+        fn empty_trees() -> Option<(tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)> {
             if !have("rsync") {
                 eprintln!("rsync not installed: skipped");
-                return;
+                return None;
             }
             let dir = tempfile::tempdir().unwrap();
             let src = dir.path().join("source");
             let dst = dir.path().join("target");
             std::fs::create_dir_all(&src).unwrap();
             std::fs::create_dir_all(&dst).unwrap();
+            Some((dir, src, dst))
+        }
+
+        /// The final pass after a pre-copy writes the blocks that changed, not the files that
+        /// changed; with a hard-linked file on the target it copies whole files and says so.
+        #[test]
+        fn final_pass_writes_only_what_changed() {
+            let Some((dir, src, dst)) = empty_trees() else {
+                return;
+            };
             // 8 MiB of varied bytes (a WAL segment): a pattern no block of which repeats.
             let wal: Vec<u8> = (0u32..2 << 20).flat_map(|i| i.to_le_bytes()).collect();
             std::fs::write(src.join("wal"), &wal).unwrap();
@@ -1043,15 +1052,9 @@ mod tests {
         /// check compares whole seconds unless told otherwise.
         #[test]
         fn final_pass_copies_a_same_second_same_size_rewrite() {
-            if !have("rsync") {
-                eprintln!("rsync not installed: skipped");
+            let Some((dir, src, dst)) = empty_trees() else {
                 return;
-            }
-            let dir = tempfile::tempdir().unwrap();
-            let src = dir.path().join("source");
-            let dst = dir.path().join("target");
-            std::fs::create_dir_all(&src).unwrap();
-            std::fs::create_dir_all(&dst).unwrap();
+            };
             let wal = src.join("wal");
             let at =
                 |nanos: u32| std::time::UNIX_EPOCH + std::time::Duration::new(1_700_000_000, nanos);
