@@ -301,16 +301,15 @@ impl Cluster {
     }
 }
 
-/// The engine's view of the members, only where the planner uses it (a request in Preflight
-/// or Migrating that is not final); members it did not report are noted as missing.
+/// The engine's view of the members, only where the planner uses it
+/// ([`crate::plan::reads_health`]); members it did not report are noted as missing.
 async fn gather_health(
     engine: &Result<Engine, String>,
     status: &StorageMigrationRequestStatus,
     member_pods: &[Pod],
     expected: &[String],
 ) -> Result<HealthReport, HealthUnavailable> {
-    let wants_health =
-        !status.phase.is_final() && matches!(status.stage, Stage::Preflight | Stage::Migrating);
+    let wants_health = crate::plan::reads_health(status);
     match engine {
         Err(e) => Err(HealthUnavailable::NoEngine(e.clone())),
         Ok(_) if !wants_health => Err(HealthUnavailable::NotObservedInStage),

@@ -719,6 +719,35 @@ pub(crate) fn in_flight(status: &StorageMigrationRequestStatus) -> Option<usize>
     status.members.iter().position(|m| m.step.in_flight())
 }
 
+/// Whether the planner reads the database's health for a request in this state, so that the
+/// cluster layer asks the database only then: in Preflight (roles, the engine's checks) and in
+/// Migrating, except while the member in flight is down between its stop and its recreated
+/// claim (the final copy, its verification and the claim swap). No gate is due in those steps,
+/// and a read would wait on the stopped member every round of the member's downtime. The step
+/// before each gate (PreCopying, RecreatingClaim) still reads it, so a gate never meets a
+/// report that was not gathered. A final request reads none.
+pub fn reads_health(status: &StorageMigrationRequestStatus) -> bool {
+    if status.phase.is_final() {
+        return false;
+    }
+    match status.stage {
+        Stage::Preflight => true,
+        Stage::Migrating => !in_flight(status)
+            .and_then(|i| status.members.get(i))
+            .is_some_and(|m| {
+                matches!(
+                    m.step,
+                    MemberStep::Copying
+                        | MemberStep::RetainingVolumes
+                        | MemberStep::DeletingOldClaim
+                        | MemberStep::DeletingTempClaim
+                        | MemberStep::ReleasingNewVolume
+                )
+            }),
+        _ => false,
+    }
+}
+
 /// `done/total` for the printer column.
 pub(crate) fn progress(status: &StorageMigrationRequestStatus) -> String {
     let done = status

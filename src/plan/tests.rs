@@ -2546,3 +2546,60 @@ fn a_copy_out_of_space_fails_the_member_with_the_numbers_and_leaves_nothing() {
         assert!(sim.o.pods.contains_key("etcd-0"), "member pod back");
     }
 }
+
+/// The cluster layer asks the database for its health only where [`reads_health`] says the
+/// planner uses it. Through a whole quorum migration (leader last, with its hand-over), every
+/// decision made without the health where it is not read is the one made with it, and the
+/// steps of a member's downtime (copy, verification, swap) are among those.
+#[test]
+fn health_is_read_wherever_the_planner_uses_it() {
+    let mut o = observed(spec_class_change("fast"));
+    if let Ok(h) = o.health.as_mut() {
+        h.quorum_based = true;
+        h.leader = Some("etcd-0".into());
+        h.voting_members = Some(3);
+        for m in &mut h.members {
+            m.member_id = Some(m.pod.clone());
+            m.raft_index = Some(100);
+            m.leader = m.pod == "etcd-0";
+        }
+    }
+    let mut sim = Sim::new(o);
+    let mut unread = BTreeSet::new();
+    for _ in 0..500 {
+        if sim.phase().is_final() {
+            break;
+        }
+        let d = decide(&sim.o, &sim.settings);
+        let status = sim.status();
+        if !reads_health(&status) {
+            let mut blind = sim.o.clone();
+            blind.health = Err(HealthUnavailable::NotObservedInStage);
+            let step = in_flight(&status).map(|i| status.members[i].step);
+            assert_eq!(
+                decide(&blind, &sim.settings),
+                d,
+                "{:?} {step:?}",
+                status.stage
+            );
+            unread.insert(format!("{:?} {step:?}", status.stage));
+        }
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    assert_eq!(sim.phase(), Phase::Successful, "{:?}", sim.status().message);
+    for step in [
+        "Copying",
+        "RetainingVolumes",
+        "DeletingOldClaim",
+        "ReleasingNewVolume",
+    ] {
+        assert!(
+            unread.contains(&format!("Migrating Some({step})")),
+            "{step} not among {unread:?}"
+        );
+    }
+    assert!(!reads_health(&sim.status()), "a final request reads none");
+}
