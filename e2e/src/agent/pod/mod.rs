@@ -25,6 +25,7 @@ use crate::agent::runtime::{self, Sandbox};
 use crate::agent::status::{self, CState, ContainerRecord, PodRecord};
 use crate::agent::volumes::{self, HostVolume};
 
+pub mod adopt;
 mod container;
 mod lifecycle;
 mod probes;
