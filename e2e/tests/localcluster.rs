@@ -1,4 +1,5 @@
 //! `localcluster up` of a second cluster in a temporary state dir, a pod with a volume on it,
+//! the agent SIGKILLed and restarted (it re-adopts the pod), SIGKILLed again (the pod runs on),
 //! then `localcluster down`: afterwards nothing of it is left (no process, mount, loop device,
 //! listener, network namespace or link). Local-cluster-only: runs when `E2E_LOCALCLUSTER=1`.
 //!
@@ -112,6 +113,43 @@ fn processes_of(dir: &Path, netns_inodes: &BTreeSet<u64>) -> Vec<String> {
     out
 }
 
+/// The pod's uid, its container's restart count and start time (a new run changes them).
+fn run_of(p: &k8s_openapi::api::core::v1::Pod) -> (Option<String>, i32, Option<String>) {
+    let st = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|l| l.first());
+    let started = st
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .map(|t| t.0.to_string());
+    (
+        p.metadata.uid.clone(),
+        st.map_or(-1, |c| c.restart_count),
+        started,
+    )
+}
+
+/// `text` without ANSI colour sequences.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Best effort `down` if the test fails half-way.
 struct DownOnDrop(PathBuf);
 
@@ -180,12 +218,42 @@ fn down_leaves_nothing_behind() {
             let spec = MoverSpec::shell("holder", "echo kept > /data/file && exec sleep 3600")
                 .mount("data", "/data");
             ns.create_mover_pod(&spec).await.unwrap();
-            ns.wait_pod_ready("holder", Duration::from_secs(120))
+            let before = ns
+                .wait_pod_ready("holder", Duration::from_secs(120))
                 .await
                 .unwrap();
+            // The agent SIGKILLed and started again re-adopts the running holder.
+            let log = e2e::controlplane::log_path(&dir, "agent");
+            let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
+            e2e::controlplane::restart_agent(&state, Duration::from_secs(1))
+                .await
+                .unwrap();
+            let t = std::time::Instant::now();
+            while !String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()[from..])
+                .lines()
+                .any(|l| l.contains("re-adopting the pod's containers") && l.contains("holder"))
+            {
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "holder not re-adopted"
+                );
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let after = ns
+                .wait_pod_ready("holder", Duration::from_secs(60))
+                .await
+                .unwrap();
+            assert_eq!(run_of(&after), run_of(&before), "the holder was re-adopted");
             // The namespace is left for `down` to tear down with everything else.
             std::mem::forget(ns);
         });
+        // Killed again and not restarted: its containers run on for `down` to sweep.
+        let pid = std::fs::read_to_string(e2e::controlplane::pid_path(&dir, "agent")).unwrap();
+        let status = Command::new("kill")
+            .args(["-9", pid.trim()])
+            .status()
+            .unwrap();
+        assert!(status.success());
         netns_with_prefix(&state.netns_prefix())
     };
 
@@ -232,6 +300,17 @@ fn down_leaves_nothing_behind() {
         "localcluster down failed: {}\n{}",
         down.status,
         String::from_utf8_lossy(&down.stderr)
+    );
+    // The sweep killed the containers the killed agent left running.
+    let stderr = strip_ansi(&String::from_utf8_lossy(&down.stderr));
+    let sweep = stderr
+        .lines()
+        .find(|l| l.contains("host cleanup done"))
+        .unwrap_or_default();
+    println!("NOTE localcluster down after the agent was SIGKILLed: {sweep}");
+    assert!(
+        sweep.contains("killed=") && !sweep.contains("killed=0"),
+        "the sweep killed nothing: {stderr}"
     );
 
     let procs = processes_of(&dir, &netns_inodes);
