@@ -132,6 +132,60 @@ fn run_of(p: &k8s_openapi::api::core::v1::Pod) -> (Option<String>, i32, Option<S
     )
 }
 
+/// Restarts the agent (SIGKILL, 1 s down) and checks that it re-adopts the running `before`
+/// (its log says so) and reports the same pod, restart count and start time.
+async fn assert_readopted(
+    state: &ClusterState,
+    ns: &e2e::testing::TestNamespace,
+    before: &k8s_openapi::api::core::v1::Pod,
+) {
+    let log = e2e::controlplane::log_path(&state.dir, "agent");
+    let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
+    e2e::controlplane::restart_agent(state, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let t = std::time::Instant::now();
+    while !String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()[from..])
+        .lines()
+        .any(|l| l.contains("re-adopting the pod's containers") && l.contains("holder"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "holder not re-adopted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = ns
+        .wait_pod_ready("holder", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(run_of(&after), run_of(before), "the holder was re-adopted");
+}
+
+/// SIGKILLs the cluster's agent.
+fn kill_agent(dir: &Path) {
+    let pid = std::fs::read_to_string(e2e::controlplane::pid_path(dir, "agent")).unwrap();
+    let status = Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// `down`'s sweep (its log on `stderr`) killed the containers the killed agent left running.
+fn assert_sweep_killed(stderr: &[u8]) {
+    let stderr = strip_ansi(&String::from_utf8_lossy(stderr));
+    let sweep = stderr
+        .lines()
+        .find(|l| l.contains("host cleanup done"))
+        .unwrap_or_default();
+    println!("NOTE localcluster down after the agent was SIGKILLed: {sweep}");
+    assert!(
+        sweep.contains("killed=") && !sweep.contains("killed=0"),
+        "the sweep killed nothing: {stderr}"
+    );
+}
+
 /// `text` without ANSI colour sequences.
 fn strip_ansi(text: &str) -> String {
     let mut out = String::new();
@@ -223,37 +277,12 @@ fn down_leaves_nothing_behind() {
                 .await
                 .unwrap();
             // The agent SIGKILLed and started again re-adopts the running holder.
-            let log = e2e::controlplane::log_path(&dir, "agent");
-            let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
-            e2e::controlplane::restart_agent(&state, Duration::from_secs(1))
-                .await
-                .unwrap();
-            let t = std::time::Instant::now();
-            while !String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()[from..])
-                .lines()
-                .any(|l| l.contains("re-adopting the pod's containers") && l.contains("holder"))
-            {
-                assert!(
-                    t.elapsed() < Duration::from_secs(60),
-                    "holder not re-adopted"
-                );
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let after = ns
-                .wait_pod_ready("holder", Duration::from_secs(60))
-                .await
-                .unwrap();
-            assert_eq!(run_of(&after), run_of(&before), "the holder was re-adopted");
+            assert_readopted(&state, &ns, &before).await;
             // The namespace is left for `down` to tear down with everything else.
             std::mem::forget(ns);
         });
         // Killed again and not restarted: its containers run on for `down` to sweep.
-        let pid = std::fs::read_to_string(e2e::controlplane::pid_path(&dir, "agent")).unwrap();
-        let status = Command::new("kill")
-            .args(["-9", pid.trim()])
-            .status()
-            .unwrap();
-        assert!(status.success());
+        kill_agent(&dir);
         netns_with_prefix(&state.netns_prefix())
     };
 
@@ -301,17 +330,7 @@ fn down_leaves_nothing_behind() {
         down.status,
         String::from_utf8_lossy(&down.stderr)
     );
-    // The sweep killed the containers the killed agent left running.
-    let stderr = strip_ansi(&String::from_utf8_lossy(&down.stderr));
-    let sweep = stderr
-        .lines()
-        .find(|l| l.contains("host cleanup done"))
-        .unwrap_or_default();
-    println!("NOTE localcluster down after the agent was SIGKILLed: {sweep}");
-    assert!(
-        sweep.contains("killed=") && !sweep.contains("killed=0"),
-        "the sweep killed nothing: {stderr}"
-    );
+    assert_sweep_killed(&down.stderr);
 
     let procs = processes_of(&dir, &netns_inodes);
     assert!(procs.is_empty(), "processes left: {procs:#?}");
