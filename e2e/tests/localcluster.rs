@@ -1,5 +1,6 @@
 //! `localcluster up` of a second cluster in a temporary state dir, a pod with a volume on it,
-//! the agent SIGKILLed and restarted (it re-adopts the pod), SIGKILLed again (the pod runs on),
+//! the agent SIGKILLed and restarted (it re-adopts the pod; a second pod's program that exits 3
+//! during the outage is reported so and restarted), SIGKILLed again (the pods run on),
 //! then `localcluster down`: afterwards nothing of it is left (no process, mount, loop device,
 //! listener, network namespace or link). Local-cluster-only: runs when `E2E_LOCALCLUSTER=1`.
 //!
@@ -141,9 +142,24 @@ async fn assert_readopted(
 ) {
     let log = e2e::controlplane::log_path(&state.dir, "agent");
     let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
-    e2e::controlplane::restart_agent(state, Duration::from_secs(1))
+    let stop = e2e::agent::volumes::claim_path(&ns.cluster.client, &ns.name, "data")
         .await
-        .unwrap();
+        .unwrap()
+        .join("stop");
+    let pid = std::fs::read_to_string(e2e::controlplane::pid_path(&state.dir, "agent")).unwrap();
+    let outage = async {
+        // While the agent is away, the ender's program ends (exit 3).
+        let gone = Path::new("/proc").join(pid.trim());
+        while gone.exists() && !is_zombie(&gone) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        std::fs::write(&stop, b"").unwrap();
+    };
+    let (restart, ()) = tokio::join!(
+        e2e::controlplane::restart_agent(state, Duration::from_secs(3)),
+        outage
+    );
+    restart.unwrap();
     let t = std::time::Instant::now();
     while !String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()[from..])
         .lines()
@@ -160,6 +176,72 @@ async fn assert_readopted(
         .await
         .unwrap();
     assert_eq!(run_of(&after), run_of(before), "the holder was re-adopted");
+    assert_ender_restarted(ns).await;
+}
+
+/// A pod (restartPolicy Always) on the holder's claim whose container waits for the file `stop`
+/// on the claim, removes it and exits 3.
+async fn create_ender(ns: &e2e::testing::TestNamespace) {
+    use k8s_openapi::api::core::v1::Pod;
+    let script = "until [ -e /data/stop ]; do sleep 0.2; done; rm /data/stop; exit 3";
+    let spec = MoverSpec::shell("ender", script).mount("data", "/data");
+    let mut pod_spec = e2e::testing::mover_pod_spec(&ns.cluster.mover_image, &spec);
+    pod_spec.restart_policy = Some("Always".into());
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ender".into()),
+            ..Default::default()
+        },
+        spec: Some(pod_spec),
+        ..Default::default()
+    };
+    let pods: kube::Api<Pod> = ns.api();
+    pods.create(&Default::default(), &pod).await.unwrap();
+    ns.wait_pod_ready("ender", Duration::from_secs(120))
+        .await
+        .unwrap();
+}
+
+/// The ender's run that ended while the agent was away is reported with its exit code (3) and
+/// restarted (restartPolicy Always).
+async fn assert_ender_restarted(ns: &e2e::testing::TestNamespace) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = ns.api();
+    let t = std::time::Instant::now();
+    loop {
+        let p = pods.get("ender").await.unwrap();
+        let st = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        let c = st.first();
+        let last = c
+            .and_then(|c| c.last_state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code);
+        let running = c
+            .and_then(|c| c.state.as_ref())
+            .is_some_and(|s| s.running.is_some());
+        if c.is_some_and(|c| c.restart_count == 1) && last == Some(3) && running {
+            println!(
+                "NOTE localcluster: a run that ended during the agent's outage: exit 3, restarted"
+            );
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "ender not restarted after exit 3: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn is_zombie(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
 }
 
 /// SIGKILLs the cluster's agent.
@@ -276,6 +358,7 @@ fn down_leaves_nothing_behind() {
                 .wait_pod_ready("holder", Duration::from_secs(120))
                 .await
                 .unwrap();
+            create_ender(&ns).await;
             // The agent SIGKILLed and started again re-adopts the running holder.
             assert_readopted(&state, &ns, &before).await;
             // The namespace is left for `down` to tear down with everything else.
