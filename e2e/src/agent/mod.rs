@@ -303,7 +303,15 @@ impl Agent {
             p.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         );
-        if p.metadata.deletion_timestamp.is_some() {
+        let deleting = p.metadata.deletion_timestamp.is_some();
+        // Deleted while a previous agent was away, its containers still running: its worker
+        // re-adopts them and stops them gracefully (see `pod::run_pod`).
+        let stop_first = deleting
+            && !finished
+            && node.is_some_and(|n| {
+                runtime::any_recorded_running(&self.state.node_dir(n).join("pods").join(&uid))
+            });
+        if deleting && !stop_first {
             // Nothing of it runs here: finish its deletion.
             if lock(&self.deleting).insert(uid.clone()) {
                 let agent = self.clone();
@@ -468,9 +476,10 @@ async fn run_provisioner(client: kube::Client, state: ClusterState) {
     }
 }
 
-/// `(uid, pod dir)` of the live pods bound to our nodes (not finished, not being deleted, their
-/// node not down) whose pod dir a previous agent left: their workers re-adopt their containers
-/// (see `pod::adopt`). Lists until the API server answers.
+/// `(uid, pod dir)` of the live pods bound to our nodes (not finished, their node not down)
+/// whose pod dir a previous agent left: their workers re-adopt their containers (see
+/// `pod::adopt`), and stop them gracefully first if the pod is being deleted. Lists until the
+/// API server answers.
 async fn pods_to_keep(client: &kube::Client, state: &ClusterState) -> Vec<(String, PathBuf)> {
     let api: Api<Pod> = Api::all(client.clone());
     let list = loop {
@@ -483,7 +492,6 @@ async fn pods_to_keep(client: &kube::Client, state: &ClusterState) -> Vec<(Strin
     let down = crate::state::nodes_down(&state.dir);
     list.items
         .iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
         .filter(|p| {
             !matches!(
                 p.status.as_ref().and_then(|s| s.phase.as_deref()),

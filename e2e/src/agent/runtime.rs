@@ -369,6 +369,20 @@ pub fn recorded_container(dir: &Path, name: &str) -> Option<Recorded> {
     })
 }
 
+/// Whether a container recorded in pod dir `dir` still runs.
+pub fn any_recorded_running(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.strip_suffix(".pid")?.to_string();
+            (!name.starts_with('.')).then_some(name)
+        })
+        .any(|name| recorded_container(dir, &name).is_some_and(|r| r.running))
+}
+
 /// The sandboxes recorded by the containers started in pod dir `dir`.
 pub fn recorded_sandboxes(dir: &Path) -> Vec<Sandbox> {
     host::recorded_sandboxes(dir)

@@ -311,6 +311,10 @@ pub(super) async fn lifecycle(
             None
         }
     };
+    if adoption.is_none() && stop.is_cancelled() {
+        // Deleted before anything of it ran.
+        return;
+    }
     let Some((ip, sandbox)) = ip_and_sandbox(&agent, &shared, &pod, adoption.as_ref(), &stop).await
     else {
         return;
