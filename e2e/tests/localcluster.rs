@@ -1,6 +1,7 @@
 //! `localcluster up` of a second cluster in a temporary state dir, a pod with a volume on it,
 //! the agent SIGKILLed and restarted (it re-adopts the pod; a second pod's program that exits 3
-//! during the outage is reported so and restarted), SIGKILLed again (the pods run on),
+//! during the outage is reported so and restarted; a third pod deleted during the outage is
+//! stopped with SIGTERM), SIGKILLed again (the pods run on),
 //! then `localcluster down`: afterwards nothing of it is left (no process, mount, loop device,
 //! listener, network namespace or link). Local-cluster-only: runs when `E2E_LOCALCLUSTER=1`.
 //!
@@ -154,6 +155,9 @@ async fn assert_readopted(
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         std::fs::write(&stop, b"").unwrap();
+        // And a pod is deleted: the restarted agent stops it gracefully (SIGTERM).
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+        pods.delete("graceful", &Default::default()).await.unwrap();
     };
     let (restart, ()) = tokio::join!(
         e2e::controlplane::restart_agent(state, Duration::from_secs(3)),
@@ -177,6 +181,36 @@ async fn assert_readopted(
         .unwrap();
     assert_eq!(run_of(&after), run_of(before), "the holder was re-adopted");
     assert_ender_restarted(ns).await;
+    assert_stopped_gracefully(ns, &stop.with_file_name("term")).await;
+}
+
+/// A pod on the holder's claim that writes `graceful` to the claim's file `term` on SIGTERM.
+async fn create_graceful(ns: &e2e::testing::TestNamespace) {
+    let script = "trap 'echo graceful > /data/term; exit 0' TERM; while true; do sleep 0.2; done";
+    let spec = MoverSpec::shell("graceful", script).mount("data", "/data");
+    ns.create_mover_pod(&spec).await.unwrap();
+    ns.wait_pod_ready("graceful", Duration::from_secs(120))
+        .await
+        .unwrap();
+}
+
+/// The pod deleted during the outage is gone, after its program got SIGTERM (its marker).
+async fn assert_stopped_gracefully(ns: &e2e::testing::TestNamespace, marker: &Path) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = ns.api();
+    let t = std::time::Instant::now();
+    while pods.get_opt("graceful").await.unwrap().is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "graceful not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = std::fs::read_to_string(marker).unwrap_or_default();
+    assert_eq!(
+        text, "graceful\n",
+        "deleted while the agent was away: stopped with SIGTERM"
+    );
 }
 
 /// A pod (restartPolicy Always) on the holder's claim whose container waits for the file `stop`
@@ -359,6 +393,7 @@ fn down_leaves_nothing_behind() {
                 .await
                 .unwrap();
             create_ender(&ns).await;
+            create_graceful(&ns).await;
             // The agent SIGKILLed and started again re-adopts the running holder.
             assert_readopted(&state, &ns, &before).await;
             // The namespace is left for `down` to tear down with everything else.
