@@ -1,4 +1,7 @@
 //! `localcluster up` of a second cluster in a temporary state dir, a pod with a volume on it,
+//! the agent SIGKILLed and restarted (it re-adopts the pod; a second pod's program that exits 3
+//! during the outage is reported so and restarted; a third pod deleted during the outage is
+//! stopped with SIGTERM), SIGKILLed again (the pods run on),
 //! then `localcluster down`: afterwards nothing of it is left (no process, mount, loop device,
 //! listener, network namespace or link). Local-cluster-only: runs when `E2E_LOCALCLUSTER=1`.
 //!
@@ -112,6 +115,211 @@ fn processes_of(dir: &Path, netns_inodes: &BTreeSet<u64>) -> Vec<String> {
     out
 }
 
+/// The pod's uid, its container's restart count and start time (a new run changes them).
+fn run_of(p: &k8s_openapi::api::core::v1::Pod) -> (Option<String>, i32, Option<String>) {
+    let st = p
+        .status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .and_then(|l| l.first());
+    let started = st
+        .and_then(|c| c.state.as_ref())
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref())
+        .map(|t| t.0.to_string());
+    (
+        p.metadata.uid.clone(),
+        st.map_or(-1, |c| c.restart_count),
+        started,
+    )
+}
+
+/// Restarts the agent (SIGKILL, 1 s down) and checks that it re-adopts the running `before`
+/// (its log says so) and reports the same pod, restart count and start time.
+async fn assert_readopted(
+    state: &ClusterState,
+    ns: &e2e::testing::TestNamespace,
+    before: &k8s_openapi::api::core::v1::Pod,
+) {
+    let log = e2e::controlplane::log_path(&state.dir, "agent");
+    let from = std::fs::metadata(&log).map(|m| m.len()).unwrap_or(0) as usize;
+    let stop = e2e::agent::volumes::claim_path(&ns.cluster.client, &ns.name, "data")
+        .await
+        .unwrap()
+        .join("stop");
+    let pid = std::fs::read_to_string(e2e::controlplane::pid_path(&state.dir, "agent")).unwrap();
+    let outage = async {
+        // While the agent is away, the ender's program ends (exit 3).
+        let gone = Path::new("/proc").join(pid.trim());
+        while gone.exists() && !is_zombie(&gone) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        std::fs::write(&stop, b"").unwrap();
+        // And a pod is deleted: the restarted agent stops it gracefully (SIGTERM).
+        let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = ns.api();
+        pods.delete("graceful", &Default::default()).await.unwrap();
+    };
+    let (restart, ()) = tokio::join!(
+        e2e::controlplane::restart_agent(state, Duration::from_secs(3)),
+        outage
+    );
+    restart.unwrap();
+    let t = std::time::Instant::now();
+    while !String::from_utf8_lossy(&std::fs::read(&log).unwrap_or_default()[from..])
+        .lines()
+        .any(|l| l.contains("re-adopting the pod's containers") && l.contains("holder"))
+    {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "holder not re-adopted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let after = ns
+        .wait_pod_ready("holder", Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(run_of(&after), run_of(before), "the holder was re-adopted");
+    assert_ender_restarted(ns).await;
+    assert_stopped_gracefully(ns, &stop.with_file_name("term")).await;
+}
+
+/// A pod on the holder's claim that writes `graceful` to the claim's file `term` on SIGTERM.
+async fn create_graceful(ns: &e2e::testing::TestNamespace) {
+    let script = "trap 'echo graceful > /data/term; exit 0' TERM; while true; do sleep 0.2; done";
+    let spec = MoverSpec::shell("graceful", script).mount("data", "/data");
+    ns.create_mover_pod(&spec).await.unwrap();
+    ns.wait_pod_ready("graceful", Duration::from_secs(120))
+        .await
+        .unwrap();
+}
+
+/// The pod deleted during the outage is gone, after its program got SIGTERM (its marker).
+async fn assert_stopped_gracefully(ns: &e2e::testing::TestNamespace, marker: &Path) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = ns.api();
+    let t = std::time::Instant::now();
+    while pods.get_opt("graceful").await.unwrap().is_some() {
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "graceful not deleted"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let text = std::fs::read_to_string(marker).unwrap_or_default();
+    assert_eq!(
+        text, "graceful\n",
+        "deleted while the agent was away: stopped with SIGTERM"
+    );
+}
+
+/// A pod (restartPolicy Always) on the holder's claim whose container waits for the file `stop`
+/// on the claim, removes it and exits 3.
+async fn create_ender(ns: &e2e::testing::TestNamespace) {
+    use k8s_openapi::api::core::v1::Pod;
+    let script = "until [ -e /data/stop ]; do sleep 0.2; done; rm /data/stop; exit 3";
+    let spec = MoverSpec::shell("ender", script).mount("data", "/data");
+    let mut pod_spec = e2e::testing::mover_pod_spec(&ns.cluster.mover_image, &spec);
+    pod_spec.restart_policy = Some("Always".into());
+    let pod = Pod {
+        metadata: kube::api::ObjectMeta {
+            name: Some("ender".into()),
+            ..Default::default()
+        },
+        spec: Some(pod_spec),
+        ..Default::default()
+    };
+    let pods: kube::Api<Pod> = ns.api();
+    pods.create(&Default::default(), &pod).await.unwrap();
+    ns.wait_pod_ready("ender", Duration::from_secs(120))
+        .await
+        .unwrap();
+}
+
+/// The ender's run that ended while the agent was away is reported with its exit code (3) and
+/// restarted (restartPolicy Always).
+async fn assert_ender_restarted(ns: &e2e::testing::TestNamespace) {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods: kube::Api<Pod> = ns.api();
+    let t = std::time::Instant::now();
+    loop {
+        let p = pods.get("ender").await.unwrap();
+        let st = p
+            .status
+            .and_then(|s| s.container_statuses)
+            .unwrap_or_default();
+        let c = st.first();
+        let last = c
+            .and_then(|c| c.last_state.as_ref())
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code);
+        let running = c
+            .and_then(|c| c.state.as_ref())
+            .is_some_and(|s| s.running.is_some());
+        if c.is_some_and(|c| c.restart_count == 1) && last == Some(3) && running {
+            println!(
+                "NOTE localcluster: a run that ended during the agent's outage: exit 3, restarted"
+            );
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "ender not restarted after exit 3: {c:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn is_zombie(proc_dir: &Path) -> bool {
+    std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|s| {
+        s.rsplit(')')
+            .next()
+            .is_some_and(|r| r.trim_start().starts_with('Z'))
+    })
+}
+
+/// SIGKILLs the cluster's agent.
+fn kill_agent(dir: &Path) {
+    let pid = std::fs::read_to_string(e2e::controlplane::pid_path(dir, "agent")).unwrap();
+    let status = Command::new("kill")
+        .args(["-9", pid.trim()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// `down`'s sweep (its log on `stderr`) killed the containers the killed agent left running.
+fn assert_sweep_killed(stderr: &[u8]) {
+    let stderr = strip_ansi(&String::from_utf8_lossy(stderr));
+    let sweep = stderr
+        .lines()
+        .find(|l| l.contains("host cleanup done"))
+        .unwrap_or_default();
+    println!("NOTE localcluster down after the agent was SIGKILLed: {sweep}");
+    assert!(
+        sweep.contains("killed=") && !sweep.contains("killed=0"),
+        "the sweep killed nothing: {stderr}"
+    );
+}
+
+/// `text` without ANSI colour sequences.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// Best effort `down` if the test fails half-way.
 struct DownOnDrop(PathBuf);
 
@@ -180,12 +388,19 @@ fn down_leaves_nothing_behind() {
             let spec = MoverSpec::shell("holder", "echo kept > /data/file && exec sleep 3600")
                 .mount("data", "/data");
             ns.create_mover_pod(&spec).await.unwrap();
-            ns.wait_pod_ready("holder", Duration::from_secs(120))
+            let before = ns
+                .wait_pod_ready("holder", Duration::from_secs(120))
                 .await
                 .unwrap();
+            create_ender(&ns).await;
+            create_graceful(&ns).await;
+            // The agent SIGKILLed and started again re-adopts the running holder.
+            assert_readopted(&state, &ns, &before).await;
             // The namespace is left for `down` to tear down with everything else.
             std::mem::forget(ns);
         });
+        // Killed again and not restarted: its containers run on for `down` to sweep.
+        kill_agent(&dir);
         netns_with_prefix(&state.netns_prefix())
     };
 
@@ -233,6 +448,7 @@ fn down_leaves_nothing_behind() {
         down.status,
         String::from_utf8_lossy(&down.stderr)
     );
+    assert_sweep_killed(&down.stderr);
 
     let procs = processes_of(&dir, &netns_inodes);
     assert!(procs.is_empty(), "processes left: {procs:#?}");

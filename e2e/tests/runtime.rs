@@ -82,6 +82,7 @@ fn agent_spawn(args: &[String]) -> ExitCode {
         serde_json::from_str(&std::fs::read_to_string(&args[0]).unwrap()).unwrap();
     let spec: ContainerSpec =
         serde_json::from_str(&std::fs::read_to_string(&args[1]).unwrap()).unwrap();
+    let spec_argv0 = spec.argv[0].clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let mut child = tokio::task::spawn_blocking(move || {
@@ -90,7 +91,15 @@ fn agent_spawn(args: &[String]) -> ExitCode {
         .await
         .unwrap()
         .unwrap();
-        println!("pid {}", child.id().unwrap());
+        let pid = child.id().unwrap();
+        println!("pid {pid}");
+        if args[2] == "exit" {
+            // Exit once the container runs (an init still being built dies with its agent).
+            let argv0 = spec_argv0.as_bytes();
+            while !program_runs(pid, argv0) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
         if args[2] == "wait" {
             let status = child.wait().await.unwrap();
             println!("exit {}", status.code().unwrap_or(-1));
@@ -126,8 +135,8 @@ const TESTS: &[(&str, TestFn)] = &[
         confinement_holds_for_the_container_and_its_execs,
     ),
     (
-        "containers_die_with_the_agent_process",
-        containers_die_with_the_agent_process,
+        "containers_outlive_the_agent_process_and_record_their_exit",
+        containers_outlive_the_agent_process_and_record_their_exit,
     ),
     (
         "localcluster_binary_runs_containers",
@@ -312,6 +321,24 @@ fn pid_alive(pid: u32) -> bool {
             state != "Z" && state != "X"
         })
         .unwrap_or(false)
+}
+
+/// Whether the program of the container `pid` (its supervisor) runs with a command line
+/// starting with `prefix` (the supervisor's child has exec'd it).
+fn program_runs(pid: u32, prefix: &[u8]) -> bool {
+    let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"));
+    children
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|c| std::fs::read(format!("/proc/{c}/cmdline")).is_ok_and(|l| l.starts_with(prefix)))
+}
+
+/// The pid of the program of the container `pid` (its supervisor's child).
+fn program_pid(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .find_map(|c| c.parse().ok())
 }
 
 fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
@@ -849,7 +876,7 @@ fn confinement_holds_for_the_container_and_its_execs() {
         let mut child = runtime::spawn_container(&sb, "main", &main).unwrap();
         let pid = child.id().unwrap();
         wait_until("the shell to exec sleep", Duration::from_secs(5), || {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
+            program_runs(pid, b"sleep\0")
         });
         // Root keeps exactly CHOWN (bit 0) and KILL (bit 5); the root is read-only.
         let want = "CapPrm:\t0000000000000021\nCapEff:\t0000000000000021\n\
@@ -915,7 +942,7 @@ fn exec_joins_the_running_container() {
         );
         // Let the shell exec `sleep`: the container's command line then differs from its argv.
         wait_until("the shell to exec sleep", Duration::from_secs(5), || {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.starts_with(b"sleep\0"))
+            program_runs(pid, b"sleep\0")
         });
         // The container's private /tmp is visible to the exec: it joined the mount namespace.
         let t = Instant::now();
@@ -935,7 +962,7 @@ fn exec_joins_the_running_container() {
         };
         assert_eq!(
             String::from_utf8_lossy(&out.stdout),
-            format!("marker-{pid}\n"),
+            format!("marker-{}\n", program_pid(pid).expect("the program")),
             "{}",
             text(&out)
         );
@@ -1046,22 +1073,49 @@ fn read_pid(out: &str) -> u32 {
         .unwrap_or_else(|| panic!("no pid in {out:?}"))
 }
 
-fn containers_die_with_the_agent_process() {
+fn containers_outlive_the_agent_process_and_record_their_exit() {
     let c = TestCluster::new();
     let sb = c.sandbox("orphan", 7);
-    let s = spec(&sb, "agent-spawned", &["/bin/sleep", "300"]);
-    // The agent spawns from a tokio blocking thread, prints the pid, and exits.
+    // The agent spawns from a tokio blocking thread, prints the pid, and exits (as if killed:
+    // it stops nothing).
+    let s = spec(&sb, "agent-spawned", &["/bin/sh", "-c", "sleep 2; exit 7"]);
     let agent = agent_process(&sb, &s, &self_exe(), "exit");
     let out = agent.wait_with_output().unwrap();
     assert!(out.status.success());
     let pid = read_pid(&String::from_utf8_lossy(&out.stdout));
+    assert!(pid_alive(pid), "the container lives on after its agent");
+    let rec = runtime::recorded_container(&sb.dir, "agent-spawned").expect("recorded");
+    assert!(
+        rec.running && rec.pid == pid && rec.exit_code.is_none(),
+        "{rec:?}"
+    );
     let t = Instant::now();
     wait_until(
-        "the container to die with its agent",
-        Duration::from_secs(5),
+        "the orphaned container to end",
+        Duration::from_secs(10),
         || !pid_alive(pid),
     );
-    println!("container gone {:?} after the agent exited", t.elapsed());
+    let rec = runtime::recorded_container(&sb.dir, "agent-spawned").expect("recorded");
+    assert_eq!((rec.running, rec.exit_code), (false, Some(7)), "{rec:?}");
+    println!(
+        "orphaned container ended {:?} after its agent, exit 7 recorded",
+        t.elapsed()
+    );
+    // Terminated by a signal to its process group: recorded as 128 + SIGTERM.
+    let s = spec(&sb, "agent-spawned", &["/bin/sleep", "300"]);
+    let out = agent_process(&sb, &s, &self_exe(), "exit")
+        .wait_with_output()
+        .unwrap();
+    let pid = read_pid(&String::from_utf8_lossy(&out.stdout));
+    wait_until("the program to run", Duration::from_secs(5), || {
+        program_runs(pid, b"/bin/sleep")
+    });
+    runtime::signal_container(pid, Signal::SIGTERM).unwrap();
+    wait_until("the container to end", Duration::from_secs(10), || {
+        !pid_alive(pid)
+    });
+    let rec = runtime::recorded_container(&sb.dir, "agent-spawned").expect("recorded");
+    assert_eq!(rec.exit_code, Some(143), "{rec:?}");
 }
 
 fn localcluster_binary_runs_containers() {

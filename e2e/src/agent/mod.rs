@@ -303,7 +303,15 @@ impl Agent {
             p.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         );
-        if p.metadata.deletion_timestamp.is_some() {
+        let deleting = p.metadata.deletion_timestamp.is_some();
+        // Deleted while a previous agent was away, its containers still running: its worker
+        // re-adopts them and stops them gracefully (see `pod::run_pod`).
+        let stop_first = deleting
+            && !finished
+            && node.is_some_and(|n| {
+                runtime::any_recorded_running(&self.state.node_dir(n).join("pods").join(&uid))
+            });
+        if deleting && !stop_first {
             // Nothing of it runs here: finish its deletion.
             if lock(&self.deleting).insert(uid.clone()) {
                 let agent = self.clone();
@@ -468,15 +476,59 @@ async fn run_provisioner(client: kube::Client, state: ClusterState) {
     }
 }
 
+/// `(uid, pod dir)` of the live pods bound to our nodes (not finished, their node not down)
+/// whose pod dir a previous agent left: their workers re-adopt their containers (see
+/// `pod::adopt`), and stop them gracefully first if the pod is being deleted. Lists until the
+/// API server answers.
+async fn pods_to_keep(client: &kube::Client, state: &ClusterState) -> Vec<(String, PathBuf)> {
+    let api: Api<Pod> = Api::all(client.clone());
+    let list = loop {
+        match api.list(&Default::default()).await {
+            Ok(l) => break l,
+            Err(e) => warn!(error = %e, "cannot list pods (retrying)"),
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    let down = crate::state::nodes_down(&state.dir);
+    list.items
+        .iter()
+        .filter(|p| {
+            !matches!(
+                p.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+        })
+        .filter_map(|p| {
+            let node = p.spec.as_ref()?.node_name.as_deref()?;
+            let uid = p.metadata.uid.as_deref()?;
+            let dir = state.node_dir(node).join("pods").join(uid);
+            (NODE_NAMES.contains(&node) && !down.contains(node) && dir.is_dir())
+                .then(|| (uid.to_string(), dir))
+        })
+        .collect()
+}
+
 /// Runs the node agent (and the volume provisioner) until SIGTERM/SIGINT, then stops every
-/// container it started and tears down its pods' host resources.
+/// container it started and tears down its pods' host resources. An agent killed without that
+/// (SIGKILL) leaves its containers running; started again, it re-adopts them.
 pub async fn run(state: ClusterState) -> Result<(), AgentError> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
-    // Whatever a previous agent of this cluster left (its containers died with it).
+    let client = client_for(&state).await?;
+    let agent = Arc::new(Agent::new(client.clone(), state.clone()));
+    // A previous agent's containers outlive it: those of live pods are re-adopted by the pod
+    // workers (their IPs reserved first), the rest is cleaned up.
+    let keep = pods_to_keep(&client, &state).await;
+    for (uid, dir) in &keep {
+        if let Some(sb) = runtime::recorded_sandboxes(dir).first() {
+            agent.allocate_ip(uid, Some(sb.ip));
+        }
+    }
+    info!(pods = keep.len(), "pods a previous agent left running");
+    let keep = runtime::Keep::pods(keep.into_iter().map(|(_, dir)| dir));
     let st = state.clone();
-    match tokio::task::spawn_blocking(move || runtime::cleanup_host(&st)).await {
+    match tokio::task::spawn_blocking(move || runtime::cleanup_host_except(&st, &keep)).await {
         Ok(Err(e)) => warn!(error = %e, "cleanup of a previous agent's leftovers incomplete"),
         Err(e) => warn!(error = %e, "cleanup task failed"),
         Ok(Ok(())) => {}
@@ -489,8 +541,6 @@ pub async fn run(state: ClusterState) -> Result<(), AgentError> {
     let proxy = apiproxy::bind(&state)
         .await
         .map_err(AgentError::ServiceProxy)?;
-    let client = client_for(&state).await?;
-    let agent = Arc::new(Agent::new(client.clone(), state.clone()));
     let mut tasks = tokio::task::JoinSet::new();
     tasks.spawn(apiproxy::serve(proxy, state.apiserver_port));
     tasks.spawn(run_provisioner(client.clone(), state.clone()));

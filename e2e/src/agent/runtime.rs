@@ -25,10 +25,15 @@
 //! credentials, capabilities and no_new_privs.
 //!
 //! Process lifetime: every child (container or exec) is forked from one dedicated, never-exiting
-//! thread of the agent process and gets `PR_SET_PDEATHSIG(SIGKILL)`, so it dies with the agent
-//! process (the kernel's "parent died" signal is bound to the forking *thread*: forking from a
-//! tokio blocking thread would kill containers when that thread idles out). Each child calls
-//! `setsid()`, so its pid is also its process group: [`signal_container`] signals the group.
+//! thread of the agent process and gets `PR_SET_PDEATHSIG(SIGKILL)` (the kernel's "parent died"
+//! signal is bound to the forking *thread*: forking from a tokio blocking thread would kill
+//! children when that thread idles out). An exec dies with the agent. A container does not:
+//! once its namespaces and root are built its init forks, the child execs the program and the
+//! init stays as its supervisor (`supervise.rs`), which drops the parent-death signal, waits for
+//! the program and records its exit code in `<name>.exit`. So containers outlive a killed agent,
+//! and an agent started again re-adopts them ([`recorded_container`], [`wait_recorded`],
+//! [`cleanup_host_except`] for what no live pod owns). Each child calls `setsid()`, so its pid is
+//! also its process group: [`signal_container`] signals the group (program and supervisor).
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -45,6 +50,7 @@ mod host;
 mod init;
 mod net;
 mod spawn;
+mod supervise;
 
 /// Environment variable naming the program that implements `container-init` (default: the
 /// current executable, i.e. `localcluster`). Tests set it to their own binary.
@@ -216,8 +222,8 @@ pub fn destroy_sandbox(sandbox: &Sandbox) -> Result<(), RuntimeError> {
     net::destroy_sandbox(sandbox)
 }
 
-/// Starts a container process (`<init program> container-init <dir>/<name>.json`). The child dies
-/// with the agent (PR_SET_PDEATHSIG) and its pid is recorded for `cleanup_host` in
+/// Starts a container process (`<init program> container-init <dir>/<name>.json`). The child
+/// outlives the agent (see the module docs) and its pid is recorded for `cleanup_host` in
 /// `<dir>/<name>.pid`. stdout and stderr are appended to `spec.log_path`; stdin is /dev/null.
 /// The returned child is not killed on drop. Must be called within a tokio runtime.
 /// Errors of the init phase itself (bad mount, program not found) are reported by the init
@@ -260,7 +266,49 @@ pub async fn exec_in_container(
 /// `nodes/<node>/volumes/` are left to the volume provisioner. Problems are logged and the other
 /// steps still run; the result then is [`RuntimeError::Cleanup`].
 pub fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
-    host::cleanup_host(state)
+    host::cleanup_host(state, &Keep::default())
+}
+
+/// [`cleanup_host`] for an agent started again: everything but the pod dirs of `keep` (their
+/// processes, mounts) and the sandboxes recorded in them (network namespaces, veths; the bridge
+/// stays while any pod is kept).
+pub fn cleanup_host_except(state: &ClusterState, keep: &Keep) -> Result<(), RuntimeError> {
+    host::cleanup_host(state, keep)
+}
+
+/// What [`cleanup_host_except`] leaves alone: pods whose containers an agent re-adopts.
+#[derive(Debug, Default)]
+pub struct Keep {
+    /// Pod dirs, as given and canonical.
+    dirs: Vec<PathBuf>,
+    netns: std::collections::BTreeSet<String>,
+    veths: std::collections::BTreeSet<String>,
+}
+
+impl Keep {
+    /// Keeps the pod dirs `dirs` and the sandboxes their init specs record.
+    pub fn pods(dirs: impl IntoIterator<Item = PathBuf>) -> Self {
+        let mut keep = Keep::default();
+        for dir in dirs {
+            for sb in host::recorded_sandboxes(&dir) {
+                keep.netns.insert(sb.netns);
+                keep.veths.insert(sb.host_veth);
+            }
+            if let Ok(canonical) = std::fs::canonicalize(&dir) {
+                keep.dirs.push(canonical);
+            }
+            keep.dirs.push(dir);
+        }
+        keep
+    }
+
+    fn is_empty(&self) -> bool {
+        self.dirs.is_empty()
+    }
+
+    fn has_path(&self, p: &Path) -> bool {
+        self.dirs.iter().any(|d| p.starts_with(d))
+    }
 }
 
 /// `container-init`: enter the sandbox's network namespace, new mount + UTS namespaces, private
@@ -286,6 +334,69 @@ pub fn supported_capabilities() -> Vec<String> {
 /// error.
 pub fn signal_container(pid: u32, signal: nix::sys::signal::Signal) -> Result<(), RuntimeError> {
     spawn::signal_group(pid, signal)
+}
+
+/// A container that [`spawn_container`] started in pod dir `dir` (found by an agent started
+/// again).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    pub sandbox: Sandbox,
+    pub spec: ContainerSpec,
+    /// Its supervisor (the process group), see `supervise.rs`.
+    pub pid: u32,
+    /// The exit code its supervisor recorded, once the program has ended.
+    pub exit_code: Option<i32>,
+    /// The supervisor is alive.
+    pub running: bool,
+}
+
+/// The container `name` recorded in pod dir `dir` (its init spec and pid file), if any.
+pub fn recorded_container(dir: &Path, name: &str) -> Option<Recorded> {
+    let json = dir.join(format!("{name}.json"));
+    let init: init::InitSpec = serde_json::from_str(&std::fs::read_to_string(&json).ok()?).ok()?;
+    let pid = std::fs::read_to_string(dir.join(format!("{name}.pid")))
+        .ok()?
+        .trim()
+        .parse::<u32>()
+        .ok()?;
+    let running = host::process_is_container(pid, &json, &[], Some(&init.sandbox.netns));
+    Some(Recorded {
+        exit_code: supervise::recorded_exit(&json),
+        sandbox: init.sandbox,
+        spec: init.spec,
+        pid,
+        running,
+    })
+}
+
+/// Whether a container recorded in pod dir `dir` still runs.
+pub fn any_recorded_running(dir: &Path) -> bool {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_str()?.strip_suffix(".pid")?.to_string();
+            (!name.starts_with('.')).then_some(name)
+        })
+        .any(|name| recorded_container(dir, &name).is_some_and(|r| r.running))
+}
+
+/// The sandboxes recorded by the containers started in pod dir `dir`.
+pub fn recorded_sandboxes(dir: &Path) -> Vec<Sandbox> {
+    host::recorded_sandboxes(dir)
+}
+
+/// Waits (polling) until the recorded container `name` of `dir` (supervisor `pid`) has ended;
+/// returns the exit code its supervisor recorded (`None`: it was killed before it could).
+pub async fn wait_recorded(dir: &Path, name: &str, pid: u32) -> Option<i32> {
+    let json = dir.join(format!("{name}.json"));
+    let netns = recorded_container(dir, name).map(|r| r.sandbox.netns);
+    while host::process_is_container(pid, &json, &[], netns.as_deref()) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    supervise::recorded_exit(&json)
 }
 
 /// Where `spawn_container` records the pid of container `name` of `sandbox`.

@@ -307,11 +307,15 @@ pub async fn claim_path(
 
 /// Prepares every volume of `pod` under `pod_dir/volumes/<name>` (or finds its host path).
 /// Fails while a claim is not bound or a referenced object is missing: the caller retries.
+/// `keep_files`: file volumes (projected, configMap, secret, downward API) already written are
+/// kept as they are (a re-adopted pod's running containers have those directories bind-mounted:
+/// writing them anew would replace the directory under them).
 pub async fn prepare(
     client: &kube::Client,
     pod: &Pod,
     pod_dir: &Path,
     ctx: &EnvContext,
+    keep_files: bool,
 ) -> Result<Vec<HostVolume>, VolumeError> {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let mut out = Vec::new();
@@ -353,7 +357,9 @@ pub async fn prepare(
                 read_only: false,
             });
         } else if let Some(files) = projected_files(v, pod, ctx)? {
-            write_files(&dir, &files)?;
+            if !(keep_files && dir.is_dir()) {
+                write_files(&dir, &files)?;
+            }
             out.push(HostVolume {
                 name: v.name.clone(),
                 path: dir,

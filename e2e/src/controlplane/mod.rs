@@ -37,7 +37,10 @@ pub use identity::{
 pub use kubeconfig::{client_from_kubeconfig, render_kubeconfig};
 pub use leftovers::{leftovers, listening_sockets, loops_under};
 pub use process::{cmdline_names_dir, log_path, pid_path, running_processes};
-pub use up::{UpOptions, UpReport, not_ready_nodes, preflight, restart_apiserver, up};
+pub use up::{
+    AgentRestart, UpOptions, UpReport, not_ready_nodes, preflight, restart_agent,
+    restart_apiserver, up,
+};
 
 /// Process names (log file `logs/<name>.log`, pid file `pids/<name>.pid`).
 pub const ETCD: &str = "etcd";

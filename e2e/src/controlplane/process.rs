@@ -99,6 +99,39 @@ pub(super) fn spawn(
     program: &Path,
     args: &[String],
 ) -> Result<Started> {
+    spawn_env(dir, name, program, args, None)
+}
+
+/// The NUL-separated entries of `/proc/<pid>/<file>` (`cmdline`, `environ`).
+pub(super) fn proc_list(pid: i32, file: &str) -> Option<Vec<std::ffi::OsString>> {
+    use std::os::unix::ffi::OsStringExt;
+    let raw = std::fs::read(format!("/proc/{pid}/{file}")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| std::ffi::OsString::from_vec(s.to_vec()))
+            .collect(),
+    )
+}
+
+/// The recorded pid of component `name` of `dir`, if it is alive and ours.
+pub(super) fn running_pid(dir: &Path, name: &str) -> Option<i32> {
+    read_pid(&pid_path(dir, name)).filter(|pid| is_ours(*pid, dir))
+}
+
+/// Waits (up to `timeout`) until `pid` is gone; false if it is still there.
+pub(super) fn wait_exit(pid: i32, timeout: Duration) -> bool {
+    wait_gone(pid, timeout)
+}
+
+/// [`spawn`], with exactly the environment `env` when given (`KEY=VALUE` entries).
+pub(super) fn spawn_env(
+    dir: &Path,
+    name: &'static str,
+    program: &Path,
+    args: &[String],
+    env: Option<&[std::ffi::OsString]>,
+) -> Result<Started> {
     let log = log_path(dir, name);
     let mut file = OpenOptions::new()
         .create(true)
@@ -125,6 +158,19 @@ pub(super) fn spawn(
         }
     }
     cmd.env_remove("KUBECONFIG");
+    if let Some(env) = env {
+        use std::os::unix::ffi::OsStrExt;
+        cmd.env_clear();
+        for entry in env {
+            let bytes = entry.as_bytes();
+            if let Some(i) = bytes.iter().position(|b| *b == b'=') {
+                cmd.env(
+                    std::ffi::OsStr::from_bytes(&bytes[..i]),
+                    std::ffi::OsStr::from_bytes(&bytes[i + 1..]),
+                );
+            }
+        }
+    }
     // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {

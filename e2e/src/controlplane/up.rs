@@ -268,6 +268,98 @@ pub async fn restart_apiserver(state: &ClusterState) -> Result<Duration> {
     Ok(t.elapsed())
 }
 
+/// How long a [`restart_agent`] took.
+#[derive(Debug, Clone, Copy)]
+pub struct AgentRestart {
+    /// From the SIGKILL until the agent was started again.
+    pub down: Duration,
+    /// From the start until every node had renewed its Lease and was Ready.
+    pub until_ready: Duration,
+}
+
+/// Kills the node agent with SIGKILL (no cleanup: the containers it started keep running),
+/// waits `down_for`, starts it again with the same command line and environment, and waits
+/// until every node has renewed its Lease since and is Ready.
+pub async fn restart_agent(state: &ClusterState, down_for: Duration) -> Result<AgentRestart> {
+    let dir = state.dir.clone();
+    let not_running = || ControlPlaneError::Exited {
+        component: AGENT,
+        status: "not running".into(),
+        log: super::process::log_path(&dir, AGENT),
+    };
+    let pid = super::process::running_pid(&dir, AGENT).ok_or_else(not_running)?;
+    let argv = super::process::proc_list(pid, "cmdline").ok_or_else(not_running)?;
+    let env = super::process::proc_list(pid, "environ").unwrap_or_default();
+    let (program, args) = argv.split_first().ok_or_else(not_running)?;
+    let args: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    info!(pid, "killing the node agent (SIGKILL)");
+    super::process::signal(pid, nix::sys::signal::Signal::SIGKILL);
+    let killed = Instant::now();
+    let gone = tokio::task::spawn_blocking(move || {
+        super::process::wait_exit(pid, Duration::from_secs(10))
+    })
+    .await
+    .unwrap_or(false);
+    if !gone {
+        return Err(not_running());
+    }
+    tokio::time::sleep(down_for.saturating_sub(killed.elapsed())).await;
+    let down = killed.elapsed();
+    let since = k8s_openapi::jiff::Timestamp::now();
+    let mut started = vec![super::process::spawn_env(
+        &dir,
+        AGENT,
+        Path::new(program),
+        &args,
+        Some(&env),
+    )?];
+    let client = client_from_kubeconfig(&state.kubeconfig()).await?;
+    wait_for(
+        &mut started,
+        AGENT,
+        "3 nodes renewed and Ready",
+        AGENT_TIMEOUT,
+        || nodes_renewed_since(client.clone(), since),
+    )
+    .await?;
+    Ok(AgentRestart {
+        down,
+        until_ready: since
+            .duration_until(k8s_openapi::jiff::Timestamp::now())
+            .unsigned_abs(),
+    })
+}
+
+/// Ok when every node's Lease was renewed after `since` and every node is Ready.
+async fn nodes_renewed_since(
+    client: kube::Client,
+    since: k8s_openapi::jiff::Timestamp,
+) -> std::result::Result<(), String> {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
+    for node in NODE_NAMES {
+        let lease = leases.get(node).await.map_err(|e| e.to_string())?;
+        let renewed = lease.spec.and_then(|s| s.renew_time).map(|t| t.0);
+        if renewed.is_none_or(|t| t < since) {
+            return Err(format!("lease of {node} not renewed yet"));
+        }
+    }
+    let nodes: Api<Node> = Api::all(client);
+    let list = nodes
+        .list(&Default::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    let not_ready = not_ready_nodes(&list.items);
+    if not_ready.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("not Ready: {}", not_ready.join(", ")))
+    }
+}
+
 /// Starts kube-apiserver and waits for `/readyz`; returns the admin client.
 async fn start_apiserver(state: &ClusterState, started: &mut Vec<Started>) -> Result<kube::Client> {
     started.push(spawn(

@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 use crate::agent::hosts;
 use crate::agent::image::{self, ImageConfig, ImageError, ImageSource};
 use crate::agent::logs;
+use crate::agent::pod::adopt;
 use crate::agent::pod::lifecycle::current_container;
 use crate::agent::pod::probes::run_probes;
 use crate::agent::pod::termination::{
@@ -259,16 +260,60 @@ fn exit_of(status: std::process::ExitStatus) -> (i32, Option<i32>) {
     }
 }
 
+/// A container's process: one this agent started, or one it re-adopted (see `adopt.rs`).
+pub(super) enum Proc {
+    Child(tokio::process::Child),
+    Adopted {
+        dir: PathBuf,
+        name: String,
+        pid: u32,
+        /// Ended while the agent was away (with the recorded code, if any).
+        ended: Option<Option<i32>>,
+    },
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        match self {
+            Proc::Child(c) => c.id().unwrap_or_default(),
+            Proc::Adopted { pid, .. } => *pid,
+        }
+    }
+
+    /// Waits for the end: `(exit code, signal)`. An adopted container without a recorded code
+    /// was killed with its supervisor: 137, SIGKILL. Cancel-safe.
+    async fn wait(&mut self) -> (i32, Option<i32>) {
+        match self {
+            Proc::Child(child) => match child.wait().await {
+                Ok(st) => exit_of(st),
+                Err(e) => {
+                    warn!(error = %e, "cannot wait for container");
+                    (255, None)
+                }
+            },
+            Proc::Adopted {
+                dir,
+                name,
+                pid,
+                ended,
+            } => {
+                let code = match ended {
+                    Some(code) => *code,
+                    None => runtime::wait_recorded(dir, name, *pid).await,
+                };
+                code.map_or((137, Some(9)), |c| (c, None))
+            }
+        }
+    }
+}
+
 /// SIGTERM to the container's process group, up to `grace`, then SIGKILL.
-async fn kill_container(
-    pid: u32,
-    child: &mut tokio::process::Child,
-    grace: Duration,
-) -> std::io::Result<std::process::ExitStatus> {
+async fn kill_container(proc: &mut Proc, grace: Duration) -> (i32, Option<i32>) {
+    let pid = proc.pid();
     if let Err(e) = runtime::signal_container(pid, Signal::SIGTERM) {
         warn!(pid, error = %e, "SIGTERM failed");
     }
-    if let Ok(res) = tokio::time::timeout(grace, child.wait()).await {
+    if let Ok(res) = tokio::time::timeout(grace, proc.wait()).await {
         let _ = runtime::signal_container(pid, Signal::SIGKILL);
         return res;
     }
@@ -276,7 +321,7 @@ async fn kill_container(
     if let Err(e) = runtime::signal_container(pid, Signal::SIGKILL) {
         warn!(pid, error = %e, "SIGKILL failed");
     }
-    child.wait().await
+    proc.wait().await
 }
 
 /// Records container `slot` as Waiting (`ErrImagePull` a second time becomes
@@ -333,10 +378,10 @@ async fn wait_with_probes(
     slot: Slot,
     c: &Container,
     spec: &ContainerSpec,
-    child: &mut tokio::process::Child,
-) -> std::io::Result<std::process::ExitStatus> {
+    proc: &mut Proc,
+) -> (i32, Option<i32>) {
     let shared = &ctx.shared;
-    let pid = child.id().unwrap_or_default();
+    let pid = proc.pid();
     let probes_stop = CancellationToken::new();
     let live_kill = CancellationToken::new();
     let probes = matches!(slot, Slot::Main(_)).then(|| {
@@ -351,12 +396,12 @@ async fn wait_with_probes(
     });
     let grace = || Duration::from_millis(ctx.grace.load(Ordering::SeqCst));
     let res = tokio::select! {
-        res = child.wait() => res,
-        _ = ctx.stop.cancelled() => kill_container(pid, child, grace()).await,
+        res = proc.wait() => res,
+        _ = ctx.stop.cancelled() => kill_container(proc, grace()).await,
         _ = live_kill.cancelled() => {
             let g = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE_SECS);
             info!(pod = %shared.name, container = %c.name, "liveness probe failed, restarting");
-            kill_container(pid, child, Duration::from_secs(g.max(0) as u64)).await
+            kill_container(proc, Duration::from_secs(g.max(0) as u64)).await
         }
     };
     // Whatever the main process left in its process group goes with it.
@@ -368,63 +413,127 @@ async fn wait_with_probes(
     res
 }
 
-/// One run of a container: build, start, probe, wait (or stop), record the exit.
+/// A container run that has started (or was re-adopted).
+struct Started {
+    spec: ContainerSpec,
+    term_file: PathBuf,
+    proc: Proc,
+    started_at: Timestamp,
+    attempt: i32,
+    image: String,
+    ready: bool,
+    started: bool,
+}
+
+/// Builds and starts run `attempt` of `c`; `Err` is how the run ended without starting.
+fn start(
+    ctx: &RunCtx,
+    pod: &Pod,
+    slot: Slot,
+    c: &Container,
+    attempt: i32,
+) -> Result<Started, Outcome> {
+    let shared = &ctx.shared;
+    let image_name = c.image.clone().unwrap_or_default();
+    let (spec, term_file) = match build_spec(ctx, pod, c, attempt) {
+        Ok(s) => s,
+        Err(BuildError::Wait(reason, msg)) => {
+            record_waiting(shared, slot, &image_name, reason, &msg);
+            debug!(pod = %shared.name, container = %c.name, reason, %msg, "container waiting");
+            return Err(Outcome::Waiting);
+        }
+        Err(BuildError::Fail(msg)) => {
+            warn!(pod = %shared.name, container = %c.name, %msg, "container cannot start");
+            record_start_error(shared, slot, attempt, Some(&image_name), msg);
+            return Err(Outcome::Exited(128));
+        }
+    };
+    let child = match runtime::spawn_container(&ctx.sandbox, &c.name, &spec) {
+        Ok(child) => child,
+        Err(e) => {
+            warn!(pod = %shared.name, container = %c.name, error = %e, "spawn failed");
+            record_start_error(shared, slot, attempt, None, e.to_string());
+            return Err(Outcome::Exited(128));
+        }
+    };
+    let started_at = Timestamp::now();
+    let record = adopt::RunRecord {
+        pid: child.id().unwrap_or_default(),
+        attempt,
+        started_at: started_at.to_string(),
+        image: image_name.clone(),
+    };
+    if let Err(e) = adopt::write_run_record(&shared.dir, &c.name, &record) {
+        // It runs; only an agent started again cannot re-adopt it.
+        warn!(pod = %shared.name, container = %c.name, error = %e, "no run record");
+    }
+    let has_startup = c.startup_probe.is_some();
+    Ok(Started {
+        spec,
+        term_file,
+        proc: Proc::Child(child),
+        started_at,
+        attempt,
+        image: image_name,
+        ready: matches!(slot, Slot::Main(_)) && !has_startup && c.readiness_probe.is_none(),
+        started: !has_startup,
+    })
+}
+
+/// An adopted container as a started run.
+fn adopted_run(ctx: &RunCtx, c: &Container, a: adopt::Adopted) -> Started {
+    Started {
+        term_file: termination_file(&ctx.shared.dir, &c.name),
+        proc: Proc::Adopted {
+            dir: ctx.shared.dir.clone(),
+            name: c.name.clone(),
+            pid: a.pid,
+            ended: a.ended,
+        },
+        spec: a.spec,
+        started_at: a.started_at,
+        attempt: a.attempt,
+        image: a.image,
+        ready: a.ready,
+        started: a.started,
+    }
+}
+
+/// One run of a container: build, start (or take over `adopted`), probe, wait (or stop),
+/// record the exit.
 pub(super) async fn run_container(
     ctx: &Arc<RunCtx>,
     slot: Slot,
     fallback: &Container,
     attempt: i32,
+    adopted: Option<adopt::Adopted>,
 ) -> Outcome {
-    if ctx.stop.is_cancelled() {
+    if ctx.stop.is_cancelled() && adopted.is_none() {
         return Outcome::Stopped;
     }
     let shared = &ctx.shared;
     let pod = shared.pod();
     let c = current_container(&pod, slot, fallback);
-    let image_name = c.image.clone().unwrap_or_default();
-    let (spec, term_file) = match build_spec(ctx, &pod, &c, attempt) {
-        Ok(s) => s,
-        Err(BuildError::Wait(reason, msg)) => {
-            record_waiting(shared, slot, &image_name, reason, &msg);
-            debug!(pod = %shared.name, container = %c.name, reason, %msg, "container waiting");
-            return Outcome::Waiting;
-        }
-        Err(BuildError::Fail(msg)) => {
-            warn!(pod = %shared.name, container = %c.name, %msg, "container cannot start");
-            record_start_error(shared, slot, attempt, Some(&image_name), msg);
-            return Outcome::Exited(128);
-        }
+    let mut run = match adopted {
+        Some(a) => adopted_run(ctx, &c, a),
+        None => match start(ctx, &pod, slot, &c, attempt) {
+            Ok(run) => run,
+            Err(outcome) => return outcome,
+        },
     };
-    let mut child = match runtime::spawn_container(&ctx.sandbox, &c.name, &spec) {
-        Ok(child) => child,
-        Err(e) => {
-            warn!(pod = %shared.name, container = %c.name, error = %e, "spawn failed");
-            record_start_error(shared, slot, attempt, None, e.to_string());
-            return Outcome::Exited(128);
-        }
-    };
-    let pid = child.id().unwrap_or_default();
-    let started_at = Timestamp::now();
+    let pid = run.proc.pid();
     let container_id = format!("localcluster://{pid}");
-    let has_startup = c.startup_probe.is_some();
-    let main = matches!(slot, Slot::Main(_));
+    let started_at = run.started_at;
     shared.update_container(slot, |r| {
-        r.image = image_name.clone();
-        r.restart_count = attempt;
+        r.image = run.image.clone();
+        r.restart_count = run.attempt;
         r.container_id = Some(container_id.clone());
         r.state = CState::Running { started_at };
-        r.started = !has_startup;
-        r.ready = main && !has_startup && c.readiness_probe.is_none();
+        r.started = run.started;
+        r.ready = run.ready;
     });
-    let res = wait_with_probes(ctx, &pod, slot, &c, &spec, &mut child).await;
-    let (exit_code, signal) = match res {
-        Ok(st) => exit_of(st),
-        Err(e) => {
-            warn!(pod = %shared.name, container = %c.name, error = %e, "cannot wait for container");
-            (255, None)
-        }
-    };
-    let message = termination_message(&c, &term_file, &spec.log_path, exit_code);
+    let (exit_code, signal) = wait_with_probes(ctx, &pod, slot, &c, &run.spec, &mut run.proc).await;
+    let message = termination_message(&c, &run.term_file, &run.spec.log_path, exit_code);
     let finished_at = Timestamp::now();
     info!(pod = %shared.name, container = %c.name, exit_code, "container exited");
     shared.update_container(slot, |r| {

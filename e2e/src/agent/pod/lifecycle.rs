@@ -14,6 +14,7 @@ use tracing::{debug, info, warn};
 
 use crate::agent::hosts;
 use crate::agent::image::EnvContext;
+use crate::agent::pod::adopt;
 use crate::agent::pod::container::run_container;
 use crate::agent::pod::{
     Outcome, PodShared, RunCtx, Slot, env_context, lock, set_all_waiting, sleep_or_stop,
@@ -94,11 +95,12 @@ async fn prepare_volumes(
     shared: &PodShared,
     ip: Ipv4Addr,
     stop: &CancellationToken,
+    adopted: bool,
 ) -> Option<(Vec<HostVolume>, EnvContext)> {
     loop {
         let pod = shared.pod();
         let res = match env_context(agent, &pod, ip).await {
-            Ok(ctx) => volumes::prepare(&agent.client, &pod, &shared.dir, &ctx)
+            Ok(ctx) => volumes::prepare(&agent.client, &pod, &shared.dir, &ctx, adopted)
                 .await
                 .map(|v| (v, ctx))
                 .map_err(|e| e.to_string()),
@@ -129,7 +131,7 @@ async fn run_init_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) -> bool
         let mut attempt = 0;
         let mut backoff_n = 0;
         loop {
-            match run_container(ctx, Slot::Init(i), c, attempt).await {
+            match run_container(ctx, Slot::Init(i), c, attempt, None).await {
                 Outcome::Stopped => return false,
                 Outcome::Exited(0) => break,
                 Outcome::Exited(code) => {
@@ -155,8 +157,14 @@ async fn run_init_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) -> bool
     true
 }
 
-/// Runs every main container under its own supervisor until all have finished.
-async fn run_main_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) {
+/// Runs every main container under its own supervisor until all have finished (taking over
+/// `adopted`, in spec order, when given).
+async fn run_main_containers(
+    ctx: &Arc<RunCtx>,
+    pod: &Pod,
+    policy: &str,
+    adopted: Vec<adopt::Adopted>,
+) {
     let shared = &ctx.shared;
     shared.update(|r| {
         for c in &mut r.containers {
@@ -170,13 +178,15 @@ async fn run_main_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) {
         .as_ref()
         .map(|s| s.containers.clone())
         .unwrap_or_default();
+    let mut adopted = adopted.into_iter();
     let tasks: Vec<_> = containers
         .into_iter()
         .enumerate()
         .map(|(i, c)| {
             let ctx = ctx.clone();
             let policy = policy.to_string();
-            tokio::spawn(async move { supervise(ctx, i, c, policy).await })
+            let a = adopted.next();
+            tokio::spawn(async move { supervise(ctx, i, c, policy, a).await })
         })
         .collect();
     for t in tasks {
@@ -186,8 +196,103 @@ async fn run_main_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) {
     }
 }
 
-/// Sandbox, volumes, init containers, containers. Returns when the pod has finished or is
-/// stopped (then every container process has exited).
+/// What the pod dir holds of this pod (left by an agent that died), and what to do about it.
+fn adoption_decision(shared: &PodShared, pod: &Pod) -> adopt::Decision {
+    let spec = pod.spec.as_ref();
+    let dir = &shared.dir;
+    let found: Vec<adopt::Found> = spec
+        .map(|s| s.containers.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .map(|c| adopt::Found {
+            name: c.name.clone(),
+            run: adopt::read_run_record(dir, &c.name),
+            container: runtime::recorded_container(dir, &c.name),
+        })
+        .collect();
+    let inits_found = spec
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|c| runtime::recorded_container(dir, &c.name).is_some());
+    adopt::decide(pod, &found, inits_found)
+}
+
+/// Records the adopted containers as they were last reported (running, or ended meanwhile:
+/// reported as such once their run is looked at), before the first status write, so the
+/// restart shows in no status.
+fn record_adopted(shared: &PodShared, a: &adopt::Adoption) {
+    info!(pod = %shared.name, containers = a.containers.len(), "re-adopting the pod's containers");
+    shared.update(|r| {
+        for (rec, st) in r.init_containers.iter_mut().zip(&a.init_states) {
+            rec.state = st.clone();
+        }
+        for (rec, c) in r.containers.iter_mut().zip(&a.containers) {
+            rec.image = c.image.clone();
+            rec.restart_count = c.attempt;
+            rec.container_id = Some(format!("localcluster://{}", c.pid));
+            rec.state = CState::Running {
+                started_at: c.started_at,
+            };
+            rec.ready = c.ready;
+            rec.started = c.started;
+        }
+    });
+}
+
+/// Kills and removes what a previous agent left of this pod (processes, sandboxes, mounts).
+async fn discard_leftovers(shared: &PodShared, why: &str) {
+    info!(pod = %shared.name, why, "discarding what a previous agent left of the pod");
+    let dir = shared.dir.clone();
+    let res = tokio::task::spawn_blocking(move || {
+        for sb in runtime::recorded_sandboxes(&dir) {
+            super::kill_netns_processes(&sb.netns);
+            if let Err(e) = runtime::destroy_sandbox(&sb) {
+                warn!(netns = %sb.netns, error = %e, "cannot destroy a stale sandbox");
+            }
+        }
+        if let Err(e) = volumes::teardown(&dir) {
+            warn!(dir = %dir.display(), error = %e, "cannot remove a stale pod dir");
+        }
+    })
+    .await;
+    if let Err(e) = res {
+        warn!(error = %e, "cleanup task failed");
+    }
+}
+
+/// The pod's IP and sandbox: those of `adoption`, else new ones. `None` when stopped first.
+async fn ip_and_sandbox(
+    agent: &Agent,
+    shared: &PodShared,
+    pod: &Pod,
+    adoption: Option<&adopt::Adoption>,
+    stop: &CancellationToken,
+) -> Option<(Ipv4Addr, Sandbox)> {
+    if let Some(a) = adoption {
+        let ip = a.sandbox.ip;
+        if agent.allocate_ip(&shared.uid, Some(ip)) != Some(ip) {
+            warn!(pod = %shared.name, %ip, "adopted pod IP also handed out to another pod");
+        }
+        let start = pod.status.as_ref().and_then(|s| s.start_time.as_ref());
+        let start = start.map_or_else(Timestamp::now, |t| t.0);
+        shared.update(|r| {
+            r.pod_ip = Some(ip.to_string());
+            r.start_time = Some(start);
+        });
+        return Some((ip, a.sandbox.clone()));
+    }
+    let ip = allocate_ip(agent, shared, pod, stop).await?;
+    shared.update(|r| {
+        r.pod_ip = Some(ip.to_string());
+        r.start_time = Some(Timestamp::now());
+    });
+    Some((ip, create_sandbox(agent, shared, ip, stop).await?))
+}
+
+/// Sandbox, volumes, init containers, containers; or, for a pod whose containers a previous
+/// agent left running, their sandbox and the containers themselves (see `adopt.rs`). Returns
+/// when the pod has finished or is stopped (then every container process has exited).
 pub(super) async fn lifecycle(
     agent: Arc<Agent>,
     shared: Arc<PodShared>,
@@ -195,20 +300,31 @@ pub(super) async fn lifecycle(
     grace: Arc<AtomicU64>,
 ) {
     let pod = shared.pod();
-    let Some(ip) = allocate_ip(&agent, &shared, &pod, &stop).await else {
-        return;
+    let adoption = match adoption_decision(&shared, &pod) {
+        adopt::Decision::Adopt(a) => {
+            record_adopted(&shared, &a);
+            Some(a)
+        }
+        adopt::Decision::Fresh => None,
+        adopt::Decision::Discard(why) => {
+            discard_leftovers(&shared, &why).await;
+            None
+        }
     };
-    shared.update(|r| {
-        r.pod_ip = Some(ip.to_string());
-        r.start_time = Some(Timestamp::now());
-    });
-    let Some(sandbox) = create_sandbox(&agent, &shared, ip, &stop).await else {
+    if adoption.is_none() && stop.is_cancelled() {
+        // Deleted before anything of it ran.
+        return;
+    }
+    let Some((ip, sandbox)) = ip_and_sandbox(&agent, &shared, &pod, adoption.as_ref(), &stop).await
+    else {
         return;
     };
     *lock(&shared.sandbox) = Some(sandbox.clone());
     shared.update(|r| r.message = None);
     let hosts_path = register_hosts(&agent, &shared, &pod, ip);
-    let Some((volumes, env_ctx)) = prepare_volumes(&agent, &shared, ip, &stop).await else {
+    let adopted = adoption.is_some();
+    let Some((volumes, env_ctx)) = prepare_volumes(&agent, &shared, ip, &stop, adopted).await
+    else {
         return;
     };
     let ctx = Arc::new(RunCtx {
@@ -222,10 +338,12 @@ pub(super) async fn lifecycle(
         grace,
     });
     let policy = status::restart_policy(&pod).to_string();
-    if !run_init_containers(&ctx, &pod, &policy).await {
-        return;
-    }
-    run_main_containers(&ctx, &pod, &policy).await;
+    let containers = match adoption {
+        Some(a) => a.containers,
+        None if !run_init_containers(&ctx, &pod, &policy).await => return,
+        None => Vec::new(),
+    };
+    run_main_containers(&ctx, &pod, &policy, containers).await;
     if !stop.is_cancelled() {
         shared.update(|r| {
             let phase = status::compute_phase(&policy, r);
@@ -257,12 +375,18 @@ async fn crash_backoff(ctx: &RunCtx, slot: Slot, name: &str, n: u32) -> bool {
 }
 
 /// Runs container `i` again and again as its restart policy says.
-async fn supervise(ctx: Arc<RunCtx>, i: usize, c: Container, policy: String) {
-    let mut attempt = 0;
+async fn supervise(
+    ctx: Arc<RunCtx>,
+    i: usize,
+    c: Container,
+    policy: String,
+    mut adopted: Option<adopt::Adopted>,
+) {
+    let mut attempt = adopted.as_ref().map_or(0, |a| a.attempt);
     let mut backoff_n = 0;
     loop {
         let started = Instant::now();
-        match run_container(&ctx, Slot::Main(i), &c, attempt).await {
+        match run_container(&ctx, Slot::Main(i), &c, attempt, adopted.take()).await {
             Outcome::Stopped => return,
             Outcome::Waiting => {
                 if sleep_or_stop(&ctx.stop, Duration::from_secs(5)).await {

@@ -25,6 +25,7 @@ use crate::agent::runtime::{self, Sandbox};
 use crate::agent::status::{self, CState, ContainerRecord, PodRecord};
 use crate::agent::volumes::{self, HostVolume};
 
+pub mod adopt;
 mod container;
 mod lifecycle;
 mod probes;
@@ -278,6 +279,11 @@ async fn wait_end<L>(
     life: &mut tokio::task::JoinHandle<L>,
 ) -> (End, bool) {
     let mut life_done = false;
+    // A pod being deleted already (while a previous agent was away): stop what it left.
+    let first = rx.borrow().clone();
+    if let Some(p) = first.filter(|p| p.metadata.deletion_timestamp.is_some()) {
+        return (End::Deleted(deletion_grace(&p)), false);
+    }
     let end = loop {
         tokio::select! {
             _ = down.wait_for(|d| d.contains(&shared.node)) => break End::PowerLoss,

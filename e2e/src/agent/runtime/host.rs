@@ -12,7 +12,7 @@ use nix::unistd::Pid;
 use tracing::{info, warn};
 
 use super::net::{NETNS_DIR, delete_link, delete_netns, lock_cluster, netns_path};
-use super::{INIT_SUBCOMMAND, RuntimeError};
+use super::{INIT_SUBCOMMAND, Keep, RuntimeError};
 use crate::mountinfo;
 use crate::state::ClusterState;
 
@@ -44,8 +44,40 @@ pub(super) fn cmdline_is_container(cmdline: &[Vec<u8>], json: &Path, argv: &[Str
 
 /// Whether process `pid` is still our init for `json` (it has not exec'd the program yet, so its
 /// namespaces and mounts may be half-built).
+/// A new container's init stays as its supervisor (see `supervise.rs`): it is still in its init
+/// until a child of it has exec'd the program.
 pub(super) fn still_in_init(pid: u32, json: &Path) -> bool {
-    cmdline(pid).is_some_and(|c| cmdline_is_container(&c, json, &[]))
+    let is_init = |p: u32| cmdline(p).is_some_and(|c| cmdline_is_container(&c, json, &[]));
+    is_init(pid)
+        && !children(pid)
+            .into_iter()
+            .any(|c| is_alive(c) && !is_init(c))
+}
+
+/// The children of `pid` (`/proc/<pid>/task/<pid>/children`).
+fn children(pid: u32) -> Vec<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|s| {
+            s.split_whitespace()
+                .filter_map(|c| c.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The sandbox recorded in every init spec (`*.json`) of `dir`.
+pub(super) fn recorded_sandboxes(dir: &Path) -> Vec<super::Sandbox> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|t| serde_json::from_str::<super::init::InitSpec>(&t).ok())
+        .map(|i| i.sandbox)
+        .collect()
 }
 
 /// Whether process `pid` is in network namespace `/run/netns/<netns>`.
@@ -185,10 +217,14 @@ fn kill(pid: u32, group: bool) {
     let _ = nix::sys::signal::kill(Pid::from_raw(raw), Signal::SIGKILL);
 }
 
-/// Kills the cluster's container processes; returns how many were signalled.
-fn kill_containers(state: &ClusterState) -> usize {
+/// Kills the cluster's container processes but those of `keep`; returns how many were
+/// signalled.
+fn kill_containers(state: &ClusterState, keep: &Keep) -> usize {
     let mut victims: BTreeSet<u32> = BTreeSet::new();
     for pid_path in pid_files(&state.dir.join("nodes")) {
+        if keep.has_path(&pid_path) {
+            continue;
+        }
         let Some(pid) = std::fs::read_to_string(&pid_path)
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
@@ -212,6 +248,7 @@ fn kill_containers(state: &ClusterState) -> usize {
     }
     let ns_ids: Vec<(u64, u64)> = cluster_netns(state)
         .into_iter()
+        .filter(|(name, _)| !keep.netns.contains(name))
         .map(|(_, id)| id)
         .filter(|id| *id != (0, 0))
         .collect();
@@ -231,14 +268,15 @@ fn kill_containers(state: &ClusterState) -> usize {
 
 /// Unmounts (lazily, deepest first) the mounts under `nodes/` but the volume loop mounts:
 /// `(unmounted, problems)`.
-fn unmount_pod_mounts(state: &ClusterState) -> (usize, usize) {
+fn unmount_pod_mounts(state: &ClusterState, keep: &Keep) -> (usize, usize) {
     let nodes_dir = std::fs::canonicalize(&state.dir)
         .unwrap_or_else(|_| state.dir.clone())
         .join("nodes");
     let (mut unmounted, mut problems) = (0usize, 0usize);
     match std::fs::read_to_string(mountinfo::SELF) {
         Ok(text) => {
-            for mp in mounts_to_remove(&mountinfo::mount_points(&text), &nodes_dir) {
+            let all = mounts_to_remove(&mountinfo::mount_points(&text), &nodes_dir);
+            for mp in all.into_iter().filter(|m| !keep.has_path(m)) {
                 match nix::mount::umount2(&mp, MntFlags::MNT_DETACH) {
                     Ok(()) => {
                         info!(mountpoint = %mp.display(), "unmounted");
@@ -261,9 +299,12 @@ fn unmount_pod_mounts(state: &ClusterState) -> (usize, usize) {
 }
 
 /// Deletes the cluster's network namespaces: `(deleted, problems)`.
-fn delete_namespaces(state: &ClusterState) -> (usize, usize) {
+fn delete_namespaces(state: &ClusterState, keep: &Keep) -> (usize, usize) {
     let (mut namespaces, mut problems) = (0usize, 0usize);
-    for (name, _) in cluster_netns(state) {
+    for (name, _) in cluster_netns(state)
+        .into_iter()
+        .filter(|(n, _)| !keep.netns.contains(n))
+    {
         match delete_netns(&name) {
             Ok(true) => {
                 info!(netns = %name, "deleted network namespace");
@@ -280,7 +321,7 @@ fn delete_namespaces(state: &ClusterState) -> (usize, usize) {
 }
 
 /// Deletes the cluster's veths and its bridge: `(deleted, problems)`.
-fn delete_links(state: &ClusterState) -> (usize, usize) {
+fn delete_links(state: &ClusterState, keep: &Keep) -> (usize, usize) {
     let (mut links, mut problems) = (0usize, 0usize);
     let veth_prefix = state.veth_prefix();
     let bridge = state.bridge_name();
@@ -293,8 +334,8 @@ fn delete_links(state: &ClusterState) -> (usize, usize) {
         .unwrap_or_default();
     for name in names
         .iter()
-        .filter(|n| n.starts_with(&veth_prefix))
-        .chain(names.iter().filter(|n| **n == bridge))
+        .filter(|n| n.starts_with(&veth_prefix) && !keep.veths.contains(*n))
+        .chain(names.iter().filter(|n| **n == bridge && keep.is_empty()))
     {
         match delete_link(name) {
             Ok(true) => {
@@ -311,21 +352,22 @@ fn delete_links(state: &ClusterState) -> (usize, usize) {
     (links, problems)
 }
 
-pub(super) fn cleanup_host(state: &ClusterState) -> Result<(), RuntimeError> {
-    let killed = kill_containers(state);
-    let (unmounted, mount_problems) = unmount_pod_mounts(state);
+pub(super) fn cleanup_host(state: &ClusterState, keep: &Keep) -> Result<(), RuntimeError> {
+    let killed = kill_containers(state, keep);
+    let (unmounted, mount_problems) = unmount_pod_mounts(state, keep);
     // Namespaces, veths, bridge: under the cluster lock when the state dir still exists.
     let _lock = if state.dir.exists() {
         lock_cluster(state).ok()
     } else {
         None
     };
-    let (namespaces, netns_problems) = delete_namespaces(state);
-    let (links, link_problems) = delete_links(state);
+    let (namespaces, netns_problems) = delete_namespaces(state, keep);
+    let (links, link_problems) = delete_links(state, keep);
     let problems = mount_problems + netns_problems + link_problems;
     info!(
         cluster = %state.id,
-        killed, unmounted, namespaces, links, problems, "host cleanup done"
+        killed, unmounted, namespaces, links, problems, kept_pods = keep.dirs.len(),
+        "host cleanup done"
     );
     if problems > 0 {
         return Err(RuntimeError::Cleanup(problems));

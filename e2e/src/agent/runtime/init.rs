@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use super::confine;
 use super::net::netns_path;
 use super::spawn::check_spec;
+use super::supervise;
 use super::{ContainerSpec, RuntimeError, Sandbox};
 
 /// What `spawn_container` / `exec_in_container` write for `container-init`.
@@ -25,7 +26,8 @@ use super::{ContainerSpec, RuntimeError, Sandbox};
 pub(super) struct InitSpec {
     pub sandbox: Sandbox,
     pub spec: ContainerSpec,
-    /// pid of the agent process; the init exits if it is no longer its parent.
+    /// pid of the agent process; the init exits if it is no longer its parent (until a new
+    /// container's supervisor forks, see `supervise.rs`).
     pub parent_pid: u32,
     /// `Some(pid)`: an exec into the running container `pid` (join its namespaces);
     /// `None`: build a new container.
@@ -90,10 +92,19 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
     let spec = &init.spec;
     // Everything that can fail on bad input is checked before the process is changed.
     let (argv, envp) = checked_argv_envp(spec)?;
-    match init.join_pid {
-        Some(pid) => join_container(pid)?,
-        None => new_container(&init)?,
-    }
+    // A new container records its exit code (see `supervise.rs`); the file is opened while the
+    // host's pod dir is still visible.
+    let exit_file = match init.join_pid {
+        Some(pid) => {
+            join_container(pid)?;
+            None
+        }
+        None => {
+            let file = supervise::open_exit_file(spec_path)?;
+            new_container(&init)?;
+            Some(file)
+        }
+    };
     if let Some(wd) = &spec.working_dir {
         // As the runtime does for a missing workingDir: create it (as root).
         std::fs::create_dir_all(wd).map_err(io("cannot create working dir", wd))?;
@@ -101,12 +112,17 @@ fn run(spec_path: &Path) -> Result<Infallible, RuntimeError> {
     if init.join_pid.is_none() && spec.security.read_only_root {
         confine::read_only_root()?;
     }
+    // From here on a new container's program is the child of its supervisor.
+    let parent = match exit_file {
+        Some(file) => supervise::fork_supervisor(file)?,
+        None => init.parent_pid,
+    };
     confine::before_credentials(&spec.security)?;
     set_credentials(spec)?;
     confine::after_credentials(&spec.security)?;
     // A credential change clears the parent-death signal: set it again, then re-check that the
-    // agent did not die in between.
-    ensure_parent(init.parent_pid)?;
+    // parent (the agent for an exec, the supervisor for a container) did not die in between.
+    ensure_parent(parent)?;
     let wd = spec.working_dir.as_deref().unwrap_or(Path::new("/"));
     nix::unistd::chdir(wd).map_err(sys(format!("chdir({})", wd.display())))?;
     exec(spec, &argv, &envp)

@@ -184,6 +184,8 @@ pub(super) fn spawn_container(
         path: spec.log_path.clone(),
         source,
     })?;
+    // The previous run's exit code must not pass for this one's.
+    let _ = std::fs::remove_file(super::supervise::exit_path(&json));
     let mut cmd = init_command(&program, &json);
     cmd.stdout(log).stderr(log2).kill_on_drop(false);
     let child = spawn_from_spawner(cmd, &program)?;
