@@ -148,10 +148,12 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
 
     // The node comes back: the member's recreated pod starts on its untouched claim and rejoins
     // with its old member id; the other two were never stopped.
+    let up_at = Instant::now();
     down.up(cluster, MINUTE).await.unwrap();
     ns.wait_statefulset_ready(ETCD_SET, 3, MINUTE * 3)
         .await
         .unwrap();
+    let ready = up_at.elapsed();
     let uids_after = member_uids(ns).await;
     for (pod, uid) in &uids_before {
         if *pod != member {
@@ -168,7 +170,8 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
     let (_cluster, _ns, written) = run.finish().await;
     println!(
         "NOTE node lost: member {member} on {node}; Failed {took:?} after the node went down \
-         (bound: grace {GRACE_SECONDS} s + {BOUND_SECONDS} s); writes acknowledged {} failed {} \
+         (bound: grace {GRACE_SECONDS} s + {BOUND_SECONDS} s), every member Ready {ready:?} \
+         after the node came back; writes acknowledged {} failed {} \
          (of {} attempts); failure: {failure}",
         written.acked.len(),
         written.failures,

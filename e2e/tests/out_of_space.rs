@@ -223,7 +223,7 @@ async fn out_of_space(test: &str, pre_copy: bool) {
         .into_iter()
         .filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name))
         .collect();
-    assert_eq!(pod_claims, [s.claim.clone()]);
+    assert_eq!(pod_claims, std::slice::from_ref(&s.claim));
     assert_eq!(claims(ns).await, claims_before, "claims and their volumes");
     assert_eq!(
         filler_sum(ns, "sums-after", &s.node, &s.claim).await,
