@@ -1,14 +1,19 @@
-//! Faults injected into the local cluster while a request runs, each in its own namespace with
-//! its own operator process (`storage-migrator run --namespace NS`). What the operator does
-//! about each fault is listed in `docs/faults.md`.
+//! Faults injected into the local cluster while a request runs on the 3-member etcd fixture and
+//! a client writes to it through the whole request (`testing::faults::EtcdUnderLoad`), each in
+//! its own namespace with its own operator process (`storage-migrator run --namespace NS`). What
+//! the operator does about each fault is listed in `docs/faults.md`.
 //!
 //! - A member's node is lost (power loss: `localcluster node down`, its Ready condition turns
 //!   Unknown, its pods' processes die, nothing of its pods is reported or deleted) while the
-//!   operator stops that member's pod: the pod stays `Terminating`; once its grace period plus
-//!   `--helper-start-timeout` is over the operator force-deletes it and the request ends
-//!   `Failed` within a bounded time, the member's data on its old claim and volume, the
-//!   StatefulSet recreated, no temporary claim or Job left; the node then comes back and every
-//!   member runs again.
+//!   operator stops that member's pod. The fixture's members take 20 s to pass SIGTERM on to
+//!   etcd (`testing::faults::etcd_slow_stop`, grace period 40 s), so the node goes down while
+//!   the pod is `Terminating` and etcd still serves, with no race. The etcd member dies with
+//!   its node: the other two keep the quorum and the writer goes on. The pod stays
+//!   `Terminating`; once its grace period plus `--helper-start-timeout` is over the operator
+//!   force-deletes it and the request ends `Failed` within a bounded time, the member's data on
+//!   its old claim and volume, the StatefulSet recreated, no other member pod ever deleted, no
+//!   temporary claim, Job or helper pod left; the node then comes back, every member runs again
+//!   with its old etcd member id, and no acknowledged write is lost.
 //!
 //! Only on the local cluster (the fault needs `localcluster`'s node agent); on another cluster
 //! the test says so and passes without running.
@@ -18,77 +23,45 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use e2e::testing::faults::NodeDown;
-use e2e::testing::operator::{
-    Operator, create_request, install_crd, summary, wait_final, wait_status,
-};
-use e2e::testing::{TestCluster, TestNamespace, scenario};
+use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, NodeDown, etcd_slow_stop};
+use e2e::testing::operator::{Operator, summary, wait_final, wait_status};
+use e2e::testing::{TestCluster, TestNamespace, etcd};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::Api;
-use serde_json::json;
-use storage_migrator::api::{MemberStep, Phase};
+use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
 
-const SET: &str = "app";
-/// The members' grace period: their container ignores SIGTERM, so a stopped member stays
-/// `Terminating` this long on a live node.
-const GRACE_SECONDS: i64 = 30;
+/// How long a stopped member keeps etcd running after SIGTERM; its grace period is 20 s more.
+const STOP_DELAY_SECONDS: u32 = 20;
+/// The members' grace period (see [`etcd_slow_stop`]).
+const GRACE_SECONDS: u64 = STOP_DELAY_SECONDS as u64 + 20;
 /// `--helper-start-timeout` of the operator (the bound after the grace period).
-const BOUND_SECONDS: i64 = 10;
-
-/// A generic 3-member StatefulSet: busybox writing its name to its volume, then idling with
-/// SIGTERM ignored.
-fn app_yaml(class: &str) -> String {
-    format!(
-        r#"apiVersion: apps/v1
-kind: StatefulSet
-metadata:
-  name: {SET}
-spec:
-  serviceName: {SET}
-  replicas: 3
-  podManagementPolicy: Parallel
-  selector:
-    matchLabels: {{app: {SET}}}
-  template:
-    metadata:
-      labels: {{app: {SET}}}
-    spec:
-      terminationGracePeriodSeconds: {GRACE_SECONDS}
-      containers:
-        - name: app
-          image: busybox
-          imagePullPolicy: IfNotPresent
-          command: ["sh", "-c", "trap '' TERM; hostname > /data/marker; while true; do sleep 1; done"]
-          volumeMounts:
-            - {{name: data, mountPath: /data}}
-  volumeClaimTemplates:
-    - metadata:
-        name: data
-      spec:
-        accessModes: [ReadWriteOnce]
-        storageClassName: {class}
-        resources:
-          requests: {{storage: 64Mi}}
-"#
-    )
-}
+const BOUND_SECONDS: u64 = 10;
+const MINUTE: Duration = Duration::from_secs(60);
 
 /// `claim → volume` of every claim of the namespace.
 async fn claims(ns: &TestNamespace) -> BTreeMap<String, String> {
     let api: Api<PersistentVolumeClaim> = ns.api();
-    api.list(&Default::default())
-        .await
-        .unwrap()
-        .items
+    (api.list(&Default::default()).await.unwrap().items)
         .iter()
         .map(|c| {
             let volume = c.spec.as_ref().and_then(|s| s.volume_name.clone());
             (c.name_any(), volume.unwrap_or_default())
         })
         .collect()
+}
+
+/// `pod → uid` of the set's member pods.
+async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
+    let pods: Api<Pod> = ns.api();
+    let mut uids = BTreeMap::new();
+    for i in 0..3 {
+        let name = format!("{ETCD_SET}-{i}");
+        let uid = pods.get(&name).await.unwrap().uid().unwrap_or_default();
+        uids.insert(name, uid);
+    }
+    uids
 }
 
 /// Waits until the operator has deleted a member's pod; returns the pod (terminating).
@@ -117,21 +90,35 @@ async fn member_being_stopped(ns: &TestNamespace, request: &str) -> Pod {
     .unwrap()
 }
 
-const MINUTE: Duration = Duration::from_secs(60);
+/// With the node still down, the two other members hold the quorum: a put through one is read
+/// back through the other.
+async fn quorum_of_two(ns: &TestNamespace, lost: &str) {
+    let others: Vec<String> = (0..3)
+        .map(|i| format!("{ETCD_SET}-{i}"))
+        .filter(|p| p != lost)
+        .collect();
+    let mut a = etcd::member(ns, &others[0]).await.unwrap();
+    let mut b = etcd::member(ns, &others[1]).await.unwrap();
+    a.put("probe/two-of-three", lost).await.unwrap();
+    assert_eq!(
+        b.get("probe/two-of-three").await.unwrap().as_deref(),
+        Some(lost)
+    );
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_lost_while_its_member_pod_stops_fails_the_request_within_bounds() {
+async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_bounds() {
     if TestCluster::local_state().is_none() {
         eprintln!("NOTE skipped: a node can be taken down only on the local cluster");
         return;
     }
-    let (cluster, ns) = scenario("smr-node-lost").await;
-    install_crd(&ns).await.unwrap();
-    ns.apply_yaml(&app_yaml(&cluster.storage_class))
+    let run = EtcdUnderLoad::start_with("smr-node-lost", etcd_slow_stop(STOP_DELAY_SECONDS))
         .await
-        .unwrap();
-    ns.wait_statefulset_ready(SET, 3, MINUTE * 2).await.unwrap();
-    let before = claims(&ns).await;
+        .expect("setup");
+    let (cluster, ns) = (&run.cluster, &run.ns);
+    let before = claims(ns).await;
+    let uids_before = member_uids(ns).await;
+    let ids_before = etcd::member_ids(ns, ETCD_SET, 3).await;
     let bound = BOUND_SECONDS.to_string();
     let flags = [
         "--helper-start-timeout",
@@ -139,44 +126,76 @@ async fn a_node_lost_while_its_member_pod_stops_fails_the_request_within_bounds(
         "--stage-timeout",
         "120",
     ];
-    let _op = Operator::start_with(&ns, 0, None, &flags).await.unwrap();
+    let _op = Operator::start_with(ns, 0, None, &flags).await.unwrap();
     let name = "node-lost";
-    create_request(
-        &ns,
-        name,
-        json!({
-            "type": "StorageClassChange",
-            "target": {"kind": "StatefulSet", "name": SET},
-            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-            "timeout": "30m",
-            "database": {"engine": "Generic"},
-        }),
-    )
-    .await
-    .unwrap();
+    run.create_request(name).await.expect("request");
 
-    // The member's pod is stopping (SIGTERM ignored): its node loses power now.
-    let pod = member_being_stopped(&ns, name).await;
+    // The member's pod is stopping (etcd still serving for 20 s): its node loses power now.
+    let pod = member_being_stopped(ns, name).await;
     let member = pod.name_any();
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
-    let down = NodeDown::take(&cluster, &node, MINUTE).await.unwrap();
+    let down = NodeDown::take(cluster, &node, MINUTE).await.unwrap();
     let lost_at = Instant::now();
     eprintln!("NOTE node {node} down while member {member} stops");
 
-    let req = wait_final(&ns, name, MINUTE * 5).await.unwrap();
+    let req = wait_final(ns, name, MINUTE * 5).await.unwrap();
     let took = lost_at.elapsed();
+    assert_failed_cleanly(ns, &req, &member, &node, &before).await;
+    // Grace period plus the bound, then the rollback: far below the request's 20 m.
+    let limit = Duration::from_secs(GRACE_SECONDS + BOUND_SECONDS + 90);
+    assert!(took < limit, "Failed {took:?} after the node went down");
+    quorum_of_two(ns, &member).await;
+
+    // The node comes back: the member's recreated pod starts on its untouched claim and rejoins
+    // with its old member id; the other two were never stopped.
+    let up_at = Instant::now();
+    down.up(cluster, MINUTE).await.unwrap();
+    ns.wait_statefulset_ready(ETCD_SET, 3, MINUTE * 3)
+        .await
+        .unwrap();
+    let ready = up_at.elapsed();
+    let uids_after = member_uids(ns).await;
+    for (pod, uid) in &uids_before {
+        if *pod != member {
+            assert_eq!(&uids_after[pod], uid, "member {pod} was not stopped");
+        }
+    }
+    assert_eq!(claims(ns).await, before, "claims and their volumes");
+    let ids_after = etcd::member_ids(ns, ETCD_SET, 3).await;
+    assert_eq!(
+        ids_after, ids_before,
+        "etcd member ids (no member on an empty volume)"
+    );
+    let failure = req.status.and_then(|s| s.failure).unwrap_or_default();
+    let (_cluster, _ns, written) = run.finish().await;
+    println!(
+        "NOTE node lost: member {member} on {node}; Failed {took:?} after the node went down \
+         (bound: grace {GRACE_SECONDS} s + {BOUND_SECONDS} s), every member Ready {ready:?} \
+         after the node came back; writes acknowledged {} failed {} \
+         (of {} attempts); failure: {failure}",
+        written.acked.len(),
+        written.failures,
+        written.attempts
+    );
+}
+
+/// The request ended `Failed` naming pod and node, the member rolled back onto its original
+/// volume, the pod force-deleted, no other member pod deleted, the StatefulSet recreated.
+async fn assert_failed_cleanly(
+    ns: &TestNamespace,
+    req: &StorageMigrationRequest,
+    member: &str,
+    node: &str,
+    before: &BTreeMap<String, String>,
+) {
     let status = req.status.clone().unwrap();
-    assert_eq!(status.phase, Phase::Failed, "{}", summary(&req));
+    assert_eq!(status.phase, Phase::Failed, "{}", summary(req));
     let failure = status.failure.clone().unwrap();
     assert!(
         failure.contains(&format!("member pod {member} was still terminating"))
             && failure.contains(&format!("its node {node} is Unknown")),
         "{failure}"
     );
-    // Grace period plus the bound, then the rollback: far below the request's 30 m.
-    let limit = Duration::from_secs((GRACE_SECONDS + BOUND_SECONDS) as u64 + 90);
-    assert!(took < limit, "Failed {took:?} after the node went down");
-    eprintln!("NOTE node lost: Failed {took:?} after the node went down: {failure}");
     let message = status.message.clone().unwrap();
     let claim = format!("data-{member}");
     let old_volume = &before[&claim];
@@ -187,29 +206,27 @@ async fn a_node_lost_while_its_member_pod_stops_fails_the_request_within_bounds(
         "{message}"
     );
     let ms = status.members.iter().find(|m| m.pod == member).unwrap();
-    assert_eq!(ms.step, MemberStep::RolledBack, "{}", summary(&req));
-    let events = ns.events_for(name).await.unwrap();
+    assert_eq!(ms.step, MemberStep::RolledBack, "{}", summary(req));
+    // The gate let no second member down: no other member pod was ever deleted.
+    for m in status.members.iter().filter(|m| m.pod != member) {
+        assert!(m.pod_deleted_at.is_none(), "{} was deleted too", m.pod);
+    }
+    let events = ns.events_for(&req.name_any()).await.unwrap();
     assert!(
         events.iter().any(|e| e.starts_with("PodForceDeleted:")),
         "{events:?}"
     );
-
     // The StatefulSet is back, every claim on its original volume, nothing of ours left.
-    let set: StatefulSet = ns.api().get(SET).await.unwrap();
+    let set: StatefulSet = ns.api().get(ETCD_SET).await.unwrap();
     assert!(set.metadata.deletion_timestamp.is_none());
-    assert_eq!(claims(&ns).await, before, "claims and their volumes");
-    let jobs: Api<Job> = ns.api();
-    let left: Vec<String> = jobs
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|j| j.name_any())
-        .collect();
-    assert!(left.is_empty(), "Jobs left: {left:?}");
-
-    // The node comes back: the member's recreated pod starts on its untouched claim.
-    down.up(&cluster, MINUTE).await.unwrap();
-    ns.wait_statefulset_ready(SET, 3, MINUTE * 3).await.unwrap();
+    assert_eq!(&claims(ns).await, before, "claims and their volumes");
+    let started = Instant::now();
+    loop {
+        let left = e2e::testing::faults::request_leftovers(ns).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(started.elapsed() < MINUTE, "left behind: {left:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }

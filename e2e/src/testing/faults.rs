@@ -111,15 +111,48 @@ pub struct EtcdUnderLoad {
 /// The set's name in the etcd fixture.
 pub const ETCD_SET: &str = "etcd";
 
+/// A variant of the etcd fixture whose members take `delay` seconds to stop: etcd runs in a
+/// session of its own under a shell that, on SIGTERM (sent to the container's process group),
+/// waits `delay` seconds before passing it on; the grace period is `delay + 20` s. So a member
+/// being stopped stays `Terminating`, still serving, long enough for a test to act (a node
+/// that loses power kills every process of the pod's network namespace, etcd with them).
+pub fn etcd_slow_stop(delay: u32) -> impl Fn(&mut kube::api::DynamicObject) {
+    move |obj| {
+        if obj.types.as_ref().is_none_or(|t| t.kind != "StatefulSet") {
+            return;
+        }
+        let Some(spec) = obj.data.pointer_mut("/spec/template/spec") else {
+            return;
+        };
+        spec["terminationGracePeriodSeconds"] = serde_json::json!(delay + 20);
+        let script = format!(
+            "setsid etcd \"$@\" &\npid=$!\ntrap 'sleep {delay}; kill -TERM $pid' TERM\n\
+             while kill -0 $pid 2>/dev/null; do wait $pid; done"
+        );
+        if let Some(c) = spec.pointer_mut("/containers/0") {
+            c["command"] = serde_json::json!(["sh", "-c", script, "etcd"]);
+        }
+    }
+}
+
 impl EtcdUnderLoad {
     /// A fresh namespace with the CRD, the etcd fixture Ready, 50 seeded keys and the writer.
     pub async fn start(test: &str) -> Result<Self, TestError> {
+        Self::start_with(test, |_| {}).await
+    }
+
+    /// [`Self::start`] on a variant of the fixture (`edit`: see
+    /// [`crate::testing::TestNamespace::apply_etcd_with`]), e.g. [`etcd_slow_stop`].
+    pub async fn start_with(
+        test: &str,
+        edit: impl Fn(&mut kube::api::DynamicObject),
+    ) -> Result<Self, TestError> {
         use crate::testing::{etcd, operator, scenario};
         let (cluster, ns) = scenario(test).await;
         operator::install_crd(&ns)
             .await
             .map_err(|e| unexpected("install the CRD", e.to_string()))?;
-        ns.apply_etcd().await?;
+        ns.apply_etcd_with(edit).await?;
         let seeded = etcd::seed_keys(&ns, ETCD_SET, 50).await?;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let writer = etcd::start_writer(&ns, ETCD_SET, 3, "seed/w-", stop.clone());

@@ -146,7 +146,26 @@ impl TestNamespace {
     /// Applies the etcd fixture (`e2e/fixtures/etcd.yaml`, claims on the cluster's class) and
     /// waits until its StatefulSet `etcd` is 3/3 Ready.
     pub async fn apply_etcd(&self) -> Result<StatefulSet, TestError> {
-        self.apply_fixture("etcd.yaml").await?;
+        self.apply_etcd_with(|_| {}).await
+    }
+
+    /// [`Self::apply_etcd`], with `edit` applied to each object of the fixture (after the
+    /// class) before it is sent: a variant of the fixture for one test.
+    pub async fn apply_etcd_with(
+        &self,
+        edit: impl Fn(&mut DynamicObject),
+    ) -> Result<StatefulSet, TestError> {
+        let path = fixture_path("etcd.yaml");
+        let yaml = std::fs::read_to_string(&path).map_err(|source| TestError::Fixture {
+            path: path.clone(),
+            source,
+        })?;
+        let class = self.cluster.storage_class.clone();
+        self.apply_yaml_with(&yaml, |obj| {
+            set_template_class(obj, "standard", &class);
+            edit(obj);
+        })
+        .await?;
         self.wait_statefulset_ready("etcd", 3, ETCD_READY).await
     }
 
