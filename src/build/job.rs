@@ -164,7 +164,13 @@ total=$(field 'Total file size')
 literal=$(field 'Literal data')
 files=$(field 'Number of regular files transferred')
 [ -n "$files" ] || files=$(field 'Number of files transferred')
-result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"literalBytes":%s,"mode":"%s","exitCode":%d}' "${bytes:-0}" "${files:-0}" "${total:-0}" "${literal:-0}" "$mode" "$rc")
+fs=$(stat -f -c '"#,
+            statfs_format!(),
+            r#"' /target 2>/dev/null) || fs=""
+sfs=$(stat -f -c '"#,
+            statfs_format!(),
+            r#"' /source 2>/dev/null) || sfs=""
+result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"literalBytes":%s,"mode":"%s","exitCode":%d%s%s}' "${bytes:-0}" "${files:-0}" "${total:-0}" "${literal:-0}" "$mode" "$rc" "${fs:+,\"targetFilesystem\":$fs}" "${sfs:+,\"sourceFilesystem\":$sfs}")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
 "#
@@ -437,9 +443,13 @@ pub struct JobResult {
     /// Why the script failed, when it knows a cause the planner treats apart.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cause: Option<JobFailureCause>,
-    /// The temporary claim's filesystem when a copy failed for lack of space.
+    /// The temporary claim's filesystem after a copy pass (also when one failed for lack of
+    /// space).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub target_filesystem: Option<FsReport>,
+    /// The old claim's filesystem after a copy pass: how much room the member had there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_filesystem: Option<FsReport>,
 }
 
 /// How a copy pass copied changed files (`"mode"` of its result).
@@ -472,6 +482,13 @@ pub struct FsReport {
     pub blocks_available: i64,
     pub inodes: i64,
     pub inodes_free: i64,
+}
+
+impl FsReport {
+    /// Bytes a non-root user may still write.
+    pub fn available_bytes(&self) -> i64 {
+        self.block_size.saturating_mul(self.blocks_available)
+    }
 }
 
 impl JobResult {
@@ -879,6 +896,10 @@ mod tests {
             assert_eq!(copy.code, 0, "{}", copy.stderr);
             let r = copy.result.unwrap();
             assert_eq!(r.mode, Some(CopyMode::Delta), "{r:?}");
+            // Both filesystems, for the check that the copy left room to run.
+            let free = r.target_filesystem.as_ref().map(FsReport::available_bytes);
+            assert!(free.is_some_and(|b| b > 0), "{r:?}");
+            assert!(r.source_filesystem.is_some(), "{r:?}");
             assert_eq!(
                 r.bytes,
                 Some((8 << 20) + 4096),

@@ -212,16 +212,33 @@ pub struct OutOfSpace {
     pub copied_bytes: Option<i64>,
     /// The target's filesystem type (`statfs`), when known.
     pub fs_type: Option<String>,
+    /// Set when the pass fitted but left the target almost full: the bytes still free there
+    /// (see [`crate::plan::preflight::MIN_HEADROOM_BYTES`]).
+    pub left_bytes: Option<i64>,
 }
 
 impl std::fmt::Display for OutOfSpace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let h = |b: i64| human(i128::from(b));
-        write!(
-            f,
-            "the {} of member {} ran out of space on temporary claim {} ({}",
-            self.pass, self.pod, self.temp_claim, self.size
-        )?;
+        match self.left_bytes {
+            Some(left) => write!(
+                f,
+                "the {} of member {} fitted but left only {} free on temporary claim {} \
+                 (less than the {} headroom a member needs to run, and less than it had on its \
+                 old claim; {}",
+                self.pass,
+                self.pod,
+                h(left),
+                self.temp_claim,
+                human(MIN_HEADROOM_BYTES),
+                self.size
+            )?,
+            None => write!(
+                f,
+                "the {} of member {} ran out of space on temporary claim {} ({}",
+                self.pass, self.pod, self.temp_claim, self.size
+            )?,
+        }
         if let Some(size) = self.target_bytes {
             write!(f, ": its filesystem holds {}", h(size))?;
         }

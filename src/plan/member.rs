@@ -168,6 +168,11 @@ fn run_job(
 /// every number known: the size asked for, the target's filesystem when it filled, what the
 /// pass had copied, the bytes on the old claim now and at preflight.
 fn out_of_space(mb: &Member, kind: JobKind, result: &JobResult) -> Failure {
+    Failure::OutOfSpace(Box::new(space_report(mb, kind, result)))
+}
+
+/// The numbers of [`out_of_space`].
+fn space_report(mb: &Member, kind: JobKind, result: &JobResult) -> super::failure::OutOfSpace {
     let m = &mb.m;
     let fs = result.target_filesystem.as_ref();
     let pass = match kind {
@@ -180,7 +185,7 @@ fn out_of_space(mb: &Member, kind: JobKind, result: &JobResult) -> Failure {
         .as_ref()
         .filter(|p| p.pass == pass)
         .map(|p| p.bytes_done);
-    Failure::OutOfSpace(Box::new(super::failure::OutOfSpace {
+    super::failure::OutOfSpace {
         pod: m.pod.clone(),
         pass: match kind {
             JobKind::PreCopy => "pre-copy",
@@ -196,7 +201,28 @@ fn out_of_space(mb: &Member, kind: JobKind, result: &JobResult) -> Failure {
         target_bytes: fs.map(|f| f.block_size.saturating_mul(f.blocks)),
         copied_bytes: result.bytes.or(copied),
         fs_type: fs.map(|f| f.fs_type.clone()),
-    }))
+        left_bytes: None,
+    }
+}
+
+/// A final copy that fitted but left the new volume almost full: less free than the headroom
+/// preflight asks of a shrink, and less than the member had on its old volume (a member that
+/// already ran that full is left to it). It would start on a volume it cannot write to.
+fn too_full(mb: &Member, result: &JobResult) -> Option<Failure> {
+    let target = result.target_filesystem.as_ref()?;
+    let left = target.available_bytes();
+    let had = result
+        .source_filesystem
+        .as_ref()
+        .map(|f| f.available_bytes());
+    let short =
+        i128::from(left) < super::preflight::MIN_HEADROOM_BYTES && had.is_none_or(|had| left < had);
+    if !short {
+        return None;
+    }
+    let mut report = space_report(mb, JobKind::Copy, result);
+    report.left_bytes = Some(left);
+    Some(Failure::OutOfSpace(Box::new(report)))
 }
 
 /// Puts the running copy's latest progress reading, if any, in the member's status.
@@ -685,6 +711,9 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     else {
         return Ok(());
     };
+    if let Some(full) = copied.as_ref().and_then(|r| too_full(mb, r)) {
+        return Err(full);
+    }
     if mb.ms.bytes_copied.is_none() {
         let bytes = copied.as_ref().and_then(|r| r.bytes).unwrap_or(0);
         let files = copied.as_ref().and_then(|r| r.files).unwrap_or(0);

@@ -2547,6 +2547,61 @@ fn a_copy_out_of_space_fails_the_member_with_the_numbers_and_leaves_nothing() {
     }
 }
 
+/// A final copy that fits but leaves the new volume almost full (less than the headroom, and
+/// less than the member had on its old volume) fails the member with the numbers before any
+/// swap; a member that already ran that full on its old volume goes on.
+#[test]
+fn a_final_copy_that_leaves_the_new_volume_full_fails_the_member() {
+    let fs = |available: i64| build::FsReport {
+        fs_type: "ext2/ext3".into(),
+        block_size: 1024,
+        blocks: 253_920,
+        blocks_free: available + 12_000,
+        blocks_available: available,
+        inodes: 65_536,
+        inodes_free: 65_000,
+    };
+    for (source_free, fails) in [(200_000, true), (1_000, false)] {
+        let mut sim = Sim::new(observed(spec_shrink("256Mi")));
+        let job = build::job_name(REQ, "etcd-0", JobKind::Copy);
+        for _ in 0..400 {
+            if sim.o.jobs.contains_key(&job) {
+                break;
+            }
+            sim.run(1);
+        }
+        let result = build::JobResult {
+            bytes: Some(240 << 20),
+            files: Some(3),
+            exit_code: Some(0),
+            target_filesystem: Some(fs(2_000)),
+            source_filesystem: Some(fs(source_free)),
+            ..Default::default()
+        };
+        sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::Succeeded {
+            message: Some(serde_json::to_string(&result).unwrap()),
+        };
+        sim.run(400);
+        let s = sim.o.request.status.clone().unwrap();
+        if !fails {
+            assert_eq!(s.phase, Phase::Successful, "{:?}", s.failure);
+            continue;
+        }
+        assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+        let failure = s.failure.unwrap();
+        for want in [
+            "the final copy of member etcd-0 fitted but left only 1.9Mi free on temporary claim",
+            "(less than the 16Mi headroom a member needs to run, and less than it had on its old claim; 256Mi: its filesystem holds 247.9Mi; rsync last reported 240Mi copied)",
+            "stays on its untouched old claim data-etcd-0; retry with a larger size",
+            "runbook: docs/runbook.md#failed-out-of-space-during-a-copy",
+        ] {
+            assert!(failure.contains(want), "{want:?} not in {failure}");
+        }
+        assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+        assert!(sim.o.pods.contains_key("etcd-0"), "member pod back");
+    }
+}
+
 /// The cluster layer asks the database for its health only where [`reads_health`] says the
 /// planner uses it. Through a whole quorum migration (leader last, with its hand-over), every
 /// decision made without the health where it is not read is the one made with it, and the
