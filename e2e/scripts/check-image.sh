@@ -15,7 +15,7 @@ ARCHIVE="$1"
 REF="$2"
 VERSION="${REF##*:}"
 # What the Jobs' scripts and the mounter pod run (besides shell built-ins: printf, kill, trap).
-TOOLS=(sh rsync du sed grep tr head sleep)
+TOOLS=(sh rsync du stat find sed grep tr head tail sleep)
 ENTRYPOINT=/usr/local/bin/storage-migrator
 NONROOT=65532
 

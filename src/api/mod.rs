@@ -175,7 +175,7 @@ pub struct CopySpec {
     #[serde(default = "default_true")]
     pub verify: bool,
     /// Image of the copy, verify and measure Jobs and of the mounter pods; must provide `sh`,
-    /// `rsync`, `du`, `sed`, `grep`, `tr`, `head` and `sleep`. Allowed only when the operator runs
+    /// `rsync`, `du`, `stat`, GNU `find`, `sed`, `grep`, `tr`, `head`, `tail` and `sleep`. Allowed only when the operator runs
     /// with `--allow-request-mover-image` (otherwise the request is Denied, reason
     /// `MoverImageNotAllowed`). Default: the operator's own image (its `--image`), which has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -197,12 +197,14 @@ pub const PRECOPY_SCRIPT: &str = rsync_copy_script!("0 24", "mode=WholeFile\ndel
 /// Except when a regular file on the target has more than one link: writing it in place would
 /// write through every name of that inode, and if the source no longer links them ("tug of
 /// war", rsync's manual) the target ends up different. Then the pass copies whole files and
-/// says so (`"mode":"WholeFile"` instead of `"Delta"`).
+/// says so (`"mode":"WholeFile"` instead of `"Delta"`). So does a `find` that cannot answer
+/// (a mover image whose `find` lacks `-quit`): in place only when no such file is known to
+/// exist.
 pub const COPY_SCRIPT: &str = rsync_copy_script!(
     "0",
     r#"mode=Delta
 delta='--no-whole-file --inplace'
-if [ -n "$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null)" ]; then mode=WholeFile; delta=; fi"#
+if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || [ -n "$linked" ]; then mode=WholeFile; delta=; fi"#
 );
 
 /// Compares both trees by content (`--checksum`) and metadata without changing anything
@@ -933,6 +935,18 @@ mod tests {
                 "{}",
                 verify.stderr
             );
+
+            // A `find` that cannot answer (no `-quit`): whole files, not a guess.
+            std::fs::remove_file(dst.join("wal-link")).unwrap();
+            std::fs::remove_file(src.join("wal-link")).unwrap();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            std::fs::write(bin.join("find"), "#!/bin/sh\nexit 1\n").unwrap();
+            std::fs::set_permissions(bin.join("find"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            let copy = run_with_path(JobKind::Copy, dir.path(), Some(&bin));
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            assert_eq!(copy.result.unwrap().mode, Some(CopyMode::WholeFile));
         }
 
         #[test]
