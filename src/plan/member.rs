@@ -697,6 +697,40 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Records the final pass's numbers in the member's status, with an Event.
+fn record_copy(cx: &mut Ctx, mb: &Member, copied: Option<&JobResult>) {
+    let m = &mb.m;
+    let bytes = copied.and_then(|r| r.bytes).unwrap_or(0);
+    let files = copied.and_then(|r| r.files).unwrap_or(0);
+    let written = copied.and_then(|r| r.literal_bytes);
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.bytes_copied = Some(bytes);
+        ms.files_copied = Some(files);
+        ms.bytes_written = written;
+    }
+    let wrote = match (written, copied.and_then(|r| r.mode)) {
+        (Some(w), Some(build::CopyMode::Delta)) => format!(
+            " (delta transfer: wrote {})",
+            super::quantity::human(i128::from(w))
+        ),
+        (_, Some(build::CopyMode::WholeFile)) => {
+            " (whole files: the target has hard-linked files, or `find` could not tell)".to_string()
+        }
+        _ => String::new(),
+    };
+    cx.event(
+        EventType::Normal,
+        "Copied",
+        format!(
+            "member {}: copied {} in {files} files from {} to {}{wrote}",
+            m.pod,
+            super::quantity::human(i128::from(bytes)),
+            m.claim,
+            m.temp_claim
+        ),
+    );
+}
+
 /// Final rsync pass while the member is down, then the verification pass.
 fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
@@ -715,35 +749,7 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         return Err(full);
     }
     if mb.ms.bytes_copied.is_none() {
-        let bytes = copied.as_ref().and_then(|r| r.bytes).unwrap_or(0);
-        let files = copied.as_ref().and_then(|r| r.files).unwrap_or(0);
-        let written = copied.as_ref().and_then(|r| r.literal_bytes);
-        if let Some(ms) = ms_mut(cx, mb) {
-            ms.bytes_copied = Some(bytes);
-            ms.files_copied = Some(files);
-            ms.bytes_written = written;
-        }
-        let wrote = match (written, copied.as_ref().and_then(|r| r.mode)) {
-            (Some(w), Some(build::CopyMode::Delta)) => format!(
-                " (delta transfer: wrote {})",
-                super::quantity::human(i128::from(w))
-            ),
-            (_, Some(build::CopyMode::WholeFile)) => {
-                " (whole files: the target has hard-linked files)".to_string()
-            }
-            _ => String::new(),
-        };
-        cx.event(
-            EventType::Normal,
-            "Copied",
-            format!(
-                "member {}: copied {} in {files} files from {} to {}{wrote}",
-                m.pod,
-                super::quantity::human(i128::from(bytes)),
-                m.claim,
-                m.temp_claim
-            ),
-        );
+        record_copy(cx, mb, copied.as_ref());
     }
     if cx.spec().copy.verify {
         let Some(verified) = run_job(cx, mb, JobKind::Verify, |reason| Failure::VerifyFailed {
