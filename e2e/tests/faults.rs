@@ -27,7 +27,7 @@ use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, NodeDown, etcd_slow_stop};
 use e2e::testing::operator::{Operator, summary, wait_final, wait_status};
 use e2e::testing::{TestCluster, TestNamespace, etcd};
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::Api;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
@@ -39,18 +39,6 @@ const GRACE_SECONDS: u64 = STOP_DELAY_SECONDS as u64 + 20;
 /// `--helper-start-timeout` of the operator (the bound after the grace period).
 const BOUND_SECONDS: u64 = 10;
 const MINUTE: Duration = Duration::from_secs(60);
-
-/// `claim → volume` of every claim of the namespace.
-async fn claims(ns: &TestNamespace) -> BTreeMap<String, String> {
-    let api: Api<PersistentVolumeClaim> = ns.api();
-    (api.list(&Default::default()).await.unwrap().items)
-        .iter()
-        .map(|c| {
-            let volume = c.spec.as_ref().and_then(|s| s.volume_name.clone());
-            (c.name_any(), volume.unwrap_or_default())
-        })
-        .collect()
-}
 
 /// `pod → uid` of the set's member pods.
 async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
@@ -116,7 +104,7 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
         .await
         .expect("setup");
     let (cluster, ns) = (&run.cluster, &run.ns);
-    let before = claims(ns).await;
+    let before = ns.claim_volumes().await;
     let uids_before = member_uids(ns).await;
     let ids_before = etcd::member_ids(ns, ETCD_SET, 3).await;
     let bound = BOUND_SECONDS.to_string();
@@ -160,7 +148,7 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
             assert_eq!(&uids_after[pod], uid, "member {pod} was not stopped");
         }
     }
-    assert_eq!(claims(ns).await, before, "claims and their volumes");
+    assert_eq!(ns.claim_volumes().await, before, "claims and their volumes");
     let ids_after = etcd::member_ids(ns, ETCD_SET, 3).await;
     assert_eq!(
         ids_after, ids_before,
@@ -219,7 +207,11 @@ async fn assert_failed_cleanly(
     // The StatefulSet is back, every claim on its original volume, nothing of ours left.
     let set: StatefulSet = ns.api().get(ETCD_SET).await.unwrap();
     assert!(set.metadata.deletion_timestamp.is_none());
-    assert_eq!(&claims(ns).await, before, "claims and their volumes");
+    assert_eq!(
+        &ns.claim_volumes().await,
+        before,
+        "claims and their volumes"
+    );
     let started = Instant::now();
     loop {
         let left = e2e::testing::faults::request_leftovers(ns).await;

@@ -23,7 +23,6 @@
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test out_of_space -- --test-threads=2`
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, request_leftovers};
@@ -65,18 +64,6 @@ async fn filler_sum(ns: &TestNamespace, name: &str, node: &str, claim: &str) -> 
     let sum = on_claim(ns, name, node, claim, "sha256sum /data/filler").await;
     assert!(sum.contains("/data/filler"), "{sum}");
     sum
-}
-
-/// `claim → volume` of every claim of the namespace.
-async fn claims(ns: &TestNamespace) -> BTreeMap<String, String> {
-    let api: Api<PersistentVolumeClaim> = ns.api();
-    (api.list(&Default::default()).await.unwrap().items)
-        .iter()
-        .map(|c| {
-            let volume = c.spec.as_ref().and_then(|s| s.volume_name.clone());
-            (c.name_any(), volume.unwrap_or_default())
-        })
-        .collect()
 }
 
 /// The number of MiB after `prefix` in `message` ("... now uses 100.1Mi ...").
@@ -180,7 +167,7 @@ async fn out_of_space(test: &str, pre_copy: bool) {
     let _one = ONE_AT_A_TIME.lock().await;
     let run = EtcdUnderLoad::start(test).await.expect("setup");
     let ns = &run.ns;
-    let claims_before = claims(ns).await;
+    let claims_before = ns.claim_volumes().await;
     let ids_before = etcd::member_ids(ns, ETCD_SET, 3).await;
     let (step, pass) = if pre_copy {
         (MemberStep::PreCopying, "pre-copy")
@@ -224,7 +211,11 @@ async fn out_of_space(test: &str, pre_copy: bool) {
         .filter_map(|v| v.persistent_volume_claim.map(|c| c.claim_name))
         .collect();
     assert_eq!(pod_claims, std::slice::from_ref(&s.claim));
-    assert_eq!(claims(ns).await, claims_before, "claims and their volumes");
+    assert_eq!(
+        ns.claim_volumes().await,
+        claims_before,
+        "claims and their volumes"
+    );
     assert_eq!(
         filler_sum(ns, "sums-after", &s.node, &s.claim).await,
         before

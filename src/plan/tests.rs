@@ -968,8 +968,8 @@ fn spec_change_reverted_clears_the_condition_and_denied_requests_say_so() {
     assert_eq!(s.phase, Phase::Denied, "still denied");
 }
 
-#[test]
-fn leader_goes_last_and_hands_over_first() {
+/// A class change of the 3-member set whose health says: quorum-based, etcd-0 the leader.
+fn quorum_observed() -> Observed {
     let mut o = observed(spec_class_change("fast"));
     if let Ok(h) = o.health.as_mut() {
         h.quorum_based = true;
@@ -981,6 +981,12 @@ fn leader_goes_last_and_hands_over_first() {
             m.leader = m.pod == "etcd-0";
         }
     }
+    o
+}
+
+#[test]
+fn leader_goes_last_and_hands_over_first() {
+    let o = quorum_observed();
     let d = decide(&o, &SETTINGS);
     let plan = first_status(&d).plan.clone().unwrap();
     assert_eq!(
@@ -2608,17 +2614,7 @@ fn a_final_copy_that_leaves_the_new_volume_full_fails_the_member() {
 /// steps of a member's downtime (copy, verification, swap) are among those.
 #[test]
 fn health_is_read_wherever_the_planner_uses_it() {
-    let mut o = observed(spec_class_change("fast"));
-    if let Ok(h) = o.health.as_mut() {
-        h.quorum_based = true;
-        h.leader = Some("etcd-0".into());
-        h.voting_members = Some(3);
-        for m in &mut h.members {
-            m.member_id = Some(m.pod.clone());
-            m.raft_index = Some(100);
-            m.leader = m.pod == "etcd-0";
-        }
-    }
+    let o = quorum_observed();
     let mut sim = Sim::new(o);
     let mut unread = BTreeSet::new();
     for _ in 0..500 {

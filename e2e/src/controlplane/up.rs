@@ -347,7 +347,11 @@ async fn nodes_renewed_since(
             return Err(format!("lease of {node} not renewed yet"));
         }
     }
-    let nodes: Api<Node> = Api::all(client);
+    all_nodes_ready(Api::all(client)).await
+}
+
+/// Ok when every node is Ready; else which are not.
+async fn all_nodes_ready(nodes: Api<Node>) -> std::result::Result<(), String> {
     let list = nodes
         .list(&Default::default())
         .await
@@ -444,19 +448,7 @@ async fn start_agent(
     started.push(spawn(dir, AGENT, agent_exe, &args)?);
     let nodes: Api<Node> = Api::all(client.clone());
     wait_for(started, AGENT, "3 nodes Ready", AGENT_TIMEOUT, || {
-        let nodes = nodes.clone();
-        async move {
-            let list = nodes
-                .list(&Default::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let not_ready = not_ready_nodes(&list.items);
-            if not_ready.is_empty() {
-                Ok(())
-            } else {
-                Err(format!("not Ready: {}", not_ready.join(", ")))
-            }
-        }
+        all_nodes_ready(nodes.clone())
     })
     .await?;
     let scs: Api<StorageClass> = Api::all(client.clone());

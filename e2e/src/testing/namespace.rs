@@ -75,6 +75,23 @@ impl TestNamespace {
         self.cluster.client.clone()
     }
 
+    /// `claim → volume` of every claim of the namespace (panics when they cannot be listed:
+    /// for tests).
+    pub async fn claim_volumes(&self) -> std::collections::BTreeMap<String, String> {
+        let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> = self.api();
+        let list = api
+            .list(&Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("list the claims of {}: {e}", self.name));
+        list.items
+            .iter()
+            .map(|c| {
+                let volume = c.spec.as_ref().and_then(|s| s.volume_name.clone());
+                (c.name_any(), volume.unwrap_or_default())
+            })
+            .collect()
+    }
+
     /// A namespaced API in this namespace.
     pub fn api<K>(&self) -> Api<K>
     where
