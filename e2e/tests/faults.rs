@@ -6,7 +6,8 @@
 //! - A member's node is lost (power loss: `localcluster node down`, its Ready condition turns
 //!   Unknown, its pods' processes die, nothing of its pods is reported or deleted) while the
 //!   operator stops that member's pod. The fixture's members take 20 s to pass SIGTERM on to
-//!   etcd (`testing::faults::etcd_slow_stop`, grace period 40 s), so the node goes down while
+//!   etcd (`testing::faults::etcd_slow_stop`, grace period 40 s), and each member has a node of
+//!   its own (`one_member_per_node`: a required anti-affinity), so the node goes down while
 //!   the pod is `Terminating` and etcd still serves, with no race. The etcd member dies with
 //!   its node: the other two keep the quorum and the writer goes on. The pod stays
 //!   `Terminating`; once its grace period plus `--helper-start-timeout` is over the operator
@@ -23,7 +24,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, NodeDown, etcd_slow_stop};
+use e2e::testing::faults::{
+    ETCD_SET, EtcdUnderLoad, NodeDown, etcd_slow_stop, one_member_per_node,
+};
 use e2e::testing::operator::{Operator, summary, wait_final, wait_status};
 use e2e::testing::{TestCluster, TestNamespace, etcd};
 use k8s_openapi::api::apps::v1::StatefulSet;
@@ -50,6 +53,20 @@ async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
         uids.insert(name, uid);
     }
     uids
+}
+
+/// The member pods scheduled on `node`.
+async fn members_on(ns: &TestNamespace, node: &str) -> Vec<String> {
+    let pods: Api<Pod> = ns.api();
+    let mut on = Vec::new();
+    for i in 0..3 {
+        let name = format!("{ETCD_SET}-{i}");
+        let pod = pods.get(&name).await.unwrap();
+        if pod.spec.and_then(|s| s.node_name).as_deref() == Some(node) {
+            on.push(name);
+        }
+    }
+    on
 }
 
 /// Waits until the operator has deleted a member's pod; returns the pod (terminating).
@@ -100,7 +117,12 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
         eprintln!("NOTE skipped: a node can be taken down only on the local cluster");
         return;
     }
-    let run = EtcdUnderLoad::start_with("smr-node-lost", etcd_slow_stop(STOP_DELAY_SECONDS))
+    let slow_stop = etcd_slow_stop(STOP_DELAY_SECONDS);
+    let variant = |obj: &mut kube::api::DynamicObject| {
+        slow_stop(obj);
+        one_member_per_node(obj);
+    };
+    let run = EtcdUnderLoad::start_with("smr-node-lost", variant)
         .await
         .expect("setup");
     let (cluster, ns) = (&run.cluster, &run.ns);
@@ -122,6 +144,12 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
     let pod = member_being_stopped(ns, name).await;
     let member = pod.name_any();
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+    let sharing = members_on(ns, &node).await;
+    assert_eq!(
+        sharing,
+        std::slice::from_ref(&member),
+        "members on {node}: the others must survive"
+    );
     let down = NodeDown::take(cluster, &node, MINUTE).await.unwrap();
     let lost_at = Instant::now();
     eprintln!("NOTE node {node} down while member {member} stops");

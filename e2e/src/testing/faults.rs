@@ -135,6 +135,26 @@ pub fn etcd_slow_stop(delay: u32) -> impl Fn(&mut kube::api::DynamicObject) {
     }
 }
 
+/// A variant of the etcd fixture with each member on a node of its own (a required pod
+/// anti-affinity on the hostname): without it the scheduler may put two members on one node,
+/// and a test that takes that node down takes the quorum with it.
+pub fn one_member_per_node(obj: &mut kube::api::DynamicObject) {
+    if obj.types.as_ref().is_none_or(|t| t.kind != "StatefulSet") {
+        return;
+    }
+    let Some(spec) = obj.data.pointer_mut("/spec/template/spec") else {
+        return;
+    };
+    spec["affinity"] = serde_json::json!({
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [{
+                "labelSelector": {"matchLabels": {"app": ETCD_SET}},
+                "topologyKey": "kubernetes.io/hostname",
+            }],
+        },
+    });
+}
+
 impl EtcdUnderLoad {
     /// A fresh namespace with the CRD, the etcd fixture Ready, 50 seeded keys and the writer.
     pub async fn start(test: &str) -> Result<Self, TestError> {
