@@ -180,13 +180,16 @@ async fn check_etcd(ns: &TestNamespace, acked: &[String]) -> (i64, u32) {
     (count.unwrap_or(0), hashes.into_iter().next().unwrap_or(0))
 }
 
-/// Writes `n` keys `seed/<i>` (before a migration); returns them.
+/// Writes `n` keys `seed/<i>` (before a migration, each put retried on a timeout: see
+/// `etcd::put_with_retries`); returns them.
 async fn seed(ns: &TestNamespace, n: usize) -> Vec<String> {
-    let mut c = etcd_client(&member_endpoints(ns).await).await.unwrap();
+    let m = etcd::member(ns, &format!("{SET}-0")).await.unwrap();
     let mut keys = Vec::new();
     for i in 0..n {
         let k = format!("w/seed-{i:04}");
-        c.put(k.clone(), "x".repeat(100), None).await.unwrap();
+        etcd::put_with_retries(&m, &k, &"x".repeat(100))
+            .await
+            .unwrap();
         keys.push(k);
     }
     keys

@@ -144,14 +144,40 @@ pub async fn seed_keys(
     set: &str,
     n: usize,
 ) -> Result<std::collections::BTreeSet<String>, TestError> {
-    let mut m = member(ns, &format!("{set}-0")).await?;
+    let m = member(ns, &format!("{set}-0")).await?;
     let mut keys = std::collections::BTreeSet::new();
     for i in 0..n {
         let k = format!("seed/{i:04}");
-        m.put(&k, &"x".repeat(100)).await?;
+        let value = "x".repeat(100);
+        put_with_retries(&m, &k, &value).await?;
         keys.insert(k);
     }
     Ok(keys)
+}
+
+/// A put during a test's setup, retried (it is idempotent) a few times with back-off: on a
+/// loaded machine one put can outlast the client's timeout, which is no finding of the test.
+pub async fn put_with_retries(m: &EtcdMember, key: &str, value: &str) -> Result<(), TestError> {
+    use backon::{ExponentialBuilder, Retryable};
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(std::time::Duration::from_millis(500))
+        .with_max_times(4);
+    let mut attempt = || {
+        let client = m.client.clone();
+        let endpoint = m.endpoint.clone();
+        async move {
+            let mut client = client;
+            client
+                .put(key, value, None)
+                .await
+                .map(|_| ())
+                .map_err(err(&endpoint))
+        }
+    };
+    (&mut attempt)
+        .retry(backoff)
+        .notify(|e, after| tracing::warn!(key, error = %e, ?after, "setup put failed; retrying"))
+        .await
 }
 
 /// Through every member of `<set>-0 .. <set>-(replicas-1)` (one client each): every key of
