@@ -41,18 +41,20 @@ async fn create_quota(ns: &TestNamespace) {
     .unwrap();
     let api: Api<ResourceQuota> = ns.api();
     api.create(&PostParams::default(), &quota).await.unwrap();
-    let started = Instant::now();
-    loop {
-        let q = api.get(QUOTA).await.unwrap();
-        if q.status.and_then(|s| s.hard).is_some() {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(60),
-            "the quota controller never filled in the status of {QUOTA}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let filled = |q: Option<&ResourceQuota>| {
+        q.and_then(|q| q.status.as_ref())
+            .is_some_and(|s| s.hard.is_some())
+    };
+    ns.wait_for(
+        api,
+        QUOTA,
+        "quota status filled in",
+        Duration::from_secs(60),
+        filled,
+        |q| format!("{:?}", q.status),
+    )
+    .await
+    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,6 +365,19 @@ impl MemberStep {
                 | MemberStep::AlreadyThere
         )
     }
+
+    /// True from the final copy to the release of the new volume: the member is down, and no
+    /// health gate is due before its claim is recreated.
+    pub fn down_without_gate(self) -> bool {
+        matches!(
+            self,
+            MemberStep::Copying
+                | MemberStep::RetainingVolumes
+                | MemberStep::DeletingOldClaim
+                | MemberStep::DeletingTempClaim
+                | MemberStep::ReleasingNewVolume
+        )
+    }
 }
 
 /// Where the request stands, written by the operator only.

@@ -734,16 +734,7 @@ pub fn reads_health(status: &StorageMigrationRequestStatus) -> bool {
         Stage::Preflight => true,
         Stage::Migrating => !in_flight(status)
             .and_then(|i| status.members.get(i))
-            .is_some_and(|m| {
-                matches!(
-                    m.step,
-                    MemberStep::Copying
-                        | MemberStep::RetainingVolumes
-                        | MemberStep::DeletingOldClaim
-                        | MemberStep::DeletingTempClaim
-                        | MemberStep::ReleasingNewVolume
-                )
-            }),
+            .is_some_and(|m| m.step.down_without_gate()),
         _ => false,
     }
 }
