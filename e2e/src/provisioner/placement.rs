@@ -1,5 +1,5 @@
 //! Node choice (pure): the class's allowed nodes, the selected node or the node with the
-//! fewest volumes.
+//! fewest volumes of the claim's namespace, then the fewest volumes overall.
 
 use std::collections::HashMap;
 
@@ -36,30 +36,48 @@ pub fn allowed_nodes(class: &StorageClass, candidates: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// The node with the fewest volumes of ours among `candidates`; ties go to the earliest
-/// candidate (the order of [`NODE_NAMES`]).
-pub fn choose_node(candidates: &[String], volumes: &[PersistentVolume]) -> Option<String> {
-    let mut counts: HashMap<&str, usize> = HashMap::new();
+/// The node among `candidates` with the fewest volumes of ours bound to claims of `namespace`,
+/// then the fewest volumes of ours overall; ties go to the earliest candidate (the order of
+/// [`NODE_NAMES`]). Counting the namespace first spreads the claims of one StatefulSet over the
+/// nodes even while the volumes of other namespaces (e.g. an earlier test's, still being
+/// deleted) weigh on the totals: a set with a required anti-affinity on the hostname then finds
+/// each of its Immediate-bound volumes on a node of its own.
+pub fn choose_node(
+    candidates: &[String],
+    volumes: &[PersistentVolume],
+    namespace: &str,
+) -> Option<String> {
+    let mut counts: HashMap<&str, (usize, usize)> = HashMap::new();
     for pv in volumes.iter().filter(|pv| is_ours(pv)) {
         if let Some(node) = pv.labels().get(LABEL_NODE) {
-            *counts.entry(node.as_str()).or_default() += 1;
+            let entry = counts.entry(node.as_str()).or_default();
+            if claim_namespace(pv) == Some(namespace) {
+                entry.0 += 1;
+            }
+            entry.1 += 1;
         }
     }
     candidates
         .iter()
         .enumerate()
-        .min_by_key(|(i, n)| (counts.get(n.as_str()).copied().unwrap_or(0), *i))
+        .min_by_key(|(i, n)| (counts.get(n.as_str()).copied().unwrap_or_default(), *i))
         .map(|(_, n)| n.clone())
+}
+
+/// The namespace of the claim a PV is bound (or reserved) to.
+fn claim_namespace(pv: &PersistentVolume) -> Option<&str> {
+    pv.spec.as_ref()?.claim_ref.as_ref()?.namespace.as_deref()
 }
 
 /// The node to provision a claim's volume on: its selected node (`selected`), which must be one
 /// of `candidates` (this cluster's nodes the class admits), else the candidate with the fewest
-/// volumes ([`choose_node`]). `Err` holds the reason for a `ProvisioningFailed` event; it names
+/// volumes ([`choose_node`], for a claim of `namespace`). `Err` holds the reason for a `ProvisioningFailed` event; it names
 /// the node.
 pub fn provision_node(
     selected: Option<&str>,
     candidates: &[String],
     volumes: &[PersistentVolume],
+    namespace: &str,
     class: &str,
 ) -> Result<String, String> {
     match selected {
@@ -71,7 +89,7 @@ pub fn provision_node(
             "selected node {node:?} is not a node of this cluster (nodes: {})",
             NODE_NAMES.join(", ")
         )),
-        None => choose_node(candidates, volumes)
+        None => choose_node(candidates, volumes, namespace)
             .ok_or_else(|| format!("StorageClass \"{class}\" admits no node of this cluster")),
     }
 }
@@ -96,48 +114,85 @@ mod tests {
         ];
         // No selected node: fewest volumes.
         assert_eq!(
-            provision_node(None, &nodes, &pvs, "standard").as_deref(),
+            provision_node(None, &nodes, &pvs, "ns1", "standard").as_deref(),
             Ok("node-c")
         );
         // A selected node wins even when it holds the most volumes.
         assert_eq!(
-            provision_node(Some("node-a"), &nodes, &pvs, "standard").as_deref(),
+            provision_node(Some("node-a"), &nodes, &pvs, "ns1", "standard").as_deref(),
             Ok("node-a")
         );
         // Not a node of this cluster: refused, naming it.
-        let err = provision_node(Some("node-x"), &nodes, &pvs, "standard").unwrap_err();
+        let err = provision_node(Some("node-x"), &nodes, &pvs, "ns1", "standard").unwrap_err();
         assert!(err.contains("\"node-x\""), "{err}");
         assert!(err.contains("not a node of this cluster"), "{err}");
         // Ours, but excluded by the class's allowedTopologies: refused, naming it.
         let only_c = vec!["node-c".to_string()];
-        let err = provision_node(Some("node-a"), &only_c, &pvs, "standard").unwrap_err();
+        let err = provision_node(Some("node-a"), &only_c, &pvs, "ns1", "standard").unwrap_err();
         assert!(err.contains("\"node-a\""), "{err}");
         assert!(err.contains("allowedTopologies"), "{err}");
         // No candidate at all.
-        let err = provision_node(None, &[], &pvs, "standard").unwrap_err();
+        let err = provision_node(None, &[], &pvs, "ns1", "standard").unwrap_err();
         assert!(err.contains("admits no node"), "{err}");
     }
 
     #[test]
     fn node_choice_prefers_fewest_volumes_with_stable_ties() {
         let nodes: Vec<String> = NODE_NAMES.iter().map(|n| n.to_string()).collect();
-        assert_eq!(choose_node(&nodes, &[]).as_deref(), Some("node-a"));
+        assert_eq!(choose_node(&nodes, &[], "ns1").as_deref(), Some("node-a"));
         let pvs = vec![pv_on("p1", "node-a")];
-        assert_eq!(choose_node(&nodes, &pvs).as_deref(), Some("node-b"));
+        assert_eq!(choose_node(&nodes, &pvs, "ns1").as_deref(), Some("node-b"));
         let pvs = vec![pv_on("p1", "node-a"), pv_on("p2", "node-b")];
-        assert_eq!(choose_node(&nodes, &pvs).as_deref(), Some("node-c"));
+        assert_eq!(choose_node(&nodes, &pvs, "ns1").as_deref(), Some("node-c"));
         let pvs = vec![
             pv_on("p1", "node-a"),
             pv_on("p2", "node-b"),
             pv_on("p3", "node-c"),
             pv_on("p4", "node-a"),
         ];
-        assert_eq!(choose_node(&nodes, &pvs).as_deref(), Some("node-b"));
+        assert_eq!(choose_node(&nodes, &pvs, "ns1").as_deref(), Some("node-b"));
         // PVs of other provisioners do not count.
         let mut foreign = pv_on("p5", "node-a");
         foreign.metadata.annotations = None;
-        assert_eq!(choose_node(&nodes, &[foreign]).as_deref(), Some("node-a"));
-        assert_eq!(choose_node(&[], &[]), None);
+        assert_eq!(
+            choose_node(&nodes, &[foreign], "ns1").as_deref(),
+            Some("node-a")
+        );
+        assert_eq!(choose_node(&[], &[], "ns1"), None);
+    }
+
+    /// A volume of ours bound to a claim of namespace `ns`.
+    fn pv_of(name: &str, node: &str, ns: &str) -> PersistentVolume {
+        let mut pv = pv_on(name, node);
+        if let Some(cref) = pv.spec.as_mut().and_then(|s| s.claim_ref.as_mut()) {
+            cref.namespace = Some(ns.into());
+        }
+        pv
+    }
+
+    #[test]
+    fn the_claims_of_one_namespace_spread_over_the_nodes_whatever_the_totals() {
+        let nodes: Vec<String> = NODE_NAMES.iter().map(|n| n.to_string()).collect();
+        // An earlier namespace's volumes, still being deleted: node-b is the emptiest overall.
+        let mut pvs = vec![
+            pv_of("old1", "node-a", "old"),
+            pv_of("old2", "node-a", "old"),
+            pv_of("old3", "node-c", "old"),
+        ];
+        // Three claims of a new namespace, provisioned one after the other, land on three
+        // nodes: by totals alone the second would go to node-b again (b 1, c 1, a 2).
+        let mut chosen = Vec::new();
+        for i in 0..3 {
+            let node = choose_node(&nodes, &pvs, "new").unwrap();
+            pvs.push(pv_of(&format!("new{i}"), &node, "new"));
+            chosen.push(node);
+        }
+        assert_eq!(chosen, ["node-b", "node-c", "node-a"]);
+        // Within the namespace's own counts, ties still go to the fewest overall.
+        assert_eq!(
+            choose_node(&nodes, &pvs, "other").as_deref(),
+            Some("node-b")
+        );
     }
 
     #[test]

@@ -116,6 +116,7 @@ async fn volume_node(
         request.node.as_deref(),
         &candidates,
         &existing,
+        &claim.namespace().unwrap_or_default(),
         &class.name_any(),
     ) {
         Ok(node) => Ok(Some(node)),

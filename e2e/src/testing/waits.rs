@@ -195,11 +195,46 @@ impl TestNamespace {
             )
         };
         let what = format!("StatefulSet {replicas}/{replicas} ready");
-        let sts = self
+        let sts = match self
             .wait_for(self.api(), name, &what, timeout, cond, describe)
-            .await?
-            .ok_or_else(|| unexpected(name, "StatefulSet vanished"))?;
-        Ok(sts)
+            .await
+        {
+            Err(TestError::Timeout { what, waited, last }) => {
+                let pods = self.unready_pods_of(name).await;
+                return Err(TestError::Timeout {
+                    what,
+                    waited,
+                    last: format!("{last}; pods not Ready: [{pods}]"),
+                });
+            }
+            other => other?,
+        };
+        sts.ok_or_else(|| unexpected(name, "StatefulSet vanished"))
+    }
+
+    /// For a timeout's message: each pod of StatefulSet `set` that is not Ready, with its state
+    /// and its events (e.g. why it cannot be scheduled).
+    async fn unready_pods_of(&self, set: &str) -> String {
+        let api: Api<Pod> = self.api();
+        let pods = match api.list(&ListParams::default()).await {
+            Ok(list) => list.items,
+            Err(e) => return format!("cannot list pods: {e}"),
+        };
+        let prefix = format!("{set}-");
+        let mut out = Vec::new();
+        for pod in pods.iter().filter(|p| !pod_is_ready(p)) {
+            let name = pod.name_any();
+            if !name.starts_with(&prefix) {
+                continue;
+            }
+            let events = self.events_for(&name).await.unwrap_or_default();
+            out.push(format!(
+                "{name}: {} events: [{}]",
+                describe_pod(pod),
+                events.join("; ")
+            ));
+        }
+        out.join("; ")
     }
 
     /// Waits until claim `name` is Bound; returns it.
