@@ -36,6 +36,9 @@ use crate::scope::WatchScope;
 /// Most decide→act rounds in one reconcile before yielding to the queue.
 const MAX_ROUNDS: usize = 40;
 
+/// The longest pause after a decision made only of side effects, before looking again.
+const SIDE_EFFECT_PAUSE: Duration = Duration::from_millis(300);
+
 /// When a request whose reconcile failed permanently is looked at again (a change of the
 /// request wakes it up sooner).
 pub const PERMANENT_REQUEUE: Duration = Duration::from_secs(600);
@@ -237,8 +240,9 @@ pub async fn reconcile(
             .instrument(info_span!("member", member = %member))
             .await?;
             if decision.requeue > Duration::ZERO && !changes_status(&decision) {
-                // Only side effects (a create, a delete): give them a moment before looking.
-                tokio::time::sleep(Duration::from_millis(300)).await;
+                // Only side effects (a create, a delete): give them a moment before looking,
+                // no longer than the planner asked to wait (the claim swap polls faster).
+                tokio::time::sleep(decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
             }
         }
         ctx.forget(&ObjectRef::from_obj(req.as_ref()));

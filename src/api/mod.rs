@@ -328,9 +328,9 @@ pub enum MemberStep {
     /// Verified copy; setting both volumes to Retain (original policies recorded first). From
     /// here on the swap is finished even on failure.
     RetainingVolumes,
-    /// Deleting the original claim until it is gone.
+    /// Deleting the original claim until it is gone (the temporary claim is deleted with it).
     DeletingOldClaim,
-    /// Deleting the temporary claim until it is gone.
+    /// Deleting the temporary claim until it is gone (usually already gone or going).
     DeletingTempClaim,
     /// Pointing the new volume's claimRef at the original claim name.
     ReleasingNewVolume,

@@ -839,25 +839,25 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         );
         return Ok(());
     };
-    if mb.ms.old_volume_original_policy.is_none() || mb.ms.new_volume_original_policy.is_none() {
-        if let Some(ms) = ms_mut(cx, mb) {
-            ms.old_volume_original_policy
-                .get_or_insert_with(|| volume_policy(&old));
-            ms.new_volume_original_policy
-                .get_or_insert_with(|| volume_policy(&new));
-        }
-        cx.requeue = Duration::ZERO;
-        return Ok(());
+    // Recorded in the status, which is written before any action of this decision (status
+    // first): a patch below never runs unless the original policy is on record.
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.old_volume_original_policy
+            .get_or_insert_with(|| volume_policy(&old));
+        ms.new_volume_original_policy
+            .get_or_insert_with(|| volume_policy(&new));
     }
+    let mut patched = false;
     for (name, pv) in [(&m.old_volume, &old), (&new_name, &new)] {
         if volume_policy(pv) != "Retain" {
             cx.act(Action::PatchReclaimPolicy {
                 volume: name.clone(),
                 policy: "Retain".to_string(),
             });
+            patched = true;
         }
     }
-    if cx.actions.is_empty() {
+    if !patched {
         advance(cx, mb, MemberStep::DeletingOldClaim);
     }
     Ok(())
@@ -904,16 +904,29 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 return Ok(());
             }
             cx.delete(Kind::Claim, m.claim.clone(), stashed);
+            delete_temp_claim(cx, mb);
             cx.wait(SWAP_POLL);
         }
         Some(_) => {
             // pvc-protection: gone once no pod uses it.
             delete_jobs(cx, mb, &ALL_JOBS);
+            delete_temp_claim(cx, mb);
             cx.wait(SWAP_POLL);
         }
         None => advance(cx, mb, MemberStep::DeletingTempClaim),
     }
     Ok(())
+}
+
+/// Deletes the temporary claim (by its uid) unless it is gone or going. Both volumes are on
+/// Retain from this step on, so it can go together with the original claim: the swap then waits
+/// once for both rather than once for each (the claim swap is all downtime).
+fn delete_temp_claim(cx: &mut Ctx, mb: &Member) {
+    if let Some(c) = cx.o.claims.get(&mb.m.temp_claim)
+        && !is_terminating(c)
+    {
+        cx.delete(Kind::Claim, mb.m.temp_claim.clone(), c.uid());
+    }
 }
 
 /// The first pod (member or helper, terminating or not) whose volumes name `claim`.
@@ -964,11 +977,10 @@ fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         return Ok(());
     }
     match cx.o.claims.get(&m.temp_claim) {
-        Some(c) if !is_terminating(c) => {
-            cx.delete(Kind::Claim, m.temp_claim.clone(), c.uid());
+        Some(_) => {
+            delete_temp_claim(cx, mb);
             cx.wait(SWAP_POLL);
         }
-        Some(_) => cx.wait(SWAP_POLL),
         None => advance(cx, mb, MemberStep::ReleasingNewVolume),
     }
     Ok(())

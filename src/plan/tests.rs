@@ -1371,7 +1371,7 @@ fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
 fn retaining_volumes_records_policies_before_patching() {
     let o = at_step(MemberStep::RetainingVolumes);
     let mut sim = Sim::new(o);
-    // Stash the claim, then record, then patch.
+    // Stash the claim, then record and patch in one decision: the status first.
     let d = decide(&sim.o, &SETTINGS);
     assert!(
         matches!(&d.actions[..], [Action::Stash { .. }]),
@@ -1383,17 +1383,56 @@ fn retaining_volumes_records_policies_before_patching() {
     let ms = member0(&d);
     assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
     assert_eq!(ms.new_volume_original_policy.as_deref(), Some("Delete"));
-    assert_eq!(d.actions.len(), 1, "status only: {:?}", d.actions);
-    sim.apply(&d.actions[0]);
-    let d = decide(&sim.o, &SETTINGS);
-    assert_eq!(
+    assert_eq!(ms.step, MemberStep::RetainingVolumes, "not before Retain");
+    assert!(matches!(d.actions[0], Action::SetStatus(_)), "{d:?}");
+    let patches = |d: &Decision| {
         d.actions
             .iter()
             .filter(
-                |a| matches!(a, Action::PatchReclaimPolicy { policy, .. } if policy == "Retain")
+                |a| matches!(a, Action::PatchReclaimPolicy { policy, .. } if policy == "Retain"),
             )
-            .count(),
-        2
+            .count()
+    };
+    assert_eq!((d.actions.len(), patches(&d)), (3, 2), "{:?}", d.actions);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    // Both on Retain: on to the claims, the policies recorded unchanged (still "Delete").
+    let d = decide(&sim.o, &SETTINGS);
+    let ms = member0(&d);
+    assert_eq!(ms.step, MemberStep::DeletingOldClaim);
+    assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
+    assert_eq!(patches(&d), 0);
+}
+
+#[test]
+fn the_old_and_the_temporary_claims_are_deleted_together() {
+    let o = at_step(MemberStep::DeletingOldClaim);
+    let d = decide(&o, &SETTINGS);
+    let deleted: Vec<(&str, Option<&str>)> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Delete {
+                kind: Kind::Claim,
+                name,
+                uid,
+                ..
+            } => Some((name.as_str(), uid.as_deref())),
+            _ => None,
+        })
+        .collect();
+    let status = o.request.status.as_ref().unwrap();
+    let temp = &status.plan.as_ref().unwrap().members[0].temp_claim;
+    let uid = |c: &str| o.claims[c].uid();
+    assert_eq!(
+        deleted,
+        [
+            ("data-etcd-0", uid("data-etcd-0").as_deref()),
+            (temp.as_str(), uid(temp).as_deref())
+        ],
+        "both by uid: {:?}",
+        d.actions
     );
 }
 
