@@ -20,8 +20,8 @@ use crate::build::Manifest;
 use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
-    copy_log_pod, effective_spec, expected_members, job_outcome, measured_bytes,
-    terminating_pod_nodes,
+    claim_users, copy_log_pod, effective_spec, expected_members, job_outcome, measured_bytes,
+    reads_claim_users, terminating_pod_nodes,
 };
 use crate::plan::{self, Observed, ObservedJob, OtherRequest};
 
@@ -64,6 +64,7 @@ impl Cluster {
         let health = gather_health(engine, &status, &member_pods, &expected).await;
         let final_hash = gather_final_hash(engine, &status, &member_pods).await;
         let nodes = self.nodes(&status, &pods, &helper_pods).await?;
+        let claim_users = self.claim_users(&ns, &status).await?;
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
@@ -81,7 +82,26 @@ impl Cluster {
             health,
             final_hash,
             nodes,
+            claim_users,
         })
+    }
+
+    /// The pods of the namespace by the claims they mount ([`claim_users`]), read only when
+    /// the planner checks them ([`reads_claim_users`]).
+    async fn claim_users(
+        &self,
+        ns: &str,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<BTreeMap<String, Vec<String>>, ClusterError> {
+        if !reads_claim_users(status) {
+            return Ok(BTreeMap::new());
+        }
+        let pods = self
+            .ns_api::<Pod>(ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list pods"))?;
+        Ok(claim_users(&pods.items))
     }
 
     /// The Nodes of the member and helper pods that are terminating (`None`: no such Node);

@@ -462,6 +462,10 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         "labelSelector={}%3D{REQ}",
         labels::REQUEST_LABEL.replace('/', "%2F")
     );
+    let mut backup = pod.clone();
+    backup["metadata"]["name"] = json!("backup-1");
+    backup["metadata"]["labels"] = json!({});
+    let helper_too = helper.clone();
     let exchanges = vec![
         Exchange::new(Method::GET, &format!("{SETS}/etcd"))
             .returns(json_of(&fixtures::stateful_set(3))),
@@ -496,6 +500,9 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         Exchange::new(Method::GET, "/apis").returns(json!({
             "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
         })),
+        // In Preflight (and during a member's copy): every pod, for who mounts which claim.
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .returns(list(vec![pod.clone(), backup, helper_too])),
     ];
     let request = o.request.clone();
     let observed = super::mock::verify(exchanges, move |cluster| async move {
@@ -541,6 +548,17 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
         ))
     );
     assert_eq!(observed.final_hash, None);
+    // The member and the backup pod mount the member's claim; our helper does not count.
+    let users: Vec<_> = observed.claim_users.iter().collect();
+    assert_eq!(
+        users,
+        [(
+            &"data-etcd-0".to_string(),
+            &vec!["backup-1".to_string(), "etcd-0".to_string()]
+        )],
+        "{:?}",
+        observed.claim_users
+    );
     // The stash ConfigMap is read (whatever the status says) and its entries checked.
     assert!(matches!(
         observed.stash.object,
@@ -596,6 +614,7 @@ async fn gather_reads_a_running_copys_progress_from_its_log() {
             Exchange::new(Method::GET, "/apis").returns(json!({
                 "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
             })),
+            Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods").returns(list(vec![])),
         ]
     };
     let gather = |answer: Exchange| {

@@ -143,6 +143,17 @@ pub enum Failure {
         "{what} came back during the copy of member {pod}: the member is rolled back to its old claim"
     )]
     ForeignPodDuringCopy { pod: String, what: String },
+    /// A pod other than the member mounted its claim during the final copy or its
+    /// verification: what it wrote may be missing from the copy, so the member is rolled back
+    /// to its old claim.
+    #[error(
+        "claim {claim} of member {pod} is mounted by pod {others} during its copy: the migration does not stop that pod, so the copy may miss its writes; the member is rolled back to its old claim"
+    )]
+    ClaimSharedDuringCopy {
+        pod: String,
+        claim: String,
+        others: String,
+    },
     /// The member's original claim was replaced (another uid under its name) before it was
     /// deleted: the claim now there is not deleted.
     #[error(

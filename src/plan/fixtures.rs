@@ -350,6 +350,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
         health,
         final_hash: None,
         nodes: BTreeMap::new(),
+        claim_users: BTreeMap::new(),
     }
 }
 

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use super::disruption;
 use super::foreign;
 use super::helpers::{self, Trouble};
+use super::observe::other_claim_users;
 use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
@@ -736,6 +737,13 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
     if cx.o.pods.contains_key(&m.pod) {
         return Err(Failure::PodCameBack { pod: m.pod.clone() });
+    }
+    if let Some(others) = other_claim_users(&cx.o.claim_users, &m.claim, &m.pod) {
+        return Err(Failure::ClaimSharedDuringCopy {
+            pod: m.pod.clone(),
+            claim: m.claim.clone(),
+            others,
+        });
     }
     let Some(copied) = run_job(cx, mb, JobKind::Copy, |reason| Failure::CopyFailed {
         claim: m.claim.clone(),

@@ -107,6 +107,11 @@ pub struct Observed {
     pub pods: BTreeMap<String, Manifest<Pod>>,
     /// Our helper pods (mounters) and Job pods, by name.
     pub helper_pods: BTreeMap<String, Pod>,
+    /// The pods of the namespace that mount each claim (by claim name; pod names sorted), our
+    /// helper pods and finished pods left out: read in Preflight and while a member is copied
+    /// (empty otherwise), so that a claim another pod writes to is not copied as if it were
+    /// still (see [`observe::claim_users`]).
+    pub claim_users: BTreeMap<String, Vec<String>>,
     /// Claims of the namespace that matter: the members' claims and our temporary claims.
     pub claims: BTreeMap<String, PersistentVolumeClaim>,
     /// Volumes bound to those claims, and the ones named in the status.

@@ -10,10 +10,77 @@ use kube::ResourceExt;
 
 use super::JobOutcome;
 use crate::api::{
-    StorageMigrationRequest, StorageMigrationRequestSpec, StorageMigrationRequestStatus,
+    MemberStep, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
+    StorageMigrationRequestStatus,
 };
 use crate::build::{self, Manifest};
 use crate::labels;
+
+/// Whether the planner checks who else mounts the members' claims ([`claim_users`]): in
+/// Preflight, and while the member in flight is `Copying` (its final copy and verification), so
+/// the namespace's pods are listed only then. A final request reads none.
+pub fn reads_claim_users(status: &StorageMigrationRequestStatus) -> bool {
+    if status.phase.is_final() {
+        return false;
+    }
+    match status.stage {
+        Stage::Preflight => true,
+        Stage::Migrating => super::in_flight(status)
+            .and_then(|i| status.members.get(i))
+            .is_some_and(|m| m.step == MemberStep::Copying),
+        _ => false,
+    }
+}
+
+/// The pods that mount each claim, by claim name (pod names sorted, each once): neither our
+/// helper pods (they carry the request label) nor pods that have finished (`Succeeded`,
+/// `Failed`: their volumes are unmounted). A terminating pod still counts: it may still write.
+pub fn claim_users(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
+    let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let finished = |p: &Pod| {
+        matches!(
+            p.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        )
+    };
+    for pod in pods {
+        if pod.labels().contains_key(labels::REQUEST_LABEL) || finished(pod) {
+            continue;
+        }
+        let claims = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.volumes.iter().flatten())
+            .filter_map(|v| v.persistent_volume_claim.as_ref());
+        for c in claims {
+            users
+                .entry(c.claim_name.clone())
+                .or_default()
+                .insert(pod.name_any());
+        }
+    }
+    users
+        .into_iter()
+        .map(|(claim, pods)| (claim, pods.into_iter().collect()))
+        .collect()
+}
+
+/// The pods other than `member` that mount `claim`, from [`claim_users`]; comma-separated,
+/// `None` when there are none.
+pub fn other_claim_users(
+    users: &BTreeMap<String, Vec<String>>,
+    claim: &str,
+    member: &str,
+) -> Option<String> {
+    let others: Vec<&str> = users
+        .get(claim)
+        .into_iter()
+        .flatten()
+        .map(String::as_str)
+        .filter(|p| *p != member)
+        .collect();
+    (!others.is_empty()).then(|| others.join(", "))
+}
 
 /// The spec the request runs with: the accepted one once accepted, else the current one.
 pub fn effective_spec(req: &StorageMigrationRequest) -> StorageMigrationRequestSpec {
@@ -439,5 +506,84 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(effective_spec(&req), accepted);
+    }
+
+    fn pod_with_claims(name: &str, claims: &[&str], phase: &str) -> Pod {
+        use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, PodSpec, Volume};
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                volumes: Some(
+                    claims
+                        .iter()
+                        .map(|c| Volume {
+                            name: format!("v-{c}"),
+                            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                                claim_name: c.to_string(),
+                                read_only: None,
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn claim_users_leave_out_our_helpers_and_finished_pods() {
+        let mut helper = pod_with_claims("copy-x", &["data-etcd-0", "tmp-0"], "Running");
+        helper
+            .labels_mut()
+            .insert(labels::REQUEST_LABEL.into(), "req".into());
+        let mut going = pod_with_claims("backup-b", &["data-etcd-0"], "Running");
+        going.metadata.deletion_timestamp = Some(Time(t(3)));
+        let pods = vec![
+            pod_with_claims("etcd-0", &["data-etcd-0"], "Running"),
+            pod_with_claims("backup-a", &["data-etcd-0", "data-etcd-1"], "Pending"),
+            going,
+            pod_with_claims("done", &["data-etcd-1"], "Succeeded"),
+            pod_with_claims("crashed", &["data-etcd-1"], "Failed"),
+            helper,
+        ];
+        let users = claim_users(&pods);
+        let names = |c: &str| users[c].iter().map(String::as_str).collect::<Vec<_>>();
+        assert_eq!(names("data-etcd-0"), ["backup-a", "backup-b", "etcd-0"]);
+        assert_eq!(names("data-etcd-1"), ["backup-a"]);
+        assert!(!users.contains_key("tmp-0"), "{users:?}");
+        assert_eq!(
+            other_claim_users(&users, "data-etcd-0", "etcd-0").as_deref(),
+            Some("backup-a, backup-b")
+        );
+        assert_eq!(other_claim_users(&users, "data-etcd-1", "backup-a"), None);
+        assert_eq!(other_claim_users(&users, "data-etcd-9", "etcd-9"), None);
+    }
+
+    #[test]
+    fn claim_users_are_read_in_preflight_and_during_a_copy_only() {
+        let mut status = StorageMigrationRequestStatus::default();
+        assert!(reads_claim_users(&status), "Preflight");
+        status.stage = Stage::Migrating;
+        status.members = vec![crate::api::MemberStatus {
+            pod: "etcd-0".into(),
+            step: MemberStep::StoppingPod,
+            ..Default::default()
+        }];
+        assert!(!reads_claim_users(&status));
+        status.members[0].step = MemberStep::Copying;
+        assert!(reads_claim_users(&status));
+        status.members[0].step = MemberStep::RetainingVolumes;
+        assert!(!reads_claim_users(&status));
+        status.members[0].step = MemberStep::Copying;
+        status.phase = crate::api::Phase::Failed;
+        assert!(!reads_claim_users(&status), "final");
     }
 }

@@ -38,6 +38,7 @@ sections! {
     DeniedForeignOwner => "denied-foreignowner",
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
     DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
+    DeniedClaimShared => "denied-claimshared",
     DeniedStorageClass => "denied-mixedstorageclasses-storageclassnotfound-samestorageclass-bindingmodemismatch",
     DeniedSize => "denied-notsmaller-cannotmeasure-measurefailed-insufficientsize",
     DeniedMover => "denied-moverimagenotallowed-podsecuritylevel",
@@ -48,6 +49,7 @@ sections! {
     FailedOutOfSpace => "failed-out-of-space-during-a-copy",
     FailedDifferences => "failed-the-copy-differs-from-the-original",
     FailedStaleCopy => "failed-a-member-pod-came-back-stale-copy",
+    FailedClaimShared => "failed-another-pod-mounts-the-claim-during-the-copy",
     FailedFinalCheck => "failed-the-final-check",
     FailedObjectChanged => "failed-an-object-disappeared-or-was-replaced",
     FailedVolumeUnreachable => "failed-new-volume-unreachable-from-the-node",
@@ -126,6 +128,7 @@ impl From<DenialReason> for Section {
             MemberMissing | MemberNotScheduled | NotHealthy | DisruptionBudget => {
                 Section::DeniedMembers
             }
+            ClaimShared => Section::DeniedClaimShared,
             MixedStorageClasses | StorageClassNotFound | SameStorageClass | BindingModeMismatch => {
                 Section::DeniedStorageClass
             }
@@ -155,6 +158,7 @@ impl From<&Failure> for Section {
             StaleCopy { .. } | PodCameBack { .. } | ForeignPodDuringCopy { .. } => {
                 Section::FailedStaleCopy
             }
+            ClaimSharedDuringCopy { .. } => Section::FailedClaimShared,
             FinalCheckFailed { .. } | Unverified { .. } | FinalCheckTimedOut { .. } => {
                 Section::FailedFinalCheck
             }

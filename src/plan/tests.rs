@@ -1358,6 +1358,38 @@ fn resume_copying_reads_the_finished_jobs() {
 }
 
 #[test]
+fn another_pod_mounting_the_claim_during_the_copy_fails_the_member() {
+    let mut o = at_step(MemberStep::Copying);
+    o.claim_users = BTreeMap::from([("data-etcd-0".to_string(), vec!["backup-7".to_string()])]);
+    let d = decide(&o, &SETTINGS);
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::RollingBack);
+    let failure = s.failure.as_deref().unwrap();
+    assert!(
+        failure.contains("claim data-etcd-0 of member etcd-0 is mounted by pod backup-7"),
+        "{failure}"
+    );
+    // No copy Job is created for it.
+    assert!(
+        !d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Create(Object::Job(_)))),
+        "{:?}",
+        d.actions
+    );
+    // Other claims' users do not matter.
+    o.claim_users = BTreeMap::from([("data-etcd-1".to_string(), vec!["backup-7".to_string()])]);
+    let d = decide(&o, &SETTINGS);
+    assert!(
+        d.actions
+            .iter()
+            .any(|a| matches!(a, Action::Create(Object::Job(_)))),
+        "the copy goes on: {:?}",
+        d.actions
+    );
+}
+
+#[test]
 fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
     let mut o = at_step(MemberStep::Copying);
     o.pods.insert("etcd-0".into(), manifest(member_pod(0)));

@@ -128,6 +128,10 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
     if c.stop() {
         return None;
     }
+    check!(
+        c,
+        members::check_claims_not_shared(&o.claim_users, &members)
+    );
     let source_classes = classes::migrating_classes(&members, &claim_classes);
     // Health (IfReady), then the order: members already there first, then the ones to migrate,
     // followers first (stable by ordinal), leader last.

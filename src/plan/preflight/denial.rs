@@ -92,6 +92,10 @@ denial_reasons! {
     /// member's claim and the volumeClaimTemplate already request: nothing to do. Members
     /// already at the size are otherwise skipped (`AlreadyThere`).
     NotSmaller,
+    /// A pod other than its member mounts the claim of a member to migrate (e.g. a backup
+    /// Job's pod): the migration stops only the member, so that pod's writes after the final
+    /// copy would be left behind (the message names the pods).
+    ClaimShared,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
     NotHealthy,
@@ -233,6 +237,7 @@ mod tests {
                 "SameStorageClass",
                 "BindingModeMismatch",
                 "NotSmaller",
+                "ClaimShared",
                 "NotHealthy",
                 "DisruptionBudget",
                 "CannotMeasure",

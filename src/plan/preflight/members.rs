@@ -11,6 +11,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::{Denial, DenialReason};
 use crate::api::{PlannedMember, PlannedWork, Role};
 use crate::build::{self, Manifest};
+use crate::plan::observe::other_claim_users;
 use crate::plan::{
     Observed, claim_class, claim_phase, claim_request, claim_volume, is_terminating, quantity,
 };
@@ -75,6 +76,31 @@ pub(super) fn check_member(
         work: PlannedWork::Migrate,
     };
     Ok((member, class))
+}
+
+/// No pod but its member mounts the claim of a member to migrate: the migration stops only the
+/// member, so another pod could write to the claim after the final copy, and those writes would
+/// stay behind on the old volume.
+pub(super) fn check_claims_not_shared(
+    users: &BTreeMap<String, Vec<String>>,
+    members: &[PlannedMember],
+) -> Result<(), Denial> {
+    let migrating = members.iter().filter(|m| m.work == PlannedWork::Migrate);
+    for m in migrating {
+        if let Some(others) = other_claim_users(users, &m.claim, &m.pod) {
+            return Err(Denial::new(
+                DenialReason::ClaimShared,
+                format!(
+                    "claim {} of member {} is also mounted by pod {others}: the migration stops \
+                     only the member, so writes of that pod after the final copy would be left \
+                     behind on the old volume; stop it (or point it at another claim) and create \
+                     the request again",
+                    m.claim, m.pod
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The member pod exists and is not being deleted.

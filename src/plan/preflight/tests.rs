@@ -1253,3 +1253,61 @@ fn the_most_a_member_may_use_fits_with_its_headroom() {
     assert_eq!(max_used_bytes(8 * mib), 0);
     assert_eq!(max_used_bytes(-1), 0);
 }
+
+// ---- claims mounted by other pods ----------------------------------------------------------
+
+#[test]
+fn a_claim_another_pod_mounts_is_denied_naming_the_pods() {
+    let members = vec![planned(0, "1Gi"), planned(1, "1Gi")];
+    let users = |claim: &str, pods: &[&str]| {
+        BTreeMap::from([(
+            claim.to_string(),
+            pods.iter().map(|p| p.to_string()).collect::<Vec<_>>(),
+        )])
+    };
+    // The member alone: fine.
+    let only_member = users("data-etcd-1", &["etcd-1"]);
+    assert!(members::check_claims_not_shared(&only_member, &members).is_ok());
+    // A backup pod beside the member: denied, naming claim, member and pods.
+    let shared = users("data-etcd-1", &["backup-x", "etcd-1", "debug"]);
+    let d = denied(members::check_claims_not_shared(&shared, &members));
+    assert_eq!(d.reason, DenialReason::ClaimShared);
+    assert!(
+        d.message.starts_with(
+            "claim data-etcd-1 of member etcd-1 is also mounted by pod backup-x, debug:"
+        ),
+        "{}",
+        d.message
+    );
+    // A member already on the target is not stopped: its claim may be shared.
+    let mut there = members.clone();
+    there[1].work = PlannedWork::AlreadyThere;
+    assert!(members::check_claims_not_shared(&shared, &there).is_ok());
+}
+
+#[test]
+fn preflight_denies_a_shared_claim_before_anything_is_touched() {
+    let mut o = observed(spec_class_change("fast"));
+    o.claim_users = BTreeMap::from([(
+        "data-etcd-2".to_string(),
+        vec!["etcd-2".to_string(), "backup-1".to_string()],
+    )]);
+    let d = denied(dry_run(&o, &SETTINGS));
+    assert_eq!(d.reason, DenialReason::ClaimShared, "{}", d.message);
+    assert!(d.message.contains("pod backup-1"), "{}", d.message);
+    let decision = crate::plan::decide(&o, &SETTINGS);
+    let status = decision
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            crate::plan::Action::SetStatus(s) => Some(s.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(status.phase, crate::api::Phase::Denied);
+    assert_eq!(
+        decision.actions.len(),
+        2,
+        "status and Event only: {decision:?}"
+    );
+}
