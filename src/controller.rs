@@ -22,7 +22,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::StorageMigrationRequest;
 use crate::cluster::{Cluster, ClusterError, Retry};
@@ -221,12 +221,19 @@ pub async fn reconcile(
                 ctx.metrics.request_phase(&key, None);
                 return Ok(Requeue::await_change());
             };
+            let round = Instant::now();
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
             let observed = cluster.gather(current, &engine).await?;
             let decision = plan::decide(&observed, &ctx.settings);
+            let gathered = round.elapsed();
             record_status(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
+                debug!(
+                    gather_ms = gathered.as_millis(),
+                    ?requeue,
+                    "round: nothing to do"
+                );
                 break;
             }
             let member = in_flight_member(&decision).unwrap_or_default();
@@ -239,6 +246,12 @@ pub async fn reconcile(
             }
             .instrument(info_span!("member", member = %member))
             .await?;
+            debug!(
+                gather_ms = gathered.as_millis(),
+                act_ms = (round.elapsed() - gathered).as_millis(),
+                actions = ?decision.actions.iter().map(Action::name).collect::<Vec<_>>(),
+                "round"
+            );
             if decision.requeue > Duration::ZERO && !changes_status(&decision) {
                 // Only side effects (a create, a delete): give them a moment before looking,
                 // no longer than the planner asked to wait (the claim swap polls faster).

@@ -25,8 +25,8 @@ use crate::build::{self, JobKind, JobResult};
 use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
 
-/// Seconds a recreated claim may stay Pending before (and between) nudges.
-pub const BIND_NUDGE_AFTER_SECONDS: i64 = 2;
+/// Seconds between two nudges of a recreated claim that stays Pending.
+pub const BIND_NUDGE_AFTER_SECONDS: i64 = 1;
 
 /// How soon the claim swap looks again while the member is down: claims and volumes are not
 /// watched, and each of the swap's four waits (old claim gone, temporary claim gone, new volume
@@ -800,7 +800,17 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     }
     advance(cx, mb, MemberStep::RetainingVolumes);
     delete_jobs(cx, mb, &ALL_JOBS);
-    Ok(())
+    // The claim's stash, which RetainingVolumes needs first, goes with this decision: one
+    // round less of the member's downtime.
+    match cx.o.claims.get(&m.claim).cloned() {
+        Some(c)
+            if claim_volume(&c) == Some(m.old_volume.as_str())
+                && !cx.o.stash.claims.contains_key(&m.claim) =>
+        {
+            stash(cx, StashKey::Claim(m.claim.clone()), &c)
+        }
+        _ => Ok(()),
+    }
 }
 
 /// From here on the swap is finished even on failure. Stash the original claim; record both
@@ -937,14 +947,22 @@ fn delete_temp_claim(cx: &mut Ctx, mb: &Member) {
     }
 }
 
-/// The first pod (member or helper, terminating or not) whose volumes name `claim`.
+/// The first pod (member or helper, terminating or not) whose volumes name `claim`, unless it
+/// has finished (`Succeeded`, `Failed`): as for the control plane's own claim protection, a
+/// finished pod (e.g. the pod of a deleted copy Job) no longer uses it.
 fn pod_using_claim(cx: &Ctx, claim: &str) -> Option<String> {
     let uses = |pod: &Pod| {
-        pod.spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| v.persistent_volume_claim.as_ref())
-            .any(|c| c.claim_name == claim)
+        let finished = matches!(
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+            Some("Succeeded" | "Failed")
+        );
+        !finished
+            && pod
+                .spec
+                .iter()
+                .flat_map(|s| s.volumes.iter().flatten())
+                .filter_map(|v| v.persistent_volume_claim.as_ref())
+                .any(|c| c.claim_name == claim)
     };
     let members = cx.o.pods.values().map(|p| p.typed());
     members
@@ -1041,23 +1059,19 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 }
 
 /// Waits for a pre-bound claim to bind. The PV controller binds one at once, unless its first
-/// attempt lost a race (a conflict on the volume): then only its periodic sync (~15 s) would. An
-/// update of the claim makes it look again now.
+/// attempt lost a race: its claim worker binds the volume, its volume worker sees that update
+/// and sets the volume's phase, and the claim worker's own phase update then conflicts (seen in
+/// the controller-manager's log at `-v=5`); only its periodic sync (~15 s) would look again. An
+/// update of the claim makes it look again now: a claim seen Pending is nudged at once (the first
+/// look is at least [`SWAP_POLL`] after its creation), then once every
+/// [`BIND_NUDGE_AFTER_SECONDS`].
 fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim) {
-    let age = c
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| cx.o.now.as_second() - t.0.as_second())
-        .unwrap_or(0);
     let last_nudge = c
         .annotations()
         .get(BIND_NUDGE_ANNOTATION)
-        .and_then(|v| v.parse::<i64>().ok())
-        .unwrap_or(0);
-    if age >= BIND_NUDGE_AFTER_SECONDS
-        && cx.o.now.as_second() - last_nudge >= BIND_NUDGE_AFTER_SECONDS
-    {
+        .and_then(|v| v.parse::<i64>().ok());
+    let due = last_nudge.is_none_or(|last| cx.o.now.as_second() - last >= BIND_NUDGE_AFTER_SECONDS);
+    if due {
         cx.act(Action::AnnotateClaim {
             claim: claim.to_string(),
             key: BIND_NUDGE_ANNOTATION.to_string(),

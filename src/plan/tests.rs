@@ -1350,6 +1350,17 @@ fn resume_copying_reads_the_finished_jobs() {
     let ms = member0(&d);
     assert_eq!(ms.step, MemberStep::RetainingVolumes);
     assert_eq!((ms.bytes_copied, ms.files_copied), (Some(7), Some(1)));
+    // The claim is stashed in the same decision, after the status (the swap's first need).
+    let claim_key = super::stash::StashKey::Claim("data-etcd-0".into()).config_map_key();
+    let stash_at = d
+        .actions
+        .iter()
+        .position(|a| matches!(a, Action::Stash { key, .. } if *key == claim_key));
+    assert!(
+        matches!(d.actions[0], Action::SetStatus(_)) && stash_at.is_some(),
+        "{:?}",
+        d.actions
+    );
     assert!(
         d.actions
             .iter()
@@ -1401,16 +1412,10 @@ fn a_pod_that_comes_back_during_the_copy_fails_the_member() {
 
 #[test]
 fn retaining_volumes_records_policies_before_patching() {
-    let o = at_step(MemberStep::RetainingVolumes);
-    let mut sim = Sim::new(o);
-    // Stash the claim, then record and patch in one decision: the status first.
-    let d = decide(&sim.o, &SETTINGS);
-    assert!(
-        matches!(&d.actions[..], [Action::Stash { .. }]),
-        "{:?}",
-        d.actions
-    );
-    sim.apply(&d.actions[0]);
+    // The decision that ended the copy stashed the claim too.
+    let mut sim = Sim::at(MemberStep::RetainingVolumes);
+    assert!(sim.o.stash.claims.contains_key("data-etcd-0"));
+    // Record and patch in one decision: the status first.
     let d = decide(&sim.o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
@@ -1483,26 +1488,28 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let mut sim = Sim::new(o);
     let d = decide(&sim.o, &SETTINGS);
     sim.apply(&d.actions[0]);
-    // Created now, still Pending: wait.
+    // Created, seen still Pending: nudged at once (an annotation update makes the PV controller
+    // sync it again; its first attempt can lose a race with its own volume worker).
     let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
     claim.metadata.creation_timestamp = Some(Time(sim.o.now));
-    assert!(decide(&sim.o, &SETTINGS).actions.is_empty());
-    // Pending for 3 s: nudge (an annotation update makes the PV controller sync it again).
-    sim.o.now = k8s_openapi::jiff::Timestamp::from_second(sim.o.now.as_second() + 3).unwrap();
-    let d = decide(&sim.o, &SETTINGS);
-    assert!(
+    let nudge = |d: &Decision| {
         matches!(
             &d.actions[..],
             [Action::AnnotateClaim { value: Some(_), .. }]
-        ),
-        "{:?}",
-        d.actions
-    );
+        )
+    };
+    let d = decide(&sim.o, &SETTINGS);
+    assert!(nudge(&d), "{:?}", d.actions);
     sim.apply(&d.actions[0]);
     assert!(
         decide(&sim.o, &SETTINGS).actions.is_empty(),
         "one nudge per interval"
     );
+    // Still Pending a second later: nudged again.
+    sim.o.now = k8s_openapi::jiff::Timestamp::from_second(sim.o.now.as_second() + 1).unwrap();
+    let d = decide(&sim.o, &SETTINGS);
+    assert!(nudge(&d), "{:?}", d.actions);
+    sim.apply(&d.actions[0]);
     // Bound: the annotation goes, the step advances.
     sim.settle();
     let d = decide(&sim.o, &SETTINGS);
@@ -2218,6 +2225,21 @@ fn an_old_claim_held_by_a_pod_is_not_deleted_and_the_message_names_the_pod() {
         o.helper_pods.remove("backup-reader");
         o.request.status = Some(s.clone());
         assert!(deletes_claim(&decide(&o, &SETTINGS), "data-etcd-0"));
+    }
+}
+
+#[test]
+fn a_finished_pod_does_not_hold_the_old_claim() {
+    for phase in ["Succeeded", "Failed"] {
+        let mut o = at_step(MemberStep::DeletingOldClaim);
+        let mut pod = holder_pod("etcd-0-copy-x", "data-etcd-0");
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some(phase.into()),
+            ..Default::default()
+        });
+        o.helper_pods.insert("etcd-0-copy-x".into(), pod);
+        let d = decide(&o, &SETTINGS);
+        assert!(deletes_claim(&d, "data-etcd-0"), "{phase}: {:?}", d.actions);
     }
 }
 
