@@ -154,13 +154,7 @@ async fn a_moved_claim_keeps_its_users_labels_annotations_and_owners() {
     let (cluster, ns) = scenario("smr-claim-owners").await;
     install_crd(&ns).await.unwrap();
     let set = app_set(&cluster.mover_image, &cluster.storage_class);
-    ns.api::<StatefulSet>()
-        .create(&PostParams::default(), &set)
-        .await
-        .unwrap();
-    ns.wait_statefulset_ready(APP, 1, Duration::from_secs(120))
-        .await
-        .unwrap();
+    ns.create_statefulset_ready(&set).await.unwrap();
     let keeper: ConfigMap =
         serde_json::from_value(json!({"metadata": {"name": "keeper"}})).unwrap();
     let keeper = ns

@@ -16,7 +16,6 @@ use std::time::{Duration, Instant};
 use e2e::testing::faults::request_leftovers;
 use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
 use e2e::testing::{TestNamespace, one_member_set, scenario};
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod, ResourceQuota};
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -69,13 +68,7 @@ async fn a_copy_pod_refused_by_a_quota_fails_the_member_with_the_api_servers_rea
         "64Mi",
         script,
     );
-    ns.api::<StatefulSet>()
-        .create(&PostParams::default(), &set)
-        .await
-        .unwrap();
-    ns.wait_statefulset_ready(SET, 1, Duration::from_secs(120))
-        .await
-        .unwrap();
+    ns.create_statefulset_ready(&set).await.unwrap();
     let claims: Api<PersistentVolumeClaim> = ns.api();
     let volume = claims.get(CLAIM).await.unwrap().spec.unwrap().volume_name;
     let pod_uid = ns.api::<Pod>().get("app-0").await.unwrap().uid();

@@ -15,12 +15,13 @@
 
 use std::time::Duration;
 
+use e2e::testing::faults::request_leftovers;
 use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
 use e2e::testing::{TestCluster, TestNamespace, one_member_set, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
 use storage_migrator::api::{Phase, StorageMigrationRequest};
 
@@ -42,13 +43,7 @@ async fn app(cluster: &TestCluster, ns: &TestNamespace) -> (String, String) {
         "64Mi",
         script,
     );
-    ns.api::<StatefulSet>()
-        .create(&PostParams::default(), &set)
-        .await
-        .unwrap();
-    ns.wait_statefulset_ready(APP, 1, Duration::from_secs(120))
-        .await
-        .unwrap();
+    ns.create_statefulset_ready(&set).await.unwrap();
     let pod: Pod = ns.api().get(MEMBER).await.unwrap();
     let node = pod.spec.and_then(|s| s.node_name).unwrap();
     (node, volume_of(ns).await)
@@ -216,22 +211,6 @@ async fn a_pod_that_mounts_the_claim_during_the_copy_fails_the_member_onto_its_o
         .await
         .unwrap();
     assert_eq!(volume_of(&ns).await, volume, "the old volume");
-    let claims: Vec<String> = ns
-        .api::<PersistentVolumeClaim>()
-        .list(&Default::default())
-        .await
-        .unwrap()
-        .items
-        .iter()
-        .map(|c| c.name_any())
-        .collect();
-    assert_eq!(claims, [CLAIM], "no temporary claim left");
-    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
-    assert!(
-        jobs.list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .is_empty()
-    );
+    let left = request_leftovers(&ns).await;
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

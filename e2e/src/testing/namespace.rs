@@ -7,7 +7,8 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{
-    Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PropagationPolicy,
+    Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    PropagationPolicy,
 };
 use kube::discovery::Scope;
 use kube::{Resource, ResourceExt};
@@ -164,6 +165,21 @@ impl TestNamespace {
     /// waits until its StatefulSet `etcd` is 3/3 Ready.
     pub async fn apply_etcd(&self) -> Result<StatefulSet, TestError> {
         self.apply_etcd_with(|_| {}).await
+    }
+
+    /// Creates `set` (e.g. a [`crate::testing::one_member_set`]) and waits until its replicas
+    /// are Ready (at most two minutes).
+    pub async fn create_statefulset_ready(
+        &self,
+        set: &StatefulSet,
+    ) -> Result<StatefulSet, TestError> {
+        self.api::<StatefulSet>()
+            .create(&PostParams::default(), set)
+            .await?;
+        let name = set.name_any();
+        let replicas = set.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        self.wait_statefulset_ready(&name, replicas, Duration::from_secs(120))
+            .await
     }
 
     /// [`Self::apply_etcd`], with `edit` applied to each object of the fixture (after the

@@ -19,6 +19,25 @@ fn reason<T: std::fmt::Debug>(r: Result<T, Denial>) -> DenialReason {
     r.expect_err("expected a denial").reason
 }
 
+/// The whole decision on `o`, and the status it writes (panics when it writes none).
+fn decided_status(
+    o: &Observed,
+) -> (
+    crate::plan::Decision,
+    crate::api::StorageMigrationRequestStatus,
+) {
+    let decision = crate::plan::decide(o, &SETTINGS);
+    let status = decision
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            crate::plan::Action::SetStatus(s) => Some((**s).clone()),
+            _ => None,
+        })
+        .expect("a status write");
+    (decision, status)
+}
+
 /// The denial; panics on `Ok`.
 fn denied<T: std::fmt::Debug>(r: Result<T, Denial>) -> Denial {
     r.expect_err("expected a denial")
@@ -1218,15 +1237,7 @@ fn a_requests_mover_image_and_a_restricted_namespace_are_denied_before_anything_
     let d = denied(dry_run(&o, &SETTINGS));
     assert_eq!(d.reason, DenialReason::PodSecurityLevel, "{d}");
     // The whole decision: Denied, with the label named in the status.
-    let decision = crate::plan::decide(&o, &SETTINGS);
-    let status = decision
-        .actions
-        .iter()
-        .find_map(|a| match a {
-            crate::plan::Action::SetStatus(s) => Some(s.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let (_, status) = decided_status(&o);
     assert_eq!(status.phase, crate::api::Phase::Denied);
     let message = status.message.unwrap_or_default();
     assert!(
@@ -1295,15 +1306,7 @@ fn preflight_denies_a_shared_claim_before_anything_is_touched() {
     let d = denied(dry_run(&o, &SETTINGS));
     assert_eq!(d.reason, DenialReason::ClaimShared, "{}", d.message);
     assert!(d.message.contains("pod backup-1"), "{}", d.message);
-    let decision = crate::plan::decide(&o, &SETTINGS);
-    let status = decision
-        .actions
-        .iter()
-        .find_map(|a| match a {
-            crate::plan::Action::SetStatus(s) => Some(s.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let (decision, status) = decided_status(&o);
     assert_eq!(status.phase, crate::api::Phase::Denied);
     assert_eq!(
         decision.actions.len(),
