@@ -135,6 +135,14 @@ impl ClusterState {
     pub fn bridge_ip(&self) -> Ipv4Addr {
         Ipv4Addr::new(198, 18, self.pod_net, 1)
     }
+    /// The bridge's MAC address, set when it is created: locally administered, unicast, from
+    /// its address. Left to the kernel, a bridge takes the lowest MAC of its ports and changes
+    /// it as pods come and go; pods that cached the old one in their ARP table then lose
+    /// packets to the host (the `kubernetes` Service, the gateway) until that entry expires.
+    pub fn bridge_mac(&self) -> String {
+        let [a, b, c, d] = self.bridge_ip().octets();
+        format!("02:00:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
+    }
     pub fn pod_cidr(&self) -> String {
         format!("198.18.{}.0/24", self.pod_net)
     }
@@ -203,6 +211,14 @@ mod tests {
         assert!(format!("{}{}", s.veth_prefix(), "ffff").len() <= 15);
         assert_eq!(s.pod_cidr(), "198.18.9.0/24");
         assert_eq!(s.kubernetes_service_ip(), Ipv4Addr::new(198, 19, 10, 1));
+    }
+
+    #[test]
+    fn the_bridge_mac_is_fixed_local_and_unicast() {
+        let s = sample(Path::new("/x"));
+        assert_eq!(s.bridge_mac(), "02:00:c6:12:09:01");
+        let first = u8::from_str_radix(&s.bridge_mac()[..2], 16).unwrap();
+        assert_eq!(first & 0b11, 0b10, "locally administered, unicast");
     }
 
     #[test]

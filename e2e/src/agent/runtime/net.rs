@@ -122,8 +122,11 @@ pub(super) fn check_pod_ip(state: &ClusterState, ip: Ipv4Addr) -> Result<(), Run
 fn ensure_bridge(state: &ClusterState) -> Result<(), RuntimeError> {
     let bridge = state.bridge_name();
     if !link_exists(&bridge) {
-        ip(&["link", "add", "name", &bridge, "type", "bridge"])?;
-        info!(%bridge, "created cluster bridge");
+        let mac = state.bridge_mac();
+        ip(&[
+            "link", "add", "name", &bridge, "address", &mac, "type", "bridge",
+        ])?;
+        info!(%bridge, %mac, "created cluster bridge");
     }
     let cidr = format!("{}/24", state.bridge_ip());
     let addrs = ip(&["-4", "-o", "addr", "show", "dev", &bridge])?;
