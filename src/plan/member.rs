@@ -16,8 +16,8 @@ use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
-    claim_volume, class_is_wffc, is_terminating, pod_ready, pod_ready_since, progress, stuck,
-    volume_policy,
+    claim_volume, claims_held, class_is_wffc, is_terminating, pod_ready, pod_ready_since, progress,
+    stuck, volume_policy,
 };
 use crate::api::conditions;
 use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember};
@@ -951,19 +951,7 @@ fn delete_temp_claim(cx: &mut Ctx, mb: &Member) {
 /// has finished (`Succeeded`, `Failed`): as for the control plane's own claim protection, a
 /// finished pod (e.g. the pod of a deleted copy Job) no longer uses it.
 fn pod_using_claim(cx: &Ctx, claim: &str) -> Option<String> {
-    let uses = |pod: &Pod| {
-        let finished = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
-        !finished
-            && pod
-                .spec
-                .iter()
-                .flat_map(|s| s.volumes.iter().flatten())
-                .filter_map(|v| v.persistent_volume_claim.as_ref())
-                .any(|c| c.claim_name == claim)
-    };
+    let uses = |pod: &Pod| claims_held(pod).any(|c| c == claim);
     let members = cx.o.pods.values().map(|p| p.typed());
     members
         .chain(cx.o.helper_pods.values())

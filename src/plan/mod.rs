@@ -761,6 +761,21 @@ pub(crate) fn is_terminating<K: kube::Resource>(obj: &K) -> bool {
     obj.meta().deletion_timestamp.is_some()
 }
 
+/// The claims a pod holds: those its volumes name, unless it has finished (`Succeeded`,
+/// `Failed`: its volumes are unmounted, as the control plane's claim protection counts it).
+pub(crate) fn claims_held(pod: &Pod) -> impl Iterator<Item = &str> {
+    let finished = matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some("Succeeded" | "Failed")
+    );
+    pod.spec
+        .iter()
+        .filter(move |_| !finished)
+        .flat_map(|s| s.volumes.iter().flatten())
+        .filter_map(|v| v.persistent_volume_claim.as_ref())
+        .map(|c| c.claim_name.as_str())
+}
+
 pub(crate) fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()

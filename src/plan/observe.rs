@@ -37,24 +37,13 @@ pub fn reads_claim_users(status: &StorageMigrationRequestStatus) -> bool {
 /// `Failed`: their volumes are unmounted). A terminating pod still counts: it may still write.
 pub fn claim_users(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
     let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    let finished = |p: &Pod| {
-        matches!(
-            p.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        )
-    };
     for pod in pods {
-        if pod.labels().contains_key(labels::REQUEST_LABEL) || finished(pod) {
+        if pod.labels().contains_key(labels::REQUEST_LABEL) {
             continue;
         }
-        let claims = pod
-            .spec
-            .iter()
-            .flat_map(|s| s.volumes.iter().flatten())
-            .filter_map(|v| v.persistent_volume_claim.as_ref());
-        for c in claims {
+        for claim in super::claims_held(pod) {
             users
-                .entry(c.claim_name.clone())
+                .entry(claim.to_string())
                 .or_default()
                 .insert(pod.name_any());
         }
