@@ -30,7 +30,7 @@ CACHE_ROOT="${STORAGE_MIGRATOR_CACHE:-${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/s
 BASE_REV="r1"
 SUITE="bookworm"
 # What the copy/verify/measure Jobs' scripts need beyond the essential set (sh, coreutils' du,
-# stat, head, tail, tr and stdbuf, GNU find, sed, grep): rsync, and CA certificates for the operator. Keep in step with the
+# stat, head, tail, tr, sort and stdbuf, GNU find, sed, grep): rsync, and CA certificates for the operator. Keep in step with the
 # `runtime-debian` stage of the Dockerfile.
 RUNTIME_PKGS=(rsync ca-certificates)
 IMAGE_REPO="ghcr.io/storage-migrator/storage-migrator"

@@ -356,6 +356,12 @@ async fn storage_class_change_while_a_client_writes() {
             .iter()
             .all(|m| m.step == MemberStep::Done && m.downtime_seconds.is_some())
     );
+    // Verified in the default `Changed` mode: the content of the files changed since a minute
+    // before the first copy pass (etcd writes its db and WAL all along, so at least one).
+    for m in &status.members {
+        assert!(m.verified.is_some(), "{}", m.pod);
+        assert!(m.verified_files.is_some_and(|n| n >= 1), "{m:?}");
+    }
     assert!(status.final_hash.is_some(), "etcd hash_kv recorded");
 
     let mut acked = seeded;
@@ -458,9 +464,10 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     );
     assert_eq!(claims(&ns).await, before, "nothing changed");
 
-    create_request(&ns, "shrink", shrink_spec("256Mi", "15m"))
-        .await
-        .unwrap();
+    // Verified in `Full` mode: every file's content read again on both sides.
+    let mut spec = shrink_spec("256Mi", "15m");
+    spec["copy"] = json!({"verifyMode": "Full"});
+    create_request(&ns, "shrink", spec).await.unwrap();
     let started = Instant::now();
     let req = wait_final(&ns, "shrink", MIGRATION).await.unwrap();
     info!(took = ?started.elapsed(), summary = %summary(&req), "shrink done");
@@ -469,6 +476,10 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     assert_eq!(status.progress.as_deref(), Some("3/3"));
     let plan = status.plan.unwrap();
     assert!(plan.members.iter().all(|m| m.used_bytes.is_some()));
+    for m in &status.members {
+        // `Full` reads every file; `verifiedFiles` counts only a `Changed` mode's files.
+        assert!(m.verified.is_some() && m.verified_files.is_none(), "{m:?}");
+    }
     let after = claims(&ns).await;
     assert_eq!(
         after.keys().collect::<Vec<_>>(),

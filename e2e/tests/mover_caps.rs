@@ -112,7 +112,9 @@ fn job_pod(
     kind: JobKind,
     caps: Option<Vec<String>>,
 ) -> PodSpec {
-    let job = build::job(&request(&ns.name), image, member, kind, 600);
+    // SINCE=0 (a verify Job in `Changed` mode, the default, reading every file's content):
+    // its metadata pass, `find` and content pass all run under these capabilities.
+    let job = build::job(&request(&ns.name), image, member, kind, 600, Some(0));
     let mut spec = job.spec.and_then(|s| s.template.spec).expect("pod spec");
     if let Some(caps) = caps {
         let sc = spec.containers[0].security_context.as_mut().expect("sc");

@@ -174,8 +174,14 @@ pub struct CopySpec {
     /// volumes stay `Retain` after success.
     #[serde(default = "default_true")]
     pub verify: bool,
+    /// What the verification reads while the member is down. `Changed` (default): metadata of
+    /// the whole tree (names, sizes, modification times, modes, owners, links, ACLs, xattrs) and
+    /// the content of every regular file whose inode changed (ctime) since a minute before the
+    /// member's first copy pass; `Full`: the content of every file as well.
+    #[serde(default)]
+    pub verify_mode: VerifyMode,
     /// Image of the copy, verify and measure Jobs and of the mounter pods; must provide `sh`,
-    /// `rsync`, `du`, `stat`, GNU `find`, `sed`, `grep`, `tr`, `head`, `tail` and `sleep`. Allowed only when the operator runs
+    /// `rsync`, `du`, `stat`, GNU `find`, `sed`, `grep`, `sort`, `tr`, `head`, `tail` and `sleep`. Allowed only when the operator runs
     /// with `--allow-request-mover-image` (otherwise the request is Denied, reason
     /// `MoverImageNotAllowed`). Default: the operator's own image (its `--image`), which has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -190,10 +196,24 @@ impl Default for CopySpec {
         Self {
             pre_copy: true,
             verify: true,
+            verify_mode: VerifyMode::default(),
             mover_image: None,
             resources: None,
         }
     }
+}
+
+/// What the verification after the final copy compares (`spec.copy.verifyMode`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum VerifyMode {
+    /// Metadata of the whole tree, and the content of the regular files whose inode changed
+    /// since a minute before the member's first copy pass. A file unchanged since then was
+    /// stable through every pass, and rsync checked each file it wrote against a whole-file
+    /// checksum of its source; the work while the member is down follows what changed.
+    #[default]
+    Changed,
+    /// Metadata and the content of every file, read again on both sides.
+    Full,
 }
 
 fn default_true() -> bool {
@@ -580,6 +600,15 @@ pub struct MemberStatus {
     /// requires it of every migrated member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<Time>,
+    /// When the operator created the member's first copy pass (pre-copy, or the final copy
+    /// without one): the verification in `Changed` mode compares the content of the files
+    /// changed since a minute before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub copy_started: Option<Time>,
+    /// Regular files whose content the verification compared (`Changed` mode: those changed
+    /// since `copyStarted` less a minute; `Full`: every one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_files: Option<i64>,
     /// When the member's migration started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<Time>,

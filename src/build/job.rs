@@ -207,23 +207,43 @@ delta='--no-whole-file --inplace'
 if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || [ -n "$linked" ]; then mode=WholeFile; delta=; fi"#
 );
 
-/// Compares both trees by content (`--checksum`) and metadata without changing anything
-/// (`--dry-run`); every line of `--itemize-changes` is a difference. Writes
-/// `{"differences":N}` and fails unless N is 0, printing the first differences to stderr.
+/// Compares both trees without changing anything (`--dry-run`); every line of
+/// `--itemize-changes` is a difference. Writes `{"differences":N,"verifyMode":M,...}` and fails
+/// unless N is 0, printing the first differences to stderr.
+///
+/// - `SINCE` empty (`Full`): one pass comparing content (`--checksum`) and metadata of every
+///   entry.
+/// - `SINCE` set to seconds since the epoch (`Changed`): a metadata pass over the whole tree
+///   (rsync's quick check: sizes and exact modification times, plus modes, owners, links, ACLs,
+///   xattrs and what exists on one side only), then a content pass (`--checksum`) over the
+///   regular files whose inode changed (`find -newerct`) since then, in batches
+///   (`find -exec ... +`, whose exit code also fails the script when `find` or a batch fails).
+///   `checkedFiles` counts those files.
 pub const VERIFY_SCRIPT: &str = r#"set -u
-out=$(rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/)
-rc=$?
-if [ "$rc" -ne 0 ]; then
-  printf '{"error":"rsync verification exited with %d","exitCode":%d}' "$rc" "$rc" > /dev/termination-log
-  echo "rsync verification failed with exit code $rc" >&2
-  exit "$rc"
+fail() {
+  printf '{"error":"rsync verification exited with %d","exitCode":%d}' "$1" "$1" > /dev/termination-log
+  echo "rsync verification failed with exit code $1" >&2
+  exit "$1"
+}
+if [ -z "${SINCE:-}" ]; then
+  mode=Full
+  out=$(rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/) || fail $?
+  checked=
+else
+  mode=Changed
+  meta=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --dry-run --itemize-changes /source/ /target/) || fail $?
+  marks=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -printf x) || fail $?
+  content=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -exec sh -c 'exec rsync -aAXS --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || fail $?
+  out=$(printf '%s\n%s' "$meta" "$content" | grep .)
+  checked=${#marks}
 fi
-n=$(printf '%s' "$out" | grep -c .)
-result=$(printf '{"differences":%d}' "${n:-0}")
+# One difference per path (a file may differ in both passes of Changed).
+n=$(printf '%s' "$out" | sed 's/^[^ ]* *//' | sort -u | grep -c .)
+result=$(printf '{"differences":%d,"verifyMode":"%s"%s}' "${n:-0}" "$mode" "${checked:+,\"checkedFiles\":$checked}")
 printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
 if [ "${n:-0}" -ne 0 ]; then
-  echo "source and target differ in $n entries; the first ones:" >&2
+  echo "source and target differ in $n entries ($mode); the first ones:" >&2
   printf '%s\n' "$out" | head -n 50 >&2
   exit 1
 fi
@@ -281,6 +301,7 @@ pub fn job(
     member: &PlannedMember,
     kind: JobKind,
     deadline_seconds: i64,
+    verify_since: Option<i64>,
 ) -> Job {
     let metadata = job_metadata(req, member, kind);
     let pod_labels = metadata.labels.clone();
@@ -296,7 +317,7 @@ pub fn job(
                     labels: pod_labels,
                     ..Default::default()
                 }),
-                spec: Some(job_pod_spec(req, image, member, kind)),
+                spec: Some(job_pod_spec(req, image, member, kind, verify_since)),
             },
             ..Default::default()
         }),
@@ -324,6 +345,7 @@ fn job_pod_spec(
     image: &ImageRef,
     member: &PlannedMember,
     kind: JobKind,
+    verify_since: Option<i64>,
 ) -> PodSpec {
     let (volumes, mounts) = job_volumes(member, kind);
     PodSpec {
@@ -334,7 +356,7 @@ fn job_pod_spec(
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(10),
         security_context: Some(security::pod_security(0)),
-        containers: vec![job_container(req, image, kind, mounts)],
+        containers: vec![job_container(req, image, kind, mounts, verify_since)],
         volumes: Some(volumes),
         ..Default::default()
     }
@@ -380,6 +402,7 @@ fn job_container(
     image: &ImageRef,
     kind: JobKind,
     mounts: Vec<VolumeMount>,
+    verify_since: Option<i64>,
 ) -> Container {
     Container {
         name: JOB_CONTAINER.to_string(),
@@ -390,11 +413,7 @@ fn job_container(
             "-c".to_string(),
             kind.script().to_string(),
         ]),
-        env: Some(vec![EnvVar {
-            name: "LC_ALL".to_string(),
-            value: Some("C".to_string()),
-            value_from: None,
-        }]),
+        env: Some(job_env(kind, verify_since)),
         resources: req.spec.copy.resources.clone(),
         security_context: Some(security::container_security(kind.capabilities())),
         volume_mounts: Some(mounts),
@@ -402,6 +421,21 @@ fn job_container(
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         ..Default::default()
     }
+}
+
+/// The C locale; for Verify with `verify_since`, `SINCE` (seconds since the epoch): the
+/// script's `Changed` mode compares the content of the files changed since then.
+fn job_env(kind: JobKind, verify_since: Option<i64>) -> Vec<EnvVar> {
+    let var = |name: &str, value: String| EnvVar {
+        name: name.to_string(),
+        value: Some(value),
+        value_from: None,
+    };
+    let mut env = vec![var("LC_ALL", "C".to_string())];
+    if let (JobKind::Verify, Some(since)) = (kind, verify_since) {
+        env.push(var("SINCE", since.to_string()));
+    }
+    env
 }
 
 /// A Job's result, from its container's termination message. Which fields are set depends on
@@ -436,6 +470,12 @@ pub struct JobResult {
     /// Entries that differ between source and target (Verify).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub differences: Option<i64>,
+    /// What the verification compared (Verify).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_mode: Option<crate::api::VerifyMode>,
+    /// Regular files whose content the verification compared (Verify, `Changed` mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_files: Option<i64>,
     /// rsync's (or du's) exit code; 24 on a tolerated pre-copy pass.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -571,7 +611,14 @@ mod tests {
         let req = testdata::request();
         let member = testdata::member();
         for kind in KINDS {
-            let job = job(&req, &testdata::image(), &member, kind, 1200);
+            let job = job(
+                &req,
+                &testdata::image(),
+                &member,
+                kind,
+                1200,
+                Some(1_700_000_000),
+            );
             insta::assert_yaml_snapshot!(format!("job_{}", kind.as_str()), job);
         }
     }
@@ -581,7 +628,7 @@ mod tests {
         let req = testdata::request();
         let member = testdata::member();
         for kind in KINDS {
-            let job = job(&req, &testdata::image(), &member, kind, 1200);
+            let job = job(&req, &testdata::image(), &member, kind, 1200, None);
             let name = job.metadata.name.clone().unwrap();
             assert!(crate::build::is_dns1123_label(&name), "{name}");
             let refs = job.metadata.owner_references.clone().unwrap();
@@ -647,6 +694,7 @@ mod tests {
                 &testdata::member(),
                 kind,
                 60,
+                None,
             );
             let pod = job.spec.unwrap().template.spec.unwrap();
             let psc = pod.security_context.unwrap();
@@ -684,7 +732,14 @@ mod tests {
         let mut req = testdata::request();
         req.spec.copy.mover_image = Some("registry.test/my-mover:1".into());
         for kind in KINDS {
-            let job = job(&req, &testdata::image(), &testdata::member(), kind, 60);
+            let job = job(
+                &req,
+                &testdata::image(),
+                &testdata::member(),
+                kind,
+                60,
+                None,
+            );
             let pod = job.spec.unwrap().template.spec.unwrap();
             let image = pod.containers[0].image.as_deref();
             assert_eq!(image, Some(testdata::IMAGE), "{kind:?}");
@@ -699,6 +754,7 @@ mod tests {
             &testdata::member(),
             JobKind::Copy,
             -5,
+            None,
         );
         assert_eq!(job.spec.unwrap().active_deadline_seconds, Some(1));
     }
@@ -820,8 +876,19 @@ mod tests {
             run_with_path(kind, dir, None)
         }
 
+        /// The verification in `Changed` mode: the content of files changed since `since`.
+        fn verify_changed(dir: &Path, since: i64) -> JobResult {
+            let run = run_in(JobKind::Verify, dir, None, &[("SINCE", since.to_string())]);
+            run.result.unwrap_or_else(|e| panic!("{e}: {}", run.stderr))
+        }
+
         /// [`run`] with `bin` first on the `PATH` (programs standing in for the real ones).
         fn run_with_path(kind: JobKind, dir: &Path, bin: Option<&Path>) -> Run {
+            run_in(kind, dir, bin, &[])
+        }
+
+        /// [`run_with_path`] with these environment variables as well.
+        fn run_in(kind: JobKind, dir: &Path, bin: Option<&Path>, env: &[(&str, String)]) -> Run {
             let path = match bin {
                 Some(bin) => format!(
                     "{}:{}",
@@ -843,6 +910,7 @@ mod tests {
                 .args(["-c", &script])
                 .env("LC_ALL", "C")
                 .env("PATH", path)
+                .envs(env.iter().map(|(k, v)| (k, v)))
                 .output()
                 .unwrap();
             let message = std::fs::read_to_string(&msg).unwrap_or_default();
@@ -947,6 +1015,89 @@ mod tests {
             let copy = run_with_path(JobKind::Copy, dir.path(), Some(&bin));
             assert_eq!(copy.code, 0, "{}", copy.stderr);
             assert_eq!(copy.result.unwrap().mode, Some(CopyMode::WholeFile));
+        }
+
+        /// Sets `path`'s modification time to `other`'s, as a writer that keeps it would.
+        fn same_mtime(path: &Path, other: &Path) {
+            let mtime = std::fs::metadata(other).unwrap().modified().unwrap();
+            let f = std::fs::File::options().write(true).open(path).unwrap();
+            f.set_modified(mtime).unwrap();
+        }
+
+        /// Overwrites `path` with bytes of the same size, keeping its modification time: rsync's
+        /// quick check cannot see the change.
+        fn rewrite_in_place(path: &Path, byte: u8) {
+            let before = std::fs::metadata(path).unwrap();
+            let len = usize::try_from(before.len()).unwrap();
+            let f = std::fs::File::options().write(true).open(path).unwrap();
+            std::os::unix::fs::FileExt::write_all_at(&f, &vec![byte; len], 0).unwrap();
+            f.set_modified(before.modified().unwrap()).unwrap();
+        }
+
+        /// `Changed` compares the content of the files changed since `SINCE` (also where the
+        /// copy's quick check missed a change), metadata of the whole tree, and nothing more;
+        /// `Full` also finds a difference in a file unchanged since.
+        #[test]
+        fn verify_changed_reads_the_content_of_what_changed() {
+            let Some((dir, src, dst)) = empty_trees() else {
+                return;
+            };
+            std::fs::write(src.join("old"), vec![1u8; 1 << 20]).unwrap();
+            std::fs::write(src.join("kept-mtime"), vec![2u8; 4096]).unwrap();
+            assert_eq!(run(JobKind::PreCopy, dir.path()).code, 0);
+            // Every file so far changed before `since` (find compares whole seconds).
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+            let since = jiff::Timestamp::now().as_second();
+            // Past `since` by more than the kernel's coarse clock may lag.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            std::fs::write(src.join("hot"), "written after the pre-copy").unwrap();
+            // Same size and modification time: the final pass's quick check skips it.
+            rewrite_in_place(&src.join("kept-mtime"), 3);
+            assert_eq!(run(JobKind::Copy, dir.path()).code, 0);
+
+            let r = verify_changed(dir.path(), since);
+            assert_eq!(r.verify_mode, Some(crate::api::VerifyMode::Changed));
+            assert_eq!(r.checked_files, Some(2), "hot and kept-mtime: {r:?}");
+            assert_eq!(r.differences, Some(1), "kept-mtime's content: {r:?}");
+            assert_eq!(
+                std::fs::read(dst.join("kept-mtime")).unwrap(),
+                vec![2u8; 4096]
+            );
+
+            // Once copied (checksums force it), both modes agree.
+            std::fs::write(dst.join("kept-mtime"), vec![3u8; 4096]).unwrap();
+            same_mtime(&dst.join("kept-mtime"), &src.join("kept-mtime"));
+            assert_eq!(verify_changed(dir.path(), since).differences, Some(0));
+            let full = run(JobKind::Verify, dir.path()).result.unwrap();
+            assert_eq!(full.verify_mode, Some(crate::api::VerifyMode::Full));
+            assert_eq!((full.differences, full.checked_files), (Some(0), None));
+
+            // A file unchanged since `since` is not read again in Changed mode: damage to its
+            // copy is what only Full finds.
+            rewrite_in_place(&dst.join("old"), 9);
+            assert_eq!(verify_changed(dir.path(), since).differences, Some(0));
+            assert_eq!(run(JobKind::Verify, dir.path()).code, 1);
+
+            // Metadata is compared over the whole tree: a mode, an extra entry.
+            std::fs::write(dst.join("old"), vec![1u8; 1 << 20]).unwrap();
+            same_mtime(&dst.join("old"), &src.join("old"));
+            std::fs::set_permissions(dst.join("old"), std::fs::Permissions::from_mode(0o600))
+                .unwrap();
+            std::fs::write(dst.join("extra"), "only on the target").unwrap();
+            let r = run_in(
+                JobKind::Verify,
+                dir.path(),
+                None,
+                &[("SINCE", since.to_string())],
+            );
+            assert_eq!(r.code, 1, "{}", r.stderr);
+            // The mode, the extra file, and the target directory's time it changed.
+            assert_eq!(r.result.unwrap().differences, Some(3), "{}", r.stderr);
+            assert!(
+                r.stderr.contains("extra") && r.stderr.contains("old"),
+                "{}",
+                r.stderr
+            );
         }
 
         #[test]

@@ -929,7 +929,10 @@ impl Sim {
             } else {
                 let message = match kind.as_str() {
                     "measure" => format!(r#"{{"usedBytes":{}}}"#, self.jobs.used_bytes),
-                    "verify" => format!(r#"{{"differences":{}}}"#, self.jobs.differences),
+                    "verify" => format!(
+                        r#"{{"differences":{},"verifyMode":"Changed","checkedFiles":2}}"#,
+                        self.jobs.differences
+                    ),
                     _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
                 };
                 JobOutcome::Succeeded {

@@ -20,10 +20,11 @@ use super::{
     stuck, volume_policy,
 };
 use crate::api::conditions;
-use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember};
+use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember, VerifyMode};
 use crate::build::{self, JobKind, JobResult};
 use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Seconds between two nudges of a recreated claim that stays Pending.
 pub const BIND_NUDGE_AFTER_SECONDS: i64 = 1;
@@ -106,11 +107,33 @@ fn job_outcome<'o>(cx: &Ctx<'o>, mb: &Member, kind: JobKind) -> Option<&'o JobOu
     cx.o.jobs.get(&name).map(|j| &j.outcome)
 }
 
+/// Creates the member's Job of `kind`. The first copy pass records when it was created
+/// (`copyStarted`); the verification, in `Changed` mode, compares the content of the files
+/// changed since [`super::VERIFY_CLOCK_MARGIN_SECONDS`] before that.
 fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline);
+    let mut copy_started = mb.ms.copy_started.clone();
+    if matches!(kind, JobKind::PreCopy | JobKind::Copy) && copy_started.is_none() {
+        copy_started = Some(cx.now.clone());
+        if let Some(ms) = ms_mut(cx, mb) {
+            ms.copy_started = copy_started.clone();
+        }
+    }
+    let since = verify_since(cx.spec().copy.verify_mode, copy_started.as_ref());
+    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline, since);
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
+}
+
+/// The `SINCE` of the verification: `None` (every file's content) in `Full` mode, or when no
+/// first copy pass is on record (a status written before `copyStarted` existed).
+fn verify_since(mode: VerifyMode, copy_started: Option<&Time>) -> Option<i64> {
+    match mode {
+        VerifyMode::Full => None,
+        VerifyMode::Changed => {
+            copy_started.map(|t| t.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS)
+        }
+    }
 }
 
 /// Drives the member's Job of `kind`: creates it when missing, waits while it runs. `Ok(None)`:
@@ -732,6 +755,31 @@ fn record_copy(cx: &mut Ctx, mb: &Member, copied: Option<&JobResult>) {
     );
 }
 
+/// Records a verification that found no difference, with an Event saying what it compared.
+fn record_verified(cx: &mut Ctx, mb: &Member, result: Option<&JobResult>) {
+    let m = &mb.m;
+    let now = cx.now.clone();
+    let checked = result.and_then(|r| r.checked_files);
+    if let Some(ms) = ms_mut(cx, mb) {
+        ms.verified = Some(now);
+        ms.verified_files = checked;
+    }
+    let what = match (result.and_then(|r| r.verify_mode), checked) {
+        (Some(VerifyMode::Changed), Some(n)) => format!(
+            "in metadata, and in content for the {n} files changed since the first copy pass"
+        ),
+        _ => "in content and metadata".to_string(),
+    };
+    cx.event(
+        EventType::Normal,
+        "Verified",
+        format!(
+            "member {}: {} and {} match {what}",
+            m.pod, m.claim, m.temp_claim
+        ),
+    );
+}
+
 /// Final rsync pass while the member is down, then the verification pass.
 fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
@@ -768,20 +816,7 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             return Ok(());
         };
         match verified.as_ref().and_then(|r| r.differences) {
-            Some(0) => {
-                let now = cx.now.clone();
-                if let Some(ms) = ms_mut(cx, mb) {
-                    ms.verified = Some(now);
-                }
-                cx.event(
-                    EventType::Normal,
-                    "Verified",
-                    format!(
-                        "member {}: {} and {} match in content and metadata",
-                        m.pod, m.claim, m.temp_claim
-                    ),
-                );
-            }
+            Some(0) => record_verified(cx, mb, verified.as_ref()),
             Some(n) => {
                 return Err(Failure::Differences {
                     pod: m.pod.clone(),

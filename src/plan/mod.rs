@@ -80,6 +80,10 @@ pub const REQUEUE_WAITING: Duration = Duration::from_secs(2);
 pub const REQUEUE_QUEUED: Duration = Duration::from_secs(5);
 /// A final request is looked at again only to notice a deletion or a spec change.
 pub const REQUEUE_FINAL: Duration = Duration::from_secs(300);
+/// How far before a member's first copy pass the verification in `Changed` mode looks for
+/// changed files: room for the clock that stamps the source's files (the node's; a file
+/// server's for a network filesystem) to run behind the operator's.
+pub const VERIFY_CLOCK_MARGIN_SECONDS: i64 = 60;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

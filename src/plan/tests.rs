@@ -725,6 +725,68 @@ fn verify_differences_fail_before_the_swap() {
     assert_eq!(claim_volume(&sim.o.claims["data-etcd-0"]), Some("pv-old-0"));
 }
 
+/// The `SINCE` the verify Job of `etcd-0` was created with, if one was: `Some(None)` when it
+/// has none.
+fn verify_job_since(a: &Action) -> Option<Option<String>> {
+    let Action::Create(Object::Job(job)) = a else {
+        return None;
+    };
+    if job.name_any() != build::job_name(REQ, "etcd-0", JobKind::Verify) {
+        return None;
+    }
+    let pod = job.spec.as_ref()?.template.spec.as_ref()?;
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    Some(
+        env.into_iter()
+            .find(|e| e.name == "SINCE")
+            .and_then(|e| e.value),
+    )
+}
+
+#[test]
+fn verification_reads_the_content_changed_since_a_minute_before_the_first_copy_pass() {
+    for mode in [
+        crate::api::VerifyMode::Changed,
+        crate::api::VerifyMode::Full,
+    ] {
+        let mut spec = spec_class_change("fast");
+        spec.copy.verify_mode = mode;
+        let mut sim = Sim::new(observed(spec));
+        let precopy = build::job_name(REQ, "etcd-0", JobKind::PreCopy);
+        let (mut precopy_at, mut since) = (None, None);
+        for _ in 0..400 {
+            let d = decide(&sim.o, &SETTINGS);
+            for a in &d.actions {
+                if matches!(a, Action::Create(Object::Job(j)) if j.name_any() == precopy) {
+                    precopy_at.get_or_insert(sim.o.now.as_second());
+                }
+                since = since.or(verify_job_since(a));
+                sim.apply(a);
+            }
+            sim.settle();
+        }
+        let precopy_at = precopy_at.expect("a pre-copy Job");
+        let etcd0 = &sim.status().members[0];
+        assert_eq!(
+            etcd0.copy_started.as_ref().map(|t| t.0.as_second()),
+            Some(precopy_at)
+        );
+        let expected = match mode {
+            crate::api::VerifyMode::Changed => Some((precopy_at - 60).to_string()),
+            crate::api::VerifyMode::Full => None,
+        };
+        assert_eq!(since, Some(expected), "{mode:?}");
+        assert_eq!(sim.phase(), Phase::Successful, "{mode:?}");
+        // The fixture's verify Job reports 2 files read in Changed mode.
+        assert_eq!(etcd0.verified_files, Some(2));
+        let verified = sim.events.iter().find(|(r, _)| r == "Verified");
+        assert!(
+            verified.is_some_and(|(_, m)| m.contains("in content for the 2 files changed")),
+            "{verified:?}"
+        );
+    }
+}
+
 #[test]
 fn timeout_after_the_swap_began_carries_the_member_forward() {
     let mut sim = Sim::new(observed(spec_class_change("fast")));

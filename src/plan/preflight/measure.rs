@@ -86,7 +86,7 @@ fn check_started(cx: &Ctx, job_name: &str, m: &PlannedMember) -> Result<(), Deni
 
 fn create_measure_job(cx: &mut Ctx, m: &PlannedMember) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, &cx.image, m, JobKind::Measure, deadline);
+    let job = build::job(&cx.req, &cx.image, m, JobKind::Measure, deadline, None);
     cx.act(Action::Create(Object::Job(Box::new(job))));
 }
 

@@ -6,7 +6,7 @@ use crate::scenario::{MemberRow, Row};
 /// A scenario's result: its size label, its `copy.preCopy`, its row or its error.
 pub type ScenarioResult = (String, bool, Result<Row, String>);
 
-const MAIN_HEADER: [&str; 8] = [
+const MAIN_HEADER: [&str; 9] = [
     "size",
     "preCopy",
     "members",
@@ -15,6 +15,7 @@ const MAIN_HEADER: [&str; 8] = [
     "total (s)",
     "final pass: size of files changed",
     "final pass: bytes written",
+    "files verified by content",
 ];
 
 const CLIENT_HEADER: [&str; 10] = [
@@ -104,6 +105,14 @@ fn main_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
             .map_or_else(|| "?".into(), |s| s.to_string()),
         list(|m| m.bytes_copied),
         list(|m| m.bytes_written),
+        row.members
+            .iter()
+            .map(|m| {
+                m.verified_files
+                    .map_or_else(|| "?".into(), |n| n.to_string())
+            })
+            .collect::<Vec<_>>()
+            .join(" / "),
     ]
 }
 
@@ -190,6 +199,7 @@ mod tests {
                     downtime: Some(6.0),
                     bytes_copied: Some(2048),
                     bytes_written: Some(512),
+                    verified_files: Some(3),
                     observed: Some(Duration::from_millis(5800)),
                 },
                 MemberRow {
@@ -197,6 +207,7 @@ mod tests {
                     downtime: Some(8.0),
                     bytes_copied: Some(100),
                     bytes_written: None,
+                    verified_files: None,
                     observed: Some(Duration::from_millis(7200)),
                 },
             ],
@@ -213,6 +224,7 @@ mod tests {
         assert!(out.contains("| 7.0 "), "{out}");
         assert!(out.contains("2.0 KiB / 100 B"), "{out}");
         assert!(out.contains("| 512 B / ? "), "{out}");
+        assert!(out.contains("| 3 / ? "), "{out}");
         assert!(out.contains("FAILED: timed out"), "{out}");
         assert!(out.contains("bench-2, bench-1"), "{out}");
         assert!(out.contains("62.3"), "{out}");
