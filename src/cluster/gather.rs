@@ -1,8 +1,9 @@
 //! Gathering the [`Observed`] snapshot the planner decides on: one function per kind of thing
-//! gathered, called in a fixed order.
+//! gathered; those that do not depend on each other run concurrently.
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
@@ -29,11 +30,17 @@ use crate::plan::{self, Observed, ObservedJob, OtherRequest};
 /// follows the last one is shorter than this).
 const COPY_LOG_TAIL_LINES: i64 = 40;
 
+/// How many reads of one kind (the volumes, one GET each) are in flight at once.
+const PARALLEL_READS: usize = 8;
+
 /// Our Jobs with their outcome, and our helper pods, by name.
 type JobsAndHelpers = (BTreeMap<String, ObservedJob>, BTreeMap<String, Pod>);
 
 impl Cluster {
-    /// Gathers the snapshot the planner decides on.
+    /// Gathers the snapshot the planner decides on. Reads that do not depend on each other run
+    /// at once, in three waves: everything the request names; then the member pods (by the
+    /// set's selector) and the volumes (of the claims); then the database's view and the Nodes
+    /// (of the pods).
     pub async fn gather(
         &self,
         req: StorageMigrationRequest,
@@ -45,26 +52,32 @@ impl Cluster {
         let status = req.status.clone().unwrap_or_default();
         // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
         // survive its recreation (see `build::manifest`).
-        let stateful_set = self.get_raw::<StatefulSet>(&ns, &set_name).await?;
-        let stash = self.stash(&req, &ns, &status).await?;
+        let (stateful_set, stash, (jobs, helper_pods), claims, storage_classes) = tokio::try_join!(
+            self.get_raw::<StatefulSet>(&ns, &set_name),
+            self.stash(&req, &ns, &status),
+            self.jobs(&ns, &name, &status),
+            self.claims(&ns),
+            self.storage_classes(),
+        )?;
         let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
-        let pods = self.member_pods(&ns, selector_source).await?;
-        let (jobs, helper_pods) = self.jobs(&ns, &name, &status).await?;
-        let claims = self.claims(&ns).await?;
-        let volumes = self.volumes(&claims, &status).await?;
-        let storage_classes = self.storage_classes().await?;
-        let other_requests = self.other_requests(&ns, &name, &set_name).await?;
-        let namespace_labels = self.namespace_labels(&ns, &status).await?;
-        let budgets = self.budgets(&ns, &status).await?;
+        let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = tokio::try_join!(
+            self.member_pods(&ns, selector_source),
+            self.volumes(&claims, &status),
+            self.other_requests(&ns, &name, &set_name),
+            self.namespace_labels(&ns, &status),
+            self.budgets(&ns, &status),
+            self.claim_users(&ns, &status),
+        )?;
         let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
         let member_pods: Vec<Pod> = expected
             .iter()
             .filter_map(|p| pods.get(p).map(|p| p.typed().clone()))
             .collect();
-        let health = gather_health(engine, &status, &member_pods, &expected).await;
-        let final_hash = gather_final_hash(engine, &status, &member_pods).await;
-        let nodes = self.nodes(&status, &pods, &helper_pods).await?;
-        let claim_users = self.claim_users(&ns, &status).await?;
+        let (health, final_hash, nodes) = tokio::join!(
+            gather_health(engine, &status, &member_pods, &expected),
+            gather_final_hash(engine, &status, &member_pods),
+            self.nodes(&status, &pods, &helper_pods),
+        );
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
@@ -81,7 +94,7 @@ impl Cluster {
             budgets,
             health,
             final_hash,
-            nodes,
+            nodes: nodes?,
             claim_users,
         })
     }
@@ -276,17 +289,21 @@ impl Cluster {
         status: &StorageMigrationRequestStatus,
     ) -> Result<BTreeMap<String, PersistentVolume>, ClusterError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
-        let mut volumes = BTreeMap::new();
-        for v in volume_names(claims, status) {
-            if let Some(pv) = pvs
-                .get_opt(&v)
-                .await
-                .map_err(kube_err(format!("get PV {v}")))?
-            {
-                volumes.insert(v, pv);
+        let reads = volume_names(claims, status).into_iter().map(|v| {
+            let pvs = &pvs;
+            async move {
+                let pv = pvs
+                    .get_opt(&v)
+                    .await
+                    .map_err(kube_err(format!("get PV {v}")))?;
+                Ok::<_, ClusterError>(pv.map(|pv| (v, pv)))
             }
-        }
-        Ok(volumes)
+        });
+        let read: Vec<Option<(String, PersistentVolume)>> = futures::stream::iter(reads)
+            .buffered(PARALLEL_READS)
+            .try_collect()
+            .await?;
+        Ok(read.into_iter().flatten().collect())
     }
 
     async fn storage_classes(&self) -> Result<BTreeMap<String, StorageClass>, ClusterError> {

@@ -106,38 +106,80 @@ impl Exchange {
 /// The mocked API server's side: checks each request against the next [`Exchange`].
 pub struct ApiServerVerifier(Handle);
 
+type Pending = (
+    Request<Body>,
+    tower_test::mock::SendResponse<Response<Body>>,
+);
+
 impl ApiServerVerifier {
-    async fn exchange(&mut self, e: Exchange) {
+    /// The next request the client sends; `None` when none comes within 5 s.
+    async fn next(&mut self) -> Option<Pending> {
         let next = tokio::time::timeout(Duration::from_secs(5), self.0.next_request()).await;
-        let Ok(Some((request, send))) = next else {
+        next.ok().flatten()
+    }
+
+    async fn exchange(&mut self, e: Exchange) {
+        let Some((request, send)) = self.next().await else {
             panic!("expected {} {}, but no request came", e.method, e.path);
         };
-        let what = format!("{} {}", request.method(), request.uri());
-        assert_eq!(request.method(), e.method, "{what}");
-        assert_eq!(request.uri().path(), e.path, "{what}");
-        assert_eq!(request.uri().query().unwrap_or(""), e.query, "{what}");
-        if let Some(content_type) = e.content_type {
-            let header = request.headers().get(http::header::CONTENT_TYPE);
-            assert_eq!(
-                header.and_then(|h| h.to_str().ok()),
-                Some(content_type),
-                "{what}"
-            );
-        }
-        if let Some(expected) = &e.body {
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            let body: Value = serde_json::from_slice(&bytes).unwrap();
-            assert_eq!(&body, expected, "body of {what}");
-        }
-        let response = Response::builder()
-            .status(e.status)
-            .body(Body::from(match (&e.response, e.text) {
-                (Value::String(text), true) => text.clone().into_bytes(),
-                _ => serde_json::to_vec(&e.response).unwrap(),
-            }))
-            .unwrap();
-        send.send_response(response);
+        answer(request, send, e).await;
     }
+
+    /// Answers each request with the first of `left` it matches (method, path and query),
+    /// whatever their order, until none is left.
+    async fn exchange_unordered(&mut self, mut left: Vec<Exchange>) {
+        while !left.is_empty() {
+            let Some((request, send)) = self.next().await else {
+                let expected: Vec<String> = left
+                    .iter()
+                    .map(|e| format!("{} {}", e.method, e.path))
+                    .collect();
+                panic!("expected {expected:?}, but no request came");
+            };
+            let matches = |e: &Exchange| {
+                e.method == request.method()
+                    && e.path == request.uri().path()
+                    && e.query == request.uri().query().unwrap_or("")
+            };
+            let Some(i) = left.iter().position(matches) else {
+                panic!("unexpected request {} {}", request.method(), request.uri());
+            };
+            answer(request, send, left.remove(i)).await;
+        }
+    }
+}
+
+/// Checks `request` against `e` and sends `e`'s answer.
+async fn answer(
+    request: Request<Body>,
+    send: tower_test::mock::SendResponse<Response<Body>>,
+    e: Exchange,
+) {
+    let what = format!("{} {}", request.method(), request.uri());
+    assert_eq!(request.method(), e.method, "{what}");
+    assert_eq!(request.uri().path(), e.path, "{what}");
+    assert_eq!(request.uri().query().unwrap_or(""), e.query, "{what}");
+    if let Some(content_type) = e.content_type {
+        let header = request.headers().get(http::header::CONTENT_TYPE);
+        assert_eq!(
+            header.and_then(|h| h.to_str().ok()),
+            Some(content_type),
+            "{what}"
+        );
+    }
+    if let Some(expected) = &e.body {
+        let bytes = request.into_body().collect_bytes().await.unwrap();
+        let body: Value = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(&body, expected, "body of {what}");
+    }
+    let response = Response::builder()
+        .status(e.status)
+        .body(Body::from(match (&e.response, e.text) {
+            (Value::String(text), true) => text.clone().into_bytes(),
+            _ => serde_json::to_vec(&e.response).unwrap(),
+        }))
+        .unwrap();
+    send.send_response(response);
 }
 
 /// A [`Cluster`] whose client talks to a mocked API server.
@@ -164,6 +206,23 @@ where
     for e in exchanges {
         server.exchange(e).await;
     }
+    finish(task, server).await
+}
+
+/// [`verify`] with `exchanges` in any order: for calls that send requests concurrently.
+pub async fn verify_unordered<T, F>(exchanges: Vec<Exchange>, call: impl FnOnce(Cluster) -> F) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (cluster, mut server) = mocked();
+    let task = tokio::spawn(call(cluster));
+    server.exchange_unordered(exchanges).await;
+    finish(task, server).await
+}
+
+/// The call's result, once it returns without sending another request.
+async fn finish<T>(task: tokio::task::JoinHandle<T>, mut server: ApiServerVerifier) -> T {
     tokio::select! {
         biased;
         out = task => out.expect("the call panicked"),

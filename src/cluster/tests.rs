@@ -427,12 +427,13 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
     assert!(matches!(err, Err(ClusterError::Engine(_))));
 }
 
-/// Gathering reads in a fixed order: the set (raw), its member pods by its selector, our Jobs
-/// and helper pods, the claims and their volumes, the classes, the other requests, and (in
+/// Gathering reads exactly these, each once, concurrently where they do not depend on each
+/// other (so in any order here): the set (raw), its member pods by its selector, our Jobs and
+/// helper pods, the claims and their volumes, the classes, the other requests, and (in
 /// Preflight) the namespace and the PodDisruptionBudgets; the FailedCreate Events of a running
 /// Job that has no pod.
 #[tokio::test]
-async fn gather_reads_everything_the_planner_needs_in_order() {
+async fn gather_reads_everything_the_planner_needs() {
     let o = observed();
     let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
     let mut pod = json_of(&fixtures::member_pod(0));
@@ -505,7 +506,7 @@ async fn gather_reads_everything_the_planner_needs_in_order() {
             .returns(list(vec![pod.clone(), backup, helper_too])),
     ];
     let request = o.request.clone();
-    let observed = super::mock::verify(exchanges, move |cluster| async move {
+    let observed = super::mock::verify_unordered(exchanges, move |cluster| async move {
         let engine = Err("no engine in this test".to_string());
         cluster.gather(request, &engine).await
     })
@@ -619,7 +620,7 @@ async fn gather_reads_a_running_copys_progress_from_its_log() {
     };
     let gather = |answer: Exchange| {
         let request = o.request.clone();
-        super::mock::verify(exchanges(answer), move |cluster| async move {
+        super::mock::verify_unordered(exchanges(answer), move |cluster| async move {
             let engine = Err("no engine in this test".to_string());
             cluster.gather(request, &engine).await
         })
