@@ -368,6 +368,20 @@ impl Operator {
         }
     }
 
+    /// The running process's pid (`None` once a direct child has been reaped).
+    pub fn pid(&self) -> Option<u32> {
+        match &self.process {
+            Process::Direct(child) => child.id(),
+            Process::Supervised { pid, .. } => u32::try_from(pid.load(Ordering::SeqCst)).ok(),
+        }
+    }
+
+    /// The process's peak resident memory so far (`VmHWM` of `/proc/<pid>/status`), in bytes.
+    pub fn peak_rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        vm_hwm_bytes(&status)
+    }
+
     /// How many times a supervised operator exited by itself and was started again.
     pub fn restarts(&self) -> usize {
         match &self.process {
@@ -573,4 +587,25 @@ pub fn summary(req: &StorageMigrationRequest) -> String {
         members.join("; "),
         s.final_hash
     )
+}
+/// `VmHWM` of a `/proc/<pid>/status` text (kB there), in bytes.
+fn vm_hwm_bytes(status: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peak_rss_is_read_from_vm_hwm() {
+        let status = "Name:\tstorage-migrator\nVmPeak:\t  900000 kB\nVmHWM:\t   23456 kB\nVmRSS:\t   20000 kB\n";
+        assert_eq!(vm_hwm_bytes(status), Some(23456 * 1024));
+        assert_eq!(vm_hwm_bytes("Name:\tx\n"), None);
+        // This very process has one.
+        let own = std::fs::read_to_string("/proc/self/status").unwrap();
+        assert!(vm_hwm_bytes(&own).is_some_and(|b| b > 0));
+    }
 }

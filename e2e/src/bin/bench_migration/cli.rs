@@ -16,6 +16,9 @@ pub struct Cli {
     /// Which copy modes to run: `copy.preCopy` true (on), false (off), or both.
     #[arg(long, value_enum, default_value = "both")]
     pub modes: Modes,
+    /// Members of the benchmarked StatefulSet.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
+    pub replicas: i32,
     /// Keep the namespaces (and their workloads) instead of deleting them.
     #[arg(long)]
     pub keep: bool,

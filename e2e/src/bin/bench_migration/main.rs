@@ -3,7 +3,7 @@
 //! Against the cluster `KUBECONFIG` points at, for each data size (`--sizes`, default
 //! `64Mi,1Gi`) and each mode (`copy.preCopy` true / false), in a fresh namespace:
 //!
-//! 1. a 3-member Generic StatefulSet (`busybox`, a writer appending a line to its volume every
+//! 1. a Generic StatefulSet of `--replicas` members (default 3) (`busybox`, a writer appending a line to its volume every
 //!    100 ms and, once filled, overwriting the next 4 KiB of its first 64 MiB file in place, as a
 //!    database writes a WAL segment; ready once `/data/ready` exists) with its claims on the Immediate class
 //!    (`E2E_STORAGE_CLASS`, default `standard`), sized data + 50% (at least 256Mi);
@@ -18,7 +18,10 @@
 //! 5. the request's `status.members[].downtimeSeconds`, `bytesCopied`, `bytesWritten` and its
 //!    `startTime`→`completionTime` are read, and a pod watcher measures each member's
 //!    unavailability as a client sees it (from the first event showing the pod deleted or not
-//!    Ready to the first showing it Ready again).
+//!    Ready to the first showing it Ready again);
+//! 6. what the operator cost: its peak resident memory (`VmHWM`, read before it is stopped) and
+//!    its API requests, from the API server's audit log (the local cluster's `audit.log` beside
+//!    `KUBECONFIG`), in total and per member.
 //!
 //! Prints a Markdown table on stdout (progress goes to stderr) and deletes the namespaces
 //! (`--keep` keeps them).
@@ -30,6 +33,7 @@
 
 mod availability;
 mod cli;
+mod frugal;
 mod output;
 mod scenario;
 mod workload;
@@ -80,6 +84,11 @@ enum BenchError {
         pod: String,
         waited: std::time::Duration,
     },
+    #[error("cannot read the API server's audit log {path}: {source}")]
+    Audit {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("request {namespace}/{name} ended {phase}: {detail}")]
     NotSuccessful {
         namespace: String,
@@ -126,6 +135,7 @@ fn settings(cli: &Cli) -> Result<Settings, BenchError> {
         operator_bin,
         log_dir,
         keep: cli.keep,
+        replicas: cli.replicas,
     })
 }
 

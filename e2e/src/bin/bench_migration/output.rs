@@ -18,6 +18,15 @@ const MAIN_HEADER: [&str; 9] = [
     "files verified by content",
 ];
 
+const COST_HEADER: [&str; 6] = [
+    "size",
+    "preCopy",
+    "members",
+    "operator peak RSS",
+    "operator API requests (per member)",
+    "by verb",
+];
+
 const CLIENT_HEADER: [&str; 10] = [
     "size",
     "preCopy",
@@ -161,16 +170,43 @@ fn failed_row(size: &str, mode: &str, error: &str) -> Vec<String> {
     ]
 }
 
-/// Both tables; the client table only when a scenario succeeded.
+/// What the operator cost in a successful scenario: peak memory, API requests.
+fn cost_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
+    let members = row.members.len();
+    let requests = row.requests.as_ref();
+    let per_member = |total: u64| {
+        let n = u64::try_from(members).unwrap_or(1).max(1);
+        format!("{total} ({})", total.div_ceil(n))
+    };
+    let by_verb = requests.map(|r| {
+        let each: Vec<String> = r.by_verb.iter().map(|(v, n)| format!("{v} {n}")).collect();
+        each.join(", ")
+    });
+    vec![
+        size.to_string(),
+        mode.to_string(),
+        members.to_string(),
+        row.peak_rss.map_or_else(
+            || "?".into(),
+            |b| human_bytes(i64::try_from(b).unwrap_or(i64::MAX)),
+        ),
+        requests.map_or_else(|| "?".into(), |r| per_member(r.total())),
+        by_verb.unwrap_or_else(|| "?".into()),
+    ]
+}
+
+/// The tables; the client and cost tables only when a scenario succeeded.
 pub fn tables(results: &[ScenarioResult]) -> String {
     let mut main_rows = Vec::new();
     let mut client_rows = Vec::new();
+    let mut cost_rows = Vec::new();
     for (size, pre_copy, result) in results {
         let mode = pre_copy.to_string();
         match result {
             Ok(row) => {
                 main_rows.push(main_row(size, &mode, row));
                 client_rows.push(client_row(size, &mode, row));
+                cost_rows.push(cost_row(size, &mode, row));
             }
             Err(e) => main_rows.push(failed_row(size, &mode, e)),
         }
@@ -179,6 +215,8 @@ pub fn tables(results: &[ScenarioResult]) -> String {
     if !client_rows.is_empty() {
         out.push('\n');
         out.push_str(&markdown_table(&CLIENT_HEADER, &client_rows));
+        out.push('\n');
+        out.push_str(&markdown_table(&COST_HEADER, &cost_rows));
     }
     out
 }
@@ -214,6 +252,10 @@ mod tests {
             total_seconds: Some(61),
             wall: Duration::from_millis(62_300),
             plain_restart: Duration::from_millis(4000),
+            peak_rss: Some(23 << 20),
+            requests: Some(crate::frugal::Requests {
+                by_verb: [("get".to_string(), 900), ("list".to_string(), 101)].into(),
+            }),
         };
         let out = tables(&[
             ("64Mi".into(), true, Ok(row)),
@@ -237,6 +279,10 @@ mod tests {
             .map(str::trim)
             .collect();
         assert_eq!(cells[6..9], ["4.0", "3.2", "1.62×"], "{out}");
+        // The operator's cost: 1001 requests over 2 members.
+        assert!(out.contains("| 23.0 MiB "), "{out}");
+        assert!(out.contains("| 1001 (501) "), "{out}");
+        assert!(out.contains("| get 900, list 101 |"), "{out}");
     }
 
     #[test]

@@ -19,7 +19,8 @@ use tracing::{info, warn};
 use crate::BenchError;
 use crate::availability::{Availability, watch_availability};
 use crate::cli::DataSize;
-use crate::workload::{REPLICAS, SET, fill_member, statefulset};
+use crate::frugal::{Requests, count_requests};
+use crate::workload::{SET, fill_member, statefulset};
 
 const REQUEST: &str = "to-target-class";
 /// The request's own bound, and how long the benchmark waits beyond it for a final phase.
@@ -37,6 +38,8 @@ pub struct Settings {
     pub operator_bin: PathBuf,
     pub log_dir: PathBuf,
     pub keep: bool,
+    /// Members of the benchmarked StatefulSet.
+    pub replicas: i32,
 }
 
 #[derive(Debug)]
@@ -60,15 +63,19 @@ pub struct Row {
     pub wall: Duration,
     /// A plain restart of one member before the request, as the client saw it.
     pub plain_restart: Duration,
+    /// The operator's peak resident memory, in bytes.
+    pub peak_rss: Option<u64>,
+    /// The operator's API requests, from its start until it was stopped.
+    pub requests: Option<Requests>,
 }
 
 /// Deletes the last member's pod under its StatefulSet and waits until the pod watcher sees it
 /// Ready again: the floor each member's downtime is compared with, measured in the same run.
-async fn plain_restart(ns: &TestNamespace) -> Result<Duration, BenchError> {
+async fn plain_restart(ns: &TestNamespace, replicas: i32) -> Result<Duration, BenchError> {
     let (watch_task, availability) = watch_availability(ns.api::<Pod>());
     // The watcher's first list, so that the deletion is seen as an outage of a serving pod.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let pod = format!("{SET}-{}", REPLICAS - 1);
+    let pod = format!("{SET}-{}", replicas - 1);
     if let Err(e) = ns.api::<Pod>().delete(&pod, &DeleteParams::default()).await {
         watch_task.abort();
         return Err(e.into());
@@ -96,15 +103,19 @@ async fn plain_restart(ns: &TestNamespace) -> Result<Duration, BenchError> {
 }
 
 /// Creates the StatefulSet, fills every member's volume, and waits until the set is Ready.
-async fn deploy_and_fill(ns: &TestNamespace, size: &DataSize) -> Result<(), BenchError> {
-    let set = statefulset(&size.claim_size(), &ns.cluster.storage_class);
+async fn deploy_and_fill(
+    ns: &TestNamespace,
+    size: &DataSize,
+    replicas: i32,
+) -> Result<(), BenchError> {
+    let set = statefulset(&size.claim_size(), &ns.cluster.storage_class, replicas);
     ns.api::<StatefulSet>()
         .create(&PostParams::default(), &set)
         .await?;
     info!(namespace = %ns.name, size = %size.label, claim = %size.claim_size(), "StatefulSet created; filling volumes");
-    let fills = (0..REPLICAS).map(|i| fill_member(ns, i, size));
+    let fills = (0..replicas).map(|i| fill_member(ns, i, size));
     futures::future::try_join_all(fills).await?;
-    ns.wait_statefulset_ready(SET, REPLICAS, SET_READY).await?;
+    ns.wait_statefulset_ready(SET, replicas, SET_READY).await?;
     // Let the writers run a moment so the volumes change while serving.
     tokio::time::sleep(Duration::from_secs(3)).await;
     Ok(())
@@ -204,6 +215,8 @@ fn row(
         total_seconds: total_seconds(&status),
         wall: migration.wall,
         plain_restart,
+        peak_rss: None,
+        requests: None,
     })
 }
 
@@ -214,17 +227,20 @@ async fn scenario_body(
     pre_copy: bool,
     operator: &mut Option<Operator>,
 ) -> Result<Row, BenchError> {
-    deploy_and_fill(ns, size).await?;
+    deploy_and_fill(ns, size, settings.replicas).await?;
     let filled = Instant::now();
-    let restart = plain_restart(ns).await?;
+    let restart = plain_restart(ns, settings.replicas).await?;
     // Data as a volume in service holds it: written longer ago than the verification's clock
     // margin, so only what the writer changes since is read again (`verifyMode: Changed`).
     let settled = Duration::from_secs(VERIFY_CLOCK_MARGIN_SECONDS.unsigned_abs() + 2);
     tokio::time::sleep(settled.saturating_sub(filled.elapsed())).await;
-    ns.wait_statefulset_ready(SET, REPLICAS, SET_READY).await?;
+    ns.wait_statefulset_ready(SET, settings.replicas, SET_READY)
+        .await?;
     *operator = Some(start_operator(ns, settings).await?);
     let migration = migrate(ns, pre_copy).await?;
-    row(ns, migration, restart)
+    let mut row = row(ns, migration, restart)?;
+    row.peak_rss = operator.as_ref().and_then(Operator::peak_rss_bytes);
+    Ok(row)
 }
 
 /// Names of the volumes still bound to claims of `namespace`.
@@ -270,6 +286,25 @@ async fn cleanup(ns: TestNamespace) -> Result<(), BenchError> {
     }
 }
 
+/// The requests of the operator of `ns` (its ServiceAccount) in the audit log; `None`, with a
+/// warning, where the log cannot be read (a cluster without one).
+fn operator_requests(ns: &str) -> Option<Requests> {
+    let user = format!(
+        "system:serviceaccount:{ns}:{}",
+        e2e::testing::rbac::service_account(ns)
+    );
+    let counted = e2e::testing::rbac::audit_log()
+        .map_err(|e| e.to_string())
+        .and_then(|path| count_requests(&path, &user).map_err(|e| e.to_string()));
+    match counted {
+        Ok(requests) => Some(requests),
+        Err(e) => {
+            warn!(error = %e, "the operator's API requests are not counted");
+            None
+        }
+    }
+}
+
 /// Runs one scenario in a fresh namespace, then stops the operator and deletes (or keeps) the
 /// namespace.
 pub async fn run_scenario(
@@ -284,9 +319,13 @@ pub async fn run_scenario(
         .await?;
     info!(namespace = %ns.name, size = %size.label, pre_copy, "scenario started");
     let mut operator = None;
-    let result = scenario_body(&ns, settings, size, pre_copy, &mut operator).await;
+    let mut result = scenario_body(&ns, settings, size, pre_copy, &mut operator).await;
     if let Some(op) = operator {
         op.stop(OPERATOR_STOP).await;
+    }
+    // Counted once the operator is gone: its watches have ended too.
+    if let Ok(row) = result.as_mut() {
+        row.requests = operator_requests(&ns.name);
     }
     if settings.keep {
         let name = ns.keep();

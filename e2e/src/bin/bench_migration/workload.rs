@@ -1,4 +1,4 @@
-//! The benchmarked workload: a 3-member StatefulSet whose members append to their volume, and
+//! The benchmarked workload: a StatefulSet whose members append to their volume, and
 //! the one-off pods that fill each member's volume before the migration.
 
 use std::collections::BTreeMap;
@@ -21,7 +21,6 @@ use crate::cli::DataSize;
 
 pub const SET: &str = "bench";
 const CLAIM_TEMPLATE: &str = "data";
-pub const REPLICAS: i32 = 3;
 /// Size of each fill file, MiB.
 const FILL_FILE_MIB: u64 = 64;
 const POD_SCHEDULED: Duration = Duration::from_secs(300);
@@ -108,8 +107,8 @@ fn claim_template(storage_size: &str, class: &str) -> PersistentVolumeClaim {
     }
 }
 
-/// The benchmarked StatefulSet: [`REPLICAS`] writers, claims of `storage_size` on `class`.
-pub fn statefulset(storage_size: &str, class: &str) -> StatefulSet {
+/// The benchmarked StatefulSet: `replicas` writers, claims of `storage_size` on `class`.
+pub fn statefulset(storage_size: &str, class: &str, replicas: i32) -> StatefulSet {
     let labels = BTreeMap::from([("app".to_string(), SET.to_string())]);
     StatefulSet {
         metadata: ObjectMeta {
@@ -118,7 +117,7 @@ pub fn statefulset(storage_size: &str, class: &str) -> StatefulSet {
             ..Default::default()
         },
         spec: Some(StatefulSetSpec {
-            replicas: Some(REPLICAS),
+            replicas: Some(replicas),
             service_name: Some(SET.into()),
             pod_management_policy: Some("Parallel".into()),
             selector: LabelSelector {
@@ -231,7 +230,7 @@ mod tests {
         assert!(FILL_SCRIPT.contains("left=$1"));
         assert!(FILL_SCRIPT.contains("chunk=$2"));
         assert!(!FILL_SCRIPT.contains("{"));
-        let set = statefulset("256Mi", "standard");
+        let set = statefulset("256Mi", "standard", 3);
         let spec = set.spec.unwrap();
         assert_eq!(spec.replicas, Some(3));
         let c = &spec.template.spec.unwrap().containers[0];
