@@ -5,7 +5,8 @@
 #     no Helm). Only helm is used: the layer's kubectl 1.33 is far outside the skew the local
 #     cluster's 1.20 API server supports, so tests use Debian's kubectl.
 #   - kubernetes-validate (PyPI), pinned with hashes in requirements-validate.txt, in a venv.
-# Idempotent; a warm machine returns at once. Prints the directory that holds `helm` and
+# Idempotent; a warm machine returns at once; concurrent runs (e2e tests start operators in
+# parallel) take turns on a lock, and the later ones find the install done. Prints the directory that holds `helm` and
 # `kubernetes-validate` on stdout (progress goes to stderr).
 #
 # Usage: install-helm.sh
@@ -32,11 +33,18 @@ check_sha() { # file expected
   fi
 }
 
-if [ -x "$TOOLS/helm" ] && [ -x "$TOOLS/kubernetes-validate" ]; then
-  check_sha "$TOOLS/helm" "$HELM_SHA256"
-  echo "$TOOLS"
-  exit 0
-fi
+installed() {
+  if [ -x "$TOOLS/helm" ] && [ -x "$TOOLS/kubernetes-validate" ]; then
+    check_sha "$TOOLS/helm" "$HELM_SHA256"
+    echo "$TOOLS"
+    exit 0
+  fi
+}
+installed
+mkdir -p "$CACHE_ROOT"
+exec 9>"$CACHE_ROOT/.chart-tools.lock"
+flock 9
+installed
 
 for cmd in npm python3 sha256sum; do
   command -v "$cmd" >/dev/null || { log "$cmd is required (Node.js with npm, CPython 3)"; exit 1; }
