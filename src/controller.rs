@@ -2,8 +2,10 @@
 //!
 //! One reconcile gathers a snapshot, asks the planner, runs the actions in order, and repeats
 //! while the planner has something to do (bounded), so a request moves through several steps per
-//! reconcile instead of one step per requeue. Jobs and pods we create (owned by the request)
-//! wake it up; a progressing request is also requeued every few seconds.
+//! reconcile instead of one step per requeue. What a request waits for wakes it up: the Jobs and
+//! helper pods it owns, and the member pods and claims its plan names (a change of one ends a
+//! pause within a reconcile at once, and queues a reconcile when none runs); a progressing
+//! request is also requeued when its planner asks (every few seconds at most).
 //!
 //! Errors by kind ([`Retry`]): a transient one is retried with exponential backoff (1 s
 //! doubling to 60 s), a permanent one (403, 422, a bad spec, a decode error) is logged once and
@@ -16,12 +18,13 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client, Resource, ResourceExt};
+use tokio::sync::Notify;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::StorageMigrationRequest;
@@ -62,6 +65,8 @@ pub struct Context {
     failures: Mutex<Failures>,
     /// The PodDisruptionBudget API version, discovered once for every reconcile.
     budget_api: crate::cluster::BudgetApiCache,
+    /// One waker per request seen: a watched change of what it waits for ends its pause.
+    wakers: Mutex<HashMap<Key, Arc<Notify>>>,
 }
 
 impl Context {
@@ -79,7 +84,32 @@ impl Context {
             settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
             budget_api: Default::default(),
+            wakers: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn wakers(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Arc<Notify>>> {
+        self.wakers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The waker of a request, made on first use.
+    fn waker(&self, key: &Key) -> Arc<Notify> {
+        self.wakers().entry(key.clone()).or_default().clone()
+    }
+
+    /// Ends the current (or next) pause of each request of `keys` that has a waker.
+    fn wake(&self, keys: &[Key]) {
+        let wakers = self.wakers();
+        for key in keys {
+            if let Some(w) = wakers.get(key) {
+                w.notify_one();
+            }
+        }
+    }
+
+    /// Drops a request's waker (the request is gone).
+    fn drop_waker(&self, key: &Key) {
+        self.wakers().remove(key);
     }
 
     fn cluster(&self) -> Cluster {
@@ -214,10 +244,12 @@ pub async fn reconcile(
     let started = Instant::now();
     let result = async {
         let cluster = ctx.cluster();
+        let waker = ctx.waker(&ObjectRef::from_obj(req.as_ref()));
         let mut requeue = plan::REQUEUE_PROGRESSING;
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
                 ctx.forget(&ObjectRef::from_obj(req.as_ref()));
+                ctx.drop_waker(&ObjectRef::from_obj(req.as_ref()));
                 ctx.metrics.request_phase(&key, None);
                 return Ok(Requeue::await_change());
             };
@@ -254,8 +286,13 @@ pub async fn reconcile(
             );
             if decision.requeue > Duration::ZERO && !changes_status(&decision) {
                 // Only side effects (a create, a delete): give them a moment before looking,
-                // no longer than the planner asked to wait (the claim swap polls faster).
-                tokio::time::sleep(decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
+                // no longer than the planner asked to wait (the claim swap polls faster), and
+                // no longer than until a watched object of this request changes.
+                let pause = decision.requeue.min(SIDE_EFFECT_PAUSE);
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => {}
+                    () = waker.notified() => {}
+                }
             }
         }
         ctx.forget(&ObjectRef::from_obj(req.as_ref()));
@@ -365,25 +402,45 @@ pub async fn run(client: Client, scope: WatchScope, settings: Settings, metrics:
     info!("controller stopped");
 }
 
-/// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace) and
-/// the Jobs and pods they own.
+/// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace), the
+/// Jobs they own, and the pods and claims in the same namespaces: a helper pod wakes the request
+/// that owns it, a member pod or a claim the requests whose plan names it ([`requests_naming`]).
 async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Context>) {
-    let (requests, jobs, pods) = match namespace {
+    let (requests, jobs, pods, claims) = match namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
             Api::<Job>::namespaced(client.clone(), ns),
             Api::<Pod>::namespaced(client.clone(), ns),
+            Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns),
         ),
         None => (
+            Api::all(client.clone()),
             Api::all(client.clone()),
             Api::all(client.clone()),
             Api::all(client.clone()),
         ),
     };
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
-    Controller::new(requests, watcher::Config::default())
-        .owns(jobs, owned.clone())
-        .owns(pods, owned)
+    let controller = Controller::new(requests, watcher::Config::default());
+    let (pod_store, claim_store) = (controller.store(), controller.store());
+    let (pod_ctx, claim_ctx) = (ctx.clone(), ctx.clone());
+    controller
+        .owns(jobs, owned)
+        .watches(pods, watcher::Config::default(), move |pod: Pod| {
+            let mut keys = owner_requests(&pod);
+            keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
+            pod_ctx.wake(&keys);
+            keys
+        })
+        .watches(
+            claims,
+            watcher::Config::default(),
+            move |claim: PersistentVolumeClaim| {
+                let keys = requests_naming(&claim_store.state(), &claim, Named::Claim);
+                claim_ctx.wake(&keys);
+                keys
+            },
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| {
@@ -394,6 +451,7 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
                     // A request deleted between being queued and reconciled: nothing to do.
                     Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
                         ctx.forget(&request_key(&obj));
+                        ctx.drop_waker(&request_key(&obj));
                         tracing::debug!(request = %obj, "request is gone")
                     }
                     Err(e) => error!(error = %e, "controller"),
@@ -403,12 +461,165 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
         .await;
 }
 
+/// What a watched object may be to a request's plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Named {
+    /// A member pod.
+    Pod,
+    /// A member's claim or its temporary claim.
+    Claim,
+}
+
+/// The requests not yet ended, in `obj`'s namespace, whose plan names `obj` ([`Named`]): a
+/// change of it may be what they wait for.
+pub fn requests_naming<K: Resource>(
+    requests: &[Arc<StorageMigrationRequest>],
+    obj: &K,
+    named: Named,
+) -> Vec<Key> {
+    let (ns, name) = (obj.meta().namespace.as_deref(), obj.meta().name.as_deref());
+    let Some(name) = name else {
+        return Vec::new();
+    };
+    let names_it = |r: &StorageMigrationRequest| {
+        let status = r.status.as_ref();
+        let ended = status.is_some_and(|s| s.phase.is_final());
+        let members = status.and_then(|s| s.plan.as_ref()).map(|p| &p.members);
+        !ended
+            && members.into_iter().flatten().any(|m| match named {
+                Named::Pod => m.pod == name,
+                Named::Claim => m.claim == name || m.temp_claim == name,
+            })
+    };
+    requests
+        .iter()
+        .filter(|r| r.metadata.namespace.as_deref() == ns && names_it(r))
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// The request that owns a pod (a mounter or a copy Job's pod carries our label and the
+/// request as its controller), if any.
+fn owner_requests(pod: &Pod) -> Vec<Key> {
+    let ns = pod.namespace();
+    pod.owner_references()
+        .iter()
+        .filter(|o| o.controller == Some(true))
+        .filter(|o| {
+            o.kind == StorageMigrationRequest::kind(&())
+                && o.api_version == StorageMigrationRequest::api_version(&())
+        })
+        .map(|o| {
+            let key = Key::new(&o.name);
+            match &ns {
+                Some(ns) => key.within(ns),
+                None => key,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{Phase, Plan, PlannedMember, StorageMigrationRequestStatus};
 
     fn key(name: &str) -> Key {
         Key::new(name).within("demo")
+    }
+
+    /// A request in `ns` named `name` whose plan has one member `pod` on `claim` (temporary
+    /// claim `tmp-<claim>`), in `phase`.
+    fn planned(
+        ns: &str,
+        name: &str,
+        pod: &str,
+        claim: &str,
+        phase: Phase,
+    ) -> Arc<StorageMigrationRequest> {
+        let mut r =
+            crate::plan::fixtures::request(crate::plan::fixtures::spec_class_change("fast"));
+        r.metadata.name = Some(name.into());
+        r.metadata.namespace = Some(ns.into());
+        let member = PlannedMember {
+            pod: pod.into(),
+            claim: claim.into(),
+            temp_claim: format!("tmp-{claim}"),
+            ..Default::default()
+        };
+        r.status = Some(StorageMigrationRequestStatus {
+            phase,
+            plan: Some(Plan {
+                members: vec![member],
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        Arc::new(r)
+    }
+
+    fn object<K: Resource<DynamicType = ()> + Default>(ns: &str, name: &str) -> K {
+        let mut o = K::default();
+        o.meta_mut().namespace = Some(ns.into());
+        o.meta_mut().name = Some(name.into());
+        o
+    }
+
+    #[test]
+    fn a_pod_or_claim_wakes_the_unfinished_requests_whose_plan_names_it() {
+        let requests = [
+            planned("demo", "a", "etcd-0", "data-etcd-0", Phase::Progressing),
+            planned("demo", "done", "etcd-0", "data-etcd-0", Phase::Successful),
+            planned("other", "b", "etcd-0", "data-etcd-0", Phase::Progressing),
+            planned("demo", "c", "etcd-1", "data-etcd-1", Phase::Pending),
+        ];
+        let pod: Pod = object("demo", "etcd-0");
+        assert_eq!(requests_naming(&requests, &pod, Named::Pod), [key("a")]);
+        let temp: PersistentVolumeClaim = object("demo", "tmp-data-etcd-1");
+        assert_eq!(requests_naming(&requests, &temp, Named::Claim), [key("c")]);
+        let claim: PersistentVolumeClaim = object("demo", "data-etcd-0");
+        assert_eq!(requests_naming(&requests, &claim, Named::Claim), [key("a")]);
+        // A claim named like a member pod is not that pod; an unrelated object wakes nothing.
+        let by_pod_name: PersistentVolumeClaim = object("demo", "etcd-0");
+        assert!(requests_naming(&requests, &by_pod_name, Named::Claim).is_empty());
+        let unrelated: Pod = object("demo", "web-0");
+        assert!(requests_naming(&requests, &unrelated, Named::Pod).is_empty());
+    }
+
+    #[test]
+    fn a_helper_pod_wakes_the_request_that_controls_it() {
+        let req = planned("demo", "a", "etcd-0", "data-etcd-0", Phase::Progressing);
+        let mut mounter: Pod = object("demo", "mounter");
+        let mut owner = req.controller_owner_ref(&()).expect("named request");
+        mounter.metadata.owner_references = Some(vec![owner.clone()]);
+        assert_eq!(owner_requests(&mounter), [key("a")]);
+        owner.controller = Some(false);
+        mounter.metadata.owner_references = Some(vec![owner]);
+        assert!(owner_requests(&mounter).is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_wake_ends_a_pause_and_one_before_it_is_kept() {
+        let ctx = Context::new(
+            kube::Client::try_from(kube::Config::new(
+                "http://127.0.0.1:1".parse().expect("uri"),
+            ))
+            .expect("client"),
+            crate::plan::fixtures::SETTINGS.clone(),
+            Arc::new(Metrics::default()),
+        );
+        // No waker yet: nothing to wake, nothing made.
+        ctx.wake(&[key("a")]);
+        assert!(ctx.wakers().is_empty());
+        let waker = ctx.waker(&key("a"));
+        ctx.wake(&[key("a")]);
+        tokio::time::timeout(Duration::from_secs(5), waker.notified())
+            .await
+            .expect("a wake before the pause ends it at once");
+        let pause = tokio::time::timeout(Duration::from_millis(50), waker.notified()).await;
+        assert!(pause.is_err(), "one wake ends one pause");
+        ctx.drop_waker(&key("a"));
+        assert!(ctx.wakers().is_empty());
     }
 
     #[test]

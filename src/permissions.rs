@@ -75,7 +75,7 @@ pub const RULES: &[Rule] = &[
         group: "",
         resource: "pods",
         verbs: &["list", "watch", "create", "delete"],
-        why: "stop and recreate members; mounter pods",
+        why: "stop and recreate members; mounter pods; a change of a pod a plan names wakes its request",
     },
     Rule {
         scope: RuleScope::Watched,
@@ -88,8 +88,8 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Watched,
         group: "",
         resource: "persistentvolumeclaims",
-        verbs: &["get", "list", "create", "delete", "patch"],
-        why: "temporary claims and the swap",
+        verbs: &["get", "list", "watch", "create", "delete", "patch"],
+        why: "temporary claims and the swap; a change of a claim a plan names wakes its request",
     },
     Rule {
         scope: RuleScope::Cluster,

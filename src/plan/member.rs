@@ -28,12 +28,15 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Seconds between two nudges of a recreated claim that stays Pending.
 pub const BIND_NUDGE_AFTER_SECONDS: i64 = 1;
+/// Seconds after its creation (by its `creationTimestamp`, whole seconds) a recreated claim is
+/// nudged even when its volume does not show the PV controller's half of the binding.
+pub const BIND_NUDGE_FALLBACK_SECONDS: i64 = 2;
 
-/// How soon the claim swap looks again while the member is down: claims and volumes are not
-/// watched, and each of the swap's four waits (old claim gone, temporary claim gone, new volume
-/// Available, claim Bound) is usually over within a few hundred milliseconds, all of it
-/// downtime.
-pub const SWAP_POLL: Duration = Duration::from_millis(200);
+/// How soon the claim swap looks again while the member is down, all of it downtime. A change of
+/// a claim the plan names ends the wait sooner (the controller watches them); volumes are not
+/// watched (that would take a cluster-wide list and watch of every PersistentVolume), so the
+/// wait for the new volume to turn Available is this poll.
+pub const SWAP_POLL: Duration = Duration::from_millis(100);
 
 /// Forward (the normal flow) or carrying a swapped member forward during a rollback (no health
 /// gates, no waiting for readiness: the rollback must end).
@@ -1085,20 +1088,33 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 /// attempt lost a race: its claim worker binds the volume, its volume worker sees that update
 /// and sets the volume's phase, and the claim worker's own phase update then conflicts (seen in
 /// the controller-manager's log at `-v=5`); only its periodic sync (~15 s) would look again. An
-/// update of the claim makes it look again now: a claim seen Pending is nudged at once (the first
-/// look is at least [`SWAP_POLL`] after its creation), then once every
-/// [`BIND_NUDGE_AFTER_SECONDS`].
-fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim) {
+/// update of the claim makes it look again now. The lost race shows as a volume whose claimRef
+/// carries the claim's uid while the claim is still Pending: such a claim is nudged at once;
+/// one whose volume shows no binding yet only [`BIND_NUDGE_FALLBACK_SECONDS`] after its creation
+/// (the controller is still at work); then once every [`BIND_NUDGE_AFTER_SECONDS`].
+fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim, volume: &str) {
+    let now = cx.o.now.as_second();
     let last_nudge = c
         .annotations()
         .get(BIND_NUDGE_ANNOTATION)
         .and_then(|v| v.parse::<i64>().ok());
-    let due = last_nudge.is_none_or(|last| cx.o.now.as_second() - last >= BIND_NUDGE_AFTER_SECONDS);
+    let volume_side_bound =
+        cx.o.volumes
+            .get(volume)
+            .and_then(|pv| pv.spec.as_ref()?.claim_ref.as_ref()?.uid.clone())
+            .is_some_and(|uid| c.uid().as_deref() == Some(uid.as_str()));
+    let age = c
+        .creation_timestamp()
+        .map_or(i64::MAX, |t| now - t.0.as_second());
+    let due = match last_nudge {
+        Some(last) => now - last >= BIND_NUDGE_AFTER_SECONDS,
+        None => volume_side_bound || age >= BIND_NUDGE_FALLBACK_SECONDS,
+    };
     if due {
         cx.act(Action::AnnotateClaim {
             claim: claim.to_string(),
             key: BIND_NUDGE_ANNOTATION.to_string(),
-            value: Some(cx.o.now.as_second().to_string()),
+            value: Some(now.to_string()),
         });
     }
     cx.wait(SWAP_POLL);
@@ -1159,7 +1175,7 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                     ),
                 );
             } else {
-                nudge_binding(cx, &m.claim, c);
+                nudge_binding(cx, &m.claim, c, &new_volume);
             }
         }
         Some(_) => stuck(

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 use std::collections::BTreeSet;
 
 use super::fixtures::*;
+use super::member::{BIND_NUDGE_FALLBACK_SECONDS, SWAP_POLL};
 use super::*;
 use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
 use crate::build::{self, JobKind};
@@ -1550,16 +1551,26 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let mut sim = Sim::new(o);
     let d = decide(&sim.o, &SETTINGS);
     sim.apply(&d.actions[0]);
-    // Created, seen still Pending: nudged at once (an annotation update makes the PV controller
-    // sync it again; its first attempt can lose a race with its own volume worker).
     let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
     claim.metadata.creation_timestamp = Some(Time(sim.o.now));
+    claim.metadata.uid = Some("uid-recreated".into());
     let nudge = |d: &Decision| {
         matches!(
             &d.actions[..],
             [Action::AnnotateClaim { value: Some(_), .. }]
         )
     };
+    // Just created, its volume not yet bound to it: the PV controller is at work, no nudge.
+    let d = decide(&sim.o, &SETTINGS);
+    assert!(d.actions.is_empty(), "{:?}", d.actions);
+    assert_eq!(d.requeue, SWAP_POLL);
+    // The volume carries the claim's uid while the claim is Pending: the controller's claim
+    // worker lost its race with its volume worker; an annotation update makes it sync again.
+    let status = sim.o.request.status.as_ref().unwrap();
+    let volume = status.members[0].new_volume.clone().unwrap();
+    let pv = sim.o.volumes.get_mut(&volume).unwrap();
+    let claim_ref = pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap();
+    claim_ref.uid = Some("uid-recreated".into());
     let d = decide(&sim.o, &SETTINGS);
     assert!(nudge(&d), "{:?}", d.actions);
     sim.apply(&d.actions[0]);
@@ -1580,6 +1591,30 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
         d.actions
             .iter()
             .any(|a| matches!(a, Action::AnnotateClaim { value: None, .. }))
+    );
+}
+
+#[test]
+fn a_recreated_claim_whose_volume_shows_no_binding_is_nudged_after_the_fallback() {
+    let o = at_step(MemberStep::RecreatingClaim);
+    let mut sim = Sim::new(o);
+    let d = decide(&sim.o, &SETTINGS);
+    sim.apply(&d.actions[0]);
+    let created = sim.o.now;
+    let claim = sim.o.claims.get_mut("data-etcd-0").unwrap();
+    claim.metadata.creation_timestamp = Some(Time(created));
+    let at = |s: i64| k8s_openapi::jiff::Timestamp::from_second(created.as_second() + s).unwrap();
+    sim.o.now = at(BIND_NUDGE_FALLBACK_SECONDS - 1);
+    assert!(decide(&sim.o, &SETTINGS).actions.is_empty());
+    sim.o.now = at(BIND_NUDGE_FALLBACK_SECONDS);
+    let d = decide(&sim.o, &SETTINGS);
+    assert!(
+        matches!(
+            &d.actions[..],
+            [Action::AnnotateClaim { value: Some(_), .. }]
+        ),
+        "{:?}",
+        d.actions
     );
 }
 

@@ -38,7 +38,8 @@ watched namespace. */}}
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "create", "delete", "patch"]
-# Member pods (stop, recreate), mounter pods; the owned ones are watched.
+# Member pods (stop, recreate), mounter pods; watched (a change of a member or mounter pod
+# wakes its request).
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list", "watch", "create", "delete"]
@@ -46,10 +47,11 @@ watched namespace. */}}
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
-# Temporary claims, the swap (delete, recreate), ownerReference removal (get, then patch).
+# Temporary claims, the swap (delete, recreate), ownerReference removal (get, then patch); the
+# claims a request's plan names are watched (a change wakes the request).
 - apiGroups: [""]
   resources: ["persistentvolumeclaims"]
-  verbs: ["get", "list", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # Measure / pre-copy / copy / verify Jobs.
 - apiGroups: ["batch"]
   resources: ["jobs"]
