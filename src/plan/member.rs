@@ -961,17 +961,47 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             }
             cx.delete(Kind::Claim, m.claim.clone(), stashed);
             delete_temp_claim(cx, mb);
+            remove_finished_users(cx, mb);
             cx.wait(SWAP_POLL);
         }
         Some(_) => {
             // pvc-protection: gone once no pod uses it.
             delete_jobs(cx, mb, &ALL_JOBS);
             delete_temp_claim(cx, mb);
+            remove_finished_users(cx, mb);
             cx.wait(SWAP_POLL);
         }
         None => advance(cx, mb, MemberStep::DeletingTempClaim),
     }
     Ok(())
+}
+
+/// Force-deletes (grace period 0, by uid) our finished helper pods, a copy or verify Job's pod
+/// that `Succeeded` or `Failed`, whose volumes name the member's claim or temporary claim, as
+/// Kubernetes' pod garbage collector deletes terminated pods: their containers have exited, so
+/// nothing is cut short, but claim protection on some clusters (the local cluster's 1.20) keeps
+/// a deleted claim while such a pod object exists, and the swap would wait for the Job's garbage
+/// collection to remove it. A pod still running is never touched here.
+fn remove_finished_users(cx: &mut Ctx, mb: &Member) {
+    let names = [mb.m.claim.as_str(), mb.m.temp_claim.as_str()];
+    let finished: Vec<(String, Option<String>)> =
+        cx.o.helper_pods
+            .values()
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                matches!(phase, Some("Succeeded" | "Failed"))
+            })
+            .filter(|p| {
+                let volumes = p.spec.iter().flat_map(|s| s.volumes.iter().flatten());
+                volumes
+                    .filter_map(|v| v.persistent_volume_claim.as_ref())
+                    .any(|c| names.contains(&c.claim_name.as_str()))
+            })
+            .map(|p| (p.name_any(), p.uid()))
+            .collect();
+    for (name, uid) in finished {
+        cx.act(Action::ForceDeletePod { name, uid });
+    }
 }
 
 /// Deletes the temporary claim (by its uid) unless it is gone or going. Both volumes are on

@@ -2337,7 +2337,60 @@ fn a_finished_pod_does_not_hold_the_old_claim() {
         o.helper_pods.insert("etcd-0-copy-x".into(), pod);
         let d = decide(&o, &SETTINGS);
         assert!(deletes_claim(&d, "data-etcd-0"), "{phase}: {:?}", d.actions);
+        // And it is removed at once, by uid, as the pod garbage collector removes a terminated
+        // pod: claim protection would otherwise keep the deleted claim until it is gone.
+        let uid = o.helper_pods["etcd-0-copy-x"].uid();
+        assert!(
+            d.actions.contains(&Action::ForceDeletePod {
+                name: "etcd-0-copy-x".into(),
+                uid
+            }),
+            "{phase}: {:?}",
+            d.actions
+        );
     }
+}
+
+#[test]
+fn only_finished_pods_of_the_swapped_claims_are_force_deleted() {
+    let mut o = at_step(MemberStep::DeletingOldClaim);
+    let finished = |name: &str, claim: &str| {
+        let mut pod = holder_pod(name, claim);
+        pod.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        pod
+    };
+    let temp = o
+        .request
+        .status
+        .as_ref()
+        .unwrap()
+        .plan
+        .as_ref()
+        .unwrap()
+        .members[0]
+        .temp_claim
+        .clone();
+    o.helper_pods
+        .insert("verify".into(), finished("verify", &temp));
+    o.helper_pods.insert(
+        "other-member".into(),
+        finished("other-member", "data-etcd-1"),
+    );
+    o.helper_pods
+        .insert("reader".into(), holder_pod("reader", &temp));
+    let d = decide(&o, &SETTINGS);
+    let forced: Vec<&str> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ForceDeletePod { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(forced, ["verify"], "{:?}", d.actions);
 }
 
 #[test]
