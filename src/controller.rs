@@ -498,24 +498,14 @@ pub fn requests_naming<K: Resource>(
         .collect()
 }
 
-/// The request that owns a pod (a mounter or a copy Job's pod carries our label and the
-/// request as its controller), if any.
+/// The request that controls a pod (a mounter pod carries our label and the request as its
+/// controller), if any.
 fn owner_requests(pod: &Pod) -> Vec<Key> {
     let ns = pod.namespace();
     pod.owner_references()
         .iter()
         .filter(|o| o.controller == Some(true))
-        .filter(|o| {
-            o.kind == StorageMigrationRequest::kind(&())
-                && o.api_version == StorageMigrationRequest::api_version(&())
-        })
-        .map(|o| {
-            let key = Key::new(&o.name);
-            match &ns {
-                Some(ns) => key.within(ns),
-                None => key,
-            }
-        })
+        .filter_map(|o| Key::from_owner_ref(ns.as_deref(), o, ()))
         .collect()
 }
 

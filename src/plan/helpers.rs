@@ -76,7 +76,7 @@ pub fn pod_trouble(pod: &Pod, now: Timestamp, timeout: Duration) -> Option<Troub
             .as_ref()
             .is_some_and(|s| s.running.is_some() || s.terminated.is_some())
     });
-    if started || matches!(status.phase.as_deref(), Some("Succeeded" | "Failed")) {
+    if started || super::pod_finished(pod) {
         return None;
     }
     let waiting = status.container_statuses.iter().flatten().find_map(|c| {

@@ -16,8 +16,8 @@ use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
-    claim_volume, claims_held, class_is_wffc, is_terminating, pod_ready, pod_ready_since, progress,
-    stuck, volume_policy,
+    claim_volume, claims_held, claims_named, class_is_wffc, is_terminating, pod_finished,
+    pod_ready, pod_ready_since, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
 use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember, VerifyMode};
@@ -987,16 +987,7 @@ fn remove_finished_users(cx: &mut Ctx, mb: &Member) {
     let finished: Vec<(String, Option<String>)> =
         cx.o.helper_pods
             .values()
-            .filter(|p| {
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                matches!(phase, Some("Succeeded" | "Failed"))
-            })
-            .filter(|p| {
-                let volumes = p.spec.iter().flat_map(|s| s.volumes.iter().flatten());
-                volumes
-                    .filter_map(|v| v.persistent_volume_claim.as_ref())
-                    .any(|c| names.contains(&c.claim_name.as_str()))
-            })
+            .filter(|p| pod_finished(p) && claims_named(p).any(|c| names.contains(&c)))
             .map(|p| (p.name_any(), p.uid()))
             .collect();
     for (name, uid) in finished {

@@ -765,19 +765,28 @@ pub(crate) fn is_terminating<K: kube::Resource>(obj: &K) -> bool {
     obj.meta().deletion_timestamp.is_some()
 }
 
-/// The claims a pod holds: those its volumes name, unless it has finished (`Succeeded`,
-/// `Failed`: its volumes are unmounted, as the control plane's claim protection counts it).
-pub(crate) fn claims_held(pod: &Pod) -> impl Iterator<Item = &str> {
-    let finished = matches!(
+/// Whether a pod has finished (`Succeeded`, `Failed`): every container has exited.
+pub(crate) fn pod_finished(pod: &Pod) -> bool {
+    matches!(
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
-    );
+    )
+}
+
+/// The claims a pod's volumes name.
+pub(crate) fn claims_named(pod: &Pod) -> impl Iterator<Item = &str> {
     pod.spec
         .iter()
-        .filter(move |_| !finished)
         .flat_map(|s| s.volumes.iter().flatten())
         .filter_map(|v| v.persistent_volume_claim.as_ref())
         .map(|c| c.claim_name.as_str())
+}
+
+/// The claims a pod holds: those its volumes name, unless it has finished (`Succeeded`,
+/// `Failed`: its volumes are unmounted, as the control plane's claim protection counts it).
+pub(crate) fn claims_held(pod: &Pod) -> impl Iterator<Item = &str> {
+    let finished = pod_finished(pod);
+    claims_named(pod).filter(move |_| !finished)
 }
 
 pub(crate) fn pod_ready(pod: &Pod) -> bool {
