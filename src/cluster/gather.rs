@@ -52,22 +52,35 @@ impl Cluster {
         let status = req.status.clone().unwrap_or_default();
         // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
         // survive its recreation (see `build::manifest`).
-        let (stateful_set, stash, (jobs, helper_pods), claims, storage_classes) = tokio::try_join!(
+        // `join!`, not `try_join!`, then the errors in a fixed order: a read that fails (RBAC, an
+        // unreachable API server) is reported the same way every time, not by which one lost
+        // a race.
+        let (stateful_set, stash, jobs, claims, storage_classes) = tokio::join!(
             self.get_raw::<StatefulSet>(&ns, &set_name),
             self.stash(&req, &ns, &status),
             self.jobs(&ns, &name, &status),
             self.claims(&ns),
             self.storage_classes(),
-        )?;
+        );
+        let (stateful_set, stash, (jobs, helper_pods), claims, storage_classes) =
+            (stateful_set?, stash?, jobs?, claims?, storage_classes?);
         let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
-        let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = tokio::try_join!(
+        let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = tokio::join!(
             self.member_pods(&ns, selector_source),
             self.volumes(&claims, &status),
             self.other_requests(&ns, &name, &set_name),
             self.namespace_labels(&ns, &status),
             self.budgets(&ns, &status),
             self.claim_users(&ns, &status),
-        )?;
+        );
+        let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = (
+            pods?,
+            volumes?,
+            other_requests?,
+            namespace_labels?,
+            budgets?,
+            claim_users?,
+        );
         let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
         let member_pods: Vec<Pod> = expected
             .iter()

@@ -149,6 +149,31 @@ impl ApiServerVerifier {
     }
 }
 
+impl ApiServerVerifier {
+    /// Waits until every one of `exchanges` has been asked for (in any order), then answers
+    /// them in the reverse order of their arrival: the first request sent gets the last answer.
+    async fn exchange_last_first(&mut self, mut left: Vec<Exchange>) {
+        let mut pending = Vec::new();
+        while pending.len() < left.len() {
+            let Some(p) = self.next().await else {
+                panic!("{} of {} requests came", pending.len(), left.len());
+            };
+            pending.push(p);
+        }
+        while let Some((request, send)) = pending.pop() {
+            let matches = |e: &Exchange| {
+                e.method == request.method()
+                    && e.path == request.uri().path()
+                    && e.query == request.uri().query().unwrap_or("")
+            };
+            let Some(i) = left.iter().position(matches) else {
+                panic!("unexpected request {} {}", request.method(), request.uri());
+            };
+            answer(request, send, left.remove(i)).await;
+        }
+    }
+}
+
 /// Checks `request` against `e` and sends `e`'s answer.
 async fn answer(
     request: Request<Body>,
@@ -218,6 +243,19 @@ where
     let (cluster, mut server) = mocked();
     let task = tokio::spawn(call(cluster));
     server.exchange_unordered(exchanges).await;
+    finish(task, server).await
+}
+
+/// [`verify`] for concurrent calls, with the answers in the reverse order of the requests:
+/// what a call reports must not depend on which answer came first.
+pub async fn verify_last_first<T, F>(exchanges: Vec<Exchange>, call: impl FnOnce(Cluster) -> F) -> T
+where
+    F: Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let (cluster, mut server) = mocked();
+    let task = tokio::spawn(call(cluster));
+    server.exchange_last_first(exchanges).await;
     finish(task, server).await
 }
 

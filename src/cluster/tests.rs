@@ -574,6 +574,37 @@ async fn gather_reads_everything_the_planner_needs() {
     );
 }
 
+/// When several of the first reads fail (here every one: a service account without RBAC), the
+/// gather reports the StatefulSet's, whichever answer came first: the error a user sees does
+/// not depend on a race. The answers come in the reverse order of the requests.
+#[tokio::test]
+async fn gather_reports_the_first_failed_read_in_a_fixed_order() {
+    let o = observed();
+    let owned = format!(
+        "labelSelector={}%3D{REQ}",
+        labels::REQUEST_LABEL.replace('/', "%2F")
+    );
+    let exchanges = vec![
+        Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(403, "Forbidden"),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash")
+            .fails(403, "Forbidden"),
+        Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
+            .query(&format!("&{owned}"))
+            .fails(403, "Forbidden"),
+        Exchange::new(Method::GET, CLAIMS).fails(403, "Forbidden"),
+        Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
+            .fails(403, "Forbidden"),
+    ];
+    let request = o.request.clone();
+    let result = super::mock::verify_last_first(exchanges, move |cluster| async move {
+        let engine = Err("no engine in this test".to_string());
+        cluster.gather(request, &engine).await
+    })
+    .await;
+    let err = result.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.starts_with("get StatefulSet demo/etcd"), "{err}");
+}
+
 /// A running copy Job's progress is read from the tail of its running pod's log; a log that
 /// cannot be read gives no reading and no error.
 #[tokio::test]
