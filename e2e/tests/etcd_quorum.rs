@@ -201,6 +201,9 @@ struct Writes {
     failed: u64,
     acked: Vec<u64>,
     longest_gap: Duration,
+    /// The first failed writes: when (since the writer started), and each attempt's member and
+    /// error, so that a failure says whether a member, an election or the cluster refused it.
+    failures: Vec<String>,
 }
 
 /// One write every ~20 ms through the members in turn (one client per Ready member pod, like a
@@ -224,6 +227,7 @@ impl Writer {
             let mut refreshed = Instant::now() - Duration::from_secs(10);
             let mut last_ack = Instant::now();
             let mut turn = 0usize;
+            let started = Instant::now();
             while !flag.load(Ordering::Relaxed) {
                 if refreshed.elapsed() > Duration::from_millis(250) {
                     refreshed = Instant::now();
@@ -257,19 +261,25 @@ impl Writer {
                 let key = w.attempted;
                 let names: Vec<String> = clients.keys().cloned().collect();
                 let mut ok = false;
+                let mut errors = Vec::new();
                 for attempt in 0..2 {
                     if names.is_empty() {
+                        errors.push("no Ready member".to_string());
                         break;
                     }
                     let name = &names[(turn + attempt) % names.len()];
                     if let Some((_, c)) = clients.get_mut(name) {
                         let put = c.put(format!("w/{key:08}"), key.to_string(), None);
-                        if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_secs(2), put).await {
-                            ok = true;
-                            if attempt == 1 {
-                                w.retried += 1;
+                        match tokio::time::timeout(Duration::from_secs(2), put).await {
+                            Ok(Ok(_)) => {
+                                ok = true;
+                                if attempt == 1 {
+                                    w.retried += 1;
+                                }
+                                break;
                             }
-                            break;
+                            Ok(Err(e)) => errors.push(format!("{name}: {e}")),
+                            Err(_) => errors.push(format!("{name}: no answer in 2 s")),
                         }
                     }
                 }
@@ -280,6 +290,11 @@ impl Writer {
                     w.acked.push(key);
                 } else {
                     w.failed += 1;
+                    if w.failures.len() < 10 {
+                        let at = started.elapsed().as_secs_f64();
+                        w.failures
+                            .push(format!("write {key} at {at:.1}s: {}", errors.join("; ")));
+                    }
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -443,7 +458,11 @@ async fn migrate_while_writing(test: &str, n: usize) {
         after.term,
         status["finalHash"],
     );
-    assert_eq!(writes.failed, 0, "writes failed even after a retry");
+    assert_eq!(
+        writes.failed, 0,
+        "writes failed even after a retry: {:?}",
+        writes.failures
+    );
     check_writes(&ns, &writes).await;
     // Followers first in ordinal order, the leader last.
     assert_eq!(used.last(), Some(&leader), "the leader is migrated last");
@@ -943,7 +962,11 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
         Some("True"),
         "{status:#}"
     );
-    assert_eq!(writes.failed, 0, "writes failed even after a retry");
+    assert_eq!(
+        writes.failed, 0,
+        "writes failed even after a retry: {:?}",
+        writes.failures
+    );
     check_writes(&ns, &writes).await;
     claims_on(&ns, &cluster.wffc_storage_class, 3).await;
 }
@@ -984,7 +1007,11 @@ async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned
         controller.iter().any(|e| e.starts_with("NoControllerRef:")),
         "the disruption controller could not count the orphaned pods: {controller:?}"
     );
-    assert_eq!(writes.failed, 0, "writes failed even after a retry");
+    assert_eq!(
+        writes.failed, 0,
+        "writes failed even after a retry: {:?}",
+        writes.failures
+    );
     check_writes(&ns, &writes).await;
     claims_on(&ns, &cluster.wffc_storage_class, 3).await;
 }
