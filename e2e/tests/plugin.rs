@@ -162,9 +162,12 @@ async fn plan_accepts_and_lists_every_denial() {
 async fn watch_follows_a_migration_to_its_end_and_describe_tells_it() {
     let (cluster, ns) = setup("smr-plugin-watch").await;
     let _op = Operator::start(&ns, 0, None).await.unwrap();
-    create_request(&ns, "to-fast", class_change(&cluster))
-        .await
-        .unwrap();
+    // The pre-copy capped at 32 MiB/s: its 60 to 120 MiB of etcd data take 2 to 4 s, long
+    // enough for the operator to read the copy's progress while it runs (uncapped, a pass here
+    // can end within a second, between two of the operator's looks).
+    let mut spec = class_change(&cluster);
+    spec["copy"] = json!({"preCopyBandwidth": "32Mi"});
+    create_request(&ns, "to-fast", spec).await.unwrap();
     let run = smr(&["watch", "to-fast", "-n", &ns.name], MIGRATION).await;
     let req = wait_final(&ns, "to-fast", Duration::from_secs(10))
         .await
@@ -183,8 +186,7 @@ async fn watch_follows_a_migration_to_its_end_and_describe_tells_it() {
         assert!(m.contains("Done") && m.contains("downtime "), "{m}");
     }
     // The operator read the copies' progress from their logs while they ran (the last reading
-    // stays in the status): a pass copies 60 to 120 MiB of etcd data here, and the operator
-    // looks every second or so while a copy pod runs.
+    // stays in the status): it looks every second or so while a copy pod runs.
     let status = req.status.clone().unwrap();
     assert!(
         status.members.iter().any(|m| m.copy_progress.is_some()),

@@ -189,6 +189,12 @@ pub struct CopySpec {
     /// Resources (requests and limits) of the copy Jobs' container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Cap on the pre-copy passes' transfer rate, per second (e.g. `50Mi`: 50 MiB/s), so that
+    /// the copy made while the member still serves leaves disk and network to it. rsync's
+    /// `--bwlimit`, in whole KiB/s: at least `1Ki`. The final pass, while the member is down,
+    /// is never capped. Default: no cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_copy_bandwidth: Option<Quantity>,
 }
 
 impl Default for CopySpec {
@@ -199,6 +205,7 @@ impl Default for CopySpec {
             verify_mode: VerifyMode::default(),
             mover_image: None,
             resources: None,
+            pre_copy_bandwidth: None,
         }
     }
 }

@@ -131,7 +131,7 @@ macro_rules! rsync_copy_script {
             r#"
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
-out=$( { rsync -aHAXS $delta --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
+out=$( { rsync -aHAXS $delta $cap --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
 rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
 rc=${rc:-1}
 case "$ok" in
@@ -181,8 +181,13 @@ printf '%s' "$result" > /dev/termination-log
 /// Live pass: exit 24 ("some files vanished before they could be transferred") is expected
 /// while the member writes, and tolerated; the final pass repairs whatever it missed. Whole
 /// files (rsync's default between local paths): the target is empty or nearly so, and reading
-/// both sides for a delta would only cost time.
-pub const PRECOPY_SCRIPT: &str = rsync_copy_script!("0 24", "mode=WholeFile\ndelta=");
+/// both sides for a delta would only cost time. With `BWLIMIT` in its environment (whole KiB
+/// per second, set from `spec.copy.preCopyBandwidth`), rsync is held to that rate
+/// (`--bwlimit`): the member still serves while this pass reads its volume.
+pub const PRECOPY_SCRIPT: &str = rsync_copy_script!(
+    "0 24",
+    "mode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}"
+);
 
 /// Final pass over a stopped member: anything but exit 0 fails the Job.
 ///
@@ -204,6 +209,7 @@ pub const COPY_SCRIPT: &str = rsync_copy_script!(
     "0",
     r#"mode=Delta
 delta='--no-whole-file --inplace'
+cap=
 if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || [ -n "$linked" ]; then mode=WholeFile; delta=; fi"#
 );
 
@@ -413,7 +419,7 @@ fn job_container(
             "-c".to_string(),
             kind.script().to_string(),
         ]),
-        env: Some(job_env(kind, verify_since)),
+        env: Some(job_env(kind, verify_since, pre_copy_kib(req))),
         resources: req.spec.copy.resources.clone(),
         security_context: Some(security::container_security(kind.capabilities())),
         volume_mounts: Some(mounts),
@@ -424,18 +430,29 @@ fn job_container(
 }
 
 /// The C locale; for Verify with `verify_since`, `SINCE` (seconds since the epoch): the
-/// script's `Changed` mode compares the content of the files changed since then.
-fn job_env(kind: JobKind, verify_since: Option<i64>) -> Vec<EnvVar> {
+/// script's `Changed` mode compares the content of the files changed since then; for PreCopy
+/// with a cap, `BWLIMIT` (whole KiB per second, rsync's `--bwlimit`).
+fn job_env(kind: JobKind, verify_since: Option<i64>, pre_copy_kib: Option<i64>) -> Vec<EnvVar> {
     let var = |name: &str, value: String| EnvVar {
         name: name.to_string(),
         value: Some(value),
         value_from: None,
     };
     let mut env = vec![var("LC_ALL", "C".to_string())];
-    if let (JobKind::Verify, Some(since)) = (kind, verify_since) {
-        env.push(var("SINCE", since.to_string()));
+    match (kind, verify_since, pre_copy_kib) {
+        (JobKind::Verify, Some(since), _) => env.push(var("SINCE", since.to_string())),
+        (JobKind::PreCopy, _, Some(kib)) => env.push(var("BWLIMIT", kib.to_string())),
+        _ => {}
     }
     env
+}
+
+/// `spec.copy.preCopyBandwidth` in whole KiB per second (rounded down, at least 1); `None`
+/// when unset or not a quantity (preflight denies that).
+pub fn pre_copy_kib(req: &StorageMigrationRequest) -> Option<i64> {
+    let limit = req.spec.copy.pre_copy_bandwidth.as_ref()?;
+    let kib = crate::plan::quantity::bytes(limit)? / 1024;
+    i64::try_from(kib).ok().map(|k| k.max(1))
 }
 
 /// A Job's result, from its container's termination message. Which fields are set depends on
@@ -598,6 +615,7 @@ fn parse_object(text: &str) -> Result<JobResult, String> {
 mod tests {
     use super::*;
     use crate::build::testdata;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     const KINDS: [JobKind; 4] = [
         JobKind::Measure,
@@ -620,6 +638,40 @@ mod tests {
                 Some(1_700_000_000),
             );
             insta::assert_yaml_snapshot!(format!("job_{}", kind.as_str()), job);
+        }
+    }
+
+    /// `spec.copy.preCopyBandwidth` reaches the pre-copy's pod as whole KiB per second, and
+    /// no other Job's.
+    #[test]
+    fn only_the_pre_copy_gets_the_bandwidth_cap() {
+        let mut req = testdata::request();
+        let env_of = |req: &StorageMigrationRequest, kind: JobKind| {
+            let job = job(
+                req,
+                &testdata::image(),
+                &testdata::member(),
+                kind,
+                60,
+                Some(1),
+            );
+            let pod = job.spec.and_then(|s| s.template.spec).unwrap();
+            let env = pod.containers[0].env.clone().unwrap_or_default();
+            env.into_iter()
+                .find(|e| e.name == "BWLIMIT")
+                .and_then(|e| e.value)
+        };
+        assert_eq!(env_of(&req, JobKind::PreCopy), None, "no cap asked");
+        for (limit, kib) in [("50Mi", "51200"), ("1500", "1"), ("100M", "97656")] {
+            req.spec.copy.pre_copy_bandwidth = Some(Quantity(limit.into()));
+            assert_eq!(
+                env_of(&req, JobKind::PreCopy).as_deref(),
+                Some(kib),
+                "{limit}"
+            );
+            for kind in [JobKind::Copy, JobKind::Verify, JobKind::Measure] {
+                assert_eq!(env_of(&req, kind), None, "{kind:?}");
+            }
         }
     }
 
@@ -763,7 +815,7 @@ mod tests {
     fn scripts_use_fixed_flags() {
         for script in [PRECOPY_SCRIPT, COPY_SCRIPT] {
             assert!(script.contains(
-                "rsync -aHAXS $delta --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
+                "rsync -aHAXS $delta $cap --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
             ));
             assert!(script.contains(
                 "tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}'"
@@ -772,8 +824,12 @@ mod tests {
         assert!(PRECOPY_SCRIPT.starts_with("set -u\nok=' 0 24 '\n"));
         assert!(COPY_SCRIPT.starts_with("set -u\nok=' 0 '\n"));
         // The delta mode is chosen from constants only: nothing of the request reaches it.
-        assert!(PRECOPY_SCRIPT.contains("\nmode=WholeFile\ndelta=\n"));
-        assert!(COPY_SCRIPT.contains("\nmode=Delta\ndelta='--no-whole-file --inplace'\n"));
+        assert!(
+            PRECOPY_SCRIPT
+                .contains("\nmode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}\n")
+        );
+        // The final pass is never capped, whatever its environment says.
+        assert!(COPY_SCRIPT.contains("\nmode=Delta\ndelta='--no-whole-file --inplace'\ncap=\n"));
         assert!(VERIFY_SCRIPT.contains(
             "rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/"
         ));
@@ -1270,6 +1326,33 @@ mod tests {
             );
             let verify = run(JobKind::Verify, dir.path());
             assert_eq!(verify.code, 0, "{}", verify.stderr);
+        }
+
+        /// With `BWLIMIT` set, the pre-copy is held to that many KiB per second: 3 MiB at
+        /// 1 MiB/s takes at least 1.5 s (rsync may send its first block unthrottled), and copies
+        /// every byte.
+        #[test]
+        fn pre_copy_keeps_to_its_bandwidth_cap() {
+            let Some((dir, src, dst)) = empty_trees() else {
+                return;
+            };
+            let data: Vec<u8> = (0..3 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+            std::fs::write(src.join("big"), &data).unwrap();
+            let started = std::time::Instant::now();
+            let run = run_in(
+                JobKind::PreCopy,
+                dir.path(),
+                None,
+                &[("BWLIMIT", "1024".into())],
+            );
+            let took = started.elapsed();
+            let result = run.result.unwrap_or_else(|e| panic!("{e}: {}", run.stderr));
+            assert_eq!(result.bytes, Some(3 * 1024 * 1024), "{}", run.stderr);
+            assert_eq!(std::fs::read(dst.join("big")).unwrap(), data);
+            assert!(
+                took >= std::time::Duration::from_millis(1500),
+                "3 MiB at 1 MiB/s took {took:?}"
+            );
         }
 
         #[test]

@@ -86,6 +86,7 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         }
     );
     check!(c, spec::check_timeout(&spec.timeout));
+    check!(c, spec::check_pre_copy_bandwidth(&spec.copy));
     check!(c, spec::check_target_name(&spec.target.name));
     let namespace = o.request.namespace().unwrap_or_default();
     let allowed = cx.settings.allow_request_mover_image;

@@ -1,7 +1,7 @@
 //! Checks of the spec on its own (no cluster needed).
 
 use super::{Denial, DenialReason};
-use crate::api::{MigrationType, StorageMigrationRequestSpec};
+use crate::api::{CopySpec, MigrationType, StorageMigrationRequestSpec};
 use crate::plan::{quantity, timeout_seconds};
 
 /// The pure validation of a spec on its own: the type's parameters, the timeout, the target.
@@ -11,6 +11,7 @@ pub fn validate_spec(spec: &StorageMigrationRequestSpec) -> Result<(), Denial> {
         MigrationType::Shrink => check_shrink_spec(spec)?,
     }
     check_timeout(&spec.timeout)?;
+    check_pre_copy_bandwidth(&spec.copy)?;
     check_target_name(&spec.target.name)
 }
 
@@ -71,4 +72,23 @@ pub(super) fn check_target_name(name: &str) -> Result<(), Denial> {
         return Err(invalid("spec.target.name is empty"));
     }
     Ok(())
+}
+
+/// `spec.copy.preCopyBandwidth`, when set, is a quantity of at least 1Ki (rsync's `--bwlimit`
+/// counts whole KiB per second).
+pub(super) fn check_pre_copy_bandwidth(copy: &CopySpec) -> Result<(), Denial> {
+    let Some(limit) = &copy.pre_copy_bandwidth else {
+        return Ok(());
+    };
+    match quantity::bytes(limit) {
+        Some(b) if b >= 1024 => Ok(()),
+        Some(_) => Err(invalid(format!(
+            "spec.copy.preCopyBandwidth {:?} is below 1Ki per second, the least rsync can be held to",
+            limit.0
+        ))),
+        None => Err(invalid(format!(
+            "spec.copy.preCopyBandwidth {:?} is not a quantity (use e.g. 50Mi, per second)",
+            limit.0
+        ))),
+    }
 }

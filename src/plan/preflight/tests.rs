@@ -137,6 +137,33 @@ fn timeout_and_target_name() {
 }
 
 #[test]
+fn pre_copy_bandwidth_is_a_quantity_of_at_least_one_kib() {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let mut s = spec_class_change("fast");
+    assert!(spec::check_pre_copy_bandwidth(&s.copy).is_ok(), "unset");
+    for good in ["50Mi", "1Ki", "1024", "1G"] {
+        s.copy.pre_copy_bandwidth = Some(Quantity(good.into()));
+        assert!(spec::check_pre_copy_bandwidth(&s.copy).is_ok(), "{good}");
+    }
+    s.copy.pre_copy_bandwidth = Some(Quantity("fast".into()));
+    let d = denied(validate_spec(&s));
+    assert_eq!(d.reason, DenialReason::InvalidSpec);
+    assert_eq!(
+        d.message,
+        "spec.copy.preCopyBandwidth \"fast\" is not a quantity (use e.g. 50Mi, per second)"
+    );
+    for low in ["1023", "0", "-5Mi"] {
+        s.copy.pre_copy_bandwidth = Some(Quantity(low.into()));
+        let d = denied(spec::check_pre_copy_bandwidth(&s.copy));
+        assert!(
+            d.message.contains("is below 1Ki per second"),
+            "{low}: {}",
+            d.message
+        );
+    }
+}
+
+#[test]
 fn validate_spec_reports_the_type_before_the_timeout() {
     assert!(validate_spec(&spec_class_change("fast")).is_ok());
     let mut s = spec_class_change("");
