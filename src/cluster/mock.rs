@@ -136,15 +136,8 @@ impl ApiServerVerifier {
                     .collect();
                 panic!("expected {expected:?}, but no request came");
             };
-            let matches = |e: &Exchange| {
-                e.method == request.method()
-                    && e.path == request.uri().path()
-                    && e.query == request.uri().query().unwrap_or("")
-            };
-            let Some(i) = left.iter().position(matches) else {
-                panic!("unexpected request {} {}", request.method(), request.uri());
-            };
-            answer(request, send, left.remove(i)).await;
+            let e = take_match(&mut left, &request);
+            answer(request, send, e).await;
         }
     }
 }
@@ -161,17 +154,24 @@ impl ApiServerVerifier {
             pending.push(p);
         }
         while let Some((request, send)) = pending.pop() {
-            let matches = |e: &Exchange| {
-                e.method == request.method()
-                    && e.path == request.uri().path()
-                    && e.query == request.uri().query().unwrap_or("")
-            };
-            let Some(i) = left.iter().position(matches) else {
-                panic!("unexpected request {} {}", request.method(), request.uri());
-            };
-            answer(request, send, left.remove(i)).await;
+            let e = take_match(&mut left, &request);
+            answer(request, send, e).await;
         }
     }
+}
+
+/// Removes from `left` and returns the first exchange `request` matches (method, path and
+/// query); panics when none does.
+fn take_match(left: &mut Vec<Exchange>, request: &Request<Body>) -> Exchange {
+    let matches = |e: &Exchange| {
+        e.method == request.method()
+            && e.path == request.uri().path()
+            && e.query == request.uri().query().unwrap_or("")
+    };
+    let Some(i) = left.iter().position(matches) else {
+        panic!("unexpected request {} {}", request.method(), request.uri());
+    };
+    left.remove(i)
 }
 
 /// Checks `request` against `e` and sends `e`'s answer.
@@ -226,12 +226,7 @@ where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let (cluster, mut server) = mocked();
-    let task = tokio::spawn(call(cluster));
-    for e in exchanges {
-        server.exchange(e).await;
-    }
-    finish(task, server).await
+    verify_in(Order::AsSent, exchanges, call).await
 }
 
 /// [`verify`] with `exchanges` in any order: for calls that send requests concurrently.
@@ -240,22 +235,42 @@ where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
-    let (cluster, mut server) = mocked();
-    let task = tokio::spawn(call(cluster));
-    server.exchange_unordered(exchanges).await;
-    finish(task, server).await
+    verify_in(Order::Any, exchanges, call).await
 }
 
-/// [`verify`] for concurrent calls, with the answers in the reverse order of the requests:
-/// what a call reports must not depend on which answer came first.
-pub async fn verify_last_first<T, F>(exchanges: Vec<Exchange>, call: impl FnOnce(Cluster) -> F) -> T
+/// In which order the mocked API server expects the requests and answers them.
+pub enum Order {
+    /// Each request as the next of the exchanges, answered at once.
+    AsSent,
+    /// The requests in any order, each answered at once.
+    Any,
+    /// Every request first, in any order; then the answers in the reverse order of the
+    /// requests: what a concurrent call reports must not depend on which answer came first.
+    LastFirst,
+}
+
+/// Runs `call` on a mocked cluster that expects exactly `exchanges`, in `order`; returns what
+/// `call` returned.
+pub async fn verify_in<T, F>(
+    order: Order,
+    exchanges: Vec<Exchange>,
+    call: impl FnOnce(Cluster) -> F,
+) -> T
 where
     F: Future<Output = T> + Send + 'static,
     T: Send + 'static,
 {
     let (cluster, mut server) = mocked();
     let task = tokio::spawn(call(cluster));
-    server.exchange_last_first(exchanges).await;
+    match order {
+        Order::AsSent => {
+            for e in exchanges {
+                server.exchange(e).await;
+            }
+        }
+        Order::Any => server.exchange_unordered(exchanges).await,
+        Order::LastFirst => server.exchange_last_first(exchanges).await,
+    }
     finish(task, server).await
 }
 

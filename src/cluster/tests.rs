@@ -596,7 +596,8 @@ async fn gather_reports_the_first_failed_read_in_a_fixed_order() {
             .fails(403, "Forbidden"),
     ];
     let request = o.request.clone();
-    let result = super::mock::verify_last_first(exchanges, move |cluster| async move {
+    let order = super::mock::Order::LastFirst;
+    let result = super::mock::verify_in(order, exchanges, move |cluster| async move {
         let engine = Err("no engine in this test".to_string());
         cluster.gather(request, &engine).await
     })
