@@ -27,6 +27,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use e2e::provisioner::{ProvisionerError, create_image, destroy_volume, mount_image};
 use storage_migrator::build::job::{
     PRECOPY_SCRIPT, SOURCE_PATH, TARGET_PATH, TERMINATION_MESSAGE_PATH,
 };
@@ -60,6 +61,8 @@ enum BenchError {
     },
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    #[error(transparent)]
+    Volume(#[from] ProvisionerError),
 }
 
 /// Runs `program args` to its end; an error names it with its stderr.
@@ -87,18 +90,17 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
     move |e| BenchError::Io(what, e)
 }
 
-/// A fresh ext4 image of `gib` GiB at `dir/NAME.img`, loop-mounted at `dir/NAME`.
+/// A fresh ext4 image of `gib` GiB at `dir/NAME.img`, loop-mounted at `dir/NAME`: the local
+/// cluster's provisioner makes and mounts its volumes the same way.
 fn volume(dir: &Path, name: &str, gib: u64) -> Result<PathBuf, BenchError> {
-    let image = dir.join(format!("{name}.img"));
-    let mount = dir.join(name);
-    let file = std::fs::File::create(&image).map_err(io(image.display().to_string()))?;
-    file.set_len(gib << 30)
-        .map_err(io(image.display().to_string()))?;
-    std::fs::create_dir_all(&mount).map_err(io(mount.display().to_string()))?;
-    let (image_s, mount_s) = (path_str(&image), path_str(&mount));
-    run("mkfs.ext4", &["-q", "-F", &image_s])?;
-    run("mount", &["-o", "loop", &image_s, &mount_s])?;
+    let (image, mount) = volume_paths(dir, name);
+    create_image(&image, gib << 30)?;
+    mount_image(&image, &mount)?;
     Ok(mount)
+}
+
+fn volume_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+    (dir.join(format!("{name}.img")), dir.join(name))
 }
 
 fn path_str(p: &Path) -> String {
@@ -275,8 +277,10 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let outcome = bench(&cli);
     for name in ["source", "target"] {
-        let mount = path_str(&cli.dir.join(name));
-        let _ = run("umount", &[&mount]);
+        let (image, mount) = volume_paths(&cli.dir, name);
+        if let Err(e) = destroy_volume(&image, &mount) {
+            eprintln!("cannot remove volume {}: {e}", image.display());
+        }
     }
     let _ = std::fs::remove_dir_all(&cli.dir);
     outcome?;
