@@ -29,5 +29,6 @@ pub mod metrics;
 pub mod permissions;
 pub mod plan;
 pub mod plugin;
+pub mod quantity;
 pub mod scope;
 pub mod serve;

@@ -451,7 +451,7 @@ fn job_env(kind: JobKind, verify_since: Option<i64>, pre_copy_kib: Option<i64>) 
 /// when unset or not a quantity (preflight denies that).
 pub fn pre_copy_kib(req: &StorageMigrationRequest) -> Option<i64> {
     let limit = req.spec.copy.pre_copy_bandwidth.as_ref()?;
-    let kib = crate::plan::quantity::bytes(limit)? / 1024;
+    let kib = crate::quantity::bytes(limit)? / 1024;
     i64::try_from(kib).ok().map(|k| k.max(1))
 }
 

@@ -46,7 +46,7 @@ pub mod member;
 pub mod observe;
 pub mod preflight;
 pub mod progress;
-pub mod quantity;
+pub use crate::quantity;
 pub mod runbook;
 pub mod stability;
 pub mod stages;
