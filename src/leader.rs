@@ -10,8 +10,16 @@
 //! grace`, so a working holder is never fenced; stopping `grace / 2` before the lease expires
 //! leaves room for clock skew and for calls already sent, so a replica that loses the lease has
 //! stopped before another can start (defaults: renewal every 10 s, fence at 12.5 s, takeover
-//! after 15 s). After losing the lease the process exits (as Kubernetes' own controllers do), and
-//! its restart waits as a follower.
+//! after 15 s). Each reading is bounded by the time left, and readings come closer together as
+//! the end nears, so a slow API server cannot stretch a term and a late renewal is still seen.
+//! After losing the lease the process exits (as Kubernetes' own controllers do), and its restart
+//! waits as a follower.
+//!
+//! A replica starts acting only once the Lease shows a renewal of its own valid for at least a
+//! [`FENCE_PERIOD`] more. That matters to a process restarted under the same identity (a
+//! container restarted in its pod): the manager takes its predecessor's lease over without
+//! writing, and renews at once only when the renewal on record is already due, so the record
+//! can be stale for a moment.
 //!
 //! Each candidate applies the Lease under a field manager of its own (the crate's default,
 //! derived from the identity): server-side apply then refuses a second holder as a conflict.
@@ -25,8 +33,11 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use thiserror::Error;
 use tracing::{info, warn};
 
-/// How often the fence reads the Lease.
+/// How often the fence reads the Lease while the end of the renewal on record is far.
 pub const FENCE_PERIOD: Duration = Duration::from_secs(1);
+
+/// The shortest wait between two readings of the Lease.
+const FENCE_MIN_WAIT: Duration = Duration::from_millis(50);
 
 /// Where the Lease is and who this replica is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -159,12 +170,19 @@ where
         }
     }
     info!(identity = %cfg.identity, "became the leader");
-    on_role(true);
     let leases: Api<Lease> = Api::namespaced(client, &cfg.namespace);
+    let valid_until = match confirmed(&leases, cfg).await {
+        Ok(until) => until,
+        Err(reason) => {
+            drop(leading);
+            return finish(task, Term::Fenced(reason)).await.map_err(lease_err);
+        }
+    };
+    on_role(true);
     let term = tokio::select! {
         () = work() => Term::Finished,
         () = lost(&mut leading) => Term::Lost,
-        reason = fenced(&leases, cfg) => Term::Fenced(reason),
+        reason = fenced(&leases, cfg, valid_until) => Term::Fenced(reason),
     };
     on_role(false);
     drop(leading);
@@ -180,32 +198,80 @@ async fn lost(leading: &mut tokio::sync::watch::Receiver<bool>) {
     }
 }
 
-/// Resolves, with the reason, once no renewal of ours is valid any more.
-async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig) -> String {
-    // Before the first reading, the acquisition itself is the renewal on record.
-    let mut valid_until = SystemTime::now() + cfg.margin();
+/// One reading of the Lease, given up at `by`: the verdict, or `None` when it could not be read
+/// in time.
+async fn read_fence(
+    leases: &Api<Lease>,
+    cfg: &LeaseConfig,
+    by: SystemTime,
+) -> Option<FenceVerdict> {
+    let left = by.duration_since(SystemTime::now()).unwrap_or_default();
+    match tokio::time::timeout(left, leases.get_opt(&cfg.name)).await {
+        Ok(Ok(lease)) => Some(cfg.fence(lease.as_ref())),
+        Ok(Err(e)) => {
+            warn!(error = %e, "cannot read the Lease; acting until the last renewal expires");
+            None
+        }
+        Err(_) => None,
+    }
+}
+
+/// Waits (up to the grace) until the Lease shows a renewal of ours valid for at least a
+/// [`FENCE_PERIOD`] more; returns until when it is valid.
+async fn confirmed(leases: &Api<Lease>, cfg: &LeaseConfig) -> Result<SystemTime, String> {
+    let give_up = SystemTime::now() + cfg.grace;
+    let mut told = false;
     loop {
-        let now = SystemTime::now();
-        if now >= valid_until {
+        match read_fence(leases, cfg, give_up).await {
+            Some(FenceVerdict::Valid(until)) if until > SystemTime::now() + FENCE_PERIOD => {
+                return Ok(until);
+            }
+            Some(FenceVerdict::Stop(reason)) => return Err(reason),
+            Some(FenceVerdict::Valid(_)) if !told => {
+                told = true;
+                info!("the renewal on record is about to end; waiting for our own before acting");
+            }
+            Some(FenceVerdict::Valid(_)) | None => {}
+        }
+        if SystemTime::now() + 2 * FENCE_MIN_WAIT >= give_up {
+            return Err(format!(
+                "holding Lease {}/{}, but no fresh renewal of ours was on record within {:?}",
+                cfg.namespace, cfg.name, cfg.grace
+            ));
+        }
+        tokio::time::sleep(2 * FENCE_MIN_WAIT).await;
+    }
+}
+
+/// Resolves, with the reason, once no renewal of ours is valid any more; `valid_until` is the
+/// end of the renewal [`confirmed`] found.
+async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig, mut valid_until: SystemTime) -> String {
+    loop {
+        let left = valid_until
+            .duration_since(SystemTime::now())
+            .unwrap_or_default();
+        if left.is_zero() {
             return format!(
-                "no renewal of Lease {}/{} on record since {:?} ago",
+                "no renewal of Lease {}/{} on record for {:?}",
                 cfg.namespace,
                 cfg.name,
                 cfg.margin()
             );
         }
-        match leases.get_opt(&cfg.name).await {
-            Ok(lease) => match cfg.fence(lease.as_ref()) {
-                FenceVerdict::Valid(until) => valid_until = until,
-                FenceVerdict::Stop(reason) => return reason,
-            },
-            Err(e) => {
-                warn!(error = %e, "cannot read the Lease; acting until the last renewal expires")
-            }
+        tokio::time::sleep(next_reading_in(left)).await;
+        match read_fence(leases, cfg, valid_until).await {
+            Some(FenceVerdict::Valid(until)) => valid_until = until,
+            Some(FenceVerdict::Stop(reason)) => return reason,
+            None => {}
         }
-        let left = valid_until.duration_since(now).unwrap_or_default();
-        tokio::time::sleep(left.min(FENCE_PERIOD)).await;
     }
+}
+
+/// How long the fence waits before its next reading, `left` before its end: a
+/// [`FENCE_PERIOD`] while the end is far, then half of what is left (at least
+/// [`FENCE_MIN_WAIT`], never past the end), so a renewal that lands late is still seen.
+pub fn next_reading_in(left: Duration) -> Duration {
+    (left / 2).max(FENCE_MIN_WAIT).min(left).min(FENCE_PERIOD)
 }
 
 /// Stops the lease manager (it releases the lease when it still holds it) and reports `term`.
@@ -269,6 +335,106 @@ mod tests {
         assert!(stop(cfg().fence(Some(&lease(None, Some(t))))).contains("held by nobody"));
         assert!(stop(cfg().fence(None)).contains("is gone"));
         assert!(stop(cfg().fence(Some(&lease(Some("op-0"), None)))).contains("renewTime"));
+    }
+
+    #[test]
+    fn the_fence_reads_more_often_as_the_end_nears_and_never_past_it() {
+        let ms = Duration::from_millis;
+        let waits: Vec<_> = [12_500, 2_000, 1_000, 400, 80, 30, 0]
+            .into_iter()
+            .map(|left| next_reading_in(ms(left)).as_millis())
+            .collect();
+        assert_eq!(waits, [1_000, 1_000, 500, 200, 50, 30, 0]);
+    }
+
+    /// The Lease API of a mocked server that answers each GET with the next of `answers`
+    /// (`None`: never answers) and counts the requests it got.
+    fn lease_server(answers: Vec<Option<Lease>>) -> (Api<Lease>, tokio::task::JoinHandle<usize>) {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut held = Vec::new();
+            let mut served = 0;
+            for answer in answers {
+                let Some((request, send)) = handle.next_request().await else {
+                    break;
+                };
+                assert_eq!(
+                    request.uri().path(),
+                    "/apis/coordination.k8s.io/v1/namespaces/ops/leases/storage-migrator"
+                );
+                served += 1;
+                match answer {
+                    Some(lease) => send.send_response(Response::new(Body::from(
+                        serde_json::to_vec(&lease).unwrap_or_default(),
+                    ))),
+                    None => held.push(send),
+                }
+            }
+            if !held.is_empty() {
+                // The unanswered requests stay pending for as long as the test runs.
+                std::future::pending::<()>().await;
+            }
+            served
+        });
+        let client = Client::new(service, "ops");
+        (Api::namespaced(client, "ops"), server)
+    }
+
+    fn ours_renewed(ago: Duration) -> Option<Lease> {
+        Some(lease(Some("op-0"), Some(SystemTime::now() - ago)))
+    }
+
+    #[tokio::test]
+    async fn leading_waits_for_a_fresh_renewal_of_ours_before_acting() {
+        // A restart under the same identity: the renewal on record (12 s ago) ends in 0.5 s,
+        // then the manager's own renewal lands.
+        let (leases, server) = lease_server(vec![
+            ours_renewed(Duration::from_secs(12)),
+            ours_renewed(Duration::from_secs(12)),
+            ours_renewed(Duration::ZERO),
+        ]);
+        let until = confirmed(&leases, &cfg()).await.expect("confirmed");
+        let left = until.duration_since(SystemTime::now()).unwrap_or_default();
+        assert!(left > Duration::from_secs(12), "{left:?}");
+        drop(leases);
+        assert_eq!(server.await.ok(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn leading_never_starts_on_a_lease_held_by_another() {
+        let (leases, _server) =
+            lease_server(vec![Some(lease(Some("op-1"), Some(SystemTime::now())))]);
+        let reason = confirmed(&leases, &cfg()).await.expect_err("not ours");
+        assert!(reason.contains("held by op-1"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn a_renewal_read_just_before_the_end_extends_the_term() {
+        // The end is 0.3 s away: the fence reads again before it and sees the renewal.
+        let (leases, server) = lease_server(vec![ours_renewed(Duration::ZERO)]);
+        let (cfg, end) = (cfg(), SystemTime::now() + Duration::from_millis(300));
+        let fence = tokio::time::timeout(Duration::from_secs(1), fenced(&leases, &cfg, end));
+        assert!(fence.await.is_err(), "the fence stopped despite a renewal");
+        drop(leases);
+        assert_eq!(server.await.ok(), Some(1));
+    }
+
+    #[tokio::test]
+    async fn a_reading_that_never_returns_does_not_stretch_the_term() {
+        let (leases, _server) = lease_server(vec![None]);
+        let t0 = std::time::Instant::now();
+        let end = SystemTime::now() + Duration::from_millis(300);
+        let reason = tokio::time::timeout(Duration::from_secs(2), fenced(&leases, &cfg(), end))
+            .await
+            .expect("the fence stops at the end of the term");
+        assert!(reason.contains("no renewal"), "{reason}");
+        assert!(
+            t0.elapsed() < Duration::from_millis(450),
+            "{:?}",
+            t0.elapsed()
+        );
     }
 
     #[test]

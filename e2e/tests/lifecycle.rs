@@ -5,7 +5,10 @@
 //! - a request deleted while it is `Progressing`: the finalizer keeps it until the member in
 //!   flight is rolled back and the StatefulSet recreated; then it goes, leaving the workload
 //!   as it was and nothing of its own behind;
-//! - engine `Generic` with `leaderLabel`: the labelled pod is migrated last.
+//! - engine `Generic` with `leaderLabel`: the labelled pod is migrated last;
+//! - an operator killed without releasing its Lease, restarted under the same identity once the
+//!   renewal on record is past the fence's end but not yet expired: it waits for its own renewal
+//!   and keeps leading.
 //!
 //! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
 //! `<workspace>/target/debug/storage-migrator`).
@@ -21,11 +24,13 @@ use e2e::testing::operator::{
 use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, Role, StorageMigrationRequest};
+use storage_migrator::labels::LEASE_NAME;
 use tracing::info;
 
 const MIGRATION: Duration = Duration::from_secs(600);
@@ -301,4 +306,73 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         "etcd key count and hash unchanged"
     );
     wait_nothing_left(&ns, name, Duration::from_secs(60), &[]).await;
+}
+
+/// The Lease's holder and last renewal, once `identity` holds it (waits up to 30 s).
+async fn held_by(ns: &TestNamespace, identity: &str) -> std::time::SystemTime {
+    let t0 = Instant::now();
+    loop {
+        let lease = ns.api::<Lease>().get_opt(LEASE_NAME).await.unwrap();
+        let spec = lease.and_then(|l| l.spec);
+        if let Some(spec) = spec.filter(|s| s.holder_identity.as_deref() == Some(identity)) {
+            let renewed = spec.renew_time.expect("a held Lease has a renewTime");
+            return std::time::SystemTime::from(renewed.0);
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "{identity} never held the Lease"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A container restarted in its pod keeps its identity. The lease manager then takes the old
+/// Lease over without writing and renews it at once only if the renewal on record is due. Here
+/// the restart comes 13 s after the last renewal: past the fence's end (12.5 s), before the Lease
+/// expires (15 s). The operator must wait for its own renewal and keep leading; it used to read
+/// the stale renewal and exit at once ("stopped acting").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_the_same_identity_keeps_leading_past_a_stale_renewal() {
+    let (_cluster, ns) = scenario("smr-stale-lease").await;
+    install_crd(&ns).await.unwrap();
+    let identity = format!("e2e-{}", ns.name);
+    // A failpoint that never fires keeps the process unsupervised: an exit is seen, not hidden
+    // by a restart.
+    let mut first = Operator::start(&ns, 0, Some("stage-Migrating=off"))
+        .await
+        .unwrap();
+    held_by(&ns, &identity).await;
+    let pid = first.pid().expect("the first operator runs");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    assert_eq!(first.wait_exit(Duration::from_secs(10)).await.unwrap(), -1);
+    let renewed = held_by(&ns, &identity).await;
+    let restart_at = renewed + Duration::from_secs(13);
+    let wait = restart_at
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or_default();
+    info!(?wait, "restarting 13 s after the last renewal");
+    tokio::time::sleep(wait).await;
+    let late = std::time::SystemTime::now()
+        .duration_since(renewed)
+        .unwrap_or_default();
+    assert!(
+        late < Duration::from_secs(14),
+        "the restart came {late:?} after the renewal; the Lease nearly expired: test void"
+    );
+    let mut second = Operator::start(&ns, 1, Some("stage-Migrating=off"))
+        .await
+        .unwrap();
+    second
+        .check_running(Duration::from_secs(8))
+        .await
+        .unwrap_or_else(|e| panic!("the restarted operator stopped: {e}"));
+    let renewed_again = held_by(&ns, &identity).await;
+    assert!(
+        renewed_again > renewed,
+        "the restarted operator renewed the Lease ({renewed:?} -> {renewed_again:?})"
+    );
+    let log = std::fs::read_to_string(second.log()).unwrap();
+    assert!(log.contains("became the leader"), "{log}");
+    assert!(!log.contains("stopped acting"), "{log}");
 }
