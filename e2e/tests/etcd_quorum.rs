@@ -14,9 +14,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use e2e::testing::etcd_writer::{Writer, Writes, connect, ready};
 use e2e::testing::operator::{self, Operator, install_crd};
 use e2e::testing::{TestCluster, TestNamespace, init_tracing, procs};
-use etcd_client::{Client, ConnectOptions, GetOptions};
+use etcd_client::GetOptions;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::api::{ListParams, Patch, PatchParams};
@@ -90,26 +91,6 @@ fn downtimes(status: &Value) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-fn ready(p: &Pod) -> bool {
-    p.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-async fn connect(endpoint: &str) -> Option<Client> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(1))
-        .with_timeout(Duration::from_secs(2));
-    tokio::time::timeout(
-        Duration::from_secs(3),
-        Client::connect([endpoint], Some(options)),
-    )
-    .await
-    .ok()?
-    .ok()
 }
 
 /// `pod → http://<ip>:2379` of the set's running pods.
@@ -193,122 +174,6 @@ async fn move_leader(ns: &TestNamespace, from: &str, to: &str) {
 /// measures the machine, not the operator. The other tests of this file still run beside them.
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Counts of a writer that puts `w/<n>` keys through the members while the migration runs.
-#[derive(Debug, Default)]
-struct Writes {
-    attempted: u64,
-    retried: u64,
-    failed: u64,
-    acked: Vec<u64>,
-    longest_gap: Duration,
-    /// The first failed writes: when (since the writer started), and each attempt's member and
-    /// error, so that a failure says whether a member, an election or the cluster refused it.
-    failures: Vec<String>,
-}
-
-/// One write every ~20 ms through the members in turn (one client per Ready member pod, like a
-/// client behind the Service; re-read from the API every 250 ms as pods stop and come back with
-/// new IPs); a failed write is retried once through the next member.
-struct Writer {
-    stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Writes>,
-}
-
-impl Writer {
-    fn start(ns: &TestNamespace) -> Writer {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let ns_name = ns.name.clone();
-        let client = ns.client();
-        let task = tokio::spawn(async move {
-            let pods: Api<Pod> = Api::namespaced(client, &ns_name);
-            let mut w = Writes::default();
-            let mut clients: BTreeMap<String, (String, Client)> = BTreeMap::new();
-            let mut refreshed = Instant::now() - Duration::from_secs(10);
-            let mut last_ack = Instant::now();
-            let mut turn = 0usize;
-            let started = Instant::now();
-            while !flag.load(Ordering::Relaxed) {
-                if refreshed.elapsed() > Duration::from_millis(250) {
-                    refreshed = Instant::now();
-                    if let Ok(list) = pods.list(&ListParams::default().labels("app=etcd")).await {
-                        let mut fresh = BTreeMap::new();
-                        for p in list.items {
-                            // Like a client behind the Service: Ready pods only.
-                            if p.metadata.deletion_timestamp.is_some() || !ready(&p) {
-                                continue;
-                            }
-                            let Some(ip) = p.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-                                continue;
-                            };
-                            let ep = format!("http://{ip}:2379");
-                            let name = p.name_any();
-                            match clients.remove(&name) {
-                                Some((old, c)) if old == ep => {
-                                    fresh.insert(name, (ep, c));
-                                }
-                                _ => {
-                                    if let Some(c) = connect(&ep).await {
-                                        fresh.insert(name, (ep, c));
-                                    }
-                                }
-                            }
-                        }
-                        clients = fresh;
-                    }
-                }
-                w.attempted += 1;
-                let key = w.attempted;
-                let names: Vec<String> = clients.keys().cloned().collect();
-                let mut ok = false;
-                let mut errors = Vec::new();
-                for attempt in 0..2 {
-                    if names.is_empty() {
-                        errors.push("no Ready member".to_string());
-                        break;
-                    }
-                    let name = &names[(turn + attempt) % names.len()];
-                    if let Some((_, c)) = clients.get_mut(name) {
-                        let put = c.put(format!("w/{key:08}"), key.to_string(), None);
-                        match tokio::time::timeout(Duration::from_secs(2), put).await {
-                            Ok(Ok(_)) => {
-                                ok = true;
-                                if attempt == 1 {
-                                    w.retried += 1;
-                                }
-                                break;
-                            }
-                            Ok(Err(e)) => errors.push(format!("{name}: {e}")),
-                            Err(_) => errors.push(format!("{name}: no answer in 2 s")),
-                        }
-                    }
-                }
-                turn += 1;
-                if ok {
-                    w.longest_gap = w.longest_gap.max(last_ack.elapsed());
-                    last_ack = Instant::now();
-                    w.acked.push(key);
-                } else {
-                    w.failed += 1;
-                    if w.failures.len() < 10 {
-                        let at = started.elapsed().as_secs_f64();
-                        w.failures
-                            .push(format!("write {key} at {at:.1}s: {}", errors.join("; ")));
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            w
-        });
-        Writer { stop, task }
-    }
-
-    async fn finish(self) -> Writes {
-        self.stop.store(true, Ordering::Relaxed);
-        self.task.await.expect("writer task")
-    }
-}
-
 /// Every acknowledged key is readable (linearizable read through one member), and every member
 /// holds the same number of `w/` keys.
 async fn check_writes(ns: &TestNamespace, writes: &Writes) {
@@ -356,34 +221,6 @@ async fn handovers(ns: &TestNamespace) -> u64 {
         .count() as u64
 }
 
-/// The etcd fixture with `n` members (the initial cluster lists all of them).
-fn fixture(n: usize) -> String {
-    let yaml = std::fs::read_to_string(e2e::testing::fixture_path("etcd.yaml")).expect("fixture");
-    if n == 3 {
-        return yaml;
-    }
-    let peers: Vec<String> = (0..n)
-        .map(|i| format!("etcd-{i}=http://etcd-{i}.etcd.$(NAMESPACE).svc.cluster.local:2380"))
-        .collect();
-    let mut out = String::new();
-    for line in yaml.lines() {
-        let trimmed = line.trim_start();
-        let indent = &line[..line.len() - trimmed.len()];
-        if trimmed == "replicas: 3" {
-            out.push_str(&format!("{indent}replicas: {n}\n"));
-        } else if trimmed.starts_with("- --initial-cluster=") {
-            out.push_str(&format!(
-                "{indent}- --initial-cluster={}\n",
-                peers.join(",")
-            ));
-        } else {
-            out.push_str(line);
-            out.push('\n');
-        }
-    }
-    out
-}
-
 /// The operator for `ns`: started here, or none with `E2E_OPERATOR=external` (one already runs
 /// in the cluster).
 async fn start_operator(ns: &TestNamespace) -> Option<Operator> {
@@ -404,9 +241,10 @@ async fn setup(test: &str, n: usize) -> (TestCluster, TestNamespace, Option<Oper
     let ns = cluster.namespace(test).await.expect("namespace");
     install_crd(&ns).await.expect("install the CRD");
     let class = cluster.storage_class.clone();
-    ns.apply_yaml_with(&fixture(n), |obj| {
-        e2e::testing::set_template_class(obj, "standard", &class)
-    })
+    ns.apply_yaml_with(
+        &e2e::testing::etcd::fixture_yaml(n).expect("fixture"),
+        |obj| e2e::testing::set_template_class(obj, "standard", &class),
+    )
     .await
     .expect("apply etcd");
     ns.wait_statefulset_ready(SET, n as i32, Duration::from_secs(240))
@@ -439,7 +277,7 @@ async fn migrate_while_writing(test: &str, n: usize) {
     let status = wait_final(&ns, Duration::from_secs(900)).await;
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let writes = writer.finish().await;
+    let writes = writer.finish().await.expect("writer task");
     assert_eq!(phase(&status), "Successful", "{status:#}");
     let after = wait_etcd(&ns, n).await;
     let handed = handovers(&ns).await;
@@ -726,7 +564,7 @@ async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
     let status = wait_final(&ns, Duration::from_secs(900)).await;
     stop.store(true, Ordering::Relaxed);
     let (most_down, seen) = down.await.expect("monitor");
-    let writes = writer.finish().await;
+    let writes = writer.finish().await.expect("writer task");
     let used = order(&status);
     let first = used.first().cloned().unwrap_or_default();
     let first_stopped = status["members"]
@@ -792,7 +630,9 @@ async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> 
 
 /// Applies the budget on the etcd members with `rule` (`minAvailable: N`, `maxUnavailable: N`);
 /// waits until the disruption controller has computed its status for this spec (`desired`
-/// pods must stay healthy); returns its `disruptionsAllowed`.
+/// pods must stay healthy) with every member healthy (a member's readiness probe failing for a
+/// moment on a loaded machine would take one from what the budget allows); returns its
+/// `disruptionsAllowed`.
 async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desired: i64) -> i64 {
     let yaml = format!(
         "apiVersion: policy/{version}\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
@@ -813,12 +653,14 @@ async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desire
         let status = &pdb.data["status"];
         if status["observedGeneration"].as_i64() == pdb.metadata.generation
             && status["desiredHealthy"].as_i64() == Some(desired)
+            && status["currentHealthy"].as_i64() == status["expectedPods"].as_i64()
         {
             return status["disruptionsAllowed"].as_i64().unwrap_or(-1);
         }
         assert!(
             Instant::now() < deadline,
-            "the disruption controller did not compute {BUDGET}'s status: {status}"
+            "the disruption controller did not compute {BUDGET}'s status with every member \
+             healthy: {status}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -938,7 +780,7 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
     );
     let status = wait_final(&ns, Duration::from_secs(900)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let writes = writer.finish().await;
+    let writes = writer.finish().await.expect("writer task");
     assert_eq!(phase(&status), "Successful", "{status:#}");
     let events = ns.events_for(REQUEST).await.unwrap_or_default();
     let waits: Vec<&String> = events
@@ -986,7 +828,7 @@ async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned
     create_request(&ns, &cluster.wffc_storage_class, "IfReady").await;
     let status = wait_final(&ns, Duration::from_secs(900)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let writes = writer.finish().await;
+    let writes = writer.finish().await.expect("writer task");
     assert_eq!(phase(&status), "Successful", "{status:#}");
     let controller = ns.events_for(BUDGET).await.unwrap_or_default();
     let ours: Vec<String> = ns

@@ -310,3 +310,34 @@ pub fn start_writer(
         written
     })
 }
+
+/// The etcd fixture (`e2e/fixtures/etcd.yaml`, 3 members) with `n` members: the replicas and
+/// the initial cluster list all of them.
+pub fn fixture_yaml(n: usize) -> Result<String, TestError> {
+    let path = super::fixture_path("etcd.yaml");
+    let yaml =
+        std::fs::read_to_string(&path).map_err(|source| TestError::Fixture { path, source })?;
+    if n == 3 {
+        return Ok(yaml);
+    }
+    let peers: Vec<String> = (0..n)
+        .map(|i| format!("etcd-{i}=http://etcd-{i}.etcd.$(NAMESPACE).svc.cluster.local:2380"))
+        .collect();
+    let mut out = String::new();
+    for line in yaml.lines() {
+        let trimmed = line.trim_start();
+        let indent = &line[..line.len() - trimmed.len()];
+        if trimmed == "replicas: 3" {
+            out.push_str(&format!("{indent}replicas: {n}\n"));
+        } else if trimmed.starts_with("- --initial-cluster=") {
+            out.push_str(&format!(
+                "{indent}- --initial-cluster={}\n",
+                peers.join(",")
+            ));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    Ok(out)
+}

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 mod cluster;
 pub mod etcd;
+pub mod etcd_writer;
 pub mod faults;
 pub mod helm;
 mod namespace;
