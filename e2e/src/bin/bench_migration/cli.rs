@@ -19,6 +19,14 @@ pub struct Cli {
     /// Members of the benchmarked StatefulSet.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
     pub replicas: i32,
+    /// Which workloads to run: `generic` (the filled writer set, per size and mode) and/or
+    /// `etcd` (issue 10's target 8: a client writing to etcd through a migration with
+    /// pre-copy, per member count).
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "generic")]
+    pub workloads: Vec<Workload>,
+    /// Members of the etcd sets, comma-separated (one scenario each; `--workloads etcd`).
+    #[arg(long, value_delimiter = ',', default_value = "3,5", value_parser = clap::value_parser!(u8).range(1..=9))]
+    pub etcd_members: Vec<u8>,
     /// Keep the namespaces (and their workloads) instead of deleting them.
     #[arg(long)]
     pub keep: bool,
@@ -28,6 +36,12 @@ pub struct Cli {
     /// Where the operator's logs go (default: `<temp dir>/bench-migration`).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    Generic,
+    Etcd,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

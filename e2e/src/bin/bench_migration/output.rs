@@ -1,6 +1,7 @@
 //! The Markdown tables printed on stdout: the operator's numbers per scenario, and what a client
 //! watching the pods saw.
 
+use crate::etcd::EtcdRow;
 use crate::scenario::{MemberRow, Row};
 
 /// A scenario's result: its size label, its `copy.preCopy`, its row or its error.
@@ -221,6 +222,50 @@ pub fn tables(results: &[ScenarioResult]) -> String {
     out
 }
 
+const ETCD_HEADER: [&str; 8] = [
+    "members",
+    "longest gap between acknowledged writes (ms)",
+    "its end, after the request's creation (s)",
+    "writes acknowledged / attempted",
+    "retried",
+    "failed",
+    "downtime per member (s)",
+    "request created → Successful seen (s)",
+];
+
+/// The etcd scenarios' table: one row per member count, or its error.
+pub fn etcd_table(results: &[(usize, Result<EtcdRow, String>)]) -> String {
+    let rows: Vec<Vec<String>> = results
+        .iter()
+        .map(|(n, result)| match result {
+            Ok(row) => {
+                let w = &row.writes;
+                let downtime: Vec<String> = row
+                    .downtime
+                    .iter()
+                    .map(|(pod, d)| format!("{pod} {}", opt_secs(*d)))
+                    .collect();
+                vec![
+                    n.to_string(),
+                    w.longest_gap.as_millis().to_string(),
+                    format!("{:.1}", row.gap_ended_at),
+                    format!("{} / {}", w.acked.len(), w.attempted),
+                    w.retried.to_string(),
+                    w.failed.to_string(),
+                    downtime.join(", "),
+                    format!("{:.1}", row.wall.as_secs_f64()),
+                ]
+            }
+            Err(e) => {
+                let mut cells = vec![n.to_string(), format!("FAILED: {e}")];
+                cells.resize(ETCD_HEADER.len(), String::new());
+                cells
+            }
+        })
+        .collect();
+    markdown_table(&ETCD_HEADER, &rows)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -291,6 +336,56 @@ mod tests {
         assert_eq!(out.lines().count(), 3, "{out}");
         assert!(out.starts_with("| size "), "{out}");
         assert!(out.contains("| false "), "{out}");
+    }
+
+    #[test]
+    fn the_etcd_table_gives_the_longest_gap_and_every_write() {
+        let writes = e2e::testing::etcd_writer::Writes {
+            attempted: 1950,
+            retried: 3,
+            failed: 1,
+            acked: (0..1949).collect(),
+            longest_gap: Duration::from_millis(104),
+            longest_gap_ended: Duration::from_secs(14),
+            failures: vec![],
+            retries: vec![],
+        };
+        let row = EtcdRow {
+            writes,
+            downtime: vec![("etcd-1".into(), Some(3.0)), ("etcd-0".into(), None)],
+            wall: Duration::from_millis(41_250),
+            gap_ended_at: 12.34,
+        };
+        let out = etcd_table(&[(3, Ok(row)), (5, Err("no leader".into()))]);
+        let cells: Vec<&str> = out
+            .lines()
+            .nth(2)
+            .unwrap()
+            .split('|')
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            cells[1..9],
+            [
+                "3",
+                "104",
+                "12.3",
+                "1949 / 1950",
+                "3",
+                "1",
+                "etcd-1 3.0, etcd-0 ?",
+                "41.2"
+            ],
+            "{out}"
+        );
+        let failed: Vec<&str> = out
+            .lines()
+            .nth(3)
+            .unwrap()
+            .split('|')
+            .map(str::trim)
+            .collect();
+        assert_eq!(failed[1..3], ["5", "FAILED: no leader"], "{out}");
     }
 
     #[test]

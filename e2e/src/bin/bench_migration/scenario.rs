@@ -25,13 +25,13 @@ use crate::workload::{SET, fill_member, statefulset};
 const REQUEST: &str = "to-target-class";
 /// The request's own bound, and how long the benchmark waits beyond it for a final phase.
 const REQUEST_TIMEOUT: &str = "30m";
-const REQUEST_WAIT: Duration = Duration::from_secs(35 * 60);
-const SET_READY: Duration = Duration::from_secs(300);
+pub(crate) const REQUEST_WAIT: Duration = Duration::from_secs(35 * 60);
+pub(crate) const SET_READY: Duration = Duration::from_secs(300);
 const NAMESPACE_GONE: Duration = Duration::from_secs(300);
 const VOLUMES_GONE: Duration = Duration::from_secs(180);
 /// How long the operator must keep running after its start to count as started.
 const OPERATOR_SETTLE: Duration = Duration::from_secs(1);
-const OPERATOR_STOP: Duration = Duration::from_secs(15);
+pub(crate) const OPERATOR_STOP: Duration = Duration::from_secs(15);
 
 /// What every scenario shares.
 pub struct Settings {
@@ -122,7 +122,10 @@ async fn deploy_and_fill(
 }
 
 /// Starts the operator for `ns`, logging to `<log dir>/<ns>-operator.log`.
-async fn start_operator(ns: &TestNamespace, settings: &Settings) -> Result<Operator, BenchError> {
+pub(crate) async fn start_operator(
+    ns: &TestNamespace,
+    settings: &Settings,
+) -> Result<Operator, BenchError> {
     let log = settings.log_dir.join(format!("{}-operator.log", ns.name));
     let mut op = Operator::spawn(&settings.operator_bin, ns, log, None).await?;
     op.check_running(OPERATOR_SETTLE).await?;
@@ -327,11 +330,17 @@ pub async fn run_scenario(
     if let Ok(row) = result.as_mut() {
         row.requests = operator_requests(&ns.name);
     }
+    keep_or_delete(ns, settings).await;
+    result
+}
+
+/// Keeps the namespace (`--keep`) or deletes it and waits for its volumes (a failure to is only
+/// a warning).
+pub(crate) async fn keep_or_delete(ns: TestNamespace, settings: &Settings) {
     if settings.keep {
         let name = ns.keep();
         info!(namespace = %name, "kept (--keep)");
     } else if let Err(e) = cleanup(ns).await {
         warn!(error = %e, "cleanup incomplete");
     }
-    result
 }
