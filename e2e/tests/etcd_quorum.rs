@@ -630,9 +630,7 @@ async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> 
 
 /// Applies the budget on the etcd members with `rule` (`minAvailable: N`, `maxUnavailable: N`);
 /// waits until the disruption controller has computed its status for this spec (`desired`
-/// pods must stay healthy) with every member healthy (a member's readiness probe failing for a
-/// moment on a loaded machine would take one from what the budget allows); returns its
-/// `disruptionsAllowed`.
+/// pods must stay healthy); returns its `disruptionsAllowed`.
 async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desired: i64) -> i64 {
     let yaml = format!(
         "apiVersion: policy/{version}\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
@@ -653,14 +651,12 @@ async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desire
         let status = &pdb.data["status"];
         if status["observedGeneration"].as_i64() == pdb.metadata.generation
             && status["desiredHealthy"].as_i64() == Some(desired)
-            && status["currentHealthy"].as_i64() == status["expectedPods"].as_i64()
         {
             return status["disruptionsAllowed"].as_i64().unwrap_or(-1);
         }
         assert!(
             Instant::now() < deadline,
-            "the disruption controller did not compute {BUDGET}'s status with every member \
-             healthy: {status}"
+            "the disruption controller did not compute {BUDGET}'s status: {status}"
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -773,10 +769,14 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let waited = started.elapsed();
-    assert_eq!(
-        apply_budget(&ns, version, 2).await,
-        1,
-        "minAvailable 2 of 3"
+    // The budget now allows one disruption, unless the operator, waiting on it, has already
+    // taken it: a member pod deleted before this status was read leaves 2 pods, 2 healthy, 2
+    // desired, so 0 allowed (the pods are orphaned: the controller counts the pods it finds).
+    let allowed = apply_budget(&ns, version, 2).await;
+    let taken = member_uids(&ns).await != before;
+    assert!(
+        allowed == 1 || (allowed == 0 && taken),
+        "minAvailable 2 of 3 allows {allowed}, with no member pod deleted yet"
     );
     let status = wait_final(&ns, Duration::from_secs(900)).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
