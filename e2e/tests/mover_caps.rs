@@ -2,9 +2,9 @@
 //! builder makes (`storage_migrator::build::job`, security context included) runs on the local
 //! cluster against a source tree of files of several owners with a 0000 file in a 0700
 //! directory, setuid and setgid bits, an ACL, a user xattr, a character device and a file
-//! capability; once with the builder's capabilities (the copy exits 0 and the operator's verify
-//! pod finds the trees equal) and once with each capability removed (the copy or its
-//! verification fails, on the file that needs it). The verify and measure pods (read-only
+//! capability; once with the builder's capabilities (the copy exits 0, its own verification
+//! pass finding the trees equal, and the read-only verify pod agrees) and once with each
+//! capability removed (the copy or its verification fails, on the file that needs it). The verify and measure pods (read-only
 //! mounts, DAC_OVERRIDE only) read the whole tree; the mounter (non-root, no capability) gets
 //! a WaitForFirstConsumer claim provisioned.
 //!
@@ -112,9 +112,11 @@ fn job_pod(
     kind: JobKind,
     caps: Option<Vec<String>>,
 ) -> PodSpec {
-    // SINCE=0 (a verify Job in `Changed` mode, the default, reading every file's content):
-    // its metadata pass, `find` and content pass all run under these capabilities.
-    let job = build::job(&request(&ns.name), image, member, kind, 600, Some(0));
+    // SINCE=0 (a verification in `Changed` mode, the default, reading every file's content):
+    // its metadata pass, `find` and content pass all run under these capabilities, in the
+    // final copy's pod (which verifies what it copied) and in the read-only verify pod.
+    let verification = build::Verification::ChangedSince(0);
+    let job = build::job(&request(&ns.name), image, member, kind, 600, verification);
     let mut spec = job.spec.and_then(|s| s.template.spec).expect("pod spec");
     if let Some(caps) = caps {
         let sc = spec.containers[0].security_context.as_mut().expect("sc");
@@ -161,8 +163,9 @@ const CASES: [Case; 7] = [
     },
 ];
 
-/// Copy with the case's capabilities into a fresh claim on `node`, then verify with the
-/// operator's verify pod: (copy, verify).
+/// Copy with the case's capabilities into a fresh claim on `node` (the copy pod verifies its
+/// own work, as the operator's final copy does), then verify again with a read-only verify pod
+/// (what an operator resuming a copy made without that pass runs): (copy, verify).
 async fn copy_and_verify(
     ns: &TestNamespace,
     image: &ImageRef,
@@ -229,6 +232,8 @@ async fn each_copy_capability_is_needed_and_the_set_is_enough() {
         match case.drop {
             None => {
                 assert!(copy.succeeded(), "full set: copy {copy:?}");
+                // The copy pod verified what it copied, under the same capabilities.
+                assert!(copy.output().contains("\"differences\":0"), "{copy:?}");
                 assert!(verify.succeeded(), "full set: trees differ: {verify:?}");
                 assert!(verify.output().contains("\"differences\":0"), "{verify:?}");
             }

@@ -602,7 +602,7 @@ pub struct MemberStatus {
     /// Job's log every few seconds while it runs; the last reading stays after it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_progress: Option<CopyProgress>,
-    /// When the verification Job found the copy identical to the original in content and
+    /// When the verification found the copy identical to the original in content and
     /// metadata; unset when `spec.copy.verify` is false. The final check of a `Generic` request
     /// requires it of every migrated member.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -122,7 +122,7 @@ macro_rules! statfs_format {
 /// planner quotes them ([`JobFailureCause::NoSpace`]). The `sed` passes that line on even when
 /// it holds a `%` (a file name).
 macro_rules! rsync_copy_script {
-    ($ok:literal, $mode:literal) => {
+    ($ok:literal, $mode:literal, $tail:expr) => {
         concat!(
             "set -u\nok=' ",
             $ok,
@@ -171,10 +171,61 @@ sfs=$(stat -f -c '"#,
             statfs_format!(),
             r#"' /source 2>/dev/null) || sfs=""
 result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"literalBytes":%s,"mode":"%s","exitCode":%d%s%s}' "${bytes:-0}" "${files:-0}" "${total:-0}" "${literal:-0}" "$mode" "$rc" "${fs:+,\"targetFilesystem\":$fs}" "${sfs:+,\"sourceFilesystem\":$sfs}")
-printf '%s\n' "$result"
+"#,
+            $tail
+        )
+    };
+}
+
+/// The end of a script: its result to the log and the termination message.
+macro_rules! write_result {
+    () => {
+        r#"printf '%s\n' "$result"
 printf '%s' "$result" > /dev/termination-log
 "#
-        )
+    };
+}
+
+/// The verification pass (see [`VERIFY_SCRIPT`]): compares `/source` and `/target` without
+/// changing anything and leaves `$verified` (its result's fields, without braces), `$n` (the
+/// differences) and `$vout` (them, one a line); on an rsync or `find` failure it writes the
+/// error, with the mode, and exits.
+macro_rules! verify_pass {
+    () => {
+        r#"vfail() {
+  printf '{"error":"rsync verification exited with %d","exitCode":%d,"verifyMode":"%s"}' "$1" "$1" "$vmode" > /dev/termination-log
+  echo "rsync verification failed with exit code $1" >&2
+  exit "$1"
+}
+if [ -z "${SINCE:-}" ]; then
+  vmode=Full
+  vout=$(rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/) || vfail $?
+  checked=
+else
+  vmode=Changed
+  meta=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --dry-run --itemize-changes /source/ /target/) || vfail $?
+  marks=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -printf x) || vfail $?
+  content=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -exec sh -c 'exec rsync -aAXS --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || vfail $?
+  vout=$(printf '%s\n%s' "$meta" "$content" | grep .)
+  checked=${#marks}
+fi
+# One difference per path (a file may differ in both passes of Changed).
+n=$(printf '%s' "$vout" | sed 's/^[^ ]* *//' | sort -u | grep -c .)
+verified=$(printf '"differences":%d,"verifyMode":"%s"%s' "${n:-0}" "$vmode" "${checked:+,\"checkedFiles\":$checked}")
+"#
+    };
+}
+
+/// After the result is written: a verification that found differences prints the first ones
+/// and fails the script.
+macro_rules! fail_on_differences {
+    () => {
+        r#"if [ "${n:-0}" -ne 0 ]; then
+  echo "source and target differ in $n entries ($vmode); the first ones:" >&2
+  printf '%s\n' "$vout" | head -n 50 >&2
+  exit 1
+fi
+"#
     };
 }
 
@@ -186,7 +237,8 @@ printf '%s' "$result" > /dev/termination-log
 /// (`--bwlimit`): the member still serves while this pass reads its volume.
 pub const PRECOPY_SCRIPT: &str = rsync_copy_script!(
     "0 24",
-    "mode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}"
+    "mode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}",
+    write_result!()
 );
 
 /// Final pass over a stopped member: anything but exit 0 fails the Job.
@@ -205,12 +257,25 @@ pub const PRECOPY_SCRIPT: &str = rsync_copy_script!(
 /// says so (`"mode":"WholeFile"` instead of `"Delta"`). So does a `find` that cannot answer
 /// (a mover image whose `find` lacks `-quit`): in place only when no such file is known to
 /// exist.
+///
+/// With `VERIFY` set (`spec.copy.verify`), the same pod then runs the verification pass of
+/// [`VERIFY_SCRIPT`] (with its `SINCE`) and writes one result with the fields of both: a
+/// member is down for one pod start, not two. Differences fail the script (exit 1) with the
+/// copy's numbers and `differences` in its result; a failed verification writes its error
+/// with `verifyMode`, which is how the planner tells it from a failed copy.
 pub const COPY_SCRIPT: &str = rsync_copy_script!(
     "0",
     r#"mode=Delta
 delta='--no-whole-file --inplace'
 cap=
-if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || [ -n "$linked" ]; then mode=WholeFile; delta=; fi"#
+if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || [ -n "$linked" ]; then mode=WholeFile; delta=; fi"#,
+    concat!(
+        "if [ -n \"${VERIFY:-}\" ]; then\n",
+        verify_pass!(),
+        "result=\"${result%\\}},$verified}\"\nfi\n",
+        write_result!(),
+        fail_on_differences!()
+    )
 );
 
 /// Compares both trees without changing anything (`--dry-run`); every line of
@@ -225,35 +290,13 @@ if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || 
 ///   regular files whose inode changed (`find -newerct`) since then, in batches
 ///   (`find -exec ... +`, whose exit code also fails the script when `find` or a batch fails).
 ///   `checkedFiles` counts those files.
-pub const VERIFY_SCRIPT: &str = r#"set -u
-fail() {
-  printf '{"error":"rsync verification exited with %d","exitCode":%d}' "$1" "$1" > /dev/termination-log
-  echo "rsync verification failed with exit code $1" >&2
-  exit "$1"
-}
-if [ -z "${SINCE:-}" ]; then
-  mode=Full
-  out=$(rsync -aHAXS --numeric-ids --delete --checksum --dry-run --itemize-changes /source/ /target/) || fail $?
-  checked=
-else
-  mode=Changed
-  meta=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --dry-run --itemize-changes /source/ /target/) || fail $?
-  marks=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -printf x) || fail $?
-  content=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -exec sh -c 'exec rsync -aAXS --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || fail $?
-  out=$(printf '%s\n%s' "$meta" "$content" | grep .)
-  checked=${#marks}
-fi
-# One difference per path (a file may differ in both passes of Changed).
-n=$(printf '%s' "$out" | sed 's/^[^ ]* *//' | sort -u | grep -c .)
-result=$(printf '{"differences":%d,"verifyMode":"%s"%s}' "${n:-0}" "$mode" "${checked:+,\"checkedFiles\":$checked}")
-printf '%s\n' "$result"
-printf '%s' "$result" > /dev/termination-log
-if [ "${n:-0}" -ne 0 ]; then
-  echo "source and target differ in $n entries ($mode); the first ones:" >&2
-  printf '%s\n' "$out" | head -n 50 >&2
-  exit 1
-fi
-"#;
+pub const VERIFY_SCRIPT: &str = concat!(
+    "set -u\n",
+    verify_pass!(),
+    "result=\"{$verified}\"\n",
+    write_result!(),
+    fail_on_differences!()
+);
 
 /// Bytes allocated on the old volume (`du -s -B1`: blocks in use, so sparse files count what
 /// they occupy, which is what must fit on the smaller volume), and the filesystem's `statfs`
@@ -307,7 +350,7 @@ pub fn job(
     member: &PlannedMember,
     kind: JobKind,
     deadline_seconds: i64,
-    verify_since: Option<i64>,
+    verification: Verification,
 ) -> Job {
     let metadata = job_metadata(req, member, kind);
     let pod_labels = metadata.labels.clone();
@@ -323,7 +366,7 @@ pub fn job(
                     labels: pod_labels,
                     ..Default::default()
                 }),
-                spec: Some(job_pod_spec(req, image, member, kind, verify_since)),
+                spec: Some(job_pod_spec(req, image, member, kind, verification)),
             },
             ..Default::default()
         }),
@@ -351,7 +394,7 @@ fn job_pod_spec(
     image: &ImageRef,
     member: &PlannedMember,
     kind: JobKind,
-    verify_since: Option<i64>,
+    verification: Verification,
 ) -> PodSpec {
     let (volumes, mounts) = job_volumes(member, kind);
     PodSpec {
@@ -362,7 +405,7 @@ fn job_pod_spec(
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(10),
         security_context: Some(security::pod_security(0)),
-        containers: vec![job_container(req, image, kind, mounts, verify_since)],
+        containers: vec![job_container(req, image, kind, mounts, verification)],
         volumes: Some(volumes),
         ..Default::default()
     }
@@ -408,7 +451,7 @@ fn job_container(
     image: &ImageRef,
     kind: JobKind,
     mounts: Vec<VolumeMount>,
-    verify_since: Option<i64>,
+    verification: Verification,
 ) -> Container {
     Container {
         name: JOB_CONTAINER.to_string(),
@@ -419,7 +462,7 @@ fn job_container(
             "-c".to_string(),
             kind.script().to_string(),
         ]),
-        env: Some(job_env(kind, verify_since, pre_copy_kib(req))),
+        env: Some(job_env(kind, verification, pre_copy_kib(req))),
         resources: req.spec.copy.resources.clone(),
         security_context: Some(security::container_security(kind.capabilities())),
         volume_mounts: Some(mounts),
@@ -429,22 +472,44 @@ fn job_container(
     }
 }
 
-/// The C locale; for Verify with `verify_since`, `SINCE` (seconds since the epoch): the
-/// script's `Changed` mode compares the content of the files changed since then; for PreCopy
-/// with a cap, `BWLIMIT` (whole KiB per second, rsync's `--bwlimit`).
-fn job_env(kind: JobKind, verify_since: Option<i64>, pre_copy_kib: Option<i64>) -> Vec<EnvVar> {
+/// The C locale; for a verification pass (Verify, or Copy with `VERIFY=1`) in `Changed` mode,
+/// `SINCE` (seconds since the epoch): the content of the files changed since then is compared;
+/// for PreCopy with a cap, `BWLIMIT` (whole KiB per second, rsync's `--bwlimit`).
+fn job_env(kind: JobKind, verification: Verification, pre_copy_kib: Option<i64>) -> Vec<EnvVar> {
     let var = |name: &str, value: String| EnvVar {
         name: name.to_string(),
         value: Some(value),
         value_from: None,
     };
     let mut env = vec![var("LC_ALL", "C".to_string())];
-    match (kind, verify_since, pre_copy_kib) {
-        (JobKind::Verify, Some(since), _) => env.push(var("SINCE", since.to_string())),
-        (JobKind::PreCopy, _, Some(kib)) => env.push(var("BWLIMIT", kib.to_string())),
-        _ => {}
+    let verifies = match kind {
+        JobKind::Verify => true,
+        JobKind::Copy => verification != Verification::Skip,
+        JobKind::PreCopy | JobKind::Measure => false,
+    };
+    if kind == JobKind::Copy && verifies {
+        env.push(var("VERIFY", "1".to_string()));
+    }
+    if let (true, Verification::ChangedSince(since)) = (verifies, verification) {
+        env.push(var("SINCE", since.to_string()));
+    }
+    if let (JobKind::PreCopy, Some(kib)) = (kind, pre_copy_kib) {
+        env.push(var("BWLIMIT", kib.to_string()));
     }
     env
+}
+
+/// What a Job's verification pass compares: a Verify Job always runs one (`Skip` counts as
+/// `Full` there), a Copy Job only when this is not `Skip`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verification {
+    /// No verification pass (`spec.copy.verify` false; Measure and PreCopy Jobs).
+    Skip,
+    /// Content (`--checksum`) and metadata of every entry.
+    Full,
+    /// Metadata of every entry, and the content of the regular files changed since these
+    /// seconds since the epoch (`SINCE`).
+    ChangedSince(i64),
 }
 
 /// `spec.copy.preCopyBandwidth` in whole KiB per second (rounded down, at least 1); `None`
@@ -556,6 +621,12 @@ impl JobResult {
         self.error.is_some() || self.differences.is_some_and(|d| d != 0)
     }
 
+    /// True when the result comes from a verification pass (a Verify Job's, or a Copy Job's
+    /// that verified in the same pod): it names the mode, or counts differences.
+    pub fn verified_in_pass(&self) -> bool {
+        self.verify_mode.is_some() || self.differences.is_some()
+    }
+
     fn is_empty(&self) -> bool {
         *self == JobResult::default()
     }
@@ -635,7 +706,7 @@ mod tests {
                 &member,
                 kind,
                 1200,
-                Some(1_700_000_000),
+                Verification::ChangedSince(1_700_000_000),
             );
             insta::assert_yaml_snapshot!(format!("job_{}", kind.as_str()), job);
         }
@@ -653,7 +724,7 @@ mod tests {
                 &testdata::member(),
                 kind,
                 60,
-                Some(1),
+                Verification::ChangedSince(1),
             );
             let pod = job.spec.and_then(|s| s.template.spec).unwrap();
             let env = pod.containers[0].env.clone().unwrap_or_default();
@@ -675,12 +746,57 @@ mod tests {
         }
     }
 
+    /// The final copy verifies in its own pod only when asked (`VERIFY`), with the same
+    /// `SINCE` a Verify Job gets; the other kinds never see either.
+    #[test]
+    fn the_final_copy_carries_the_verification_it_is_asked_for() {
+        let env_of = |kind: JobKind, v: Verification| {
+            let job = job(
+                &testdata::request(),
+                &testdata::image(),
+                &testdata::member(),
+                kind,
+                60,
+                v,
+            );
+            let pod = job.spec.and_then(|s| s.template.spec).unwrap();
+            let env = pod.containers[0].env.clone().unwrap_or_default();
+            let get = |name: &str| {
+                env.iter()
+                    .find(|e| e.name == name)
+                    .and_then(|e| e.value.clone())
+            };
+            (get("VERIFY"), get("SINCE"))
+        };
+        let since = Verification::ChangedSince(42);
+        let on = Some("1".to_string());
+        let at = Some("42".to_string());
+        assert_eq!(env_of(JobKind::Copy, Verification::Skip), (None, None));
+        assert_eq!(
+            env_of(JobKind::Copy, Verification::Full),
+            (on.clone(), None)
+        );
+        assert_eq!(env_of(JobKind::Copy, since), (on, at.clone()));
+        assert_eq!(env_of(JobKind::Verify, since), (None, at));
+        assert_eq!(env_of(JobKind::Verify, Verification::Full), (None, None));
+        for kind in [JobKind::PreCopy, JobKind::Measure] {
+            assert_eq!(env_of(kind, since), (None, None), "{kind:?}");
+        }
+    }
+
     #[test]
     fn job_invariants() {
         let req = testdata::request();
         let member = testdata::member();
         for kind in KINDS {
-            let job = job(&req, &testdata::image(), &member, kind, 1200, None);
+            let job = job(
+                &req,
+                &testdata::image(),
+                &member,
+                kind,
+                1200,
+                Verification::Skip,
+            );
             let name = job.metadata.name.clone().unwrap();
             assert!(crate::build::is_dns1123_label(&name), "{name}");
             let refs = job.metadata.owner_references.clone().unwrap();
@@ -746,7 +862,7 @@ mod tests {
                 &testdata::member(),
                 kind,
                 60,
-                None,
+                Verification::Skip,
             );
             let pod = job.spec.unwrap().template.spec.unwrap();
             let psc = pod.security_context.unwrap();
@@ -790,7 +906,7 @@ mod tests {
                 &testdata::member(),
                 kind,
                 60,
-                None,
+                Verification::Skip,
             );
             let pod = job.spec.unwrap().template.spec.unwrap();
             let image = pod.containers[0].image.as_deref();
@@ -806,7 +922,7 @@ mod tests {
             &testdata::member(),
             JobKind::Copy,
             -5,
-            None,
+            Verification::Skip,
         );
         assert_eq!(job.spec.unwrap().active_deadline_seconds, Some(1));
     }
@@ -1071,6 +1187,78 @@ mod tests {
             let copy = run_with_path(JobKind::Copy, dir.path(), Some(&bin));
             assert_eq!(copy.code, 0, "{}", copy.stderr);
             assert_eq!(copy.result.unwrap().mode, Some(CopyMode::WholeFile));
+        }
+
+        /// With `VERIFY`, the final pass verifies in the same run and writes one result with
+        /// the copy's numbers and the verification's; without it, no verification fields.
+        /// Differences fail it with both; a comparison that fails writes its error and mode.
+        #[test]
+        fn the_final_pass_verifies_in_its_own_run_when_asked() {
+            let Some((dir, src, dst)) = empty_trees() else {
+                return;
+            };
+            std::fs::write(src.join("a"), b"first").unwrap();
+            assert_eq!(run(JobKind::PreCopy, dir.path()).code, 0);
+            std::fs::write(src.join("b"), b"written while it served").unwrap();
+            let verify = [("VERIFY", "1".to_string()), ("SINCE", "0".to_string())];
+            let copy = run_in(JobKind::Copy, dir.path(), None, &verify);
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            let r = copy.result.unwrap();
+            assert_eq!((r.files, r.differences), (Some(1), Some(0)), "{r:?}");
+            assert_eq!(r.verify_mode, Some(crate::api::VerifyMode::Changed));
+            assert_eq!(
+                r.checked_files,
+                Some(2),
+                "both files are newer than 0: {r:?}"
+            );
+            let full = run_in(JobKind::Copy, dir.path(), None, &verify[..1]);
+            let r = full.result.unwrap();
+            assert_eq!(
+                (r.differences, r.verify_mode),
+                (Some(0), Some(crate::api::VerifyMode::Full))
+            );
+            let plain = run(JobKind::Copy, dir.path()).result.unwrap();
+            assert!(!plain.verified_in_pass(), "{plain:?}");
+
+            // An rsync that corrupts what it writes: the copy succeeds, the verification in
+            // the same run does not.
+            let real = Command::new("sh")
+                .args(["-c", "command -v rsync"])
+                .output()
+                .unwrap();
+            let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+            let bin = dir.path().join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            let wrapper = format!(
+                "#!/bin/sh\n\"{real}\" \"$@\"; rc=$?\ncase \" $* \" in *\" --dry-run \"*) [ -n \"${{BREAK:-}}\" ] && exit 23;; *) echo bad >> {}/b;; esac\nexit $rc\n",
+                dst.display()
+            );
+            std::fs::write(bin.join("rsync"), wrapper).unwrap();
+            std::fs::set_permissions(bin.join("rsync"), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            std::fs::write(src.join("b"), b"changed while it was down").unwrap();
+            let corrupt = run_in(JobKind::Copy, dir.path(), Some(&bin), &verify);
+            assert_eq!(corrupt.code, 1, "{}", corrupt.stderr);
+            let r = corrupt.result.unwrap();
+            assert!(r.verified_in_pass() && r.failed(), "{r:?}");
+            assert_eq!((r.differences, r.files), (Some(1), Some(1)), "{r:?}");
+            assert!(
+                corrupt.stderr.contains("differ in 1 entries"),
+                "{}",
+                corrupt.stderr
+            );
+
+            let mut broken = verify.to_vec();
+            broken.push(("BREAK", "1".to_string()));
+            let failed = run_in(JobKind::Copy, dir.path(), Some(&bin), &broken);
+            assert_eq!(failed.code, 23, "{}", failed.stderr);
+            let r = failed.result.unwrap();
+            assert_eq!(
+                r.verify_mode,
+                Some(crate::api::VerifyMode::Changed),
+                "{r:?}"
+            );
+            assert!(r.error.unwrap().contains("verification"));
         }
 
         /// Sets `path`'s modification time to `other`'s, as a writer that keeps it would.

@@ -45,7 +45,9 @@ pub use claim::{
     claim_owner_references_patch, is_adoption_ref, is_statefulset_or_pod_ref, kept_metadata,
     swapped_claim, temp_claim,
 };
-pub use job::{CopyMode, FsReport, JobFailureCause, JobKind, JobResult, job, parse_job_result};
+pub use job::{
+    CopyMode, FsReport, JobFailureCause, JobKind, JobResult, Verification, job, parse_job_result,
+};
 pub use manifest::Manifest;
 pub use names::{
     is_dns1123_label, job_name, mounter_name, stash_config_map_name, stash_key, temp_claim_name,

@@ -80,7 +80,8 @@ pub enum Failure {
     /// predicted). The member rolls back to its untouched old claim.
     #[error("{0}")]
     OutOfSpace(Box<OutOfSpace>),
-    /// The verification Job of a member failed.
+    /// The verification of a member failed: its pass in the final copy's pod (or a verify Job)
+    /// could not compare.
     #[error("verification of member {pod} failed: {reason}")]
     VerifyFailed { pod: String, reason: String },
     /// The verification found the copy different from the original.
@@ -93,7 +94,7 @@ pub enum Failure {
         claim: String,
         temp_claim: String,
     },
-    /// The verification Job succeeded without reporting how many differences it found (its
+    /// The verification succeeded without reporting how many differences it found (its
     /// result, when it reported one, is shown as it was parsed).
     #[error("verification of member {pod} reported no result ({result:?})")]
     NoVerification {

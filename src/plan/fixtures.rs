@@ -367,6 +367,52 @@ pub struct JobScript {
     pub hang: bool,
 }
 
+impl JobScript {
+    /// How a Job of `kind` ends; `verifies` for a Copy Job that verifies in its own pod (its
+    /// result then carries the verification's fields, and a failure of `verify` fails it).
+    fn outcome(&self, kind: &str, verifies: bool) -> JobOutcome {
+        let verify = format!(
+            r#""differences":{},"verifyMode":"Changed","checkedFiles":2"#,
+            self.differences
+        );
+        let verify_failed = |reason: String, message: &str| JobOutcome::VerifyFailed {
+            reason,
+            result: Box::new(build::parse_job_result(message).unwrap()),
+        };
+        let fails = |k: &str| self.fail.iter().any(|f| f == k);
+        let reason = format!("{kind} exited 23");
+        let broken =
+            r#"{"error":"rsync verification exited with 23","exitCode":23,"verifyMode":"Changed"}"#;
+        let message = match kind {
+            _ if fails(kind) => return JobOutcome::Failed { reason },
+            "measure" => format!(r#"{{"usedBytes":{}}}"#, self.used_bytes),
+            "verify" | "copy" if (kind == "verify" || verifies) && fails("verify") => {
+                return verify_failed(reason, broken);
+            }
+            "verify" => format!("{{{verify}}}"),
+            "copy" if verifies => format!(r#"{{"bytes":1048576,"files":3,{verify}}}"#),
+            _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
+        };
+        if self.differences != 0 && (kind == "verify" || (kind == "copy" && verifies)) {
+            return verify_failed(reason, &message);
+        }
+        JobOutcome::Succeeded {
+            message: Some(message),
+        }
+    }
+}
+
+/// True for a Job whose pod has `VERIFY` in its environment (a Copy Job verifying in its pod).
+fn verifies_in_pod(job: &Job) -> bool {
+    job.spec
+        .as_ref()
+        .and_then(|s| s.template.spec.as_ref())
+        .into_iter()
+        .flat_map(|p| &p.containers)
+        .flat_map(|c| c.env.iter().flatten())
+        .any(|e| e.name == "VERIFY")
+}
+
 /// A tiny cluster: applies actions, plays the controllers.
 pub struct Sim {
     pub o: Observed,
@@ -922,23 +968,7 @@ impl Sim {
                 continue;
             }
             let kind = job.job.labels()[labels::JOB_KIND_LABEL].clone();
-            job.outcome = if self.jobs.fail.contains(&kind) {
-                JobOutcome::Failed {
-                    reason: format!("{kind} exited 23"),
-                }
-            } else {
-                let message = match kind.as_str() {
-                    "measure" => format!(r#"{{"usedBytes":{}}}"#, self.jobs.used_bytes),
-                    "verify" => format!(
-                        r#"{{"differences":{},"verifyMode":"Changed","checkedFiles":2}}"#,
-                        self.jobs.differences
-                    ),
-                    _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
-                };
-                JobOutcome::Succeeded {
-                    message: Some(message),
-                }
-            };
+            job.outcome = self.jobs.outcome(&kind, verifies_in_pod(&job.job));
         }
         let now = self.o.now;
         for p in self.o.pods.values_mut() {

@@ -21,7 +21,7 @@ use super::{
 };
 use crate::api::conditions;
 use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember, VerifyMode};
-use crate::build::{self, JobKind, JobResult};
+use crate::build::{self, JobKind, JobResult, Verification};
 use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -122,20 +122,24 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
             ms.copy_started = copy_started.clone();
         }
     }
-    let since = verify_since(cx.spec().copy.verify_mode, copy_started.as_ref());
-    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline, since);
+    let copy = &cx.spec().copy;
+    let verify = verification(copy.verify, copy.verify_mode, copy_started.as_ref());
+    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline, verify);
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
 }
 
-/// The `SINCE` of the verification: `None` (every file's content) in `Full` mode, or when no
-/// first copy pass is on record (a status written before `copyStarted` existed).
-fn verify_since(mode: VerifyMode, copy_started: Option<&Time>) -> Option<i64> {
-    match mode {
-        VerifyMode::Full => None,
-        VerifyMode::Changed => {
-            copy_started.map(|t| t.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS)
+/// What a verification pass compares: nothing without `spec.copy.verify`; every file's content
+/// in `Full` mode, or when no first copy pass is on record (a status written before
+/// `copyStarted` existed); else the content of the files changed since that pass began, less
+/// the clock margin.
+fn verification(verify: bool, mode: VerifyMode, copy_started: Option<&Time>) -> Verification {
+    match (verify, mode, copy_started) {
+        (false, ..) => Verification::Skip,
+        (true, VerifyMode::Changed, Some(t)) => {
+            Verification::ChangedSince(t.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS)
         }
+        (true, ..) => Verification::Full,
     }
 }
 
@@ -176,12 +180,13 @@ fn run_job(
                 Ok(None)
             }
         },
-        Some(JobOutcome::Failed { reason }) => match trouble {
-            Some(Trouble::Evicted(why)) => {
-                replace_evicted(cx, mb, kind, why).map_err(|why| failed(format!("{reason}; {why}")))
+        Some(JobOutcome::Failed { reason } | JobOutcome::VerifyFailed { reason, .. }) => {
+            match trouble {
+                Some(Trouble::Evicted(why)) => replace_evicted(cx, mb, kind, why)
+                    .map_err(|why| failed(format!("{reason}; {why}"))),
+                _ => Err(failed(reason)),
             }
-            _ => Err(failed(reason)),
-        },
+        }
         Some(JobOutcome::NoSpace { result, .. }) => Err(out_of_space(mb, kind, &result)),
         Some(JobOutcome::Succeeded { message }) => Ok(Some(
             message
@@ -796,6 +801,11 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             others,
         });
     }
+    for kind in [JobKind::Copy, JobKind::Verify] {
+        if let Some(JobOutcome::VerifyFailed { reason, result }) = job_outcome(cx, mb, kind) {
+            return Err(verification_failed(mb, reason, result));
+        }
+    }
     let Some(copied) = run_job(cx, mb, JobKind::Copy, |reason| Failure::CopyFailed {
         claim: m.claim.clone(),
         temp_claim: m.temp_claim.clone(),
@@ -811,30 +821,23 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         record_copy(cx, mb, copied.as_ref());
     }
     if cx.spec().copy.verify {
-        let Some(verified) = run_job(cx, mb, JobKind::Verify, |reason| Failure::VerifyFailed {
-            pod: m.pod.clone(),
-            reason,
-        })?
-        else {
-            return Ok(());
-        };
-        match verified.as_ref().and_then(|r| r.differences) {
-            Some(0) => record_verified(cx, mb, verified.as_ref()),
-            Some(n) => {
-                return Err(Failure::Differences {
-                    pod: m.pod.clone(),
-                    differences: n,
-                    claim: m.claim.clone(),
-                    temp_claim: m.temp_claim.clone(),
-                });
-            }
+        // Verified in the copy's own pod; a Copy Job without that pass (created by an operator
+        // before it verified there) gets the verification Job.
+        let verified = match copied.filter(JobResult::verified_in_pass) {
+            Some(result) => Some(result),
             None => {
-                return Err(Failure::NoVerification {
-                    pod: m.pod.clone(),
-                    result: verified.map(Box::new),
-                });
+                let Some(verified) =
+                    run_job(cx, mb, JobKind::Verify, |reason| Failure::VerifyFailed {
+                        pod: m.pod.clone(),
+                        reason,
+                    })?
+                else {
+                    return Ok(());
+                };
+                verified
             }
-        }
+        };
+        check_verified(cx, mb, verified)?;
     }
     advance(cx, mb, MemberStep::RetainingVolumes);
     delete_jobs(cx, mb, &ALL_JOBS);
@@ -848,6 +851,43 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             stash(cx, StashKey::Claim(m.claim.clone()), &c)
         }
         _ => Ok(()),
+    }
+}
+
+/// A verification that passed is recorded; differences, or no count at all, fail the member.
+fn check_verified(cx: &mut Ctx, mb: &Member, verified: Option<JobResult>) -> Result<(), Failure> {
+    let m = &mb.m;
+    match verified.as_ref().and_then(|r| r.differences) {
+        Some(0) => {
+            record_verified(cx, mb, verified.as_ref());
+            Ok(())
+        }
+        Some(n) => Err(differences(m, n)),
+        None => Err(Failure::NoVerification {
+            pod: m.pod.clone(),
+            result: verified.map(Box::new),
+        }),
+    }
+}
+
+fn differences(m: &PlannedMember, n: i64) -> Failure {
+    Failure::Differences {
+        pod: m.pod.clone(),
+        differences: n,
+        claim: m.claim.clone(),
+        temp_claim: m.temp_claim.clone(),
+    }
+}
+
+/// A Job whose verification pass failed: the differences it counted, or why it could not
+/// compare.
+fn verification_failed(mb: &Member, reason: &str, result: &JobResult) -> Failure {
+    match result.differences {
+        Some(n) if n > 0 => differences(&mb.m, n),
+        _ => Failure::VerifyFailed {
+            pod: mb.m.pod.clone(),
+            reason: reason.to_string(),
+        },
     }
 }
 

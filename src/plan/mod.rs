@@ -200,6 +200,13 @@ pub enum JobOutcome {
         reason: String,
         result: Box<crate::build::JobResult>,
     },
+    /// Failed in its verification pass (a Verify Job, or a Copy Job verifying in the same pod):
+    /// differences found, or the comparison itself failed. A reason for humans and the result
+    /// ([`crate::build::JobResult::verified_in_pass`]).
+    VerifyFailed {
+        reason: String,
+        result: Box<crate::build::JobResult>,
+    },
 }
 
 /// Another request on the same target.

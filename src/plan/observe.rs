@@ -166,6 +166,10 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
                 reason,
                 result: Box::new(r),
             },
+            Some(r) if r.verified_in_pass() => JobOutcome::VerifyFailed {
+                reason,
+                result: Box::new(r),
+            },
             _ => JobOutcome::Failed { reason },
         };
     }
@@ -421,6 +425,29 @@ mod tests {
         assert!(matches!(
             job_outcome(&complete, &pods),
             JobOutcome::Succeeded { .. }
+        ));
+    }
+
+    /// A Copy Job that verified in its own pod and failed there is told from a failed copy:
+    /// with differences, or with a failed comparison (its error names the mode).
+    #[test]
+    fn a_failed_verification_pass_is_told_apart_from_a_failed_copy() {
+        let failed = job(&[("Failed", "BackoffLimitExceeded", None)]);
+        let differs = r#"{"bytes":7,"files":1,"exitCode":0,"differences":2,"verifyMode":"Changed","checkedFiles":1}"#;
+        let broken =
+            r#"{"error":"rsync verification exited with 23","exitCode":23,"verifyMode":"Full"}"#;
+        let copy = r#"{"error":"rsync exited with 23","exitCode":23}"#;
+        for (script, differences) in [(differs, Some(2)), (broken, None)] {
+            let pods = BTreeMap::from([job_pod("p", "job-name", 0, Some(script))]);
+            let JobOutcome::VerifyFailed { result, .. } = job_outcome(&failed, &pods) else {
+                panic!("not VerifyFailed: {:?}", job_outcome(&failed, &pods));
+            };
+            assert_eq!(result.differences, differences, "{script}");
+        }
+        let pods = BTreeMap::from([job_pod("p", "job-name", 0, Some(copy))]);
+        assert!(matches!(
+            job_outcome(&failed, &pods),
+            JobOutcome::Failed { .. }
         ));
     }
 

@@ -724,24 +724,51 @@ fn verify_differences_fail_before_the_swap() {
     assert_machine_transitions(&sim);
     assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
     assert_eq!(claim_volume(&sim.o.claims["data-etcd-0"]), Some("pv-old-0"));
+    // The differences came from the final copy's own pod: no verification Job was made.
+    let verify = build::job_name(REQ, "etcd-0", JobKind::Verify);
+    assert!(
+        !sim.log
+            .iter()
+            .any(|a| matches!(a, Action::Create(Object::Job(j)) if j.name_any() == verify))
+    );
 }
 
-/// The `SINCE` the verify Job of `etcd-0` was created with, if one was: `Some(None)` when it
-/// has none.
+/// A final copy whose verification pass could not compare (rsync failed in it) fails as a
+/// verification, not as a copy, and the member rolls back to its old claim.
+#[test]
+fn a_verification_that_cannot_compare_fails_as_one() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.fail = vec!["verify".into()];
+    sim.run(400);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Failed);
+    let failure = s.failure.unwrap();
+    assert!(
+        failure.starts_with("verification of member etcd-0 failed: copy exited 23"),
+        "{failure}"
+    );
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
+    assert_eq!(claim_volume(&sim.o.claims["data-etcd-0"]), Some("pv-old-0"));
+}
+
+/// The `SINCE` the final copy Job of `etcd-0` was created with, if it verifies in its pod
+/// (`VERIFY`): `Some(None)` when it has no `SINCE` (`Full`).
 fn verify_job_since(a: &Action) -> Option<Option<String>> {
     let Action::Create(Object::Job(job)) = a else {
         return None;
     };
-    if job.name_any() != build::job_name(REQ, "etcd-0", JobKind::Verify) {
+    if job.name_any() != build::job_name(REQ, "etcd-0", JobKind::Copy) {
         return None;
     }
     let pod = job.spec.as_ref()?.template.spec.as_ref()?;
     let env = pod.containers[0].env.clone().unwrap_or_default();
-    Some(
-        env.into_iter()
-            .find(|e| e.name == "SINCE")
-            .and_then(|e| e.value),
-    )
+    let get = |name: &str| {
+        env.iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value.clone())
+    };
+    get("VERIFY")?;
+    Some(get("SINCE"))
 }
 
 #[test]
@@ -778,7 +805,7 @@ fn verification_reads_the_content_changed_since_a_minute_before_the_first_copy_p
         };
         assert_eq!(since, Some(expected), "{mode:?}");
         assert_eq!(sim.phase(), Phase::Successful, "{mode:?}");
-        // The fixture's verify Job reports 2 files read in Changed mode.
+        // The fixture's final copy, verifying in its pod, reports 2 files read in Changed mode.
         assert_eq!(etcd0.verified_files, Some(2));
         let verified = sim.events.iter().find(|(r, _)| r == "Verified");
         assert!(
@@ -2553,10 +2580,11 @@ fn jobs_and_mounters_run_the_operator_image_unless_the_request_names_one_and_may
         let kinds: std::collections::BTreeSet<&str> = got.iter().map(|(k, _)| k.as_str()).collect();
         let want: &[&str] = if spec.type_ == crate::api::MigrationType::Shrink {
             // Same (Immediate) class: no mounter needed.
-            &["copy", "measure", "precopy", "verify"]
+            &["copy", "measure", "precopy"]
         } else {
-            // WaitForFirstConsumer class: mounters get the volumes provisioned.
-            &["copy", "mounter", "precopy", "verify"]
+            // WaitForFirstConsumer class: mounters get the volumes provisioned. No verify Job:
+            // the final copy verifies in its own pod.
+            &["copy", "mounter", "precopy"]
         };
         assert_eq!(kinds.into_iter().collect::<Vec<_>>(), want);
         assert!(got.iter().all(|(_, i)| i == IMAGE.as_str()), "{got:?}");

@@ -48,7 +48,11 @@ pub(super) fn measure(
                 check_started(cx, &job_name, m)?;
                 measurement = Measurement::Running;
             }
-            Some(JobOutcome::Failed { reason } | JobOutcome::NoSpace { reason, .. }) => {
+            Some(
+                JobOutcome::Failed { reason }
+                | JobOutcome::NoSpace { reason, .. }
+                | JobOutcome::VerifyFailed { reason, .. },
+            ) => {
                 return Err(Denial::new(
                     DenialReason::MeasureFailed,
                     format!("measuring the used bytes of {} failed: {reason}", m.claim),
@@ -86,7 +90,14 @@ fn check_started(cx: &Ctx, job_name: &str, m: &PlannedMember) -> Result<(), Deni
 
 fn create_measure_job(cx: &mut Ctx, m: &PlannedMember) {
     let deadline = cx.remaining_seconds();
-    let job = build::job(&cx.req, &cx.image, m, JobKind::Measure, deadline, None);
+    let job = build::job(
+        &cx.req,
+        &cx.image,
+        m,
+        JobKind::Measure,
+        deadline,
+        build::Verification::Skip,
+    );
     cx.act(Action::Create(Object::Job(Box::new(job))));
 }
 
