@@ -272,7 +272,7 @@ pub async fn reconcile(
             async {
                 for action in &decision.actions {
                     cluster.execute(&observed, &engine, action).await?;
-                    failpoints::after_action(action);
+                    failpoints::after_action(observed.request.status.as_ref(), action);
                 }
                 Ok::<(), ClusterError>(())
             }

@@ -2,9 +2,10 @@
 //! environment variable `FAILPOINTS` (e.g. `FAILPOINTS='step-Copying=return'`).
 //!
 //! Without the feature every hook is a no-op. The failpoints:
-//! - `step-<MemberStep>` (the member step in flight) or `stage-<Stage>` (no member in flight),
-//!   right after a status write: with `return`, the process exits at once with code
-//!   [`EXIT_CODE`], as a crash would;
+//! - `step-<MemberStep>` (the member step in flight, and every swap step the write passed it
+//!   through, see [`status_failpoints`]) or `stage-<Stage>` (no member in flight), right after
+//!   a status write: with `return`, the process exits at once with code [`EXIT_CODE`], as a
+//!   crash would;
 //! - `after-<action>` (see [`Action::name`], e.g. `after-Create-Job`), right after an action:
 //!   the same exit;
 //! - `copy-job-fails`: with `return`, a copy Job's script is replaced before it is created by
@@ -54,13 +55,16 @@ pub fn setup() -> Scenario {
 }
 
 /// Hook after an action ran: exits at `after-<action>`, and after a status write first at the
-/// status's failpoint ([`status_failpoint`]).
-pub fn after_action(action: &Action) {
+/// status's failpoints ([`status_failpoints`]; `before` is the status the decision started
+/// from).
+pub fn after_action(before: Option<&StorageMigrationRequestStatus>, action: &Action) {
     if !ENABLED {
         return;
     }
     if let Action::SetStatus(status) = action {
-        exit_at(&status_failpoint(status));
+        for name in status_failpoints(before, status) {
+            exit_at(&name);
+        }
     }
     exit_at(&after_action_failpoint(action));
 }
@@ -98,6 +102,32 @@ pub fn status_failpoint(status: &StorageMigrationRequestStatus) -> String {
         Some(m) => format!("step-{:?}", m.step),
         None => format!("stage-{:?}", status.stage),
     }
+}
+
+/// The failpoint names after a status write, in order: a `step-<MemberStep>` for each step the
+/// write passed the member in flight through since `before` (one decision may pass several
+/// steps of the claim swap, `plan::machine::steps_passed`), so that a crash "at" a step that
+/// was entered and left in the same decision is still injected there; then
+/// [`status_failpoint`].
+pub fn status_failpoints(
+    before: Option<&StorageMigrationRequestStatus>,
+    status: &StorageMigrationRequestStatus,
+) -> Vec<String> {
+    let last = status_failpoint(status);
+    let passed = status
+        .members
+        .iter()
+        .filter(|m| m.step.in_flight())
+        .find_map(|m| {
+            let was = before?.members.iter().find(|b| b.pod == m.pod)?.step;
+            let path = crate::plan::machine::steps_passed(was, m.step)?;
+            Some(path.into_iter().map(|s| format!("step-{s:?}")))
+        });
+    let mut names: Vec<String> = passed.into_iter().flatten().collect();
+    if !names.contains(&last) {
+        names.push(last);
+    }
+    names
 }
 
 /// The failpoint name after an action: `after-<action>` (`after-Create-Job`).
@@ -173,6 +203,24 @@ mod tests {
         assert_eq!(status_failpoint(&status), "stage-OrphaningStatefulSet");
         status.members[1].step = MemberStep::Copying;
         assert_eq!(status_failpoint(&status), "step-Copying");
+        assert_eq!(status_failpoints(None, &status), ["step-Copying"]);
+        // A write that passed etcd-1 through swap steps names each of them, in order.
+        let mut before = status.clone();
+        before.members[1].step = MemberStep::RetainingVolumes;
+        status.members[1].step = MemberStep::ReleasingNewVolume;
+        assert_eq!(
+            status_failpoints(Some(&before), &status),
+            [
+                "step-DeletingOldClaim",
+                "step-DeletingTempClaim",
+                "step-ReleasingNewVolume"
+            ]
+        );
+        before.members[1].step = MemberStep::ReleasingNewVolume;
+        assert_eq!(
+            status_failpoints(Some(&before), &status),
+            ["step-ReleasingNewVolume"]
+        );
     }
 
     #[test]
@@ -237,6 +285,6 @@ mod tests {
         before_create_job(&mut job);
         assert_eq!(job, before);
         assert_eq!(final_hash(Ok(Some("7".into()))), Ok(Some("7".into())));
-        after_action(&Action::SetStatus(Box::default()));
+        after_action(None, &Action::SetStatus(Box::default()));
     }
 }

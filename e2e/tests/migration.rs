@@ -556,6 +556,9 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
     .await
     .unwrap();
     // Each run exits (code 86) at its failpoint, right after the status write or action named.
+    // A swap step that found nothing to wait for is passed in the same decision as the next
+    // one (`plan::member::forward`): its failpoint fires after the write that passed it, whose
+    // recorded step is the later one.
     let points = [
         "stage-Migrating=return",         // the set is orphaned
         "after-Delete-Pod=1*off->return", // the mounter, then the member pod, deleted

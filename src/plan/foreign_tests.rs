@@ -118,19 +118,6 @@ fn a_foreign_set_blocks_every_step_then_the_member_resumes_when_it_is_gone() {
     }
 }
 
-/// At `DeletingTempClaim` with the temporary claim still there and not terminating (the old
-/// claim was gone before the operator got to delete it; `DeletingOldClaim` usually deletes both).
-fn temp_claim_left_behind() -> Sim {
-    let mut sim = Sim::at(MemberStep::DeletingOldClaim);
-    sim.o.claims.remove("data-etcd-0");
-    let d = decide(&sim.o, &SETTINGS);
-    for a in &d.actions {
-        sim.apply(a);
-    }
-    assert_eq!(sim.step_of("etcd-0"), MemberStep::DeletingTempClaim);
-    sim
-}
-
 #[test]
 fn once_the_old_claim_is_gone_a_foreign_set_alone_does_not_stop_the_claim_steps() {
     for step in [
@@ -138,11 +125,7 @@ fn once_the_old_claim_is_gone_a_foreign_set_alone_does_not_stop_the_claim_steps(
         MemberStep::ReleasingNewVolume,
         MemberStep::RecreatingClaim,
     ] {
-        let sim = if step == MemberStep::DeletingTempClaim {
-            temp_claim_left_behind()
-        } else {
-            Sim::at(step)
-        };
+        let sim = Sim::at_or_left_behind(step);
         let unblocked = decide(&sim.o, &SETTINGS);
         let mut o = sim.o.clone();
         o.stateful_set = Some(foreign_set());
@@ -510,7 +493,7 @@ fn a_pod_of_a_foreign_set_at_every_step_blocks_or_fails_before_anything_is_touch
         MemberStep::RecreatingClaim,
         MemberStep::RecreatingPod,
     ] {
-        let sim = Sim::at(step);
+        let sim = Sim::at_or_left_behind(step);
         let mut o = sim.o.clone();
         // The set itself is not in the snapshot (deleted in the background, its pod not yet).
         o.pods

@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use super::disruption;
 use super::foreign;
 use super::helpers::{self, Trouble};
+use super::machine;
 use super::observe::other_claim_users;
 use super::runbook::Stuck;
 use super::stash::{StashKey, stash};
@@ -73,6 +74,44 @@ fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
     Ok(Member { i, m, ms, mode })
 }
 
+/// Runs the member in flight forward, each step behind the checks for foreign objects
+/// ([`foreign::hold_member`]); when a step only recorded the advance to a step of
+/// [`machine::PASSED_IN_ONE_DECISION`] (no action but Events), the next one runs in the same
+/// decision: the claim swap's steps that find nothing to wait for cost no reconcile round of
+/// the member's downtime. The status, written before any action, records the last step entered.
+/// Not into `RecreatingPod` from a round that did not read the database's health (its gate
+/// needs it; see [`super::reads_health`]).
+pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
+    let health_read =
+        cx.o.request
+            .status
+            .as_ref()
+            .is_some_and(super::reads_health);
+    for _ in 0..=machine::PASSED_IN_ONE_DECISION.len() {
+        if foreign::hold_member(cx, i)? {
+            return Ok(());
+        }
+        let (from, acted_before) = (step_of(cx, i), cx.actions.len());
+        step(cx, i, Mode::Forward)?;
+        let to = step_of(cx, i);
+        let acted = cx.actions[acted_before..]
+            .iter()
+            .any(|a| !matches!(a, Action::Event { .. }));
+        let passable = to.is_some_and(|s| {
+            machine::PASSED_IN_ONE_DECISION.contains(&s)
+                && (health_read || s != MemberStep::RecreatingPod)
+        });
+        if to == from || acted || !passable || cx.rejected.is_some() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn step_of(cx: &Ctx, i: usize) -> Option<MemberStep> {
+    cx.status.members.get(i).map(|m| m.step)
+}
+
 /// Runs the member's current step.
 pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
     let mb = member(cx, i, mode)?;
@@ -95,7 +134,8 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
     }
 }
 
-/// Records the member's next step (the next decision carries it out).
+/// Records the member's next step (the next decision carries it out, or this one: see
+/// [`forward`]).
 fn advance(cx: &mut Ctx, mb: &Member, next: MemberStep) {
     cx.advance_member(mb.i, next);
     cx.requeue = Duration::ZERO;

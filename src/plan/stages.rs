@@ -158,10 +158,7 @@ fn protect_claim(cx: &mut Ctx, set: &str, m: &PlannedMember) {
 /// One member at a time, the member in flight first, then the engine's choice.
 pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
     if let Some(i) = in_flight(&cx.status) {
-        if foreign::hold_member(cx, i)? {
-            return Ok(());
-        }
-        return member::step(cx, i, Mode::Forward);
+        return member::forward(cx, i);
     }
     if foreign::hold_stage(cx) {
         return Ok(());

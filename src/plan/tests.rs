@@ -55,7 +55,7 @@ fn assert_machine_transitions(sim: &Sim) {
         for m in &s.members {
             let from = steps.get(&m.pod).copied().unwrap_or_default();
             assert!(
-                m.step == from || machine::step_allowed(from, m.step),
+                m.step == from || machine::steps_passed(from, m.step).is_some(),
                 "member {}: {from:?} -> {:?} is not in machine::STEPS",
                 m.pod,
                 m.step
@@ -1396,7 +1396,59 @@ fn resume_deleting_old_claim_when_it_is_gone() {
     let mut o = at_step(MemberStep::DeletingOldClaim);
     o.claims.remove("data-etcd-0");
     let d = decide(&o, &SETTINGS);
+    // The temporary claim is still there: deleted in the same decision.
     assert_eq!(member0(&d).step, MemberStep::DeletingTempClaim);
+}
+
+/// Both deleted claims gone: one decision passes `DeletingTempClaim` (nothing left to delete)
+/// and enters `ReleasingNewVolume`, whose action it carries, the status written first.
+#[test]
+fn the_swap_passes_a_step_with_nothing_to_do_in_the_same_decision() {
+    let mut o = at_step(MemberStep::DeletingOldClaim);
+    let plan = o
+        .request
+        .status
+        .as_ref()
+        .and_then(|s| s.plan.clone())
+        .unwrap();
+    let temp = plan.members[0].temp_claim.clone();
+    o.claims.remove("data-etcd-0");
+    o.claims.remove(&temp);
+    let d = decide(&o, &SETTINGS);
+    assert_eq!(member0(&d).step, MemberStep::ReleasingNewVolume);
+    assert!(
+        matches!(
+            &d.actions[..],
+            [Action::SetStatus(_), Action::SetClaimRef { claim, .. }] if claim == "data-etcd-0"
+        ),
+        "{:?}",
+        d.actions
+    );
+}
+
+/// Over a whole request, the claim swap's status writes pass steps: each member goes from its
+/// verified copy to its recreated pod in fewer decisions than steps, every write still a path
+/// of `machine::STEPS`.
+#[test]
+fn the_swap_takes_fewer_decisions_than_steps() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+    assert_machine_transitions(&sim);
+    let mut last = MemberStep::Pending;
+    let (mut writes, mut passed) = (0, 0);
+    for a in &sim.log {
+        let Action::SetStatus(s) = a else { continue };
+        let step = s.members[0].step;
+        if step != last && step.swap_begun() && step != MemberStep::RetainingVolumes {
+            writes += 1;
+            passed += machine::steps_passed(last, step).map_or(0, |p| p.len());
+        }
+        last = step;
+    }
+    // DeletingOldClaim .. Done: 6 steps entered.
+    assert_eq!(passed, 6, "{writes} writes");
+    assert!(writes < passed, "{writes} writes for {passed} steps");
 }
 
 #[test]
@@ -2512,7 +2564,7 @@ fn a_member_pod_that_appears_during_the_swap_holds_it_with_a_message() {
         MemberStep::ReleasingNewVolume,
         MemberStep::RecreatingClaim,
     ] {
-        let mut o = at_step(step);
+        let mut o = Sim::at_or_left_behind(step).o;
         let mut pod = member_pod(0);
         pod.metadata.uid = Some("uid-intruder".into());
         o.pods.insert("etcd-0".into(), manifest(pod));
