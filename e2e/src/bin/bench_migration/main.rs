@@ -19,7 +19,11 @@
 //!    `startTime`→`completionTime` are read, and a pod watcher measures each member's
 //!    unavailability as a client sees it (from the first event showing the pod deleted or not
 //!    Ready to the first showing it Ready again);
-//! 6. what the operator cost: its peak resident memory (`VmHWM`, read before it is stopped) and
+//! 6. where each member's downtime went after its pod stopped, from the operator's Events
+//!    (microsecond `eventTime`): the final copy with its verification (`PodStopped` →
+//!    `Verified`), the claim swap (→ `ClaimSwapped`, issue 10's target 5) and the member back
+//!    (→ `MemberMigrated`: Ready and through its gate);
+//! 7. what the operator cost: its peak resident memory (`VmHWM`, read before it is stopped) and
 //!    its API requests, from the API server's audit log (the local cluster's `audit.log` beside
 //!    `KUBECONFIG`), in total and per member.
 //!
@@ -43,6 +47,7 @@ mod cli;
 mod etcd;
 mod frugal;
 mod output;
+mod phases;
 mod scenario;
 mod workload;
 

@@ -28,6 +28,15 @@ const COST_HEADER: [&str; 6] = [
     "by verb",
 ];
 
+const PHASES_HEADER: [&str; 6] = [
+    "size",
+    "preCopy",
+    "pod stopped → copied and verified (s)",
+    "→ claim swapped (s)",
+    "→ member back, Ready and gated (s)",
+    "claim swap: worst (s)",
+];
+
 const CLIENT_HEADER: [&str; 10] = [
     "size",
     "preCopy",
@@ -157,6 +166,31 @@ fn client_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
     ]
 }
 
+/// Where the members' downtime went in a successful scenario, each part per member.
+fn phases_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
+    let each = |f: fn(&MemberRow) -> Option<f64>| {
+        let parts: Vec<String> = row.members.iter().map(|m| opt_hundredths(f(m))).collect();
+        parts.join(" / ")
+    };
+    let worst_swap = row
+        .members
+        .iter()
+        .filter_map(|m| m.phases.swap)
+        .fold(None, |w: Option<f64>, s| Some(w.map_or(s, |w| w.max(s))));
+    vec![
+        size.to_string(),
+        mode.to_string(),
+        each(|m| m.phases.copy),
+        each(|m| m.phases.swap),
+        each(|m| m.phases.back),
+        opt_hundredths(worst_swap),
+    ]
+}
+
+fn opt_hundredths(v: Option<f64>) -> String {
+    v.map_or_else(|| "?".into(), |s| format!("{s:.2}"))
+}
+
 /// The main table's row of a failed scenario.
 fn failed_row(size: &str, mode: &str, error: &str) -> Vec<String> {
     vec![
@@ -201,12 +235,14 @@ pub fn tables(results: &[ScenarioResult]) -> String {
     let mut main_rows = Vec::new();
     let mut client_rows = Vec::new();
     let mut cost_rows = Vec::new();
+    let mut phase_rows = Vec::new();
     for (size, pre_copy, result) in results {
         let mode = pre_copy.to_string();
         match result {
             Ok(row) => {
                 main_rows.push(main_row(size, &mode, row));
                 client_rows.push(client_row(size, &mode, row));
+                phase_rows.push(phases_row(size, &mode, row));
                 cost_rows.push(cost_row(size, &mode, row));
             }
             Err(e) => main_rows.push(failed_row(size, &mode, e)),
@@ -216,6 +252,8 @@ pub fn tables(results: &[ScenarioResult]) -> String {
     if !client_rows.is_empty() {
         out.push('\n');
         out.push_str(&markdown_table(&CLIENT_HEADER, &client_rows));
+        out.push('\n');
+        out.push_str(&markdown_table(&PHASES_HEADER, &phase_rows));
         out.push('\n');
         out.push_str(&markdown_table(&COST_HEADER, &cost_rows));
     }
@@ -284,6 +322,11 @@ mod tests {
                     bytes_written: Some(512),
                     verified_files: Some(3),
                     observed: Some(Duration::from_millis(5800)),
+                    phases: crate::phases::Phases {
+                        copy: Some(0.904),
+                        swap: Some(0.41),
+                        back: Some(0.5),
+                    },
                 },
                 MemberRow {
                     pod: "bench-1".into(),
@@ -292,6 +335,11 @@ mod tests {
                     bytes_written: None,
                     verified_files: None,
                     observed: Some(Duration::from_millis(7200)),
+                    phases: crate::phases::Phases {
+                        copy: Some(1.0),
+                        swap: Some(0.62),
+                        back: None,
+                    },
                 },
             ],
             total_seconds: Some(61),
@@ -328,6 +376,18 @@ mod tests {
         assert!(out.contains("| 23.0 MiB "), "{out}");
         assert!(out.contains("| 1001 (501) "), "{out}");
         assert!(out.contains("| get 900, list 101 |"), "{out}");
+        // Where the downtime went, per member, and the worst claim swap.
+        let phases: Vec<&str> = out
+            .lines()
+            .find(|l| l.contains("0.90 / 1.00"))
+            .unwrap_or_else(|| panic!("no phases row: {out}"))
+            .split('|')
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            phases[3..7],
+            ["0.90 / 1.00", "0.41 / 0.62", "0.50 / ?", "0.62"]
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::BenchError;
 use crate::availability::{Availability, watch_availability};
 use crate::cli::DataSize;
 use crate::frugal::{Requests, count_requests};
+use crate::phases::{Noted, Phases, phases, request_events};
 use crate::workload::{SET, fill_member, statefulset};
 
 const REQUEST: &str = "to-target-class";
@@ -51,6 +52,8 @@ pub struct MemberRow {
     /// Files whose content the verification read (`Changed` mode).
     pub verified_files: Option<i64>,
     pub observed: Option<Duration>,
+    /// Where its downtime went after its pod stopped, from the operator's Events.
+    pub phases: Phases,
 }
 
 #[derive(Debug)]
@@ -188,6 +191,7 @@ fn row(
     ns: &TestNamespace,
     migration: Migration,
     plain_restart: Duration,
+    events: &[Noted],
 ) -> Result<Row, BenchError> {
     let status = migration.request.status.clone().unwrap_or_default();
     if status.phase != Phase::Successful {
@@ -210,6 +214,7 @@ fn row(
             bytes_written: m.bytes_written,
             verified_files: m.verified_files,
             observed: observed.as_ref().and_then(|a| a.down(&m.pod, now)),
+            phases: phases(events, &m.pod),
         })
         .collect();
     Ok(Row {
@@ -241,7 +246,13 @@ async fn scenario_body(
         .await?;
     *operator = Some(start_operator(ns, settings).await?);
     let migration = migrate(ns, pre_copy).await?;
-    let mut row = row(ns, migration, restart)?;
+    let events = request_events(&ns.api(), REQUEST)
+        .await
+        .unwrap_or_else(|e| {
+            warn!(namespace = %ns.name, error = %e, "the request's Events could not be read");
+            Vec::new()
+        });
+    let mut row = row(ns, migration, restart, &events)?;
     row.peak_rss = operator.as_ref().and_then(Operator::peak_rss_bytes);
     Ok(row)
 }
