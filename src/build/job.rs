@@ -1187,11 +1187,7 @@ mod tests {
             // A `find` that cannot answer (no `-quit`): whole files, not a guess.
             std::fs::remove_file(dst.join("wal-link")).unwrap();
             std::fs::remove_file(src.join("wal-link")).unwrap();
-            let bin = dir.path().join("bin");
-            std::fs::create_dir_all(&bin).unwrap();
-            std::fs::write(bin.join("find"), "#!/bin/sh\nexit 1\n").unwrap();
-            std::fs::set_permissions(bin.join("find"), std::fs::Permissions::from_mode(0o755))
-                .unwrap();
+            let bin = stand_in(dir.path(), "find", "#!/bin/sh\nexit 1\n");
             let copy = run_with_path(JobKind::Copy, dir.path(), Some(&bin));
             assert_eq!(copy.code, 0, "{}", copy.stderr);
             assert_eq!(copy.result.unwrap().mode, Some(CopyMode::WholeFile));
@@ -1235,15 +1231,11 @@ mod tests {
                 .output()
                 .unwrap();
             let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
-            let bin = dir.path().join("bin");
-            std::fs::create_dir_all(&bin).unwrap();
             let wrapper = format!(
                 "#!/bin/sh\n\"{real}\" \"$@\"; rc=$?\ncase \" $* \" in *\" --dry-run \"*) [ -n \"${{BREAK:-}}\" ] && exit 23;; *) echo bad >> {}/b;; esac\nexit $rc\n",
                 dst.display()
             );
-            std::fs::write(bin.join("rsync"), wrapper).unwrap();
-            std::fs::set_permissions(bin.join("rsync"), std::fs::Permissions::from_mode(0o755))
-                .unwrap();
+            let bin = stand_in(dir.path(), "rsync", &wrapper);
             std::fs::write(src.join("b"), b"changed while it was down").unwrap();
             let corrupt = run_in(JobKind::Copy, dir.path(), Some(&bin), &verify);
             assert_eq!(corrupt.code, 1, "{}", corrupt.stderr);
@@ -1277,8 +1269,6 @@ mod tests {
                 return;
             };
             std::fs::write(src.join("a"), b"data").unwrap();
-            let bin = dir.path().join("bin");
-            std::fs::create_dir_all(&bin).unwrap();
             let calls = dir.path().join("sync-calls");
             let fake = |refuse_f: bool| {
                 let refuse = if refuse_f {
@@ -1290,11 +1280,9 @@ mod tests {
                     "#!/bin/sh\necho \"sync $*\" >> {}\n{refuse}exit 0\n",
                     calls.display()
                 );
-                std::fs::write(bin.join("sync"), script).unwrap();
-                std::fs::set_permissions(bin.join("sync"), std::fs::Permissions::from_mode(0o755))
-                    .unwrap();
+                stand_in(dir.path(), "sync", &script)
             };
-            fake(false);
+            let bin = fake(false);
             for kind in [JobKind::PreCopy, JobKind::Copy] {
                 let _ = std::fs::remove_file(&calls);
                 let run = run_with_path(kind, dir.path(), Some(&bin));
@@ -1307,6 +1295,17 @@ mod tests {
             assert_eq!(run_with_path(JobKind::Copy, dir.path(), Some(&bin)).code, 0);
             let log = std::fs::read_to_string(&calls).unwrap_or_default();
             assert_eq!(log, format!("sync -f {}\nsync \n", dst.display()));
+        }
+
+        /// Writes `script` as the program `name` in `dir/bin`, executable, standing in for the
+        /// real one when `dir/bin` comes first on the `PATH`; returns `dir/bin`.
+        fn stand_in(dir: &Path, name: &str, script: &str) -> std::path::PathBuf {
+            let bin = dir.join("bin");
+            std::fs::create_dir_all(&bin).unwrap();
+            std::fs::write(bin.join(name), script).unwrap();
+            std::fs::set_permissions(bin.join(name), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+            bin
         }
 
         /// Sets `path`'s modification time to `other`'s, as a writer that keeps it would.
