@@ -720,25 +720,36 @@ mod tests {
         }
     }
 
+    /// The value of the environment variable `name` in the container of the Job of `kind` built
+    /// for `req` with `verification`.
+    fn env_value(
+        req: &StorageMigrationRequest,
+        kind: JobKind,
+        verification: Verification,
+        name: &str,
+    ) -> Option<String> {
+        let job = job(
+            req,
+            &testdata::image(),
+            &testdata::member(),
+            kind,
+            60,
+            verification,
+        );
+        let pod = job.spec.and_then(|s| s.template.spec).unwrap();
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        env.into_iter()
+            .find(|e| e.name == name)
+            .and_then(|e| e.value)
+    }
+
     /// `spec.copy.preCopyBandwidth` reaches the pre-copy's pod as whole KiB per second, and
     /// no other Job's.
     #[test]
     fn only_the_pre_copy_gets_the_bandwidth_cap() {
         let mut req = testdata::request();
         let env_of = |req: &StorageMigrationRequest, kind: JobKind| {
-            let job = job(
-                req,
-                &testdata::image(),
-                &testdata::member(),
-                kind,
-                60,
-                Verification::ChangedSince(1),
-            );
-            let pod = job.spec.and_then(|s| s.template.spec).unwrap();
-            let env = pod.containers[0].env.clone().unwrap_or_default();
-            env.into_iter()
-                .find(|e| e.name == "BWLIMIT")
-                .and_then(|e| e.value)
+            env_value(req, kind, Verification::ChangedSince(1), "BWLIMIT")
         };
         assert_eq!(env_of(&req, JobKind::PreCopy), None, "no cap asked");
         for (limit, kib) in [("50Mi", "51200"), ("1500", "1"), ("100M", "97656")] {
@@ -759,22 +770,11 @@ mod tests {
     #[test]
     fn the_final_copy_carries_the_verification_it_is_asked_for() {
         let env_of = |kind: JobKind, v: Verification| {
-            let job = job(
-                &testdata::request(),
-                &testdata::image(),
-                &testdata::member(),
-                kind,
-                60,
-                v,
-            );
-            let pod = job.spec.and_then(|s| s.template.spec).unwrap();
-            let env = pod.containers[0].env.clone().unwrap_or_default();
-            let get = |name: &str| {
-                env.iter()
-                    .find(|e| e.name == name)
-                    .and_then(|e| e.value.clone())
-            };
-            (get("VERIFY"), get("SINCE"))
+            let req = testdata::request();
+            (
+                env_value(&req, kind, v, "VERIFY"),
+                env_value(&req, kind, v, "SINCE"),
+            )
         };
         let since = Verification::ChangedSince(42);
         let on = Some("1".to_string());

@@ -383,17 +383,16 @@ impl JobScript {
         let reason = format!("{kind} exited 23");
         let broken =
             r#"{"error":"rsync verification exited with 23","exitCode":23,"verifyMode":"Changed"}"#;
+        let verifying = kind == "verify" || (kind == "copy" && verifies);
         let message = match kind {
             _ if fails(kind) => return JobOutcome::Failed { reason },
+            _ if verifying && fails("verify") => return verify_failed(reason, broken),
             "measure" => format!(r#"{{"usedBytes":{}}}"#, self.used_bytes),
-            "verify" | "copy" if (kind == "verify" || verifies) && fails("verify") => {
-                return verify_failed(reason, broken);
-            }
             "verify" => format!("{{{verify}}}"),
             "copy" if verifies => format!(r#"{{"bytes":1048576,"files":3,{verify}}}"#),
             _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
         };
-        if self.differences != 0 && (kind == "verify" || (kind == "copy" && verifies)) {
+        if verifying && self.differences != 0 {
             return verify_failed(reason, &message);
         }
         JobOutcome::Succeeded {
@@ -1051,18 +1050,27 @@ impl Sim {
             if sim.step_of("etcd-0") == step {
                 break;
             }
-            let d = decide(&sim.o, &sim.settings);
             let passable = super::machine::PASSED_IN_ONE_DECISION.contains(&step);
-            for a in &d.actions {
-                sim.apply(a);
-                if passable && sim.step_of("etcd-0") == step {
-                    return sim;
-                }
+            if sim.decide_until(passable.then_some(step)) {
+                return sim;
             }
             sim.settle();
         }
         assert_eq!(sim.step_of("etcd-0"), step);
         sim
+    }
+
+    /// Applies one decision's actions, stopping right after the status write that records
+    /// `etcd-0` at `stop` (true then).
+    fn decide_until(&mut self, stop: Option<MemberStep>) -> bool {
+        let d = decide(&self.o, &self.settings);
+        for a in &d.actions {
+            self.apply(a);
+            if stop == Some(self.step_of("etcd-0")) {
+                return true;
+            }
+        }
+        false
     }
 
     /// [`Sim::at`], except for `DeletingTempClaim`, which a member is recorded at only when its
@@ -1076,14 +1084,7 @@ impl Sim {
         }
         let mut sim = Sim::at(MemberStep::DeletingOldClaim);
         sim.o.claims.remove("data-etcd-0");
-        let d = decide(&sim.o, &sim.settings);
-        for a in &d.actions {
-            sim.apply(a);
-            if sim.step_of("etcd-0") == step {
-                break;
-            }
-        }
-        assert_eq!(sim.step_of("etcd-0"), step);
+        assert!(sim.decide_until(Some(step)), "{:?}", sim.step_of("etcd-0"));
         sim
     }
 

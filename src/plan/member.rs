@@ -185,7 +185,9 @@ fn verification(verify: bool, mode: VerifyMode, copy_started: Option<&Time>) -> 
 
 /// Drives the member's Job of `kind`: creates it when missing, waits while it runs. `Ok(None)`:
 /// not finished yet; `Ok(Some(result))`: it succeeded, with its parsed result when its pod
-/// reported one; `Err`: it failed, with `failed(reason)` as the request's failure.
+/// reported one; `Err`: it failed, with `failed(reason)` as the request's failure, or, when its
+/// verification pass failed (a Verify Job, or a Copy Job verifying in its pod), with the
+/// differences it counted or `VerifyFailed` ([`verification_failed`]).
 fn run_job(
     cx: &mut Ctx,
     mb: &Member,
@@ -220,14 +222,16 @@ fn run_job(
                 Ok(None)
             }
         },
-        Some(JobOutcome::Failed { reason } | JobOutcome::VerifyFailed { reason, .. }) => {
-            match trouble {
-                Some(Trouble::Evicted(why)) => replace_evicted(cx, mb, kind, why)
-                    .map_err(|why| failed(format!("{reason}; {why}"))),
-                _ => Err(failed(reason)),
+        Some(JobOutcome::Failed { reason }) => match trouble {
+            Some(Trouble::Evicted(why)) => {
+                replace_evicted(cx, mb, kind, why).map_err(|why| failed(format!("{reason}; {why}")))
             }
-        }
+            _ => Err(failed(reason)),
+        },
         Some(JobOutcome::NoSpace { result, .. }) => Err(out_of_space(mb, kind, &result)),
+        Some(JobOutcome::VerifyFailed { reason, result }) => {
+            Err(verification_failed(mb, &reason, &result))
+        }
         Some(JobOutcome::Succeeded { message }) => Ok(Some(
             message
                 .as_deref()
@@ -840,11 +844,6 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             claim: m.claim.clone(),
             others,
         });
-    }
-    for kind in [JobKind::Copy, JobKind::Verify] {
-        if let Some(JobOutcome::VerifyFailed { reason, result }) = job_outcome(cx, mb, kind) {
-            return Err(verification_failed(mb, reason, result));
-        }
     }
     let Some(copied) = run_job(cx, mb, JobKind::Copy, |reason| Failure::CopyFailed {
         claim: m.claim.clone(),
