@@ -397,6 +397,15 @@ async fn storage_class_change_while_a_client_writes() {
             "no {reason} event in {events:?}"
         );
     }
+    // The pre-copy onto the empty new volume ran GNU cp in the operator's image, under the
+    // copy pods' capabilities (a member whose etcd removed a file under it is finished by
+    // rsync, so not every member need say so).
+    assert!(
+        events
+            .iter()
+            .any(|e| e.starts_with("PreCopied") && e.contains(" with cp ")),
+        "no member pre-copied with cp: {events:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

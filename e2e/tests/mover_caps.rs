@@ -2,8 +2,9 @@
 //! builder makes (`storage_migrator::build::job`, security context included) runs on the local
 //! cluster against a source tree of files of several owners with a 0000 file in a 0700
 //! directory, setuid and setgid bits, an ACL, a user xattr, a character device and a file
-//! capability; once with the builder's capabilities (the copy exits 0, its own verification
-//! pass finding the trees equal, and the read-only verify pod agrees) and once with each
+//! capability; once with the builder's capabilities (the copy, by `cp -a` onto the empty claim,
+//! exits 0, its own verification pass finding the trees equal, and the read-only verify pod
+//! agrees) and once with each
 //! capability removed (the copy or its verification fails, on the file that needs it). The verify and measure pods (read-only
 //! mounts, DAC_OVERRIDE only) read the whole tree; the mounter (non-root, no capability) gets
 //! a WaitForFirstConsumer claim provisioned.
@@ -232,8 +233,13 @@ async fn each_copy_capability_is_needed_and_the_set_is_enough() {
         match case.drop {
             None => {
                 assert!(copy.succeeded(), "full set: copy {copy:?}");
-                // The copy pod verified what it copied, under the same capabilities.
+                // The copy pod verified what it copied, under the same capabilities; onto the
+                // empty claim GNU cp copied (the first pass's default), not rsync.
                 assert!(copy.output().contains("\"differences\":0"), "{copy:?}");
+                assert!(
+                    copy.output().contains("\"mode\":\"KernelCopy\""),
+                    "{copy:?}"
+                );
                 assert!(verify.succeeded(), "full set: trees differ: {verify:?}");
                 assert!(verify.output().contains("\"differences\":0"), "{verify:?}");
             }

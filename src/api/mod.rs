@@ -181,7 +181,8 @@ pub struct CopySpec {
     #[serde(default)]
     pub verify_mode: VerifyMode,
     /// Image of the copy, verify and measure Jobs and of the mounter pods; must provide `sh`,
-    /// `rsync`, `du`, `stat`, GNU `find`, `sed`, `grep`, `sort`, `tr`, `head`, `tail` and `sleep`. Allowed only when the operator runs
+    /// `rsync`, `du`, `stat`, GNU `find`, `sed`, `grep`, `sort`, `tr`, `head`, `tail`, `sync` and
+    /// `sleep`, and should provide GNU `cp` (else the pre-copy copies with rsync). Allowed only when the operator runs
     /// with `--allow-request-mover-image` (otherwise the request is Denied, reason
     /// `MoverImageNotAllowed`). Default: the operator's own image (its `--image`), which has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -195,6 +196,25 @@ pub struct CopySpec {
     /// is never capped. Default: no cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_copy_bandwidth: Option<Quantity>,
+    /// What copies the tree in the first copy pass, onto the still empty new volume: the
+    /// pre-copy, or the final pass when there is none. `Cp` (default): GNU `cp -a`, which
+    /// copies in the kernel (`copy_file_range`) at the disk's speed; rsync takes over when `cp`
+    /// is not GNU's, when the new volume is not empty (a pass resumed, the final pass after a
+    /// pre-copy), with `preCopyBandwidth` (cp has no cap), and to finish a `cp` that failed (a
+    /// file that vanished under it). `Rsync`: rsync only, which checks every file it writes
+    /// against a whole-file checksum of its source as it transfers it.
+    #[serde(default)]
+    pub first_pass_tool: FirstPassTool,
+}
+
+/// What copies the tree in the first copy pass (`spec.copy.firstPassTool`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FirstPassTool {
+    /// GNU `cp -a` onto the empty new volume, in the kernel; rsync where it cannot serve.
+    #[default]
+    Cp,
+    /// rsync only, checking each file it transfers against a whole-file checksum.
+    Rsync,
 }
 
 impl Default for CopySpec {
@@ -206,6 +226,7 @@ impl Default for CopySpec {
             mover_image: None,
             resources: None,
             pre_copy_bandwidth: None,
+            first_pass_tool: FirstPassTool::default(),
         }
     }
 }
@@ -215,8 +236,9 @@ impl Default for CopySpec {
 pub enum VerifyMode {
     /// Metadata of the whole tree, and the content of the regular files whose inode changed
     /// since a minute before the member's first copy pass. A file unchanged since then was
-    /// stable through every pass, and rsync checked each file it wrote against a whole-file
-    /// checksum of its source; the work while the member is down follows what changed.
+    /// stable through every pass, and the pass that copied it copied it whole (rsync checks each
+    /// file it writes against a whole-file checksum of its source; `cp` copies in the kernel);
+    /// the work while the member is down follows what changed.
     #[default]
     Changed,
     /// Metadata and the content of every file, read again on both sides.

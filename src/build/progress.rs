@@ -74,11 +74,19 @@ impl ProgressLine {
             Some((left, all)) => (Some(all - left), Some(all)),
             None => (self.transferred, None),
         };
+        // Before rsync's first percent, and all through a pre-copy by `cp` (whose lines say
+        // 0 %), the share of the measured total.
+        let percent = match total {
+            Some(t) if self.percent == 0 && t > 0 => {
+                i32::try_from((self.bytes.saturating_mul(100) / t).min(99)).unwrap_or(0)
+            }
+            _ => self.percent,
+        };
         CopyProgress {
             pass,
             bytes_done: self.bytes,
             bytes_total: total,
-            percent: self.percent,
+            percent,
             bytes_per_second: self.rate,
             eta_seconds: eta,
             files_done,
@@ -166,10 +174,26 @@ mod tests {
         let log = "        512   0%    0.00kB/s    0:00:00 (xfr#1, ir-chk=1000/1002)\n";
         let p = parse_progress(log, CopyPass::Copy, Some(1 << 20)).unwrap();
         assert_eq!(p.bytes_total, Some(1 << 20));
+        assert_eq!(p.percent, 0, "512 B of 1 MiB");
         assert_eq!(p.eta_seconds, None, "no rate yet");
         assert_eq!((p.files_done, p.files_total), (Some(2), Some(1002)));
         let none = parse_progress(log, CopyPass::Copy, None).unwrap();
         assert_eq!(none.bytes_total, None);
+    }
+
+    /// The pre-copy's `cp` reports bytes and a mean rate at 0 %: the measured size gives the
+    /// percent, never 100 before the pass ends, and the time left.
+    #[test]
+    fn a_cp_progress_line_takes_its_percent_from_the_measured_size() {
+        let log = "      268435456   0%  134217728B/s    0:00:00\n";
+        let p = parse_progress(log, CopyPass::PreCopy, Some(1 << 30)).unwrap();
+        assert_eq!((p.bytes_done, p.percent), (1 << 28, 25));
+        assert_eq!(p.eta_seconds, Some(6), "768 MiB left at 128 MiB/s");
+        assert_eq!(p.bytes_per_second, Some(1 << 27));
+        let past = parse_progress(log, CopyPass::PreCopy, Some(1 << 28)).unwrap();
+        assert_eq!(past.percent, 99, "all of the measured size, not yet done");
+        let unknown = parse_progress(log, CopyPass::PreCopy, None).unwrap();
+        assert_eq!((unknown.percent, unknown.bytes_total), (0, None));
     }
 
     #[test]

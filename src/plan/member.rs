@@ -558,13 +558,17 @@ fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     else {
         return Ok(());
     };
+    let with = match result.as_ref().and_then(|r| r.mode) {
+        Some(build::CopyMode::KernelCopy) => "cp",
+        _ => "rsync",
+    };
     let note = match result.as_ref().and_then(|r| r.bytes) {
         Some(bytes) => format!(
-            "pre-copied {} ({} files) while the member served",
+            "pre-copied {} ({} files) with {with} while the member served",
             super::quantity::human(i128::from(bytes)),
             result.as_ref().and_then(|r| r.files).unwrap_or_default()
         ),
-        None => "pre-copied while the member served".to_string(),
+        None => format!("pre-copied with {with} while the member served"),
     };
     if let Some(ms) = ms_mut(cx, mb) {
         ms.message = Some(note.clone());
@@ -791,6 +795,9 @@ fn record_copy(cx: &mut Ctx, mb: &Member, copied: Option<&JobResult>) {
         ),
         (_, Some(build::CopyMode::WholeFile)) => {
             " (whole files: the target has hard-linked files, or `find` could not tell)".to_string()
+        }
+        (_, Some(build::CopyMode::KernelCopy)) => {
+            " (with cp: no pre-copy ran, the new volume was empty)".to_string()
         }
         _ => String::new(),
     };

@@ -4,13 +4,15 @@
 //! Two ext4 volumes like the local cluster's (image files, loop-mounted: `--dir` holds them),
 //! and two data sets on the source: 1 GiB in 4 files of 256 MiB (incompressible), and 100,000
 //! files of 4 KiB in 100 directories. For each set, `--runs` times (default 3), each tool copies
-//! the set onto the emptied target from a cold page cache (`sync`, then `drop_caches`), and the
-//! time includes a final `sync`, so every byte is on the target's disk:
+//! the set onto the emptied target from a cold page cache (flushed, then `drop_caches`), and the
+//! time includes a final flush (`sync -f` of the target, then `sync`), so every byte is on the
+//! target's disk:
 //!
 //! - `cp -a` (the floor);
 //! - the pre-copy: the very script the operator's pre-copy pod runs
 //!   ([`storage_migrator::build::job::PRECOPY_SCRIPT`], paths rewritten), with its progress
-//!   pipeline;
+//!   pipeline: `cp -a` onto the empty target (`firstPassTool: Cp`, the default), and rsync
+//!   (`firstPassTool: Rsync`);
 //! - `rsync -aHAXS --numeric-ids`, plain (what the issue measured at 0.77×);
 //! - `rsync -a --whole-file --numeric-ids --no-inc-recursive`, without hard links, ACLs,
 //!   xattrs and sparse handling: what those preservations cost.
@@ -67,8 +69,14 @@ enum BenchError {
 
 /// Runs `program args` to its end; an error names it with its stderr.
 fn run(program: &str, args: &[&str]) -> Result<(), BenchError> {
+    run_with(program, args, &[])
+}
+
+/// [`run`] with these environment variables as well.
+fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), BenchError> {
     let out = Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .output()
         .map_err(|source| BenchError::Spawn {
@@ -135,17 +143,25 @@ fn fill(source: &Path) -> Result<(), BenchError> {
 enum Tool {
     Cp,
     PreCopy,
+    PreCopyRsync,
     RsyncPlain,
     RsyncBare,
 }
 
 impl Tool {
-    const ALL: [Tool; 4] = [Tool::Cp, Tool::PreCopy, Tool::RsyncPlain, Tool::RsyncBare];
+    const ALL: [Tool; 5] = [
+        Tool::Cp,
+        Tool::PreCopy,
+        Tool::PreCopyRsync,
+        Tool::RsyncPlain,
+        Tool::RsyncBare,
+    ];
 
     fn label(self) -> &'static str {
         match self {
             Tool::Cp => "cp -a",
-            Tool::PreCopy => "pre-copy (the operator's script)",
+            Tool::PreCopy => "pre-copy (the operator's script: cp -a onto the empty target)",
+            Tool::PreCopyRsync => "pre-copy with firstPassTool: Rsync",
             Tool::RsyncPlain => "rsync -aHAXS --numeric-ids",
             Tool::RsyncBare => "rsync -a --whole-file --numeric-ids --no-inc-recursive",
         }
@@ -168,13 +184,23 @@ impl Tool {
                     &dst,
                 ],
             ),
-            Tool::PreCopy => {
+            Tool::PreCopy | Tool::PreCopyRsync => {
                 // One pass per path: each replacement's result is not searched again.
                 let script = PRECOPY_SCRIPT
                     .replace(SOURCE_PATH, &path_str(from))
                     .replace(TARGET_PATH, &path_str(to))
                     .replace(TERMINATION_MESSAGE_PATH, &path_str(scratch));
-                run("sh", &["-c", &script])
+                let tool = if self == Tool::PreCopy { "Cp" } else { "Rsync" };
+                run_with("sh", &["-c", &script], &[("FIRST_PASS_TOOL", tool)])?;
+                // Which way it copied, from its result.
+                let result = std::fs::read_to_string(scratch).unwrap_or_default();
+                let mode = result.split("\"mode\":").nth(1).unwrap_or("?");
+                eprintln!(
+                    "  {}: mode {}",
+                    self.label(),
+                    mode.split(',').next().unwrap_or("?")
+                );
+                Ok(())
             }
         }
     }
@@ -186,12 +212,21 @@ fn timed_copy(tool: Tool, from: &Path, to: &Path, scratch: &Path) -> Result<Dura
         std::fs::remove_dir_all(to).map_err(io(to.display().to_string()))?;
     }
     std::fs::create_dir_all(to).map_err(io(to.display().to_string()))?;
-    run("sync", &[])?;
+    flush(to)?;
     std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(io("drop_caches"))?;
     let started = Instant::now();
     tool.copy(from, to, scratch)?;
-    run("sync", &[])?;
+    flush(to)?;
     Ok(started.elapsed())
+}
+
+/// Every byte written to `dir`'s loop-mounted volume on the disk: the volume's filesystem first
+/// (`sync -f`, into its image file), then every filesystem (the image file's). A plain `sync`
+/// may flush the host's filesystem before the volume's writes reach it, and leave them to be
+/// written back during the next tool's copy.
+fn flush(dir: &Path) -> Result<(), BenchError> {
+    run("sync", &["-f", &path_str(dir)])?;
+    run("sync", &[])
 }
 
 fn median(mut xs: Vec<Duration>) -> Duration {
