@@ -12,6 +12,7 @@
 
 pub mod agent;
 pub mod controlplane;
+pub mod copy_speed;
 pub mod images;
 pub mod mountinfo;
 pub mod pki;

@@ -1,38 +1,17 @@
 //! `bench-copy`: how fast the pre-copy copies, against `cp -a` on the same volumes (issue 10,
-//! target 6: "copies at disk speed", 0.95× of `cp -a` or better).
+//! target 6): [`e2e::copy_speed`] run alone, with no cluster. `bench-migration --workloads
+//! copy` runs the same measurement beside the migrations.
 //!
-//! Two ext4 volumes like the local cluster's (image files, loop-mounted: `--dir` holds them),
-//! and two data sets on the source: 1 GiB in 4 files of 256 MiB (incompressible), and 100,000
-//! files of 4 KiB in 100 directories. For each set, `--runs` times (default 3), each tool copies
-//! the set onto the emptied target from a cold page cache (flushed, then `drop_caches`), and the
-//! time includes a final flush (`sync -f` of the target, then `sync`), so every byte is on the
-//! target's disk:
-//!
-//! - `cp -a` (the floor);
-//! - the pre-copy: the very script the operator's pre-copy pod runs
-//!   ([`storage_migrator::build::job::PRECOPY_SCRIPT`], paths rewritten), with its progress
-//!   pipeline: `cp -a` onto the empty target (`firstPassTool: Cp`, the default), and rsync
-//!   (`firstPassTool: Rsync`);
-//! - `rsync -aHAXS --numeric-ids`, plain (what the issue measured at 0.77×);
-//! - `rsync -a --whole-file --numeric-ids --no-inc-recursive`, without hard links, ACLs,
-//!   xattrs and sparse handling: what those preservations cost.
-//!
-//! Prints a Markdown table (median seconds, MiB/s, speed against `cp -a`) on stdout; needs
-//! root (mount, drop_caches), `mkfs.ext4`, `rsync` and `cp`. Not a test: nothing is asserted.
+//! Prints Markdown tables on stdout, each run's time on stderr.
 //!
 //! ```sh
-//! bench-copy --dir /var/tmp/bench-copy --runs 3
+//! bench-copy --dir /var/tmp/bench-copy --runs 5
 //! ```
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
 
 use clap::Parser;
-use e2e::provisioner::{ProvisionerError, create_image, destroy_volume, mount_image};
-use storage_migrator::build::job::{
-    PRECOPY_SCRIPT, SOURCE_PATH, TARGET_PATH, TERMINATION_MESSAGE_PATH,
-};
+use e2e::copy_speed::{Options, bench};
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-copy", about = "The pre-copy's speed against cp -a")]
@@ -41,283 +20,20 @@ struct Cli {
     #[arg(long, default_value = "/var/tmp/bench-copy")]
     dir: PathBuf,
     /// Copies of each set by each tool; the table shows the median.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     runs: usize,
     /// Size of each volume image, GiB.
     #[arg(long, default_value_t = 3)]
     volume_gib: u64,
 }
 
-#[derive(Debug, thiserror::Error)]
-enum BenchError {
-    #[error("cannot run {program}: {source}")]
-    Spawn {
-        program: String,
-        source: std::io::Error,
-    },
-    #[error("{what} failed ({status}): {stderr}")]
-    Failed {
-        what: String,
-        status: String,
-        stderr: String,
-    },
-    #[error("{0}: {1}")]
-    Io(String, std::io::Error),
-    #[error(transparent)]
-    Volume(#[from] ProvisionerError),
-}
-
-/// Runs `program args` to its end; an error names it with its stderr.
-fn run(program: &str, args: &[&str]) -> Result<(), BenchError> {
-    run_with(program, args, &[])
-}
-
-/// [`run`] with these environment variables as well.
-fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), BenchError> {
-    let out = Command::new(program)
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|source| BenchError::Spawn {
-            program: program.to_string(),
-            source,
-        })?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(BenchError::Failed {
-        what: format!("{program} {}", args.join(" ")),
-        status: out.status.to_string(),
-        stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-    })
-}
-
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> BenchError {
-    let what = what.into();
-    move |e| BenchError::Io(what, e)
-}
-
-/// A fresh ext4 image of `gib` GiB at `dir/NAME.img`, loop-mounted at `dir/NAME`: the local
-/// cluster's provisioner makes and mounts its volumes the same way.
-fn volume(dir: &Path, name: &str, gib: u64) -> Result<PathBuf, BenchError> {
-    let (image, mount) = volume_paths(dir, name);
-    create_image(&image, gib << 30)?;
-    mount_image(&image, &mount)?;
-    Ok(mount)
-}
-
-fn volume_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
-    (dir.join(format!("{name}.img")), dir.join(name))
-}
-
-fn path_str(p: &Path) -> String {
-    p.to_string_lossy().into_owned()
-}
-
-/// The data sets: `big` (4 × 256 MiB from /dev/urandom) and `small` (100 × 1,000 files of
-/// 4 KiB), each in its own directory of the source.
-fn fill(source: &Path) -> Result<(), BenchError> {
-    let big = source.join("big");
-    std::fs::create_dir_all(&big).map_err(io("big"))?;
-    for i in 0..4 {
-        let of = format!("of={}", path_str(&big.join(format!("file-{i}"))));
-        run(
-            "dd",
-            &["if=/dev/urandom", &of, "bs=1M", "count=256", "status=none"],
-        )?;
-    }
-    let block: Vec<u8> = (0..4096u32).map(|i| (i % 251) as u8).collect();
-    for d in 0..100 {
-        let dir = source.join("small").join(format!("d{d:03}"));
-        std::fs::create_dir_all(&dir).map_err(io(dir.display().to_string()))?;
-        for f in 0..1000 {
-            let path = dir.join(format!("f{f:04}"));
-            std::fs::write(&path, &block).map_err(io(path.display().to_string()))?;
-        }
-    }
-    run("sync", &[])
-}
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Tool {
-    Cp,
-    PreCopy,
-    PreCopyRsync,
-    RsyncPlain,
-    RsyncBare,
-}
-
-impl Tool {
-    const ALL: [Tool; 5] = [
-        Tool::Cp,
-        Tool::PreCopy,
-        Tool::PreCopyRsync,
-        Tool::RsyncPlain,
-        Tool::RsyncBare,
-    ];
-
-    fn label(self) -> &'static str {
-        match self {
-            Tool::Cp => "cp -a",
-            Tool::PreCopy => "pre-copy (the operator's script: cp -a onto the empty target)",
-            Tool::PreCopyRsync => "pre-copy with firstPassTool: Rsync",
-            Tool::RsyncPlain => "rsync -aHAXS --numeric-ids",
-            Tool::RsyncBare => "rsync -a --whole-file --numeric-ids --no-inc-recursive",
-        }
-    }
-
-    /// Copies `from/` into the empty `to/`.
-    fn copy(self, from: &Path, to: &Path, scratch: &Path) -> Result<(), BenchError> {
-        let (src, dst) = (format!("{}/", path_str(from)), format!("{}/", path_str(to)));
-        match self {
-            Tool::Cp => run("cp", &["-a", &format!("{}/.", path_str(from)), &dst]),
-            Tool::RsyncPlain => run("rsync", &["-aHAXS", "--numeric-ids", &src, &dst]),
-            Tool::RsyncBare => run(
-                "rsync",
-                &[
-                    "-a",
-                    "--whole-file",
-                    "--numeric-ids",
-                    "--no-inc-recursive",
-                    &src,
-                    &dst,
-                ],
-            ),
-            Tool::PreCopy | Tool::PreCopyRsync => {
-                // One pass per path: each replacement's result is not searched again.
-                let script = PRECOPY_SCRIPT
-                    .replace(SOURCE_PATH, &path_str(from))
-                    .replace(TARGET_PATH, &path_str(to))
-                    .replace(TERMINATION_MESSAGE_PATH, &path_str(scratch));
-                let tool = if self == Tool::PreCopy { "Cp" } else { "Rsync" };
-                run_with("sh", &["-c", &script], &[("FIRST_PASS_TOOL", tool)])?;
-                // Which way it copied, from its result.
-                let result = std::fs::read_to_string(scratch).unwrap_or_default();
-                let mode = result.split("\"mode\":").nth(1).unwrap_or("?");
-                eprintln!(
-                    "  {}: mode {}",
-                    self.label(),
-                    mode.split(',').next().unwrap_or("?")
-                );
-                Ok(())
-            }
-        }
-    }
-}
-
-/// Empties `target` (its data set directory), cold caches, then times one copy and its `sync`.
-fn timed_copy(tool: Tool, from: &Path, to: &Path, scratch: &Path) -> Result<Duration, BenchError> {
-    if to.exists() {
-        std::fs::remove_dir_all(to).map_err(io(to.display().to_string()))?;
-    }
-    std::fs::create_dir_all(to).map_err(io(to.display().to_string()))?;
-    flush(to)?;
-    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(io("drop_caches"))?;
-    let started = Instant::now();
-    tool.copy(from, to, scratch)?;
-    flush(to)?;
-    Ok(started.elapsed())
-}
-
-/// Every byte written to `dir`'s loop-mounted volume on the disk: the volume's filesystem first
-/// (`sync -f`, into its image file), then every filesystem (the image file's). A plain `sync`
-/// may flush the host's filesystem before the volume's writes reach it, and leave them to be
-/// written back during the next tool's copy.
-fn flush(dir: &Path) -> Result<(), BenchError> {
-    run("sync", &["-f", &path_str(dir)])?;
-    run("sync", &[])
-}
-
-fn median(mut xs: Vec<Duration>) -> Duration {
-    xs.sort();
-    xs.get(xs.len() / 2).copied().unwrap_or_default()
-}
-
-/// One data set: every tool `runs` times, in turn, so that a slow spell of the machine falls on
-/// all of them. Returns each tool's median.
-fn bench_set(
-    set: &str,
-    source: &Path,
-    target: &Path,
-    scratch: &Path,
-    runs: usize,
-) -> Result<Vec<(Tool, Duration)>, BenchError> {
-    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); Tool::ALL.len()];
-    for round in 0..runs {
-        for (i, tool) in Tool::ALL.iter().enumerate() {
-            let took = timed_copy(*tool, &source.join(set), &target.join(set), scratch)?;
-            eprintln!(
-                "{set} round {round}: {} {:.2}s",
-                tool.label(),
-                took.as_secs_f64()
-            );
-            times[i].push(took);
-        }
-    }
-    Ok(Tool::ALL
-        .iter()
-        .zip(times)
-        .map(|(t, xs)| (*t, median(xs)))
-        .collect())
-}
-
-fn print_table(set: &str, mib: f64, results: &[(Tool, Duration)]) {
-    let cp = results
-        .iter()
-        .find(|(t, _)| *t == Tool::Cp)
-        .map(|(_, d)| d.as_secs_f64())
-        .unwrap_or(f64::NAN);
-    println!("\n{set}\n");
-    println!("| tool | median s | MiB/s | speed against cp -a |");
-    println!("| --- | --- | --- | --- |");
-    for (tool, d) in results {
-        let s = d.as_secs_f64();
-        println!(
-            "| {} | {s:.2} | {:.0} | {:.2}x |",
-            tool.label(),
-            mib / s,
-            cp / s
-        );
-    }
-}
-
-fn bench(cli: &Cli) -> Result<(), BenchError> {
-    std::fs::create_dir_all(&cli.dir).map_err(io(cli.dir.display().to_string()))?;
-    let source = volume(&cli.dir, "source", cli.volume_gib)?;
-    let target = volume(&cli.dir, "target", cli.volume_gib)?;
-    let scratch = cli.dir.join("termination-log");
-    eprintln!("filling {}", source.display());
-    fill(&source)?;
-    let sets = [
-        ("big", "1 GiB in 4 files", 1024.0),
-        ("small", "100,000 files of 4 KiB", 100_000.0 * 4.0 / 1024.0),
-    ];
-    let mut tables = Vec::new();
-    for (dir, title, mib) in sets {
-        let results = bench_set(dir, &source, &target, &scratch, cli.runs)?;
-        tables.push((title, mib, results));
-    }
-    println!(
-        "bench-copy: ext4 on loop devices, cold page cache, {} runs, median",
-        cli.runs
-    );
-    for (title, mib, results) in &tables {
-        print_table(title, *mib, results);
-    }
-    Ok(())
-}
-
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let outcome = bench(&cli);
-    for name in ["source", "target"] {
-        let (image, mount) = volume_paths(&cli.dir, name);
-        if let Err(e) = destroy_volume(&image, &mount) {
-            eprintln!("cannot remove volume {}: {e}", image.display());
-        }
-    }
-    let _ = std::fs::remove_dir_all(&cli.dir);
-    outcome?;
+    let tables = bench(&Options {
+        dir: cli.dir,
+        runs: cli.runs,
+        volume_gib: cli.volume_gib,
+    })?;
+    print!("{tables}");
     Ok(())
 }

@@ -19,14 +19,22 @@ pub struct Cli {
     /// Members of the benchmarked StatefulSet.
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(i32).range(1..=9))]
     pub replicas: i32,
-    /// Which workloads to run: `generic` (the filled writer set, per size and mode) and/or
-    /// `etcd` (issue 10's target 8: a client writing to etcd through a migration with
-    /// pre-copy, per member count).
+    /// Which workloads to run: `generic` (the filled writer set, per size and mode), `etcd`
+    /// (issue 10's target 8: a client writing to etcd through a migration with pre-copy, per
+    /// member count) and `copy` (target 6: the pre-copy's script against `cp -a` on two
+    /// loop-mounted volumes of this machine, no cluster needed; `e2e::copy_speed`, as
+    /// `bench-copy`), in any combination.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "generic")]
     pub workloads: Vec<Workload>,
     /// Members of the etcd sets, comma-separated (one scenario each; `--workloads etcd`).
     #[arg(long, value_delimiter = ',', default_value = "3,5", value_parser = clap::value_parser!(u8).range(1..=9))]
     pub etcd_members: Vec<u8>,
+    /// Copies of each data set by each tool (`--workloads copy`); the table shows the median.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=50))]
+    pub copy_runs: u16,
+    /// Where `--workloads copy` makes its volume images (created; removed at the end).
+    #[arg(long, default_value = "/var/tmp/bench-copy")]
+    pub copy_dir: PathBuf,
     /// Keep the namespaces (and their workloads) instead of deleting them.
     #[arg(long)]
     pub keep: bool,
@@ -42,6 +50,7 @@ pub struct Cli {
 pub enum Workload {
     Generic,
     Etcd,
+    Copy,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

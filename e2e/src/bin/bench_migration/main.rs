@@ -27,6 +27,11 @@
 //!    its API requests, from the API server's audit log (the local cluster's `audit.log` beside
 //!    `KUBECONFIG`), in total and per member.
 //!
+//! With `--workloads copy`, first, issue 10's target 6 on this machine (no cluster needed, root):
+//! the pre-copy's script against `cp -a` on two loop-mounted ext4 volumes, `--copy-runs` times
+//! per tool and data set ([`e2e::copy_speed`], as `bench-copy`). So `--workloads
+//! copy,generic,etcd` prints every number of issue 10 in one run.
+//!
 //! With `--workloads etcd` (or `generic,etcd`), for each `--etcd-members` count (default 3 and
 //! 5): an etcd set of that many members (the e2e fixture) on the Immediate class, a client
 //! writing through every Ready member about every 20 ms from 2 s before the request to 2 s after
@@ -176,7 +181,37 @@ async fn scenario(
     )
 }
 
+/// `--workloads copy`: the copy speed tables, or why there are none. Runs on a blocking thread
+/// (minutes of `cp` and rsync).
+async fn copy_speed(cli: &Cli) -> Result<(), String> {
+    let options = e2e::copy_speed::Options {
+        dir: cli.copy_dir.clone(),
+        runs: usize::from(cli.copy_runs),
+        volume_gib: 3,
+    };
+    let tables = tokio::task::spawn_blocking(move || e2e::copy_speed::bench(&options))
+        .await
+        .map_err(|e| format!("the copy benchmark stopped: {e}"))?
+        .map_err(|e| e.to_string())?;
+    print!("{tables}");
+    Ok(())
+}
+
 async fn run(cli: Cli) -> Result<bool, BenchError> {
+    let copied = if cli.workloads.contains(&Workload::Copy) {
+        let outcome = copy_speed(&cli).await;
+        if let Err(e) = &outcome {
+            warn!(error = %e, "copy speed benchmark failed");
+            println!("\ncopy speed: failed: {e}");
+        }
+        println!();
+        outcome.is_ok()
+    } else {
+        true
+    };
+    if !cli.workloads.iter().any(|w| *w != Workload::Copy) {
+        return Ok(copied);
+    }
     let settings = settings(&cli)?;
     let cluster = TestCluster::from_env().await?;
     install_crd_cluster_wide(&cluster.client).await?;
@@ -211,7 +246,9 @@ async fn run(cli: Cli) -> Result<bool, BenchError> {
         }
         print!("{}", etcd_table(&etcd_results));
     }
-    Ok(results.iter().all(|(_, _, r)| r.is_ok()) && etcd_results.iter().all(|(_, r)| r.is_ok()))
+    Ok(copied
+        && results.iter().all(|(_, _, r)| r.is_ok())
+        && etcd_results.iter().all(|(_, r)| r.is_ok()))
 }
 
 fn main() -> ExitCode {
