@@ -15,7 +15,7 @@ ARCHIVE="$1"
 REF="$2"
 VERSION="${REF##*:}"
 # What the Jobs' scripts and the mounter pod run (besides shell built-ins: printf, kill, trap).
-TOOLS=(sh rsync du stat find sed grep tr head tail sleep)
+TOOLS=(sh rsync cp du stat find sed grep tr head tail sleep sync)
 ENTRYPOINT=/usr/local/bin/storage-migrator
 NONROOT=65532
 
@@ -79,6 +79,10 @@ for cap in ACLs xattrs hardlinks; do
   case "$banner" in *"$cap"*) ;; *) fail "the image's rsync lacks $cap" ;; esac
 done
 log "rsync: $(printf '%s\n' "$banner" | head -n1)"
+# The first copy pass uses cp only when it is GNU's (what its script checks).
+cpv="$(in_image "$R" cp --version)" || fail "cp --version does not run in the image"
+case "$cpv" in *"GNU coreutils"*) ;; *) fail "the image's cp is not GNU coreutils' (the first pass would fall back to rsync)" ;; esac
+log "cp: $(printf '%s\n' "$cpv" | head -n1)"
 used="$(in_image "$R" du -s -B1 /etc)" || fail "du -s -B1 does not run in the image"
 log "du -s -B1 /etc: ${used%%[!0-9]*} bytes"
 got="$(in_image "$R" /bin/sh -c 'printf "%s\n" "a,1.2" | sed -n "s/^a,\(.*\)/\1/p" | tr -d ".," | head -n 1 | grep -c 12')" \
@@ -93,4 +97,4 @@ in_image --userspec="$NONROOT:$NONROOT" "$R" "$ENTRYPOINT" crd >"$WORK/crd.yaml"
   || fail "$ENTRYPOINT does not run as $NONROOT:$NONROOT in the image"
 grep -q "kind: CustomResourceDefinition" "$WORK/crd.yaml" || fail "$ENTRYPOINT crd printed no CRD"
 log "operator: '$v', runs as $NONROOT:$NONROOT"
-log "OK: $ARCHIVE ($REF; tools: ${TOOLS[*]}; rsync with ACLs, xattrs, hard links)"
+log "OK: $ARCHIVE ($REF; tools: ${TOOLS[*]}; rsync with ACLs, xattrs, hard links; GNU cp)"
