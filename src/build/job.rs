@@ -244,9 +244,10 @@ fi
 /// ran, [`COPY_SCRIPT`]): GNU `cp -a` onto the empty new volume. It sets `copied` and the
 /// result's fields when `cp` copied the whole tree; rsync runs when it is empty: with
 /// `FIRST_PASS_TOOL=Rsync`, with a bandwidth cap (`$cap`), with a `cp` that is not
-/// GNU's (busybox's keeps no xattrs and fills holes), with anything but `lost+found` on the
-/// target already (a pass resumed: rsync moves only what is missing), and after a `cp` that
-/// failed (a file that vanished under it: rsync finishes the pass, tolerating that).
+/// GNU's (busybox's, for one, keeps no xattrs), with anything but `lost+found` on the target
+/// already (a pass resumed, the final pass after a pre-copy: rsync moves only what changed), and
+/// after a `cp` that failed (a file that vanished under it: rsync finishes the pass, tolerating
+/// that). The log says which way it copies and why (`rsync copies: <why>`).
 ///
 /// Progress: every second, a line in the shape of rsync's `--info=progress2` with the bytes
 /// `cp` has written so far (`wchar` of its `/proc/PID/io`, which counts `copy_file_range`),
@@ -259,7 +260,16 @@ fi
 macro_rules! kernel_copy {
     () => {
         r#"copied=
-if [ "${FIRST_PASS_TOOL:-Cp}" = Cp ] && [ -z "$cap" ] && cp --version 2>/dev/null | grep -q 'GNU coreutils' && entries=$(find /target -mindepth 1 -maxdepth 1 ! -name lost+found -print -quit) && [ -z "$entries" ]; then
+why=
+if [ "${FIRST_PASS_TOOL:-Cp}" != Cp ]; then why="firstPassTool is ${FIRST_PASS_TOOL}"
+elif [ -n "$cap" ]; then why="the pass is capped (preCopyBandwidth), cp has no cap"
+elif ! cp --version 2>/dev/null | grep -q 'GNU coreutils'; then why="the image's cp is not GNU coreutils'"
+elif ! entries=$(find /target -mindepth 1 -maxdepth 1 ! -name lost+found -print -quit); then why="find could not list the new volume"
+elif [ -n "$entries" ]; then why="the new volume already holds data"
+fi
+if [ -n "$why" ]; then
+  echo "rsync copies: $why" >&2
+else
   echo "the new volume is empty: cp -a copies the tree" >&2
   cp -a /source/. /target/ &
   cpid=$!
@@ -1746,9 +1756,13 @@ mod tests {
                 assert_eq!(pre.code, 0, "{case}: {}", pre.stderr);
                 let r = pre.result.unwrap();
                 assert_eq!(r.mode, Some(CopyMode::WholeFile), "{case}: {r:?}");
-                if case == "cp failed" {
-                    assert!(pre.stderr.contains("cp exited with 1"), "{}", pre.stderr);
-                }
+                let why = match case {
+                    "asked" => "rsync copies: firstPassTool is Rsync",
+                    "busybox" => "rsync copies: the image's cp is not GNU coreutils'",
+                    "not empty" => "rsync copies: the new volume already holds data",
+                    _ => "cp exited with 1: rsync finishes the pass",
+                };
+                assert!(pre.stderr.contains(why), "{case}: {}", pre.stderr);
                 assert_kept(&dst, kept);
                 let verify = run(JobKind::Verify, dir.path());
                 assert_eq!(verify.code, 0, "{case}: {}", verify.stderr);
@@ -1823,6 +1837,13 @@ mod tests {
             let took = started.elapsed();
             let result = run.result.unwrap_or_else(|e| panic!("{e}: {}", run.stderr));
             assert_eq!(result.bytes, Some(3 * 1024 * 1024), "{}", run.stderr);
+            // rsync, not cp, which has no cap.
+            assert_eq!(result.mode, Some(CopyMode::WholeFile), "{result:?}");
+            assert!(
+                run.stderr.contains("rsync copies: the pass is capped"),
+                "{}",
+                run.stderr
+            );
             assert_eq!(std::fs::read(dst.join("big")).unwrap(), data);
             assert!(
                 took >= std::time::Duration::from_millis(1500),

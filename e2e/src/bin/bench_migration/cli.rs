@@ -35,6 +35,10 @@ pub struct Cli {
     /// Where `--workloads copy` makes its volume images (created; removed at the end).
     #[arg(long, default_value = "/var/tmp/bench-copy")]
     pub copy_dir: PathBuf,
+    /// `copy.firstPassTool` of every request: `Cp` (the default) or `Rsync`, to compare what the
+    /// first pass's speed costs the member that still serves.
+    #[arg(long, value_enum, default_value = "cp")]
+    pub first_pass_tool: FirstPass,
     /// Keep the namespaces (and their workloads) instead of deleting them.
     #[arg(long)]
     pub keep: bool,
@@ -51,6 +55,22 @@ pub enum Workload {
     Generic,
     Etcd,
     Copy,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum FirstPass {
+    Cp,
+    Rsync,
+}
+
+impl FirstPass {
+    /// The value of `spec.copy.firstPassTool`.
+    pub fn spec_value(self) -> &'static str {
+        match self {
+            FirstPass::Cp => "Cp",
+            FirstPass::Rsync => "Rsync",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

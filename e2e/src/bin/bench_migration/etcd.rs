@@ -93,7 +93,7 @@ async fn body(
         "target": {"kind": "StatefulSet", "name": SET},
         "storageClassChange": {"storageClassName": ns.cluster.wffc_storage_class},
         "timeout": "30m",
-        "copy": {"preCopy": true},
+        "copy": {"preCopy": true, "firstPassTool": settings.first_pass_tool},
         "database": {"engine": "Etcd"},
     });
     let started = Instant::now();

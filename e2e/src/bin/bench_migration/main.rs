@@ -156,6 +156,7 @@ fn settings(cli: &Cli) -> Result<Settings, BenchError> {
         log_dir,
         keep: cli.keep,
         replicas: cli.replicas,
+        first_pass_tool: cli.first_pass_tool.spec_value(),
     })
 }
 

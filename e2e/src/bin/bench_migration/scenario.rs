@@ -41,6 +41,8 @@ pub struct Settings {
     pub keep: bool,
     /// Members of the benchmarked StatefulSet.
     pub replicas: i32,
+    /// `spec.copy.firstPassTool` of every request.
+    pub first_pass_tool: &'static str,
 }
 
 #[derive(Debug)]
@@ -136,13 +138,13 @@ pub(crate) async fn start_operator(
 }
 
 /// The request's spec: the set to the WaitForFirstConsumer class, engine Generic.
-fn request_spec(cluster: &TestCluster, pre_copy: bool) -> serde_json::Value {
+fn request_spec(cluster: &TestCluster, pre_copy: bool, tool: &str) -> serde_json::Value {
     json!({
         "type": "StorageClassChange",
         "target": {"kind": "StatefulSet", "name": SET},
         "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
         "timeout": REQUEST_TIMEOUT,
-        "copy": {"preCopy": pre_copy},
+        "copy": {"preCopy": pre_copy, "firstPassTool": tool},
         "database": {"engine": "Generic"},
     })
 }
@@ -156,10 +158,11 @@ struct Migration {
 }
 
 /// Creates the request and waits for its final phase while watching the set's pods.
-async fn migrate(ns: &TestNamespace, pre_copy: bool) -> Result<Migration, BenchError> {
+async fn migrate(ns: &TestNamespace, pre_copy: bool, tool: &str) -> Result<Migration, BenchError> {
     let (watch_task, availability) = watch_availability(ns.api::<Pod>());
     let started = Instant::now();
-    let created = operator::create_request(ns, REQUEST, request_spec(&ns.cluster, pre_copy)).await;
+    let created =
+        operator::create_request(ns, REQUEST, request_spec(&ns.cluster, pre_copy, tool)).await;
     let result = match created {
         Ok(()) => {
             info!(namespace = %ns.name, pre_copy, "request created");
@@ -245,7 +248,7 @@ async fn scenario_body(
     ns.wait_statefulset_ready(SET, settings.replicas, SET_READY)
         .await?;
     *operator = Some(start_operator(ns, settings).await?);
-    let migration = migrate(ns, pre_copy).await?;
+    let migration = migrate(ns, pre_copy, settings.first_pass_tool).await?;
     let events = request_events(&ns.api(), REQUEST)
         .await
         .unwrap_or_else(|e| {
