@@ -91,7 +91,9 @@ macro_rules! statfs_format {
     };
 }
 
-/// The rsync pass, with the exit codes it accepts (`$ok`, space-separated and padded).
+/// The rsync pass, with the exit codes it accepts (`$ok`, space-separated and padded), after
+/// `$mode`, which sets `mode`, `delta`, `cap` and `copied` (non-empty when [`kernel_copy!`]
+/// already copied the tree: rsync is skipped).
 ///
 /// `-aHAXS --numeric-ids --delete` keeps hard links, ACLs, xattrs, sparse files and numeric
 /// owners (names would be remapped through the mover image's /etc/passwd) and removes what no
@@ -136,7 +138,6 @@ macro_rules! rsync_copy_script {
             " '\n",
             $mode,
             r#"
-copied=${copied:-}
 if [ -z "$copied" ]; then
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
@@ -1359,11 +1360,7 @@ mod tests {
 
             // An rsync that corrupts what it writes: the copy succeeds, the verification in
             // the same run does not.
-            let real = Command::new("sh")
-                .args(["-c", "command -v rsync"])
-                .output()
-                .unwrap();
-            let real = String::from_utf8_lossy(&real.stdout).trim().to_string();
+            let real = real_program("rsync");
             let wrapper = format!(
                 "#!/bin/sh\n\"{real}\" \"$@\"; rc=$?\ncase \" $* \" in *\" --dry-run \"*) [ -n \"${{BREAK:-}}\" ] && exit 23;; *) echo bad >> {}/b;; esac\nexit $rc\n",
                 dst.display()
