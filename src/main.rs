@@ -352,7 +352,8 @@ async fn plan(file: &Path, namespace: Option<String>, settings: Settings) -> any
         Ok(plan) => {
             println!(
                 "# would be accepted; the plan (members in migration order; `work: AlreadyThere` \
-                 members are already on the target and left running):"
+                 members are already on the target, `work: NotTargeted` ones are not the \
+                 target claim's: both are left running):"
             );
             print!("{}", serde_norway::to_string(&plan)?);
             println!(

@@ -94,23 +94,30 @@ pub enum MigrationType {
     Shrink,
 }
 
-/// The workload whose volumes move.
+/// The workload whose volumes move, or the one claim that moves.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
-    /// Only `StatefulSet` is supported (the default).
+    /// `StatefulSet` (the default): every member's claim of one volumeClaimTemplate moves.
+    /// `PersistentVolumeClaim`: only that claim moves; it must be the claim of one StatefulSet
+    /// member, made from one of the set's volumeClaimTemplates, and mounted by that member's pod
+    /// alone (preflight finds the set and says so in the plan).
     #[serde(default)]
     pub kind: TargetKind,
-    /// Name of the StatefulSet, in the request's namespace.
+    /// Name of the StatefulSet, or of the PersistentVolumeClaim, in the request's namespace.
     #[schemars(length(min = 1))]
     pub name: String,
 }
 
-/// The kind of workload a request migrates.
+/// The kind of object a request's target names.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 pub enum TargetKind {
+    /// A StatefulSet: every member's claim of one volumeClaimTemplate moves.
     #[default]
     StatefulSet,
+    /// One claim of a StatefulSet member: only that member is stopped, and the StatefulSet is
+    /// recreated with its volumeClaimTemplates unchanged.
+    PersistentVolumeClaim,
 }
 
 /// Parameters of a `StorageClassChange`.
@@ -394,25 +401,35 @@ pub enum MemberStep {
     /// Already on the target class and size at preflight (e.g. migrated by an earlier request
     /// that failed later): nothing is done to it, its pod is never stopped.
     AlreadyThere,
+    /// Not the member of the request's target claim (`target.kind: PersistentVolumeClaim`):
+    /// nothing is done to it, its pod is never stopped.
+    NotTargeted,
 }
 
 impl MemberStep {
     /// True once the swap has begun: such a member is carried forward, never back.
     pub fn swap_begun(self) -> bool {
-        self >= MemberStep::RetainingVolumes
-            && !matches!(self, MemberStep::RolledBack | MemberStep::AlreadyThere)
+        self >= MemberStep::RetainingVolumes && self != MemberStep::RolledBack && !self.left_alone()
     }
 
-    /// True between `Pending` and the end (`Done`, `RolledBack`, `AlreadyThere`): the member
-    /// in flight.
+    /// True between `Pending` and the end (`Done`, `RolledBack`, `AlreadyThere`,
+    /// `NotTargeted`): the member in flight.
     pub fn in_flight(self) -> bool {
         !matches!(
             self,
-            MemberStep::Pending
-                | MemberStep::Done
-                | MemberStep::RolledBack
-                | MemberStep::AlreadyThere
-        )
+            MemberStep::Pending | MemberStep::Done | MemberStep::RolledBack
+        ) && !self.left_alone()
+    }
+
+    /// True for a member the request leaves alone from its acceptance on (`AlreadyThere`,
+    /// `NotTargeted`): its pod is never stopped.
+    pub fn left_alone(self) -> bool {
+        matches!(self, MemberStep::AlreadyThere | MemberStep::NotTargeted)
+    }
+
+    /// True for a member with nothing left to do: `Done`, or left alone.
+    pub fn settled(self) -> bool {
+        self == MemberStep::Done || self.left_alone()
     }
 
     /// True from the final copy to the release of the new volume: the member is down, and no
@@ -516,6 +533,11 @@ pub struct Plan {
     pub stateful_set: String,
     /// The volumeClaimTemplate whose claims move.
     pub volume_claim_template: String,
+    /// Set when the request's target is one claim (`target.kind: PersistentVolumeClaim`): only
+    /// the member that mounts it moves, every other member is `NotTargeted`, and the StatefulSet
+    /// is recreated with its volumeClaimTemplates unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_claim: Option<String>,
     /// The StorageClass the claims were on (unset when they name none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_storage_class: Option<String>,
@@ -569,6 +591,10 @@ pub enum PlannedWork {
     /// Its claim (and the claim's volume) already are on the target class and size: left as it
     /// is, never stopped; `status.members[].step` is `AlreadyThere`.
     AlreadyThere,
+    /// Not the member of the request's target claim (`target.kind: PersistentVolumeClaim`):
+    /// left as it is, never stopped; `status.members[].step` is `NotTargeted`. Its health still
+    /// gates the target member's stop.
+    NotTargeted,
 }
 
 /// The schema of the optional `role`: a nullable string enum, without the `null` enum value the

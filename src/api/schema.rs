@@ -184,7 +184,10 @@ mod tests {
         let status = &s["properties"]["status"]["properties"];
         for (field, values) in [
             (&spec["type"], vec!["StorageClassChange", "Shrink"]),
-            (&spec["target"]["properties"]["kind"], vec!["StatefulSet"]),
+            (
+                &spec["target"]["properties"]["kind"],
+                vec!["StatefulSet", "PersistentVolumeClaim"],
+            ),
             (&spec["oldPVReclaimPolicy"], vec!["Retain", "Delete"]),
             (&spec["apply"], vec!["IfReady", "Always"]),
             (
@@ -225,6 +228,7 @@ mod tests {
                     "Done",
                     "RolledBack",
                     "AlreadyThere",
+                    "NotTargeted",
                 ],
             ),
             (

@@ -16,13 +16,17 @@ use kube::{ResourceExt, api::ObjectList};
 use super::Engine;
 use super::error::{ClusterError, kube_err};
 use super::{Cluster, namespace};
-use crate::api::{Stage, StorageMigrationRequest, StorageMigrationRequestStatus};
+use crate::api::{
+    Stage, StorageMigrationRequest, StorageMigrationRequestSpec, StorageMigrationRequestStatus,
+    TargetKind,
+};
 use crate::build::Manifest;
 use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
-    claim_users, copy_log_pod, effective_spec, expected_members, job_outcome, measured_bytes,
-    reads_claim_users, terminating_pod_nodes,
+    ClaimUser, claim_users, copy_log_pod, effective_spec, expected_members, job_outcome,
+    may_target_set, measured_bytes, reads_claim_users, target_claim_users, target_set_name,
+    terminating_pod_nodes,
 };
 use crate::plan::{self, Observed, ObservedJob, OtherRequest};
 
@@ -48,8 +52,10 @@ impl Cluster {
     ) -> Result<Observed, ClusterError> {
         let ns = namespace(&req)?;
         let name = req.name_any();
-        let set_name = effective_spec(&req).target.name;
         let status = req.status.clone().unwrap_or_default();
+        let spec = effective_spec(&req);
+        let target_claim_users = self.target_claim_users(&ns, &spec, &status).await?;
+        let set_name = target_set_name(&spec, &status, &target_claim_users);
         // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
         // survive its recreation (see `build::manifest`).
         // `join!`, not `try_join!`, then the errors in a fixed order: a read that fails (RBAC, an
@@ -109,7 +115,31 @@ impl Cluster {
             final_hash,
             nodes: nodes?,
             claim_users,
+            target_claim_users,
         })
+    }
+
+    /// The pods that mount the target claim, with their controllers: read in Preflight for a
+    /// claim target (`target.kind: PersistentVolumeClaim`), the set it works on is found from
+    /// them; none otherwise.
+    async fn target_claim_users(
+        &self,
+        ns: &str,
+        spec: &StorageMigrationRequestSpec,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<Vec<ClaimUser>, ClusterError> {
+        if spec.target.kind != TargetKind::PersistentVolumeClaim
+            || status.stage != Stage::Preflight
+            || status.phase.is_final()
+        {
+            return Ok(Vec::new());
+        }
+        let pods = self
+            .ns_api::<Pod>(ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list pods"))?;
+        Ok(target_claim_users(&pods.items, &spec.target.name))
     }
 
     /// The pods of the namespace by the claims they mount ([`claim_users`]), read only when
@@ -341,7 +371,7 @@ impl Cluster {
             .map_err(kube_err("list requests"))?;
         Ok(requests
             .into_iter()
-            .filter(|r| r.name_any() != name && effective_spec(r).target.name == set_name)
+            .filter(|r| r.name_any() != name && may_target_set(r, set_name))
             .map(|r| OtherRequest {
                 name: r.name_any(),
                 created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),

@@ -25,6 +25,10 @@ impl Cluster {
             + k8s_openapi::Resource
             + DeserializeOwned,
     {
+        // No object has an empty name (a claim target with no set to work on asks for one).
+        if name.is_empty() {
+            return Ok(None);
+        }
         let err = kube_err(format!(
             "get {} {ns}/{name}",
             <K as k8s_openapi::Resource>::KIND

@@ -351,6 +351,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
         final_hash: None,
         nodes: BTreeMap::new(),
         claim_users: BTreeMap::new(),
+        target_claim_users: Vec::new(),
     }
 }
 
@@ -567,8 +568,7 @@ impl Sim {
                 assert_eq!(status.stage, crate::api::Stage::Finalizing);
                 assert!(status.failure.is_none());
                 assert!(
-                    (status.members.iter())
-                        .all(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere)),
+                    (status.members.iter()).all(|m| m.step.settled()),
                     "stash deleted with members not done"
                 );
                 let spec = super::observe::effective_spec(&self.o.request);
@@ -593,10 +593,10 @@ impl Sim {
                 let checked = match spec.database.engine {
                     crate::api::DatabaseEngine::Etcd => status.final_hash.is_some(),
                     crate::api::DatabaseEngine::Generic => {
-                        // Members already there were not copied by this request.
+                        // Members left alone were not copied by this request.
                         spec.copy.verify
                             && (status.members.iter())
-                                .all(|m| m.step == MemberStep::AlreadyThere || m.verified.is_some())
+                                .all(|m| m.step.left_alone() || m.verified.is_some())
                     }
                 };
                 assert!(

@@ -28,7 +28,8 @@
 //! (`CreatingClaim` to `Copying`) ends `RolledBack`; a member whose swap has begun
 //! (`MemberStep::swap_begun`, from `RetainingVolumes` on) is carried forward along the same
 //! transitions to `Done`. A member already on the target class and size at preflight goes from
-//! `Pending` to `AlreadyThere` on acceptance and is never touched.
+//! `Pending` to `AlreadyThere` on acceptance and is never touched; so does a member that is not
+//! the one of a claim target (`target.kind: PersistentVolumeClaim`), to `NotTargeted`.
 
 use std::fmt::Write as _;
 
@@ -54,7 +55,7 @@ pub const STAGES: &[Transition<Stage>] = &[
     t(Stage::Preflight,             Stage::OrphaningStatefulSet,  "accepted"),
     t(Stage::Preflight,             Stage::Done,                  "denied"),
     t(Stage::OrphaningStatefulSet,  Stage::Migrating,             "StatefulSet orphaned"),
-    t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done or AlreadyThere"),
+    t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done, AlreadyThere or NotTargeted"),
     t(Stage::RecreatingStatefulSet, Stage::Finalizing,            "pods adopted"),
     t(Stage::Finalizing,            Stage::Done,                  "final check passed, Successful"),
     // The rollback branch.
@@ -72,6 +73,7 @@ pub const STAGES: &[Transition<Stage>] = &[
 pub const STEPS: &[Transition<MemberStep>] = &[
     t(MemberStep::Pending,            MemberStep::CreatingClaim,      "chosen next"),
     t(MemberStep::Pending,            MemberStep::AlreadyThere,       "on the target at preflight"),
+    t(MemberStep::Pending,            MemberStep::NotTargeted,        "not the target claim's member"),
     t(MemberStep::CreatingClaim,      MemberStep::PreCopying,         "claim bound, pre-copy on"),
     t(MemberStep::CreatingClaim,      MemberStep::GatingStop,         "claim bound, pre-copy off or ReadWriteOncePod"),
     t(MemberStep::PreCopying,         MemberStep::GatingStop,         "pre-copied"),
@@ -203,6 +205,7 @@ const LAST_STEPS: &[MemberStep] = &[
     MemberStep::Done,
     MemberStep::RolledBack,
     MemberStep::AlreadyThere,
+    MemberStep::NotTargeted,
 ];
 
 /// The step from which a member's swap has begun (`MemberStep::swap_begun`): the first one the
@@ -259,7 +262,7 @@ mod tests {
         Stage::Done,
     ];
 
-    const ALL_STEPS: [MemberStep; 15] = [
+    const ALL_STEPS: [MemberStep; 16] = [
         MemberStep::Pending,
         MemberStep::CreatingClaim,
         MemberStep::PreCopying,
@@ -275,6 +278,7 @@ mod tests {
         MemberStep::Done,
         MemberStep::RolledBack,
         MemberStep::AlreadyThere,
+        MemberStep::NotTargeted,
     ];
 
     fn status_at(stage: Stage) -> StorageMigrationRequestStatus {

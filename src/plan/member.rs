@@ -119,7 +119,8 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
         MemberStep::Pending
         | MemberStep::Done
         | MemberStep::RolledBack
-        | MemberStep::AlreadyThere => Ok(()),
+        | MemberStep::AlreadyThere
+        | MemberStep::NotTargeted => Ok(()),
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
         MemberStep::PreCopying => pre_copying(cx, &mb),
         MemberStep::GatingStop => gating_stop(cx, &mb),
@@ -623,7 +624,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
         .status
         .members
         .iter()
-        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
+        .filter(|m| m.step.settled())
         .map(|m| m.pod.clone())
         .collect();
     match engine::transfer_target(report, pod, &migrated) {

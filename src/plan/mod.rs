@@ -60,6 +60,8 @@ mod admission_tests;
 #[cfg(test)]
 mod bounded_tests;
 #[cfg(test)]
+mod claim_target_tests;
+#[cfg(test)]
 mod finish_tests;
 #[cfg(test)]
 pub(crate) mod fixtures;
@@ -116,6 +118,9 @@ pub struct Observed {
     /// (empty otherwise), so that a claim another pod writes to is not copied as if it were
     /// still (see [`observe::claim_users`]).
     pub claim_users: BTreeMap<String, Vec<String>>,
+    /// The pods that mount the target claim, with their controllers (`target.kind:
+    /// PersistentVolumeClaim`, read in Preflight only; empty otherwise).
+    pub target_claim_users: Vec<observe::ClaimUser>,
     /// Claims of the namespace that matter: the members' claims and our temporary claims.
     pub claims: BTreeMap<String, PersistentVolumeClaim>,
     /// Volumes bound to those claims, and the ones named in the status.
@@ -757,11 +762,7 @@ pub fn reads_health(status: &StorageMigrationRequestStatus) -> bool {
 
 /// `done/total` for the printer column.
 pub(crate) fn progress(status: &StorageMigrationRequestStatus) -> String {
-    let done = status
-        .members
-        .iter()
-        .filter(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere))
-        .count();
+    let done = status.members.iter().filter(|m| m.step.settled()).count();
     format!("{done}/{}", status.members.len())
 }
 

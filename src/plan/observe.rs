@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use super::JobOutcome;
 use crate::api::{
     MemberStep, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
-    StorageMigrationRequestStatus,
+    StorageMigrationRequestStatus, TargetKind,
 };
 use crate::build::{self, Manifest};
 use crate::labels;
@@ -52,6 +52,79 @@ pub fn claim_users(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
         .into_iter()
         .map(|(claim, pods)| (claim, pods.into_iter().collect()))
         .collect()
+}
+
+/// A pod that mounts the request's target claim (`target.kind: PersistentVolumeClaim`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimUser {
+    /// The pod's name.
+    pub pod: String,
+    /// The kind and name of the pod's controller (its ownerReference with `controller: true`);
+    /// `None` for a bare pod.
+    pub owner: Option<(String, String)>,
+}
+
+/// The pods that mount `claim`, by name, each with its controller; our helper pods and
+/// finished pods left out, as in [`claim_users`].
+pub fn target_claim_users(pods: &[Pod], claim: &str) -> Vec<ClaimUser> {
+    let mut users: Vec<ClaimUser> = pods
+        .iter()
+        .filter(|p| !p.labels().contains_key(labels::REQUEST_LABEL))
+        .filter(|p| super::claims_held(p).any(|c| c == claim))
+        .map(|p| ClaimUser {
+            pod: p.name_any(),
+            owner: p
+                .owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true))
+                .map(|o| (o.kind.clone(), o.name.clone())),
+        })
+        .collect();
+    users.sort_by(|a, b| a.pod.cmp(&b.pod));
+    users
+}
+
+/// The StatefulSet a request works on: its target's name, or for a claim target the set in its
+/// plan, else the set that controls the one pod mounting the claim (empty when there is none:
+/// preflight then denies the request and reads no set).
+pub fn target_set_name(
+    spec: &StorageMigrationRequestSpec,
+    status: &StorageMigrationRequestStatus,
+    users: &[ClaimUser],
+) -> String {
+    match spec.target.kind {
+        TargetKind::StatefulSet => spec.target.name.clone(),
+        TargetKind::PersistentVolumeClaim => match &status.plan {
+            Some(plan) => plan.stateful_set.clone(),
+            None => match users {
+                [
+                    ClaimUser {
+                        owner: Some((kind, name)),
+                        ..
+                    },
+                ] if kind == "StatefulSet" => name.clone(),
+                _ => String::new(),
+            },
+        },
+    }
+}
+
+/// Whether another request may work on StatefulSet `set`: its target is the set, or its plan's
+/// set is; a claim target not yet planned counts when its claim could be one of the set's
+/// (`<template>-<set>-<ordinal>`), so that two requests on one set are never judged at once.
+pub fn may_target_set(req: &StorageMigrationRequest, set: &str) -> bool {
+    let spec = effective_spec(req);
+    let planned = req.status.as_ref().and_then(|s| s.plan.as_ref());
+    match (spec.target.kind, planned) {
+        (TargetKind::StatefulSet, _) => spec.target.name == set,
+        (TargetKind::PersistentVolumeClaim, Some(plan)) => plan.stateful_set == set,
+        (TargetKind::PersistentVolumeClaim, None) => {
+            let claim = spec.target.name.as_str();
+            claim.rsplit_once('-').is_some_and(|(head, ordinal)| {
+                ordinal.parse::<u32>().is_ok() && head.ends_with(&format!("-{set}"))
+            })
+        }
+    }
 }
 
 /// The pods other than `member` that mount `claim`, from [`claim_users`]; comma-separated,

@@ -67,7 +67,7 @@ pub fn member_fraction(m: &MemberStatus, pre_copy: bool) -> f64 {
         | MemberStep::ReleasingNewVolume
         | MemberStep::RecreatingClaim => COPIED,
         MemberStep::RecreatingPod => 0.95,
-        MemberStep::Done | MemberStep::AlreadyThere => 1.0,
+        MemberStep::Done | MemberStep::AlreadyThere | MemberStep::NotTargeted => 1.0,
     }
 }
 

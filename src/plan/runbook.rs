@@ -34,7 +34,7 @@ macro_rules! sections {
 
 sections! {
     DeniedInvalidSpec => "denied-invalidspec",
-    DeniedTarget => "denied-targetnotfound-templatenotfound-templaterequired-nomembers",
+    DeniedTarget => "denied-targetnotfound-claimunused-unsupportedowner-templatenotfound-templaterequired-nomembers",
     DeniedForeignOwner => "denied-foreignowner",
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
     DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
@@ -116,9 +116,8 @@ impl From<DenialReason> for Section {
         use DenialReason::*;
         match r {
             InvalidSpec => Section::DeniedInvalidSpec,
-            TargetNotFound | TemplateNotFound | TemplateRequired | NoMembers => {
-                Section::DeniedTarget
-            }
+            TargetNotFound | ClaimUnused | UnsupportedOwner | TemplateNotFound
+            | TemplateRequired | NoMembers => Section::DeniedTarget,
             ForeignOwner => Section::DeniedForeignOwner,
             UnsupportedVolumeMode
             | ClaimNotFound

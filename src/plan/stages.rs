@@ -216,11 +216,7 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
 /// The class and size the recreated StatefulSet's template gets: the target when every member
 /// is migrated, else the original template's.
 fn template_fit(cx: &Ctx, plan: &Plan, stashed: &StatefulSet) -> (String, Quantity) {
-    let all_done = cx
-        .status
-        .members
-        .iter()
-        .all(|m| matches!(m.step, MemberStep::Done | MemberStep::AlreadyThere));
+    let all_done = cx.status.members.iter().all(|m| m.step.settled());
     if all_done {
         return (plan.target_storage_class.clone(), plan.target_size.clone());
     }
@@ -243,6 +239,11 @@ fn recreate_stateful_set(
     stashed: &Manifest<StatefulSet>,
 ) -> Result<(), Failure> {
     let (class, size) = template_fit(cx, plan, stashed);
+    // A claim target keeps every template: the other members' claims did not move.
+    let template = match plan.target_claim {
+        Some(_) => "",
+        None => plan.volume_claim_template.as_str(),
+    };
     let retention = match cx.status.original_retention_policy.as_deref() {
         Some(json) => {
             build::parse_retention_policy(json).map_err(|e| Failure::RetentionPolicy {
@@ -254,16 +255,10 @@ fn recreate_stateful_set(
             .as_ref()
             .and_then(|s| s.persistent_volume_claim_retention_policy.clone()),
     };
-    let built = build::recreated_statefulset(
-        stashed,
-        &plan.volume_claim_template,
-        &class,
-        &size,
-        retention,
-    )
-    .and_then(|set| {
-        set.with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
-    });
+    let built =
+        build::recreated_statefulset(stashed, template, &class, &size, retention).and_then(|set| {
+            set.with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
+        });
     let set = match built {
         Ok(set) => set,
         Err(e) => {
@@ -275,12 +270,16 @@ fn recreate_stateful_set(
             return Ok(());
         }
     };
+    let with = match template {
+        "" => "its volumeClaimTemplates unchanged".to_string(),
+        t => format!("template {t} on StorageClass {class} ({})", size.0),
+    };
     cx.event(
         EventType::Normal,
         "StatefulSetRecreated",
         format!(
-            "recreating StatefulSet {} with template {} on StorageClass {class} ({}); it adopts the running pods",
-            plan.stateful_set, plan.volume_claim_template, size.0
+            "recreating StatefulSet {} with {with}; it adopts the running pods",
+            plan.stateful_set
         ),
     );
     cx.act(Action::Create(Object::StatefulSet(Box::new(set))));
@@ -748,11 +747,24 @@ fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
         .filter(|m| m.step == MemberStep::AlreadyThere)
         .map(|m| m.pod.as_str())
         .collect();
-    let there_note = if there.is_empty() {
+    let mut there_note = if there.is_empty() {
         String::new()
     } else {
         format!("; already there, left running: {}", there.join(", "))
     };
+    let not_targeted: Vec<&str> = cx
+        .status
+        .members
+        .iter()
+        .filter(|m| m.step == MemberStep::NotTargeted)
+        .map(|m| m.pod.as_str())
+        .collect();
+    if !not_targeted.is_empty() {
+        there_note.push_str(&format!(
+            "; not targeted, left running: {}",
+            not_targeted.join(", ")
+        ));
+    }
     let downtimes: Vec<String> = cx
         .status
         .members

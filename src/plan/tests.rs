@@ -39,7 +39,7 @@ fn denial_reason(d: &Decision) -> (String, String) {
 
 /// Every status the planner wrote during the run moved the stage and each member's step only
 /// along the transitions of [`machine`].
-fn assert_machine_transitions(sim: &Sim) {
+pub(super) fn assert_machine_transitions(sim: &Sim) {
     let mut stage = Stage::Preflight;
     let mut steps: std::collections::BTreeMap<String, MemberStep> = Default::default();
     for a in &sim.log {

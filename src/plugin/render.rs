@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{
-    CopyPass, CopyProgress, MemberStatus, MemberStep, Phase, Plan, PlannedMember, Role,
-    StorageMigrationRequestStatus,
+    CopyPass, CopyProgress, MemberStatus, MemberStep, Phase, Plan, PlannedMember, PlannedWork,
+    Role, StorageMigrationRequestStatus,
 };
 use crate::plan::preflight::{self, Denial};
 
@@ -162,13 +162,20 @@ fn role(r: Option<Role>) -> &'static str {
 /// The plan's members in migration order, one line each.
 pub fn plan_lines(plan: &Plan) -> Vec<String> {
     let from = plan.source_storage_class.as_deref().unwrap_or("(none)");
+    let what = match &plan.target_claim {
+        Some(claim) => format!(
+            "Claim {claim} (StatefulSet {}, template {}; the set keeps its templates)",
+            plan.stateful_set, plan.volume_claim_template
+        ),
+        None => format!(
+            "StatefulSet {} template {}",
+            plan.stateful_set, plan.volume_claim_template
+        ),
+    };
     let mut lines = vec![
         format!(
-            "StatefulSet {} template {}: class {from} -> {}, size {}",
-            plan.stateful_set,
-            plan.volume_claim_template,
-            plan.target_storage_class,
-            plan.target_size.0
+            "{what}: class {from} -> {}, size {}",
+            plan.target_storage_class, plan.target_size.0
         ),
         format!(
             "  {:<3} {:<12} {:<9} {:<16} {:<22} {}",
@@ -186,15 +193,18 @@ fn planned_member_line(n: usize, m: &PlannedMember) -> String {
         .used_bytes
         .map(|u| format!(" (used {})", bytes(u)))
         .unwrap_or_default();
+    let (size, left) = match m.work {
+        PlannedWork::Migrate => (format!("{} -> {}", m.old_size.0, m.new_size.0), ""),
+        PlannedWork::AlreadyThere => (m.old_size.0.clone(), " (already there, left running)"),
+        PlannedWork::NotTargeted => (m.old_size.0.clone(), " (not targeted, left running)"),
+    };
     format!(
-        "  {:<3} {:<12} {:<9} {:<16} {:<22} {} -> {}{used}",
+        "  {:<3} {:<12} {:<9} {:<16} {:<22} {size}{used}{left}",
         n,
         m.pod,
         role(m.role),
         m.node,
         m.claim,
-        m.old_size.0,
-        m.new_size.0
     )
 }
 
@@ -251,6 +261,9 @@ pub fn data_location(m: &MemberStatus, planned: Option<&PlannedMember>) -> Strin
             format!(
                 "already on the target before this request: {old} (claim {claim}), left running"
             )
+        }
+        MemberStep::NotTargeted => {
+            format!("not the target claim's member: {old} (claim {claim}), left running")
         }
         MemberStep::PreCopying
         | MemberStep::GatingStop
@@ -490,6 +503,7 @@ mod tests {
         let plan = Plan {
             stateful_set: "etcd".into(),
             volume_claim_template: "data".into(),
+            target_claim: None,
             source_storage_class: Some("standard".into()),
             target_storage_class: "standard".into(),
             target_size: Quantity("512Mi".into()),

@@ -5,12 +5,13 @@
 //!   is skipped (no members without the StatefulSet and its template; no class checks without the
 //!   target class).
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
-use super::{Denial, classes, health, members, mover, owner, spec, target};
-use crate::api::{MigrationType, Plan, PlannedMember};
+use super::{Denial, claim_target, classes, health, members, mover, owner, spec, target};
+use crate::api::{MigrationType, Plan, PlannedMember, PlannedWork, TargetKind};
 use crate::plan::{Ctx, Observed, Settings};
 
 /// Whether the checks stop at the first denial.
@@ -95,26 +96,21 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         c,
         mover::check_pod_security(&namespace, &o.namespace_labels)
     );
-    let set_name = spec.target.name.as_str();
-    let set = need!(
-        c,
-        target::check_target_exists(o.stateful_set.as_ref(), set_name, &namespace)
-    );
-    check!(c, owner::check_owner(set, spec.owner_paused));
-    let template = need!(
-        c,
-        target::choose_template(set, spec.volume_claim_template.as_deref())
-    );
-    check!(c, target::check_template_volume_mode(&template));
+    let Target {
+        set,
+        set_name,
+        template,
+        claim_member,
+    } = target(cx, c, &namespace)?;
 
     // Members: every pod exists, runs on a node, and is bound to its claim.
     let names = members::Names {
         request: cx.name(),
-        set: set_name.to_string(),
+        set: set_name.clone(),
         template: template.name_any(),
     };
     let (mut members, mut claim_classes) = (Vec::new(), Vec::new());
-    for ordinal in need!(c, members::check_ordinals(set, set_name)) {
+    for ordinal in need!(c, members::check_ordinals(set, &set_name)) {
         if let Some((member, class)) = c.keep(members::check_member(o, &names, ordinal)) {
             members.push(member);
             claim_classes.push(class);
@@ -124,8 +120,13 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         }
     }
 
+    if let Some(m) = &claim_member {
+        claim_target::mark_not_targeted(&mut members, m.ordinal);
+    }
     // Classes and sizes; members already there (an earlier request moved them) are skipped.
-    let target = target_class_and_size(cx, c, &template, &mut members, &claim_classes);
+    // A claim target keeps the template: only its claim is compared with the target.
+    let changed_template = claim_member.is_none().then_some(&template);
+    let target = target_class_and_size(cx, c, changed_template, &mut members, &claim_classes);
     if c.stop() {
         return None;
     }
@@ -153,6 +154,7 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
     Some(Plan {
         stateful_set: names.set,
         volume_claim_template: names.template,
+        target_claim: claim_member.map(|_| spec.target.name.clone()),
         source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
         target_storage_class: target_class,
         target_size,
@@ -160,18 +162,71 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
     })
 }
 
+/// What the request works on.
+struct Target<'o> {
+    set: &'o StatefulSet,
+    set_name: String,
+    /// The volumeClaimTemplate whose claims move.
+    template: PersistentVolumeClaim,
+    /// For a claim target, its member: only that member moves.
+    claim_member: Option<claim_target::ClaimMember>,
+}
+
+/// The StatefulSet and the template: the target's, or a claim target's member's.
+fn target<'o>(cx: &Ctx<'o>, c: &mut Checks, namespace: &str) -> Option<Target<'o>> {
+    let (o, spec) = (cx.o, cx.spec());
+    let claim_member = match spec.target.kind {
+        TargetKind::StatefulSet => None,
+        TargetKind::PersistentVolumeClaim => {
+            let m = need!(
+                c,
+                claim_target::check_claim_target(o, &spec.target.name, namespace)
+            );
+            check!(c, claim_target::check_template_matches(spec, &m));
+            Some(m)
+        }
+    };
+    let (set_name, wanted_template) = match &claim_member {
+        Some(m) => (m.set.clone(), Some(m.template.as_str())),
+        None => (
+            spec.target.name.clone(),
+            spec.volume_claim_template.as_deref(),
+        ),
+    };
+    let set = need!(
+        c,
+        target::check_target_exists(o.stateful_set.as_ref(), &set_name, namespace)
+    );
+    check!(c, owner::check_owner(set, spec.owner_paused));
+    let template = need!(c, target::choose_template(set, wanted_template));
+    check!(c, target::check_template_volume_mode(&template));
+    Some(Target {
+        set,
+        set_name,
+        template,
+        claim_member,
+    })
+}
+
 /// The target class and the new size of every member; members already on the target class are
-/// marked so.
+/// marked so. `template` is the one the recreated set changes (`None` for a claim target: the
+/// set keeps its templates, the members left alone are not compared).
 fn target_class_and_size(
     cx: &Ctx,
     c: &mut Checks,
-    template: &PersistentVolumeClaim,
+    template: Option<&PersistentVolumeClaim>,
     members: &mut [PlannedMember],
     claim_classes: &[String],
 ) -> Option<(String, Quantity)> {
     let spec = cx.spec();
     let classes_of = &cx.o.storage_classes;
-    let all_classes = classes::distinct(claim_classes.to_vec());
+    let targeted = members.iter().zip(claim_classes);
+    let all_classes = classes::distinct(
+        targeted
+            .filter(|(m, _)| m.work != PlannedWork::NotTargeted)
+            .map(|(_, class)| class.clone())
+            .collect(),
+    );
     let target_class = need!(c, classes::check_target_class(spec, &all_classes));
     let target = c.keep(classes::check_storage_class(classes_of, &target_class));
     if c.stop() {
@@ -189,11 +244,17 @@ fn target_class_and_size(
                 let mode = classes::check_binding_mode(classes_of, &sources, target, &target_class);
                 check!(c, mode);
             }
-            need!(c, classes::check_template_size(template))
+            match template {
+                Some(template) => need!(c, classes::check_template_size(template)),
+                None => classes::targeted_size(members),
+            }
         }
         MigrationType::Shrink => {
             let size = need!(c, classes::check_shrink_size(spec, members, template));
-            members.iter_mut().for_each(|m| m.new_size = size.clone());
+            members
+                .iter_mut()
+                .filter(|m| m.work != PlannedWork::NotTargeted)
+                .for_each(|m| m.new_size = size.clone());
             size
         }
     };

@@ -61,7 +61,10 @@ pub(super) fn check_storage_class<'a>(
 /// StorageClassChange: marks `AlreadyThere` each member whose claim and the claim's volume both
 /// are on the target class (an earlier request migrated it); the others stay `Migrate`.
 pub(super) fn mark_on_class(o: &Observed, members: &mut [PlannedMember], target_class: &str) {
-    for m in members {
+    for m in members
+        .iter_mut()
+        .filter(|m| m.work == PlannedWork::Migrate)
+    {
         let claim = o.claims.get(&m.claim).and_then(claim_class);
         let volume = o.volumes.get(&m.old_volume).and_then(volume_class);
         if claim == Some(target_class) && volume == Some(target_class) {
@@ -71,24 +74,46 @@ pub(super) fn mark_on_class(o: &Observed, members: &mut [PlannedMember], target_
 }
 
 /// StorageClassChange: denied only when every member already is on the target class and so is
-/// the StatefulSet's template (nothing left to do).
+/// the StatefulSet's template (nothing left to do). `template` is `None` for a claim target (the
+/// set keeps it): then only the target claim counts.
 pub(super) fn check_not_all_on_class(
     members: &[PlannedMember],
-    template: &PersistentVolumeClaim,
+    template: Option<&PersistentVolumeClaim>,
     target_class: &str,
 ) -> Result<(), Denial> {
-    let template_there = claim_class(template) == Some(target_class);
-    if template_there && members.iter().all(|m| m.work == PlannedWork::AlreadyThere) {
+    let template_there = template.is_none_or(|t| claim_class(t) == Some(target_class));
+    if template_there && all_already_there(members) {
+        let what = match template {
+            Some(t) => format!(
+                "every member's claim and volume, and the StatefulSet's volumeClaimTemplate {}, \
+                 are",
+                t.name_any()
+            ),
+            None => "the claim and its volume are".to_string(),
+        };
         return Err(Denial::new(
             DenialReason::SameStorageClass,
-            format!(
-                "every member's claim and volume, and the StatefulSet's volumeClaimTemplate {}, \
-                 are already on StorageClass {target_class}: nothing to do",
-                template.name_any()
-            ),
+            format!("{what} already on StorageClass {target_class}: nothing to do"),
         ));
     }
     Ok(())
+}
+
+/// Every member the request targets already is there.
+fn all_already_there(members: &[PlannedMember]) -> bool {
+    members
+        .iter()
+        .filter(|m| m.work != PlannedWork::NotTargeted)
+        .all(|m| m.work == PlannedWork::AlreadyThere)
+}
+
+/// StorageClassChange of a claim target: the claim keeps its own size.
+pub(super) fn targeted_size(members: &[PlannedMember]) -> Quantity {
+    members
+        .iter()
+        .find(|m| m.work != PlannedWork::NotTargeted)
+        .map(|m| m.old_size.clone())
+        .unwrap_or_default()
 }
 
 /// The distinct classes of the members that will migrate (`classes[i]` is member `i`'s).
@@ -147,7 +172,7 @@ pub(super) fn check_template_size(template: &PersistentVolumeClaim) -> Result<Qu
 pub(super) fn check_shrink_size(
     spec: &StorageMigrationRequestSpec,
     members: &mut [PlannedMember],
-    template: &PersistentVolumeClaim,
+    template: Option<&PersistentVolumeClaim>,
 ) -> Result<Quantity, Denial> {
     let size = spec
         .shrink
@@ -155,7 +180,10 @@ pub(super) fn check_shrink_size(
         .map(|s| s.size.clone())
         .unwrap_or_default();
     let size_bytes = quantity::bytes(&size).unwrap_or_default();
-    for m in members.iter_mut() {
+    for m in members
+        .iter_mut()
+        .filter(|m| m.work != PlannedWork::NotTargeted)
+    {
         let old = quantity::bytes(&m.old_size).unwrap_or_default();
         if size_bytes > old {
             return Err(Denial::new(
@@ -170,18 +198,20 @@ pub(super) fn check_shrink_size(
             m.work = PlannedWork::AlreadyThere;
         }
     }
-    let template_bytes = claim_request(template).and_then(quantity::bytes);
-    if template_bytes == Some(size_bytes)
-        && members.iter().all(|m| m.work == PlannedWork::AlreadyThere)
-    {
+    let template_there =
+        template.is_none_or(|t| claim_request(t).and_then(quantity::bytes) == Some(size_bytes));
+    if template_there && all_already_there(members) {
+        let what = match template {
+            Some(t) => format!(
+                "every member's claim, and the StatefulSet's volumeClaimTemplate {}, already \
+                 request",
+                t.name_any()
+            ),
+            None => "the claim already requests".to_string(),
+        };
         return Err(Denial::new(
             DenialReason::NotSmaller,
-            format!(
-                "every member's claim, and the StatefulSet's volumeClaimTemplate {}, already \
-                 request {}: nothing to do",
-                template.name_any(),
-                size.0
-            ),
+            format!("{what} {}: nothing to do", size.0),
         ));
     }
     Ok(size)

@@ -40,7 +40,8 @@ macro_rules! denial_reasons {
 denial_reasons! {
     /// The spec is incomplete or malformed: the type's block is missing or empty, the other
     /// type's block is given, `shrink.size` is not a positive quantity, `timeout` does not
-    /// parse, or `target.name` is empty.
+    /// parse, `target.name` is empty, or a claim target's `volumeClaimTemplate` names another
+    /// template than the claim's.
     InvalidSpec,
     /// `spec.copy.moverImage` is set and the operator runs without
     /// `--allow-request-mover-image` (chart value `allowRequestMoverImage`): the copy Jobs run
@@ -50,13 +51,21 @@ denial_reasons! {
     /// refuse the copy Jobs (`restricted` refuses their added capabilities and uid 0; an
     /// unknown level is evaluated as `restricted`).
     PodSecurityLevel,
-    /// The target StatefulSet does not exist in the request's namespace (or is being deleted).
+    /// The target StatefulSet does not exist in the request's namespace (or is being deleted);
+    /// for a claim target, the claim, or the StatefulSet that controls its pod.
     TargetNotFound,
+    /// A claim target (`target.kind: PersistentVolumeClaim`) that no pod mounts: there is no
+    /// workload to stop and start again.
+    ClaimUnused,
+    /// A claim target mounted by a pod that no StatefulSet controls (a Deployment's pod, a bare
+    /// pod): only the claims of StatefulSet members can be migrated.
+    UnsupportedOwner,
     /// Another controller owns the StatefulSet (an ownerReference with `controller: true`), or
     /// Argo CD or Flux manages it, and `spec.ownerPaused` is not `true` (the message names the
     /// owner and how to pause it).
     ForeignOwner,
-    /// The named `volumeClaimTemplate` does not exist, or the set has no volumeClaimTemplates.
+    /// The named `volumeClaimTemplate` does not exist, or the set has no volumeClaimTemplates;
+    /// or a claim target is not a member's claim of one of the set's templates.
     TemplateNotFound,
     /// The set has several volumeClaimTemplates and `spec.volumeClaimTemplate` names none.
     TemplateRequired,
@@ -93,8 +102,9 @@ denial_reasons! {
     /// already at the size are otherwise skipped (`AlreadyThere`).
     NotSmaller,
     /// A pod other than its member mounts the claim of a member to migrate (e.g. a backup
-    /// Job's pod): the migration stops only the member, so that pod's writes after the final
-    /// copy would be left behind (the message names the pods).
+    /// Job's pod), or several pods mount a claim target: the migration stops only the member,
+    /// so that pod's writes after the final copy would be left behind (the message names the
+    /// pods).
     ClaimShared,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
@@ -221,6 +231,8 @@ mod tests {
                 "MoverImageNotAllowed",
                 "PodSecurityLevel",
                 "TargetNotFound",
+                "ClaimUnused",
+                "UnsupportedOwner",
                 "ForeignOwner",
                 "TemplateNotFound",
                 "TemplateRequired",

@@ -22,6 +22,7 @@ use crate::build::JobKind;
 use crate::labels;
 
 mod checks;
+mod claim_target;
 mod classes;
 mod denial;
 pub(crate) mod headroom;
@@ -113,7 +114,7 @@ fn queued(cx: &mut Ctx, ahead: &Ahead) {
          judged one at a time, oldest first",
         ahead.name,
         ahead.phase,
-        cx.spec().target.name
+        set_name(cx)
     );
     let was_queued = conditions::get(&cx.status.conditions, conditions::QUEUED)
         .is_some_and(|c| c.status == "True");
@@ -135,10 +136,15 @@ fn dequeued(cx: &mut Ctx) {
     if was_queued {
         let message = format!(
             "no other request is ahead on StatefulSet {}: judged now",
-            cx.spec().target.name
+            set_name(cx)
         );
         cx.set_condition(conditions::QUEUED, false, "TurnCame", &message);
     }
+}
+
+/// The StatefulSet the request works on (for a claim target, the one that controls its pod).
+fn set_name(cx: &Ctx) -> String {
+    super::observe::target_set_name(cx.spec(), &cx.status, &cx.o.target_claim_users)
 }
 
 /// The reason of the `Queued=True` condition.
@@ -225,15 +231,18 @@ fn accept(cx: &mut Ctx, plan: Plan) {
             ..Default::default()
         })
         .collect();
-    let already_there: Vec<usize> = plan
+    let left_alone: Vec<(usize, MemberStep)> = plan
         .members
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.work == PlannedWork::AlreadyThere)
-        .map(|(i, _)| i)
+        .filter_map(|(i, m)| match m.work {
+            PlannedWork::Migrate => None,
+            PlannedWork::AlreadyThere => Some((i, MemberStep::AlreadyThere)),
+            PlannedWork::NotTargeted => Some((i, MemberStep::NotTargeted)),
+        })
         .collect();
-    for i in already_there {
-        cx.advance_member(i, MemberStep::AlreadyThere);
+    for (i, step) in left_alone {
+        cx.advance_member(i, step);
     }
     cx.status.plan = Some(plan);
     cx.status.progress = Some(super::progress(&cx.status));
@@ -283,6 +292,18 @@ fn accepted_message(plan: &Plan) -> String {
     };
     let migrate = pods(PlannedWork::Migrate);
     let there = pods(PlannedWork::AlreadyThere);
+    if let Some(claim) = &plan.target_claim {
+        return format!(
+            "accepted: claim {claim} of member {} (StatefulSet {}) moves to StorageClass {} \
+             ({}); not targeted, left running: {}; the StatefulSet keeps its \
+             volumeClaimTemplates",
+            migrate.join(", "),
+            plan.stateful_set,
+            plan.target_storage_class,
+            plan.target_size.0,
+            pods(PlannedWork::NotTargeted).join(", ")
+        );
+    }
     let mut message = format!(
         "accepted: {} members of StatefulSet {} move to StorageClass {} ({}), order {}",
         migrate.len(),

@@ -838,9 +838,13 @@ fn same_class_is_denied_only_when_every_member_and_the_template_are_there() {
     let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
     let template = claim_template("standard", "1Gi");
     ms[0].work = PlannedWork::AlreadyThere;
-    assert!(classes::check_not_all_on_class(&ms, &template, "standard").is_ok());
+    assert!(classes::check_not_all_on_class(&ms, Some(&template), "standard").is_ok());
     ms[1].work = PlannedWork::AlreadyThere;
-    let d = denied(classes::check_not_all_on_class(&ms, &template, "standard"));
+    let d = denied(classes::check_not_all_on_class(
+        &ms,
+        Some(&template),
+        "standard",
+    ));
     assert_eq!(d.reason, DenialReason::SameStorageClass);
     assert_eq!(
         d.message,
@@ -849,7 +853,7 @@ fn same_class_is_denied_only_when_every_member_and_the_template_are_there() {
     );
     // Every member there but the template is not: accepted, to recreate the set.
     let other = claim_template("slow", "1Gi");
-    assert!(classes::check_not_all_on_class(&ms, &other, "standard").is_ok());
+    assert!(classes::check_not_all_on_class(&ms, Some(&other), "standard").is_ok());
 }
 
 #[test]
@@ -905,12 +909,12 @@ fn shrink_size_is_below_every_request_but_the_ones_already_there() {
     let template = claim_template("standard", "1Gi");
     let mut ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
     assert_eq!(
-        classes::check_shrink_size(&spec_shrink("256Mi"), &mut ms, &template).unwrap(),
+        classes::check_shrink_size(&spec_shrink("256Mi"), &mut ms, Some(&template)).unwrap(),
         Quantity("256Mi".into())
     );
     assert!(ms.iter().all(|m| m.work == PlannedWork::Migrate));
     // A claim at the size already is there; the others still shrink.
-    let size = classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, &template);
+    let size = classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, Some(&template));
     assert_eq!(size.unwrap(), Quantity("512Mi".into()));
     let work: Vec<PlannedWork> = ms.iter().map(|m| m.work).collect();
     assert_eq!(work, [PlannedWork::Migrate, PlannedWork::AlreadyThere]);
@@ -919,7 +923,7 @@ fn shrink_size_is_below_every_request_but_the_ones_already_there() {
     let d = denied(classes::check_shrink_size(
         &spec_shrink("768Mi"),
         &mut ms,
-        &template,
+        Some(&template),
     ));
     assert_eq!(d.reason, DenialReason::NotSmaller);
     assert_eq!(
@@ -935,7 +939,7 @@ fn shrink_is_denied_when_every_member_and_the_template_are_at_the_size() {
     let d = denied(classes::check_shrink_size(
         &spec_shrink("512Mi"),
         &mut ms,
-        &at_size,
+        Some(&at_size),
     ));
     assert_eq!(d.reason, DenialReason::NotSmaller);
     assert_eq!(
@@ -945,7 +949,7 @@ fn shrink_is_denied_when_every_member_and_the_template_are_at_the_size() {
     );
     // The template still at the old size: accepted, every member already there.
     let bigger = claim_template("standard", "1Gi");
-    assert!(classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, &bigger).is_ok());
+    assert!(classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, Some(&bigger)).is_ok());
     assert!(ms.iter().all(|m| m.work == PlannedWork::AlreadyThere));
 }
 
