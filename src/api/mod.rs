@@ -99,12 +99,14 @@ pub enum MigrationType {
 #[serde(rename_all = "camelCase")]
 pub struct TargetRef {
     /// `StatefulSet` (the default): every member's claim of one volumeClaimTemplate moves.
-    /// `PersistentVolumeClaim`: only that claim moves; it must be the claim of one StatefulSet
-    /// member, made from one of the set's volumeClaimTemplates, and mounted by that member's pod
-    /// alone (preflight finds the set and says so in the plan).
+    /// `Deployment`: the one claim its pod template mounts moves; its pods stop by scaling it to
+    /// zero and start by scaling it back. `PersistentVolumeClaim`: only that claim moves; it must
+    /// be mounted by the pods of one workload only: one StatefulSet member's claim made from one
+    /// of the set's volumeClaimTemplates, or a claim of one Deployment's pod template (preflight
+    /// finds the workload and says so in the plan).
     #[serde(default)]
     pub kind: TargetKind,
-    /// Name of the StatefulSet, or of the PersistentVolumeClaim, in the request's namespace.
+    /// Name of the StatefulSet, Deployment or PersistentVolumeClaim, in the request's namespace.
     #[schemars(length(min = 1))]
     pub name: String,
 }
@@ -115,9 +117,12 @@ pub enum TargetKind {
     /// A StatefulSet: every member's claim of one volumeClaimTemplate moves.
     #[default]
     StatefulSet,
-    /// One claim of a StatefulSet member: only that member is stopped, and the StatefulSet is
-    /// recreated with its volumeClaimTemplates unchanged.
+    /// One claim of a StatefulSet member (only that member is stopped, and the StatefulSet is
+    /// recreated with its volumeClaimTemplates unchanged) or of a Deployment.
     PersistentVolumeClaim,
+    /// A Deployment: the claim its pods mount moves while it is scaled to zero; its template
+    /// never changes.
+    Deployment,
 }
 
 /// Parameters of a `StorageClassChange`.
@@ -505,6 +510,10 @@ pub struct StorageMigrationRequestStatus {
     /// original retention policy was (JSON), to restore it on the recreated set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub original_retention_policy: Option<String>,
+    /// A Deployment target: its `spec.replicas` when the request scaled it to zero (recorded
+    /// before the scale-down); it is scaled back to this number, on success and on rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment_replicas: Option<i32>,
     /// The ConfigMap holding the stash (`<request>-stash`): the StatefulSet, pod and claim
     /// manifests saved before they were deleted. Recorded once it exists; deleted after success,
     /// kept after a failure.
@@ -529,9 +538,16 @@ pub struct StorageMigrationRequestStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Plan {
-    /// The StatefulSet migrated.
+    /// The StatefulSet migrated (absent for a Deployment's claim).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub stateful_set: String,
-    /// The volumeClaimTemplate whose claims move.
+    /// Set for a Deployment's claim: the Deployment, scaled to zero while the claim moves and
+    /// back to its replicas after (its template is not changed); the plan's one member is its
+    /// claim, named after one of its pods at preflight.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<String>,
+    /// The volumeClaimTemplate whose claims move (absent for a Deployment's claim).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub volume_claim_template: String,
     /// Set when the request's target is one claim (`target.kind: PersistentVolumeClaim`): only
     /// the member that mounts it moves, every other member is `NotTargeted`, and the StatefulSet

@@ -186,7 +186,7 @@ mod tests {
             (&spec["type"], vec!["StorageClassChange", "Shrink"]),
             (
                 &spec["target"]["properties"]["kind"],
-                vec!["StatefulSet", "PersistentVolumeClaim"],
+                vec!["StatefulSet", "PersistentVolumeClaim", "Deployment"],
             ),
             (&spec["oldPVReclaimPolicy"], vec!["Retain", "Delete"]),
             (&spec["apply"], vec!["IfReady", "Always"]),

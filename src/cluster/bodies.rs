@@ -96,6 +96,15 @@ pub fn stash_patch(
     }))
 }
 
+/// The merge patch of a `scale` subresource to `replicas`; with a resourceVersion, the API
+/// server refuses it (409) when the object changed since.
+pub fn scale_patch(replicas: i32, resource_version: Option<&str>) -> Value {
+    match resource_version {
+        Some(rv) => json!({"metadata": {"resourceVersion": rv}, "spec": {"replicas": replicas}}),
+        None => json!({"spec": {"replicas": replicas}}),
+    }
+}
+
 /// The merge patch that sets (or with `None` removes) one annotation.
 pub fn annotation_patch(key: &str, value: Option<&str>) -> Value {
     json!({"metadata": {"annotations": {key: value}}})

@@ -1,7 +1,7 @@
 //! Carrying out the planner's actions: [`Cluster::execute`] dispatches each [`Action`] to one
 //! function, which does what the action's contract (in `plan::action`) says.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::api::{
@@ -76,6 +76,14 @@ impl Cluster {
                 policy,
             } => {
                 self.patch_retention_policy(&ns, stateful_set, policy)
+                    .await?
+            }
+            Action::ScaleDeployment {
+                deployment,
+                replicas,
+                resource_version,
+            } => {
+                self.scale_deployment(&ns, deployment, *replicas, resource_version.as_deref())
                     .await?
             }
             Action::TransferLeadership { from, to } => {
@@ -242,6 +250,22 @@ impl Cluster {
         let patch = bodies::retention_policy_patch(policy)?;
         let sets: Api<StatefulSet> = self.ns_api(ns);
         merge(&sets, stateful_set, &patch, "retention policy").await
+    }
+
+    async fn scale_deployment(
+        &self,
+        ns: &str,
+        deployment: &str,
+        replicas: i32,
+        resource_version: Option<&str>,
+    ) -> Result<(), ClusterError> {
+        let patch = bodies::scale_patch(replicas, resource_version);
+        let deployments: Api<Deployment> = self.ns_api(ns);
+        deployments
+            .patch_scale(deployment, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(kube_err(format!("scale Deployment {deployment}")))?;
+        Ok(())
     }
 
     async fn annotate_claim(

@@ -4,12 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::autoscaling::v1::HorizontalPodAutoscaler;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     Event, Namespace, Node, PersistentVolume, PersistentVolumeClaim, Pod,
 };
 use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ListParams};
 use kube::{ResourceExt, api::ObjectList};
 
@@ -24,11 +26,11 @@ use crate::build::Manifest;
 use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
-    ClaimUser, claim_users, copy_log_pod, effective_spec, expected_members, job_outcome,
-    may_target_set, measured_bytes, reads_claim_users, target_claim_users, target_set_name,
+    ClaimUser, Workload, claim_users, copy_log_pod, effective_spec, expected_members, job_outcome,
+    may_target, measured_bytes, reads_claim_users, target_claim_users, target_workload,
     terminating_pod_nodes,
 };
-use crate::plan::{self, Observed, ObservedJob, OtherRequest};
+use crate::plan::{self, Autoscaler, Observed, ObservedJob, OtherRequest};
 
 /// Lines of a running copy's log read for its progress (one update a line; the summary that
 /// follows the last one is shorter than this).
@@ -55,26 +57,27 @@ impl Cluster {
         let status = req.status.clone().unwrap_or_default();
         let spec = effective_spec(&req);
         let target_claim_users = self.target_claim_users(&ns, &spec, &status).await?;
-        let set_name = target_set_name(&spec, &status, &target_claim_users);
-        // Raw JSON: the set is stashed as returned, so that fields our API structs do not know
-        // survive its recreation (see `build::manifest`).
+        let workload = target_workload(&spec, &status, &target_claim_users);
         // `join!`, not `try_join!`, then the errors in a fixed order: a read that fails (RBAC, an
         // unreachable API server) is reported the same way every time, not by which one lost
         // a race.
-        let (stateful_set, stash, jobs, claims, storage_classes) = tokio::join!(
-            self.get_raw::<StatefulSet>(&ns, &set_name),
+        let (target, stash, jobs, claims, storage_classes) = tokio::join!(
+            self.workload_objects(&ns, &workload),
             self.stash(&req, &ns, &status),
             self.jobs(&ns, &name, &status),
             self.claims(&ns),
             self.storage_classes(),
         );
-        let (stateful_set, stash, (jobs, helper_pods), claims, storage_classes) =
-            (stateful_set?, stash?, jobs?, claims?, storage_classes?);
-        let selector_source = stateful_set.as_ref().or(stash.stateful_set.as_ref());
+        let ((stateful_set, deployment), stash, (jobs, helper_pods), claims, storage_classes) =
+            (target?, stash?, jobs?, claims?, storage_classes?);
+        let selector = workload_selector(
+            stateful_set.as_ref().or(stash.stateful_set.as_ref()),
+            deployment.as_ref(),
+        );
         let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = tokio::join!(
-            self.member_pods(&ns, selector_source),
+            self.member_pods(&ns, selector),
             self.volumes(&claims, &status),
-            self.other_requests(&ns, &name, &set_name),
+            self.other_requests(&ns, &name, &workload),
             self.namespace_labels(&ns, &status),
             self.budgets(&ns, &status),
             self.claim_users(&ns, &status),
@@ -87,16 +90,18 @@ impl Cluster {
             budgets?,
             claim_users?,
         );
-        let expected = expected_members(&status, stateful_set.as_deref(), &set_name);
+        let expected = expected_members(&status, stateful_set.as_deref(), workload.stateful_set());
         let member_pods: Vec<Pod> = expected
             .iter()
             .filter_map(|p| pods.get(p).map(|p| p.typed().clone()))
             .collect();
-        let (health, final_hash, nodes) = tokio::join!(
+        let (health, final_hash, nodes, autoscalers) = tokio::join!(
             gather_health(engine, &status, &member_pods, &expected),
             gather_final_hash(engine, &status, &member_pods),
             self.nodes(&status, &pods, &helper_pods),
+            self.autoscalers(&ns, &status, &workload),
         );
+        let autoscalers = autoscalers?;
         Ok(Observed {
             request: req,
             now: k8s_openapi::jiff::Timestamp::now(),
@@ -116,6 +121,8 @@ impl Cluster {
             nodes: nodes?,
             claim_users,
             target_claim_users,
+            deployment,
+            autoscalers,
         })
     }
 
@@ -139,7 +146,78 @@ impl Cluster {
             .list(&ListParams::default())
             .await
             .map_err(kube_err("list pods"))?;
-        Ok(target_claim_users(&pods.items, &spec.target.name))
+        let mut users = target_claim_users(&pods.items, &spec.target.name);
+        for user in &mut users {
+            if let Some((kind, name)) = &user.owner
+                && kind == "ReplicaSet"
+                && let Some(deployment) = self.deployment_of(ns, name).await?
+            {
+                user.owner = Some(("Deployment".to_string(), deployment));
+            }
+        }
+        Ok(users)
+    }
+
+    /// The Deployment that controls ReplicaSet `name`, if any.
+    async fn deployment_of(&self, ns: &str, name: &str) -> Result<Option<String>, ClusterError> {
+        let set = self
+            .ns_api::<ReplicaSet>(ns)
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("get ReplicaSet {name}")))?;
+        Ok(set.and_then(|s| {
+            s.owner_references()
+                .iter()
+                .find(|o| o.controller == Some(true) && o.kind == "Deployment")
+                .map(|o| o.name.clone())
+        }))
+    }
+
+    /// The workload's StatefulSet and Deployment, each when it is one and exists. The set is raw
+    /// JSON: it is stashed as returned, so that fields our API structs do not know survive its
+    /// recreation (see `build::manifest`).
+    async fn workload_objects(
+        &self,
+        ns: &str,
+        workload: &Workload,
+    ) -> Result<(Option<Manifest<StatefulSet>>, Option<Deployment>), ClusterError> {
+        let set = self
+            .get_raw::<StatefulSet>(ns, workload.stateful_set())
+            .await?;
+        Ok((set, self.deployment(ns, workload.deployment()).await?))
+    }
+
+    /// The target Deployment, if it exists (none asked for: `name` empty).
+    async fn deployment(&self, ns: &str, name: &str) -> Result<Option<Deployment>, ClusterError> {
+        if name.is_empty() {
+            return Ok(None);
+        }
+        self.ns_api::<Deployment>(ns)
+            .get_opt(name)
+            .await
+            .map_err(kube_err(format!("get Deployment {name}")))
+    }
+
+    /// The HorizontalPodAutoscalers of the namespace, read in Preflight of a Deployment's claim
+    /// only (empty otherwise).
+    async fn autoscalers(
+        &self,
+        ns: &str,
+        status: &StorageMigrationRequestStatus,
+        workload: &Workload,
+    ) -> Result<Vec<Autoscaler>, ClusterError> {
+        if status.stage != Stage::Preflight
+            || status.phase.is_final()
+            || !matches!(workload, Workload::Deployment(_))
+        {
+            return Ok(Vec::new());
+        }
+        let list = self
+            .ns_api::<HorizontalPodAutoscaler>(ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list HorizontalPodAutoscalers"))?;
+        Ok(list.items.iter().map(autoscaler).collect())
     }
 
     /// The pods of the namespace by the claims they mount ([`claim_users`]), read only when
@@ -188,10 +266,10 @@ impl Cluster {
     async fn member_pods(
         &self,
         ns: &str,
-        set: Option<&Manifest<StatefulSet>>,
+        selector: Option<String>,
     ) -> Result<BTreeMap<String, Manifest<Pod>>, ClusterError> {
         let mut pods = BTreeMap::new();
-        let Some(selector) = set.and_then(|s| selector(s)) else {
+        let Some(selector) = selector else {
             return Ok(pods);
         };
         for p in self
@@ -362,7 +440,7 @@ impl Cluster {
         &self,
         ns: &str,
         name: &str,
-        set_name: &str,
+        workload: &Workload,
     ) -> Result<Vec<OtherRequest>, ClusterError> {
         let requests = self
             .ns_api::<StorageMigrationRequest>(ns)
@@ -371,7 +449,7 @@ impl Cluster {
             .map_err(kube_err("list requests"))?;
         Ok(requests
             .into_iter()
-            .filter(|r| r.name_any() != name && may_target_set(r, set_name))
+            .filter(|r| r.name_any() != name && may_target(r, workload))
             .map(|r| OtherRequest {
                 name: r.name_any(),
                 created: r.metadata.creation_timestamp.as_ref().map(|t| t.0),
@@ -427,10 +505,24 @@ async fn gather_final_hash(
 }
 
 /// The set's `matchLabels` as a label selector (`None` without any).
-fn selector(set: &StatefulSet) -> Option<String> {
-    set.spec
+/// The pods of the workload, as a label query: the StatefulSet's (live or stashed), else the
+/// Deployment's.
+fn workload_selector(
+    set: Option<&Manifest<StatefulSet>>,
+    deployment: Option<&Deployment>,
+) -> Option<String> {
+    let set = set.and_then(|s| s.spec.as_ref()).map(|s| &s.selector);
+    let deployment = deployment
+        .and_then(|d| d.spec.as_ref())
+        .map(|s| &s.selector);
+    set.or(deployment).and_then(selector)
+}
+
+/// A workload's selector as a label query (its `matchLabels`; none when it has none).
+fn selector(selector: &LabelSelector) -> Option<String> {
+    selector
+        .match_labels
         .as_ref()
-        .and_then(|s| s.selector.match_labels.as_ref())
         .filter(|l| !l.is_empty())
         .map(|l| {
             l.iter()
@@ -462,6 +554,16 @@ fn by_name<K: ResourceExt + Clone>(list: ObjectList<K>) -> BTreeMap<String, K> {
     list.into_iter().map(|o| (o.name_any(), o)).collect()
 }
 
+/// What an autoscaler scales.
+fn autoscaler(hpa: &HorizontalPodAutoscaler) -> Autoscaler {
+    let target = hpa.spec.as_ref().map(|s| &s.scale_target_ref);
+    Autoscaler {
+        name: hpa.name_any(),
+        target_kind: target.map(|t| t.kind.clone()).unwrap_or_default(),
+        target_name: target.map(|t| t.name.clone()).unwrap_or_default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,12 +573,13 @@ mod tests {
     #[test]
     fn the_selector_is_the_sets_match_labels() {
         let mut set = fixtures::stateful_set(3);
-        assert_eq!(selector(&set).as_deref(), Some("app=etcd"));
+        let of = |s: &StatefulSet| selector(&s.spec.clone().unwrap_or_default().selector);
+        assert_eq!(of(&set).as_deref(), Some("app=etcd"));
         if let Some(spec) = set.spec.as_mut() {
             spec.selector.match_labels = Some(BTreeMap::new());
         }
-        assert_eq!(selector(&set), None);
-        assert_eq!(selector(&StatefulSet::default()), None);
+        assert_eq!(of(&set), None);
+        assert_eq!(of(&StatefulSet::default()), None);
     }
 
     #[test]

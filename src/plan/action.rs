@@ -211,6 +211,19 @@ pub enum Action {
         stateful_set: String,
         policy: String,
     },
+    /// Scale a Deployment to `replicas` through its `scale` subresource (as `kubectl scale`
+    /// does): its template is never changed.
+    ///
+    /// - Precondition: the Deployment's resourceVersion is still `resource_version`: one
+    ///   changed since the snapshot is a conflict (retried on the next reconcile), never
+    ///   overwritten.
+    /// - Success: `spec.replicas` is `replicas`.
+    /// - Idempotent: a merge patch of one field.
+    ScaleDeployment {
+        deployment: String,
+        replicas: i32,
+        resource_version: Option<String>,
+    },
     /// Hand the database's leadership from one member to another (etcd MoveLeader).
     ///
     /// - Precondition: the snapshot has an engine and a health report (else an error).
@@ -251,6 +264,7 @@ impl Action {
             Action::SetClaimRef { .. } => "SetClaimRef".into(),
             Action::RemoveOwnerReferences { .. } => "RemoveOwnerReferences".into(),
             Action::PatchRetentionPolicy { .. } => "PatchRetentionPolicy".into(),
+            Action::ScaleDeployment { .. } => "ScaleDeployment".into(),
             Action::TransferLeadership { .. } => "TransferLeadership".into(),
             Action::LabelVolume { .. } => "LabelVolume".into(),
             Action::AnnotateClaim { .. } => "AnnotateClaim".into(),

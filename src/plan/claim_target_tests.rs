@@ -5,7 +5,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::fixtures::*;
-use super::observe::{ClaimUser, may_target_set, target_claim_users, target_set_name};
+use super::observe::{ClaimUser, Workload, may_target, target_claim_users, target_workload};
 use super::preflight::{DenialReason, dry_run};
 use super::tests::assert_machine_transitions;
 use super::*;
@@ -338,51 +338,62 @@ fn a_claim_not_made_from_a_template_or_named_with_another_is_denied() {
 }
 
 #[test]
-fn the_set_of_a_claim_target_comes_from_its_plan_or_its_only_user() {
+fn the_workload_of_a_claim_target_comes_from_its_plan_or_its_only_user() {
     let spec = on_claim(spec_class_change("fast"), "data-etcd-1");
-    let member = ClaimUser {
+    let user = |kind: &str, name: &str| ClaimUser {
         pod: "etcd-1".into(),
-        owner: Some(("StatefulSet".into(), "etcd".into())),
+        owner: Some((kind.into(), name.into())),
     };
     let none = StorageMigrationRequestStatus::default();
+    let set = Workload::StatefulSet("etcd".into());
     assert_eq!(
-        target_set_name(&spec, &none, std::slice::from_ref(&member)),
-        "etcd"
+        target_workload(&spec, &none, &[user("StatefulSet", "etcd")]),
+        set
     );
-    assert_eq!(target_set_name(&spec, &none, &[]), "");
-    let two = [
-        member.clone(),
-        ClaimUser {
-            pod: "x".into(),
-            ..member.clone()
-        },
-    ];
-    assert_eq!(target_set_name(&spec, &none, &two), "");
-    let deployment = ClaimUser {
-        owner: Some(("ReplicaSet".into(), "etcd".into())),
-        ..member.clone()
-    };
-    assert_eq!(target_set_name(&spec, &none, &[deployment]), "");
-    let planned = StorageMigrationRequestStatus {
+    assert_eq!(
+        target_workload(&spec, &none, &[user("Deployment", "web")]),
+        Workload::Deployment("web".into())
+    );
+    assert_eq!(target_workload(&spec, &none, &[]), Workload::None);
+    let two = [user("StatefulSet", "etcd"), user("StatefulSet", "etcd")];
+    assert_eq!(target_workload(&spec, &none, &two), Workload::None);
+    assert_eq!(
+        target_workload(&spec, &none, &[user("ReplicaSet", "web-7d9f")]),
+        Workload::None
+    );
+    let planned = |deployment: Option<&str>| StorageMigrationRequestStatus {
         plan: Some(Plan {
             stateful_set: "db".into(),
+            deployment: deployment.map(str::to_string),
             ..Default::default()
         }),
         ..Default::default()
     };
-    assert_eq!(target_set_name(&spec, &planned, &[]), "db");
-    let set_spec = spec_class_change("fast");
-    assert_eq!(target_set_name(&set_spec, &none, &[]), "etcd");
+    assert_eq!(
+        target_workload(&spec, &planned(None), &[]),
+        Workload::StatefulSet("db".into())
+    );
+    assert_eq!(
+        target_workload(&spec, &planned(Some("web")), &[]),
+        Workload::Deployment("web".into())
+    );
+    assert_eq!(target_workload(&spec_class_change("fast"), &none, &[]), set);
+    assert_eq!(set.to_string(), "StatefulSet etcd");
 }
 
 #[test]
-fn a_claim_target_without_a_plan_queues_requests_on_the_set_it_may_be_of() {
+fn a_claim_target_without_a_plan_queues_requests_on_the_workload_it_may_be_of() {
     let claim = |name: &str| request(on_claim(spec_class_change("fast"), name));
-    assert!(may_target_set(&claim("data-etcd-1"), "etcd"));
-    assert!(may_target_set(&claim("wal-etcd-12"), "etcd"));
-    assert!(!may_target_set(&claim("data-etcd-x"), "etcd"));
-    assert!(!may_target_set(&claim("data-etcd2-1"), "etcd"));
-    assert!(!may_target_set(&claim("etcd-1"), "etcd"));
+    let etcd = Workload::StatefulSet("etcd".into());
+    let web = Workload::Deployment("web".into());
+    assert!(may_target(&claim("data-etcd-1"), &etcd));
+    assert!(may_target(&claim("wal-etcd-12"), &etcd));
+    assert!(!may_target(&claim("data-etcd-x"), &etcd));
+    assert!(!may_target(&claim("data-etcd2-1"), &etcd));
+    assert!(!may_target(&claim("etcd-1"), &etcd));
+    // Any claim could be a Deployment's.
+    assert!(may_target(&claim("cache"), &web));
+    assert!(!may_target(&claim("cache"), &Workload::None));
     let mut planned = claim("anything");
     planned.status = Some(StorageMigrationRequestStatus {
         plan: Some(Plan {
@@ -391,9 +402,15 @@ fn a_claim_target_without_a_plan_queues_requests_on_the_set_it_may_be_of() {
         }),
         ..Default::default()
     });
-    assert!(may_target_set(&planned, "etcd"));
-    assert!(!may_target_set(&planned, "db"));
-    assert!(may_target_set(&request(spec_class_change("fast")), "etcd"));
+    assert!(may_target(&planned, &etcd));
+    assert!(!may_target(&planned, &Workload::StatefulSet("db".into())));
+    assert!(!may_target(&planned, &web));
+    assert!(may_target(&request(spec_class_change("fast")), &etcd));
+    let mut on_web = spec_class_change("fast");
+    on_web.target.kind = TargetKind::Deployment;
+    on_web.target.name = "web".into();
+    assert!(may_target(&request(on_web.clone()), &web));
+    assert!(!may_target(&request(on_web), &etcd));
 }
 
 #[test]

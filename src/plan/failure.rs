@@ -129,6 +129,10 @@ pub enum Failure {
     /// The StatefulSet is gone and was not stashed.
     #[error("StatefulSet {name} disappeared before it was stashed")]
     StatefulSetDisappeared { name: String },
+    /// The target Deployment is gone, or something else scaled it while the request held it
+    /// (`what` says which).
+    #[error("Deployment {deployment} {what}")]
+    DeploymentChanged { deployment: String, what: String },
     /// A member's original claim is gone before its temporary claim was created.
     #[error("claim {claim} of member {pod} disappeared")]
     ClaimDisappeared { claim: String, pod: String },

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec, StatefulSetStatus};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStatus, StatefulSet, StatefulSetSpec, StatefulSetStatus,
+};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{
     Container, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
@@ -352,7 +354,100 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
         nodes: BTreeMap::new(),
         claim_users: BTreeMap::new(),
         target_claim_users: Vec::new(),
+        deployment: None,
+        autoscalers: Vec::new(),
     }
+}
+
+/// A pod of Deployment `deployment` (controlled by its ReplicaSet `<deployment>-7d9f`)
+/// mounting claim `data-<deployment>` on the first node, Ready.
+pub fn deployment_pod(deployment: &str, name: &str) -> Pod {
+    let mut pod = member_pod(0);
+    pod.metadata = ObjectMeta {
+        labels: Some(BTreeMap::from([(
+            "app".to_string(),
+            deployment.to_string(),
+        )])),
+        owner_references: Some(vec![OwnerReference {
+            api_version: "apps/v1".to_string(),
+            kind: "ReplicaSet".to_string(),
+            name: format!("{deployment}-7d9f"),
+            uid: format!("uid-{deployment}-7d9f"),
+            controller: Some(true),
+            ..Default::default()
+        }]),
+        ..meta(name)
+    };
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.hostname = None;
+        spec.subdomain = None;
+        spec.volumes = Some(vec![Volume {
+            name: "data".to_string(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: format!("data-{deployment}"),
+                read_only: None,
+            }),
+            ..Default::default()
+        }]);
+    }
+    pod
+}
+
+/// A one-replica Deployment `web` whose pod `web-7d9f-0` mounts claim `data-web` (1Gi on
+/// `standard`, volume `pv-web` on the first node); no StatefulSet. The request targets it.
+pub fn deployment_observed(mut spec: StorageMigrationRequestSpec) -> Observed {
+    spec.target = TargetRef {
+        kind: TargetKind::Deployment,
+        name: "web".to_string(),
+    };
+    let mut o = observed(spec);
+    let pod = deployment_pod("web", "web-7d9f-0");
+    let template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: pod.metadata.labels.clone(),
+            ..Default::default()
+        }),
+        spec: pod.spec.clone().map(|mut s| {
+            s.node_name = None;
+            s
+        }),
+    };
+    o.deployment = Some(Deployment {
+        metadata: ObjectMeta {
+            generation: Some(1),
+            resource_version: Some("1".to_string()),
+            ..meta("web")
+        },
+        spec: Some(DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".into(), "web".into())])),
+                ..Default::default()
+            },
+            template,
+            ..Default::default()
+        }),
+        status: Some(DeploymentStatus {
+            observed_generation: Some(1),
+            replicas: Some(1),
+            updated_replicas: Some(1),
+            ready_replicas: Some(1),
+            available_replicas: Some(1),
+            ..Default::default()
+        }),
+    });
+    o.stateful_set = None;
+    o.pods = BTreeMap::from([("web-7d9f-0".to_string(), manifest(pod))]);
+    o.claims = BTreeMap::from([(
+        "data-web".to_string(),
+        bound_claim("data-web", "standard", "1Gi", "pv-web"),
+    )]);
+    o.volumes = BTreeMap::from([(
+        "pv-web".to_string(),
+        volume("pv-web", "standard", "1Gi", "data-web", NODES[0]),
+    )]);
+    o.health = Ok(generic_report(&o.pods));
+    o
 }
 
 /// How the simulated Jobs end.
@@ -762,6 +857,28 @@ impl Sim {
                         .insert(labels::MIGRATED_BY_LABEL.to_string(), request);
                 }
             }
+            Action::ScaleDeployment {
+                deployment,
+                replicas,
+                resource_version,
+            } => {
+                let Some(d) = self
+                    .o
+                    .deployment
+                    .as_mut()
+                    .filter(|d| &d.name_any() == deployment)
+                else {
+                    return;
+                };
+                if resource_version.is_some() && *resource_version != d.resource_version() {
+                    self.refused.push(a.clone());
+                    return;
+                }
+                self.next_version += 1;
+                d.metadata.resource_version = Some(self.next_version.to_string());
+                d.metadata.generation = Some(d.metadata.generation.unwrap_or(1) + 1);
+                d.spec.get_or_insert_with(Default::default).replicas = Some(*replicas);
+            }
         }
     }
 
@@ -975,6 +1092,7 @@ impl Sim {
                 p.update(|p| p.status = Some(ready_status(now)));
             }
         }
+        self.settle_deployment();
         if let Some(set) = self.o.stateful_set.as_mut()
             && set.status.is_none()
         {
@@ -1001,6 +1119,49 @@ impl Sim {
             report.voting_members = Some(3);
         }
         self.o.health = Ok(report);
+    }
+
+    /// The Deployment controller: its pods follow its replicas (new pods are named
+    /// `<deployment>-7d9f-<n>`, mount its claims and are Ready at once); its status follows.
+    fn settle_deployment(&mut self) {
+        let Some(d) = self.o.deployment.clone() else {
+            return;
+        };
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1).max(0) as usize;
+        let name = d.name_any();
+        let mut names: Vec<String> = self.o.pods.keys().cloned().collect();
+        while names.len() > want {
+            if let Some(pod) = names.pop() {
+                self.o.pods.remove(&pod);
+            }
+        }
+        let template = d
+            .spec
+            .as_ref()
+            .map(|s| s.template.clone())
+            .unwrap_or_default();
+        while self.o.pods.len() < want {
+            self.pvc_counter += 1;
+            let pod_name = format!("{name}-7d9f-{}", self.pvc_counter);
+            let mut pod = deployment_pod(&name, &pod_name);
+            pod.spec = template.spec.clone().map(|mut s| {
+                s.node_name = Some(NODES[0].to_string());
+                s
+            });
+            pod.status = Some(ready_status(self.o.now));
+            self.o.pods.insert(pod_name, manifest(pod));
+        }
+        let n = want as i32;
+        if let Some(d) = self.o.deployment.as_mut() {
+            d.status = Some(DeploymentStatus {
+                observed_generation: d.metadata.generation,
+                replicas: Some(n),
+                updated_replicas: Some(n),
+                ready_replicas: Some(n),
+                available_replicas: Some(n),
+                ..Default::default()
+            });
+        }
     }
 
     /// Runs decide → apply → settle until the request is final (or `max` rounds).

@@ -54,9 +54,11 @@ const fn t<S>(from: S, to: S, when: &'static str) -> Transition<S> {
 pub const STAGES: &[Transition<Stage>] = &[
     t(Stage::Preflight,             Stage::OrphaningStatefulSet,  "accepted"),
     t(Stage::Preflight,             Stage::Done,                  "denied"),
+    t(Stage::Preflight,             Stage::Migrating,             "accepted, a Deployment's claim: nothing to orphan"),
     t(Stage::OrphaningStatefulSet,  Stage::Migrating,             "StatefulSet orphaned"),
     t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done, AlreadyThere or NotTargeted"),
     t(Stage::RecreatingStatefulSet, Stage::Finalizing,            "pods adopted"),
+    t(Stage::Migrating,             Stage::Finalizing,            "a Deployment's claim moved: nothing to recreate"),
     t(Stage::Finalizing,            Stage::Done,                  "final check passed, Successful"),
     // The rollback branch.
     t(Stage::OrphaningStatefulSet,  Stage::RollingBack,           "failure, timeout or deletion"),
@@ -347,7 +349,7 @@ mod tests {
         assert_eq!(status.stage_started, Some(later.clone()));
         // Refused: nothing changes.
         let mut status = status_at(Stage::Preflight);
-        assert!(enter_stage(&mut status, Stage::Migrating, &later).is_err());
+        assert!(enter_stage(&mut status, Stage::Finalizing, &later).is_err());
         assert_eq!(status.stage_started, None);
     }
 
@@ -397,12 +399,12 @@ mod tests {
         assert_eq!(refused, ALL_STAGES.len() * ALL_STAGES.len() - STAGES.len());
         // A sample that must never be allowed.
         for (from, to) in [
-            (Stage::Preflight, Stage::Migrating),
+            (Stage::Preflight, Stage::RecreatingStatefulSet),
             (Stage::Preflight, Stage::RollingBack),
             (Stage::Done, Stage::Preflight),
             (Stage::Done, Stage::RollingBack),
             (Stage::RollingBack, Stage::Migrating),
-            (Stage::Migrating, Stage::Finalizing),
+            (Stage::Migrating, Stage::OrphaningStatefulSet),
             (Stage::Migrating, Stage::Done),
             (Stage::Finalizing, Stage::Migrating),
         ] {

@@ -14,6 +14,7 @@ use super::helpers::{self, Trouble};
 use super::machine;
 use super::observe::other_claim_users;
 use super::runbook::Stuck;
+use super::scaled;
 use super::stash::{StashKey, stash};
 use super::{
     Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
@@ -48,11 +49,11 @@ pub enum Mode {
 }
 
 /// Everything one step function needs about its member.
-struct Member {
-    i: usize,
-    m: PlannedMember,
-    ms: MemberStatus,
-    mode: Mode,
+pub(super) struct Member {
+    pub(super) i: usize,
+    pub(super) m: PlannedMember,
+    pub(super) ms: MemberStatus,
+    pub(super) mode: Mode,
 }
 
 fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
@@ -124,6 +125,7 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
         MemberStep::PreCopying => pre_copying(cx, &mb),
         MemberStep::GatingStop => gating_stop(cx, &mb),
+        MemberStep::StoppingPod if scaled::is_scaled(cx) => scaled::stopping(cx, &mb),
         MemberStep::StoppingPod => stopping_pod(cx, &mb),
         MemberStep::Copying => copying(cx, &mb),
         MemberStep::RetainingVolumes => retaining_volumes(cx, &mb),
@@ -131,18 +133,19 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
         MemberStep::DeletingTempClaim => deleting_temp_claim(cx, &mb),
         MemberStep::ReleasingNewVolume => releasing_new_volume(cx, &mb),
         MemberStep::RecreatingClaim => recreating_claim(cx, &mb),
+        MemberStep::RecreatingPod if scaled::is_scaled(cx) => scaled::starting(cx, &mb),
         MemberStep::RecreatingPod => recreating_pod(cx, &mb),
     }
 }
 
 /// Records the member's next step (the next decision carries it out, or this one: see
 /// [`forward`]).
-fn advance(cx: &mut Ctx, mb: &Member, next: MemberStep) {
+pub(super) fn advance(cx: &mut Ctx, mb: &Member, next: MemberStep) {
     cx.advance_member(mb.i, next);
     cx.requeue = Duration::ZERO;
 }
 
-fn ms_mut<'c>(cx: &'c mut Ctx, mb: &Member) -> Option<&'c mut MemberStatus> {
+pub(super) fn ms_mut<'c>(cx: &'c mut Ctx, mb: &Member) -> Option<&'c mut MemberStatus> {
     cx.status.members.get_mut(mb.i)
 }
 
@@ -653,7 +656,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
 /// The same gates as `GatingStop` (budgets, health), checked again just before the running
 /// pod is deleted. True when both are open; when one is closed, the pod is not deleted: the
 /// member waits in `StoppingPod` (an etcd leader hands its leadership over first).
-fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
+pub(super) fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
     if disruption::hold(cx, pod) {
         return false;
     }
@@ -1368,7 +1371,11 @@ fn our_pod(
         .with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
 }
 
-fn finish_member(cx: &mut Ctx, mb: &Member, ready_since: Option<k8s_openapi::jiff::Timestamp>) {
+pub(super) fn finish_member(
+    cx: &mut Ctx,
+    mb: &Member,
+    ready_since: Option<k8s_openapi::jiff::Timestamp>,
+) {
     let now = cx.now.clone();
     let downtime = mb.ms.pod_deleted_at.as_ref().map(|deleted| {
         let back = ready_since.filter(|t| t >= &deleted.0).unwrap_or(now.0);
@@ -1470,6 +1477,8 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         }
     }
     match cx.o.pods.get(&m.pod) {
+        // A Deployment's pods: it is scaled back, not the pod recreated.
+        _ if scaled::is_scaled(cx) => pending |= scaled::restore_replicas(cx),
         Some(p) if is_terminating(p.typed()) => {
             pending = true;
             force_delete_if_lost(cx, p.typed());

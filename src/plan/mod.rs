@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
@@ -46,6 +46,7 @@ pub mod member;
 pub mod observe;
 pub mod preflight;
 pub mod progress;
+mod scaled;
 pub use crate::quantity;
 pub mod runbook;
 pub mod stability;
@@ -61,6 +62,8 @@ mod admission_tests;
 mod bounded_tests;
 #[cfg(test)]
 mod claim_target_tests;
+#[cfg(test)]
+mod deployment_tests;
 #[cfg(test)]
 mod finish_tests;
 #[cfg(test)]
@@ -121,6 +124,11 @@ pub struct Observed {
     /// The pods that mount the target claim, with their controllers (`target.kind:
     /// PersistentVolumeClaim`, read in Preflight only; empty otherwise).
     pub target_claim_users: Vec<observe::ClaimUser>,
+    /// The target Deployment (a Deployment's claim), if it exists.
+    pub deployment: Option<Deployment>,
+    /// The namespace's HorizontalPodAutoscalers, read in Preflight of a Deployment's claim only
+    /// (empty otherwise).
+    pub autoscalers: Vec<Autoscaler>,
     /// Claims of the namespace that matter: the members' claims and our temporary claims.
     pub claims: BTreeMap<String, PersistentVolumeClaim>,
     /// Volumes bound to those claims, and the ones named in the status.
@@ -141,6 +149,16 @@ pub struct Observed {
     /// Node): a pod stuck terminating on a lost node is force-deleted (see
     /// [`helpers::lost_pod`]).
     pub nodes: BTreeMap<String, Option<Node>>,
+}
+
+/// A HorizontalPodAutoscaler and what it scales.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Autoscaler {
+    pub name: String,
+    /// `scaleTargetRef.kind`.
+    pub target_kind: String,
+    /// `scaleTargetRef.name`.
+    pub target_name: String,
 }
 
 /// Manifests stashed before they are deleted. The StatefulSet and the pods are kept as the raw

@@ -59,7 +59,8 @@ pub fn claim_users(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
 pub struct ClaimUser {
     /// The pod's name.
     pub pod: String,
-    /// The kind and name of the pod's controller (its ownerReference with `controller: true`);
+    /// The kind and name of the pod's controller (its ownerReference with `controller: true`),
+    /// or of the Deployment that controls that ReplicaSet when the cluster layer found one;
     /// `None` for a bare pod.
     pub owner: Option<(String, String)>,
 }
@@ -84,46 +85,95 @@ pub fn target_claim_users(pods: &[Pod], claim: &str) -> Vec<ClaimUser> {
     users
 }
 
-/// The StatefulSet a request works on: its target's name, or for a claim target the set in its
-/// plan, else the set that controls the one pod mounting the claim (empty when there is none:
-/// preflight then denies the request and reads no set).
-pub fn target_set_name(
+/// The workload a request works on.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Workload {
+    /// None found (a claim target no single workload's pods mount): preflight denies it.
+    #[default]
+    None,
+    StatefulSet(String),
+    Deployment(String),
+}
+
+impl Workload {
+    /// The StatefulSet's name, empty for any other workload.
+    pub fn stateful_set(&self) -> &str {
+        match self {
+            Workload::StatefulSet(name) => name,
+            _ => "",
+        }
+    }
+
+    /// The Deployment's name, empty for any other workload.
+    pub fn deployment(&self) -> &str {
+        match self {
+            Workload::Deployment(name) => name,
+            _ => "",
+        }
+    }
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Workload::None => f.write_str("no workload"),
+            Workload::StatefulSet(name) => write!(f, "StatefulSet {name}"),
+            Workload::Deployment(name) => write!(f, "Deployment {name}"),
+        }
+    }
+}
+
+/// The workload a request works on: its target, or for a claim target the workload in its
+/// plan, else the one that controls the only pod mounting the claim (a ReplicaSet's pod counts
+/// as its Deployment's, see [`ClaimUser::owner`]).
+pub fn target_workload(
     spec: &StorageMigrationRequestSpec,
     status: &StorageMigrationRequestStatus,
     users: &[ClaimUser],
-) -> String {
+) -> Workload {
+    let name = spec.target.name.clone();
     match spec.target.kind {
-        TargetKind::StatefulSet => spec.target.name.clone(),
+        TargetKind::StatefulSet => Workload::StatefulSet(name),
+        TargetKind::Deployment => Workload::Deployment(name),
         TargetKind::PersistentVolumeClaim => match &status.plan {
-            Some(plan) => plan.stateful_set.clone(),
+            Some(plan) => match &plan.deployment {
+                Some(d) => Workload::Deployment(d.clone()),
+                None => Workload::StatefulSet(plan.stateful_set.clone()),
+            },
             None => match users {
                 [
                     ClaimUser {
                         owner: Some((kind, name)),
                         ..
                     },
-                ] if kind == "StatefulSet" => name.clone(),
-                _ => String::new(),
+                ] => match kind.as_str() {
+                    "StatefulSet" => Workload::StatefulSet(name.clone()),
+                    "Deployment" => Workload::Deployment(name.clone()),
+                    _ => Workload::None,
+                },
+                _ => Workload::None,
             },
         },
     }
 }
 
-/// Whether another request may work on StatefulSet `set`: its target is the set, or its plan's
-/// set is; a claim target not yet planned counts when its claim could be one of the set's
-/// (`<template>-<set>-<ordinal>`), so that two requests on one set are never judged at once.
-pub fn may_target_set(req: &StorageMigrationRequest, set: &str) -> bool {
+/// Whether another request may work on `workload`: its target is it, or its plan's workload
+/// is. A claim target not yet planned counts for every Deployment, and for a StatefulSet `set`
+/// when its claim could be one of the set's (`<template>-<set>-<ordinal>`), so that two
+/// requests on one workload are never judged at once.
+pub fn may_target(req: &StorageMigrationRequest, workload: &Workload) -> bool {
     let spec = effective_spec(req);
-    let planned = req.status.as_ref().and_then(|s| s.plan.as_ref());
-    match (spec.target.kind, planned) {
-        (TargetKind::StatefulSet, _) => spec.target.name == set,
-        (TargetKind::PersistentVolumeClaim, Some(plan)) => plan.stateful_set == set,
-        (TargetKind::PersistentVolumeClaim, None) => {
+    let status = req.status.clone().unwrap_or_default();
+    match (spec.target.kind, &status.plan, workload) {
+        (TargetKind::PersistentVolumeClaim, None, Workload::StatefulSet(set)) => {
             let claim = spec.target.name.as_str();
             claim.rsplit_once('-').is_some_and(|(head, ordinal)| {
                 ordinal.parse::<u32>().is_ok() && head.ends_with(&format!("-{set}"))
             })
         }
+        (TargetKind::PersistentVolumeClaim, None, Workload::Deployment(_)) => true,
+        (_, _, Workload::None) => false,
+        _ => &target_workload(&spec, &status, &[]) == workload,
     }
 }
 

@@ -39,6 +39,7 @@ sections! {
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
     DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
     DeniedClaimShared => "denied-claimshared",
+    DeniedDeployment => "denied-replicasshareclaim-autoscaler",
     DeniedStorageClass => "denied-mixedstorageclasses-storageclassnotfound-samestorageclass-bindingmodemismatch",
     DeniedSize => "denied-notsmaller-cannotmeasure-measurefailed-insufficientsize",
     DeniedMover => "denied-moverimagenotallowed-podsecuritylevel",
@@ -128,6 +129,7 @@ impl From<DenialReason> for Section {
                 Section::DeniedMembers
             }
             ClaimShared => Section::DeniedClaimShared,
+            ReplicasShareClaim | Autoscaler => Section::DeniedDeployment,
             MixedStorageClasses | StorageClassNotFound | SameStorageClass | BindingModeMismatch => {
                 Section::DeniedStorageClass
             }
@@ -162,6 +164,7 @@ impl From<&Failure> for Section {
                 Section::FailedFinalCheck
             }
             StatefulSetDisappeared { .. }
+            | DeploymentChanged { .. }
             | ClaimDisappeared { .. }
             | PodDisappeared { .. }
             | ClaimReplaced { .. }

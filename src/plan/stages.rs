@@ -170,6 +170,24 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
         .filter(|m| m.step == MemberStep::Pending)
         .map(|m| m.pod.clone())
         .collect();
+    if remaining.is_empty()
+        && cx
+            .status
+            .plan
+            .as_ref()
+            .is_some_and(|p| p.deployment.is_some())
+    {
+        cx.enter_stage(Stage::Finalizing);
+        cx.set_condition(
+            conditions::PROGRESSING,
+            true,
+            "Finalizing",
+            "the Deployment's claim is moved and its replicas are back; applying the old-volume \
+             policy and cleaning up",
+        );
+        cx.requeue = Duration::ZERO;
+        return Ok(());
+    }
     if remaining.is_empty() {
         cx.enter_stage(Stage::RecreatingStatefulSet);
         cx.set_condition(
@@ -738,8 +756,9 @@ fn label_old_volume(cx: &mut Ctx, m: &PlannedMember) {
     }
 }
 
-/// The request ends `Successful`: status, conditions, Event, finalizer removed.
-fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
+/// What a successful request did: the members migrated and their downtimes, the members left
+/// alone.
+fn success_message(cx: &Ctx, plan: &Plan, hash_note: &str) -> String {
     let there: Vec<&str> = cx
         .status
         .members
@@ -780,14 +799,28 @@ fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
             )
         })
         .collect();
-    let message = format!(
-        "migrated {} members of StatefulSet {} to StorageClass {} ({}); downtime: {}{there_note}{hash_note}",
-        downtimes.len(),
-        plan.stateful_set,
+    let what = match &plan.deployment {
+        Some(d) => format!(
+            "migrated claim {} of Deployment {d}",
+            plan.target_claim.as_deref().unwrap_or("?")
+        ),
+        None => format!(
+            "migrated {} members of StatefulSet {}",
+            downtimes.len(),
+            plan.stateful_set
+        ),
+    };
+    format!(
+        "{what} to StorageClass {} ({}); downtime: {}{there_note}{hash_note}",
         plan.target_storage_class,
         plan.target_size.0,
         downtimes.join(", ")
-    );
+    )
+}
+
+/// The request ends `Successful`: status, conditions, Event, finalizer removed.
+fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
+    let message = success_message(cx, plan, hash_note);
     cx.status.phase = Phase::Successful;
     cx.enter_stage(Stage::Done);
     cx.status.completion_time = Some(cx.now.clone());

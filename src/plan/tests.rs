@@ -297,7 +297,7 @@ fn a_younger_request_waits_for_an_older_bad_one_then_goes_when_it_is_denied() {
     );
     assert_eq!(
         message,
-        "waiting for request bad (Pending) on StatefulSet etcd: requests on one StatefulSet are \
+        "waiting for request bad (Pending) on StatefulSet etcd: requests on one workload are \
          judged one at a time, oldest first"
     );
     assert_eq!(status.message.as_deref(), Some(message.as_str()));

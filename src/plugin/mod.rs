@@ -167,7 +167,7 @@ async fn plan(
         (observed.request.metadata.creation_timestamp.as_ref()).map_or(observed.now, |t| t.0);
     if let Some(ahead) = preflight::waiting_for(&name, Some(created), &observed.other_requests) {
         println!(
-            "Would wait for request {} ({:?}) on the same StatefulSet first; then:",
+            "Would wait for request {} ({:?}) on the same workload first; then:",
             ahead.name, ahead.phase
         );
     }

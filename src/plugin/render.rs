@@ -162,12 +162,15 @@ fn role(r: Option<Role>) -> &'static str {
 /// The plan's members in migration order, one line each.
 pub fn plan_lines(plan: &Plan) -> Vec<String> {
     let from = plan.source_storage_class.as_deref().unwrap_or("(none)");
-    let what = match &plan.target_claim {
-        Some(claim) => format!(
+    let what = match (&plan.target_claim, &plan.deployment) {
+        (Some(claim), Some(d)) => {
+            format!("Claim {claim} (Deployment {d}: scaled to zero while it moves, then back)")
+        }
+        (Some(claim), None) => format!(
             "Claim {claim} (StatefulSet {}, template {}; the set keeps its templates)",
             plan.stateful_set, plan.volume_claim_template
         ),
-        None => format!(
+        (None, _) => format!(
             "StatefulSet {} template {}",
             plan.stateful_set, plan.volume_claim_template
         ),
@@ -504,6 +507,7 @@ mod tests {
             stateful_set: "etcd".into(),
             volume_claim_template: "data".into(),
             target_claim: None,
+            deployment: None,
             source_storage_class: Some("standard".into()),
             target_storage_class: "standard".into(),
             target_size: Quantity("512Mi".into()),

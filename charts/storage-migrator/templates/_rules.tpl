@@ -38,6 +38,21 @@ watched namespace. */}}
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
   verbs: ["get", "create", "delete", "patch"]
+# A Deployment's claim: read the Deployment, scale it to zero and back (never its template);
+# a claim target's pod leads through its ReplicaSet to its Deployment.
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get"]
+- apiGroups: ["apps"]
+  resources: ["deployments/scale"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["replicasets"]
+  verbs: ["get"]
+# Preflight of a Deployment's claim: an autoscaler that would change its replicas.
+- apiGroups: ["autoscaling"]
+  resources: ["horizontalpodautoscalers"]
+  verbs: ["list"]
 # Member pods (stop, recreate), mounter pods; watched (a change of a member or mounter pod
 # wakes its request).
 - apiGroups: [""]

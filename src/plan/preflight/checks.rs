@@ -10,8 +10,11 @@ use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
-use super::{Denial, claim_target, classes, health, members, mover, owner, spec, target};
-use crate::api::{MigrationType, Plan, PlannedMember, PlannedWork, TargetKind};
+use super::{
+    Denial, claim_target, classes, deployment, health, members, mover, owner, spec, target,
+};
+use crate::api::{ApplyPolicy, MigrationType, Plan, PlannedMember, PlannedWork, TargetKind};
+use crate::plan::observe::{self, Workload};
 use crate::plan::{Ctx, Observed, Settings};
 
 /// Whether the checks stop at the first denial.
@@ -96,6 +99,10 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         c,
         mover::check_pod_security(&namespace, &o.namespace_labels)
     );
+    let workload = observe::target_workload(spec, &cx.status, &o.target_claim_users);
+    if let Workload::Deployment(name) = workload {
+        return deployment_checks(cx, c, &namespace, &name);
+    }
     let Target {
         set,
         set_name,
@@ -103,23 +110,12 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         claim_member,
     } = target(cx, c, &namespace)?;
 
-    // Members: every pod exists, runs on a node, and is bound to its claim.
     let names = members::Names {
         request: cx.name(),
         set: set_name.clone(),
         template: template.name_any(),
     };
-    let (mut members, mut claim_classes) = (Vec::new(), Vec::new());
-    for ordinal in need!(c, members::check_ordinals(set, &set_name)) {
-        if let Some((member, class)) = c.keep(members::check_member(o, &names, ordinal)) {
-            members.push(member);
-            claim_classes.push(class);
-        }
-        if c.stop() {
-            return None;
-        }
-    }
-
+    let (mut members, claim_classes) = set_members(cx, c, set, &names)?;
     if let Some(m) = &claim_member {
         claim_target::mark_not_targeted(&mut members, m.ordinal);
     }
@@ -153,6 +149,7 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
     members::order(&mut members);
     Some(Plan {
         stateful_set: names.set,
+        deployment: None,
         volume_claim_template: names.template,
         target_claim: claim_member.map(|_| spec.target.name.clone()),
         source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
@@ -160,6 +157,81 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         target_size,
         members,
     })
+}
+
+/// The checks of a Deployment's claim ([`deployment`]): one member, the claim, stopped by
+/// scaling the Deployment to zero.
+fn deployment_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> Option<Plan> {
+    let (o, spec) = (cx.o, cx.spec());
+    check!(c, deployment::check_spec(spec, name));
+    let d = need!(
+        c,
+        deployment::check_exists(o.deployment.as_ref(), name, namespace)
+    );
+    check!(c, owner::check_deployment_owner(d, spec.owner_paused));
+    check!(
+        c,
+        deployment::check_autoscalers(&o.autoscalers, name, spec.owner_paused)
+    );
+    let claim = need!(c, deployment::check_claim(d, spec));
+    let replicas = need!(c, deployment::check_replicas(d));
+    check!(c, deployment::check_replicas_share(o, d, replicas, &claim));
+    if spec.apply == ApplyPolicy::IfReady {
+        check!(c, deployment::check_available(d, replicas));
+    }
+    let pod = need!(c, deployment::check_member_pod(o, name, &claim));
+    let (member, class) = need!(
+        c,
+        members::check_pod_and_claim(o, &cx.name(), 0, pod, claim.clone())
+    );
+    let (mut members, classes) = (vec![member], vec![class]);
+    let target = target_class_and_size(cx, c, None, &mut members, &classes);
+    if c.stop() {
+        return None;
+    }
+    check!(
+        c,
+        deployment::check_claim_not_shared(&o.claim_users, o, &members[0], name)
+    );
+    check!(
+        c,
+        health::check_budgets(spec.apply, &o.budgets, &o.pods, &members)
+    );
+    let (target_class, target_size) = target?;
+    if !c.found.is_empty() {
+        return None;
+    }
+    Some(Plan {
+        stateful_set: String::new(),
+        deployment: Some(name.to_string()),
+        volume_claim_template: String::new(),
+        target_claim: Some(claim),
+        source_storage_class: classes.first().cloned().filter(|c| !c.is_empty()),
+        target_storage_class: target_class,
+        target_size,
+        members,
+    })
+}
+
+/// Every member: its pod exists, runs on a node, and is bound to its claim; with each claim's
+/// class.
+fn set_members(
+    cx: &Ctx,
+    c: &mut Checks,
+    set: &StatefulSet,
+    names: &members::Names,
+) -> Option<(Vec<PlannedMember>, Vec<String>)> {
+    let (mut members, mut claim_classes) = (Vec::new(), Vec::new());
+    for ordinal in need!(c, members::check_ordinals(set, &names.set)) {
+        if let Some((member, class)) = c.keep(members::check_member(cx.o, names, ordinal)) {
+            members.push(member);
+            claim_classes.push(class);
+        }
+        if c.stop() {
+            return None;
+        }
+    }
+    Some((members, claim_classes))
 }
 
 /// What the request works on.
@@ -176,7 +248,7 @@ struct Target<'o> {
 fn target<'o>(cx: &Ctx<'o>, c: &mut Checks, namespace: &str) -> Option<Target<'o>> {
     let (o, spec) = (cx.o, cx.spec());
     let claim_member = match spec.target.kind {
-        TargetKind::StatefulSet => None,
+        TargetKind::StatefulSet | TargetKind::Deployment => None,
         TargetKind::PersistentVolumeClaim => {
             let m = need!(
                 c,

@@ -57,8 +57,8 @@ denial_reasons! {
     /// A claim target (`target.kind: PersistentVolumeClaim`) that no pod mounts: there is no
     /// workload to stop and start again.
     ClaimUnused,
-    /// A claim target mounted by a pod that no StatefulSet controls (a Deployment's pod, a bare
-    /// pod): only the claims of StatefulSet members can be migrated.
+    /// A claim target mounted by a pod that no StatefulSet or Deployment controls (a bare pod,
+    /// a Job's pod): only the claims of StatefulSet members and Deployments can be migrated.
     UnsupportedOwner,
     /// Another controller owns the StatefulSet (an ownerReference with `controller: true`), or
     /// Argo CD or Flux manages it, and `spec.ownerPaused` is not `true` (the message names the
@@ -106,6 +106,12 @@ denial_reasons! {
     /// so that pod's writes after the final copy would be left behind (the message names the
     /// pods).
     ClaimShared,
+    /// A Deployment's claim that several replicas mount while its access mode lets only one
+    /// node's pods mount it (not ReadWriteMany or ReadOnlyMany).
+    ReplicasShareClaim,
+    /// A HorizontalPodAutoscaler scales the target Deployment and `spec.ownerPaused` is not
+    /// `true` (the message names it).
+    Autoscaler,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
     NotHealthy,
@@ -250,6 +256,8 @@ mod tests {
                 "BindingModeMismatch",
                 "NotSmaller",
                 "ClaimShared",
+                "ReplicasShareClaim",
+                "Autoscaler",
                 "NotHealthy",
                 "DisruptionBudget",
                 "CannotMeasure",

@@ -53,6 +53,18 @@ pub(super) fn check_member(
     let set = &names.set;
     let pod_name = format!("{set}-{ordinal}");
     let claim_name = format!("{}-{set}-{ordinal}", names.template);
+    check_pod_and_claim(o, &names.request, ordinal, pod_name, claim_name)
+}
+
+/// Every check of a pod and the claim it mounts, in order; the planned migration and the
+/// claim's StorageClass (empty when the claim names none).
+pub(super) fn check_pod_and_claim(
+    o: &Observed,
+    request: &str,
+    ordinal: i32,
+    pod_name: String,
+    claim_name: String,
+) -> Result<(PlannedMember, String), Denial> {
     let pod = check_pod_exists(&o.pods, &pod_name)?;
     let node = check_scheduled(pod, &pod_name)?;
     let claim = check_claim_exists(&o.claims, &claim_name, &pod_name)?;
@@ -66,7 +78,7 @@ pub(super) fn check_member(
         ordinal,
         pod: pod_name,
         node,
-        temp_claim: build::temp_claim_name(&names.request, &claim_name),
+        temp_claim: build::temp_claim_name(request, &claim_name),
         claim: claim_name,
         old_volume: volume,
         new_size: old_size.clone(),

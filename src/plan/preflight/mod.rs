@@ -25,6 +25,7 @@ mod checks;
 mod claim_target;
 mod classes;
 mod denial;
+mod deployment;
 pub(crate) mod headroom;
 mod health;
 mod measure;
@@ -110,11 +111,11 @@ fn check(cx: &Ctx) -> Result<Plan, Denial> {
 /// reconcile are deleted); looked at again every [`REQUEUE_QUEUED`].
 fn queued(cx: &mut Ctx, ahead: &Ahead) {
     let message = format!(
-        "waiting for request {} ({:?}) on StatefulSet {}: requests on one StatefulSet are \
+        "waiting for request {} ({:?}) on {}: requests on one workload are \
          judged one at a time, oldest first",
         ahead.name,
         ahead.phase,
-        set_name(cx)
+        workload(cx)
     );
     let was_queued = conditions::get(&cx.status.conditions, conditions::QUEUED)
         .is_some_and(|c| c.status == "True");
@@ -134,17 +135,14 @@ fn dequeued(cx: &mut Ctx) {
     let was_queued = conditions::get(&cx.status.conditions, conditions::QUEUED)
         .is_some_and(|c| c.status == "True");
     if was_queued {
-        let message = format!(
-            "no other request is ahead on StatefulSet {}: judged now",
-            set_name(cx)
-        );
+        let message = format!("no other request is ahead on {}: judged now", workload(cx));
         cx.set_condition(conditions::QUEUED, false, "TurnCame", &message);
     }
 }
 
-/// The StatefulSet the request works on (for a claim target, the one that controls its pod).
-fn set_name(cx: &Ctx) -> String {
-    super::observe::target_set_name(cx.spec(), &cx.status, &cx.o.target_claim_users)
+/// The workload the request works on (for a claim target, the one that controls its pod).
+fn workload(cx: &Ctx) -> String {
+    super::observe::target_workload(cx.spec(), &cx.status, &cx.o.target_claim_users).to_string()
 }
 
 /// The reason of the `Queued=True` condition.
@@ -219,7 +217,15 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         message.push_str(&owner::paused_note(&owner));
     }
     cx.status.phase = Phase::Progressing;
-    cx.enter_stage(Stage::OrphaningStatefulSet);
+    // A Deployment is scaled, never deleted: nothing to orphan.
+    let (stage, doing) = match plan.deployment {
+        Some(_) => (Stage::Migrating, "migrating the Deployment's claim"),
+        None => (
+            Stage::OrphaningStatefulSet,
+            "stashing and orphaning the StatefulSet",
+        ),
+    };
+    cx.enter_stage(stage);
     cx.status.observed_generation = generation;
     cx.status.accepted_spec = Some(Box::new(cx.spec().clone()));
     cx.status.start_time = Some(cx.now.clone());
@@ -254,12 +260,7 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         "Progressing",
         "migration in progress",
     );
-    cx.set_condition(
-        conditions::PROGRESSING,
-        true,
-        "OrphaningStatefulSet",
-        "stashing and orphaning the StatefulSet",
-    );
+    cx.set_condition(conditions::PROGRESSING, true, &format!("{stage:?}"), doing);
     if !cx
         .o
         .request
@@ -292,6 +293,14 @@ fn accepted_message(plan: &Plan) -> String {
     };
     let migrate = pods(PlannedWork::Migrate);
     let there = pods(PlannedWork::AlreadyThere);
+    if let (Some(claim), Some(d)) = (&plan.target_claim, &plan.deployment) {
+        return format!(
+            "accepted: claim {claim} of Deployment {d} moves to StorageClass {} ({}); the \
+             Deployment is scaled to zero while the claim is copied and swapped, then back to \
+             its replicas",
+            plan.target_storage_class, plan.target_size.0
+        );
+    }
     if let Some(claim) = &plan.target_claim {
         return format!(
             "accepted: claim {claim} of member {} (StatefulSet {}) moves to StorageClass {} \

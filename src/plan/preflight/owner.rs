@@ -2,7 +2,7 @@
 //! ownerReference with `controller: true`) or a GitOps tool (Argo CD, Flux) could recreate the
 //! set while its members are moved and start a member on an empty or stale volume.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::ResourceExt;
 
 use super::{Denial, DenialReason};
@@ -61,7 +61,7 @@ impl ForeignOwner {
 /// tracking annotation or instance label, then Flux's Kustomization labels, then Flux's
 /// HelmRelease labels. The label `app.kubernetes.io/instance` alone is not enough: many charts
 /// set it.
-pub fn foreign_owner(set: &StatefulSet) -> Option<ForeignOwner> {
+pub fn foreign_owner(set: &impl ResourceExt) -> Option<ForeignOwner> {
     let controller = set
         .owner_references()
         .iter()
@@ -84,7 +84,7 @@ pub fn foreign_owner(set: &StatefulSet) -> Option<ForeignOwner> {
 
 /// The Argo CD Application: the part of the tracking id before its first `:`, else the
 /// instance label.
-fn argo_cd(set: &StatefulSet) -> Option<ForeignOwner> {
+fn argo_cd(set: &impl ResourceExt) -> Option<ForeignOwner> {
     let tracked = set
         .annotations()
         .get(labels::ARGOCD_TRACKING_ID_ANNOTATION)
@@ -103,7 +103,7 @@ fn argo_cd(set: &StatefulSet) -> Option<ForeignOwner> {
 
 /// A Flux object's namespace and name from its pair of labels (the namespace defaults to the
 /// set's own).
-fn flux(set: &StatefulSet, [name_key, namespace_key]: &[&str; 2]) -> Option<(String, String)> {
+fn flux(set: &impl ResourceExt, [name_key, namespace_key]: &[&str; 2]) -> Option<(String, String)> {
     let name = set.labels().get(*name_key).filter(|n| !n.is_empty())?;
     let namespace = set
         .labels()
@@ -120,7 +120,39 @@ pub(super) fn check_owner(
     set: &StatefulSet,
     owner_paused: bool,
 ) -> Result<Option<ForeignOwner>, Denial> {
-    let Some(owner) = foreign_owner(set) else {
+    check_managed(
+        set,
+        owner_paused,
+        "StatefulSet",
+        "recreate it during the migration and start a member",
+        "recreates or changes the set",
+    )
+}
+
+/// Nothing else manages the Deployment, or the request declares it paused (`spec.ownerPaused`).
+pub(super) fn check_deployment_owner(
+    deployment: &Deployment,
+    owner_paused: bool,
+) -> Result<Option<ForeignOwner>, Denial> {
+    check_managed(
+        deployment,
+        owner_paused,
+        "Deployment",
+        "scale it up or change it during the migration and start a pod",
+        "scales or changes the Deployment",
+    )
+}
+
+/// The workload `obj` of kind `kind` has no foreign owner, or it is declared paused; `could`
+/// and `nothing` say what such an owner could do.
+fn check_managed(
+    obj: &impl ResourceExt,
+    owner_paused: bool,
+    kind: &str,
+    could: &str,
+    nothing: &str,
+) -> Result<Option<ForeignOwner>, Denial> {
+    let Some(owner) = foreign_owner(obj) else {
         return Ok(None);
     };
     if owner_paused {
@@ -129,11 +161,10 @@ pub(super) fn check_owner(
     Err(Denial::new(
         DenialReason::ForeignOwner,
         format!(
-            "StatefulSet {} is managed by {owner}, which could recreate it during the migration \
-             and start a member on an empty or stale volume: {}, then set spec.ownerPaused: true \
-             to declare it paused (you take responsibility that nothing recreates or changes the \
-             set until the request ends)",
-            set.name_any(),
+            "{kind} {} is managed by {owner}, which could {could} on an empty or stale volume: \
+             {}, then set spec.ownerPaused: true to declare it paused (you take responsibility \
+             that nothing {nothing} until the request ends)",
+            obj.name_any(),
             owner.how_to_pause()
         ),
     ))
