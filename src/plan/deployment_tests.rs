@@ -23,12 +23,7 @@ fn replicas(o: &Observed) -> i32 {
 }
 
 fn scales(sim: &Sim) -> Vec<i32> {
-    (sim.log.iter())
-        .filter_map(|a| match a {
-            Action::ScaleDeployment { replicas, .. } => Some(*replicas),
-            _ => None,
-        })
-        .collect()
+    scales_in(&sim.log)
 }
 
 #[test]
@@ -281,4 +276,59 @@ fn an_autoscaler_of_the_deployment_is_denied_unless_declared_paused() {
     paused.target = o.request.spec.target.clone();
     o.request = request(paused);
     assert!(dry_run(&o, &SETTINGS).is_ok());
+}
+
+#[test]
+fn a_pod_replaced_after_preflight_does_not_hold_the_stop_and_a_not_ready_one_does() {
+    let mut sim = Sim::new(deployment_observed(spec_class_change("fast")));
+    while sim.step_of("web-7d9f-0") < MemberStep::PreCopying {
+        assert!(sim.run(1) == 1, "{:?}", sim.status().message);
+    }
+    // The Deployment replaced its pod (an eviction, a node drain): the member keeps the name
+    // it was planned with; the gates look at the pods there are.
+    let pod = sim.o.pods.remove("web-7d9f-0").expect("the pod");
+    let mut replacement = pod.typed().clone();
+    replacement.metadata.name = Some("web-7d9f-9".into());
+    sim.o
+        .pods
+        .insert("web-7d9f-9".into(), manifest(replacement));
+    while sim.step_of("web-7d9f-0") < MemberStep::GatingStop {
+        assert!(sim.run(1) == 1, "{:?}", sim.status().message);
+    }
+    assert_eq!(sim.step_of("web-7d9f-0"), MemberStep::GatingStop);
+    // Not ready: the stop waits, naming why.
+    if let Some(st) = sim.o.deployment.as_mut().and_then(|d| d.status.as_mut()) {
+        st.ready_replicas = Some(0);
+    }
+    let d = decide(&sim.o, &sim.settings);
+    assert!(scales_in(&d.actions).is_empty(), "{:?}", d.actions);
+    let status = d
+        .actions
+        .iter()
+        .find_map(|a| match a {
+            Action::SetStatus(s) => Some(s.clone()),
+            _ => None,
+        })
+        .expect("a status");
+    let gate = crate::api::conditions::get(&status.conditions, crate::api::conditions::HEALTH_GATE)
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        gate,
+        "Deployment web is not ready: 0 of 1 replicas ready, 1 updated"
+    );
+    // Ready again (the simulated controller rewrites the status): it goes on to success.
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful, "{:?}", sim.status().message);
+    assert_eq!(scales(&sim), vec![0, 1]);
+}
+
+fn scales_in(actions: &[Action]) -> Vec<i32> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::ScaleDeployment { replicas, .. } => Some(*replicas),
+            _ => None,
+        })
+        .collect()
 }

@@ -124,6 +124,7 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
         | MemberStep::NotTargeted => Ok(()),
         MemberStep::CreatingClaim => creating_claim(cx, &mb),
         MemberStep::PreCopying => pre_copying(cx, &mb),
+        MemberStep::GatingStop if scaled::is_scaled(cx) => scaled::gating(cx, &mb),
         MemberStep::GatingStop => gating_stop(cx, &mb),
         MemberStep::StoppingPod if scaled::is_scaled(cx) => scaled::stopping(cx, &mb),
         MemberStep::StoppingPod => stopping_pod(cx, &mb),
@@ -656,7 +657,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
 /// The same gates as `GatingStop` (budgets, health), checked again just before the running
 /// pod is deleted. True when both are open; when one is closed, the pod is not deleted: the
 /// member waits in `StoppingPod` (an etcd leader hands its leadership over first).
-pub(super) fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
+fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
     if disruption::hold(cx, pod) {
         return false;
     }

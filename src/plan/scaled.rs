@@ -8,12 +8,12 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 
-use super::member::{Member, Mode, advance, finish_member, gate_still_open, ms_mut};
+use super::member::{Member, Mode, advance, finish_member, ms_mut};
 use super::{
-    Action, Ctx, EventType, Failure, helpers, is_terminating, pod_finished, pod_ready,
+    Action, Ctx, EventType, Failure, disruption, helpers, is_terminating, pod_finished, pod_ready,
     pod_ready_since,
 };
-use crate::api::MemberStep;
+use crate::api::{MemberStep, conditions};
 
 /// True when the request moves a Deployment's claim.
 pub(super) fn is_scaled(cx: &Ctx) -> bool {
@@ -49,6 +49,52 @@ fn scale(cx: &mut Ctx, d: &Deployment, replicas: i32) {
     cx.wait(Duration::from_secs(1));
 }
 
+/// The gates before a Deployment stops, by its pods as they are now (the pod the member is named
+/// after may have been replaced since preflight): every pod's PodDisruptionBudgets allow it to
+/// stop, and the Deployment is rolled out and ready. True when both are open; otherwise the
+/// condition says why and the member waits.
+pub(super) fn gate_open(cx: &mut Ctx) -> bool {
+    let pods: Vec<String> = cx.o.pods.keys().cloned().collect();
+    if pods.iter().any(|pod| disruption::hold(cx, pod)) {
+        return false;
+    }
+    let name = deployment_name(cx);
+    let reason = match &cx.o.deployment {
+        None => format!("Deployment {name} does not exist"),
+        Some(d) if available(d) => {
+            cx.set_condition(
+                conditions::HEALTH_GATE,
+                true,
+                "Open",
+                &format!("Deployment {name} is ready and may be scaled to zero"),
+            );
+            return true;
+        }
+        Some(d) => {
+            let status = d.status.clone().unwrap_or_default();
+            format!(
+                "Deployment {name} is not ready: {} of {} replicas ready, {} updated",
+                status.ready_replicas.unwrap_or(0),
+                replicas(d),
+                status.updated_replicas.unwrap_or(0)
+            )
+        }
+    };
+    if cx.set_condition(conditions::HEALTH_GATE, false, "Waiting", &reason) {
+        cx.event(EventType::Warning, "WaitingForHealth", reason);
+    }
+    cx.wait(Duration::from_secs(2));
+    false
+}
+
+/// `GatingStop` of a Deployment's claim: its gates ([`gate_open`]), then `StoppingPod`.
+pub(super) fn gating(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
+    if gate_open(cx) {
+        advance(cx, mb, MemberStep::StoppingPod);
+    }
+    Ok(())
+}
+
 /// Record the replicas, scale the Deployment to zero (only while the gates are open), wait
 /// until every pod of it is gone.
 pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
@@ -71,7 +117,7 @@ pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         ));
     };
     if have > 0 {
-        if cx.o.pods.contains_key(&mb.m.pod) && !gate_still_open(cx, &mb.m.pod) {
+        if !gate_open(cx) {
             return Ok(());
         }
         let now = cx.now.clone();
