@@ -5,7 +5,9 @@
 //!   member's pod is stopped and recreated, its claim moves to the new class with its data
 //!   (checksum compared), the other members' pods, claims and volumes are the same objects as
 //!   before, and the recreated set keeps its template's class;
-//! - a claim no pod mounts is denied `ClaimUnused`, and nothing is touched.
+//! - a claim no pod mounts is denied `ClaimUnused`, and nothing is touched;
+//! - the claim of a bare pod (no controller) moves to another class: the pod is stashed,
+//!   deleted, and recreated under its name on the new volume with its data.
 //!
 //! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
 //! `<workspace>/target/debug/storage-migrator`).
@@ -217,4 +219,85 @@ async fn a_claim_no_pod_mounts_is_denied_and_left_alone() {
         .await
         .unwrap();
     assert_eq!(now.uid(), claim.uid(), "the claim is untouched");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_pods_claim_moves_and_the_pod_comes_back_from_its_manifest() {
+    let (cluster, ns) = scenario("smr-claim-bare-pod").await;
+    install_crd(&ns).await.unwrap();
+    ns.create_pvc("solo-data", &cluster.storage_class, "64Mi")
+        .await
+        .unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "solo", "labels": {"app": "solo"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+            "containers": [{
+                "name": "app",
+                "image": cluster.mover_image,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sh", "-c", "trap 'exit 0' TERM; [ -f /data/random ] || \
+                    head -c 8388608 /dev/urandom > /data/random; sync; \
+                    while true; do sleep 1; done"],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "solo-data"}}],
+        },
+    }))
+    .expect("a pod");
+    let before = ns
+        .api::<Pod>()
+        .create(&kube::api::PostParams::default(), &pod)
+        .await
+        .unwrap();
+    ns.wait_pod_ready("solo", Duration::from_secs(180))
+        .await
+        .unwrap();
+    let node = ns
+        .api::<Pod>()
+        .get("solo")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.node_name)
+        .unwrap_or_default();
+    let script = "while [ ! -f /data/random ]; do sleep 0.2; done; sha256sum /data/random";
+    let sum_before = on_claim(&ns, "sum-before", &node, "solo-data", script).await;
+
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
+    create_request(
+        &ns,
+        "solo",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "PersistentVolumeClaim", "name": "solo-data"},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "10m",
+        }),
+    )
+    .await
+    .unwrap();
+    let req = wait_final(&ns, "solo", FINAL).await.unwrap();
+    let status = req.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Phase::Successful, "{}", summary(&req));
+    let plan = status.plan.clone().unwrap_or_default();
+    assert_eq!(plan.pod.as_deref(), Some("solo"));
+    assert_eq!(plan.stateful_set, "");
+    let after = ns
+        .wait_pod_ready("solo", Duration::from_secs(180))
+        .await
+        .unwrap();
+    assert_ne!(after.uid(), before.uid(), "recreated");
+    let claim = ns
+        .api::<PersistentVolumeClaim>()
+        .get("solo-data")
+        .await
+        .unwrap();
+    assert_eq!(
+        claim.spec.and_then(|s| s.storage_class_name).as_deref(),
+        Some(cluster.wffc_storage_class.as_str())
+    );
+    let sum_after = on_claim(&ns, "sum-after", &node, "solo-data", script).await;
+    assert_eq!(sum_after, sum_before, "the same data");
 }

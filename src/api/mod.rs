@@ -102,8 +102,9 @@ pub struct TargetRef {
     /// `Deployment`: the one claim its pod template mounts moves; its pods stop by scaling it to
     /// zero and start by scaling it back. `PersistentVolumeClaim`: only that claim moves; it must
     /// be mounted by the pods of one workload only: one StatefulSet member's claim made from one
-    /// of the set's volumeClaimTemplates, or a claim of one Deployment's pod template (preflight
-    /// finds the workload and says so in the plan).
+    /// of the set's volumeClaimTemplates, a claim of one Deployment's pod template, or the claim
+    /// of one pod that no controller owns (preflight finds the workload and says so in the
+    /// plan).
     #[serde(default)]
     pub kind: TargetKind,
     /// Name of the StatefulSet, Deployment or PersistentVolumeClaim, in the request's namespace.
@@ -546,6 +547,11 @@ pub struct Plan {
     /// claim, named after one of its pods at preflight.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub deployment: Option<String>,
+    /// Set for the claim of a pod that no workload controls (a claim target mounted by a bare
+    /// pod): the pod, stashed, deleted and recreated from its stash around the final copy and
+    /// the swap, as a StatefulSet member's pod is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
     /// The volumeClaimTemplate whose claims move (absent for a Deployment's claim).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub volume_claim_template: String,
@@ -563,6 +569,14 @@ pub struct Plan {
     pub target_size: Quantity,
     /// The members, in the order planned.
     pub members: Vec<PlannedMember>,
+}
+
+impl Plan {
+    /// True when the request works on a StatefulSet (which it orphans and recreates); false for
+    /// a Deployment's claim or a bare pod's.
+    pub fn has_stateful_set(&self) -> bool {
+        !self.stateful_set.is_empty()
+    }
 }
 
 /// One member as planned at preflight.

@@ -75,7 +75,7 @@ impl Cluster {
             deployment.as_ref(),
         );
         let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = tokio::join!(
-            self.member_pods(&ns, selector),
+            self.member_pods(&ns, selector, workload.pod()),
             self.volumes(&claims, &status),
             self.other_requests(&ns, &name, &workload),
             self.namespace_labels(&ns, &status),
@@ -261,21 +261,23 @@ impl Cluster {
         Ok(nodes)
     }
 
-    /// Member pods: by the set's selector (live or stashed), never our own helper pods; raw
-    /// JSON too, as a member pod is stashed as returned. None without a selector.
+    /// Member pods: by the workload's selector (the set's, live or stashed, or the
+    /// Deployment's), or the bare pod of a claim target; never our own helper pods; raw JSON
+    /// too, as a member pod is stashed as returned. None without either.
     async fn member_pods(
         &self,
         ns: &str,
         selector: Option<String>,
+        bare_pod: &str,
     ) -> Result<BTreeMap<String, Manifest<Pod>>, ClusterError> {
         let mut pods = BTreeMap::new();
-        let Some(selector) = selector else {
-            return Ok(pods);
+        // A bare pod by its name (a list, as for the others: no `get` of pods is granted).
+        let params = match (selector, bare_pod) {
+            (Some(selector), _) => ListParams::default().labels(&selector),
+            (None, "") => return Ok(pods),
+            (None, pod) => ListParams::default().fields(&format!("metadata.name={pod}")),
         };
-        for p in self
-            .list_raw::<Pod>(ns, &ListParams::default().labels(&selector))
-            .await?
-        {
+        for p in self.list_raw::<Pod>(ns, &params).await? {
             if !p.labels().contains_key(labels::REQUEST_LABEL) {
                 pods.insert(p.name_any(), p);
             }

@@ -280,7 +280,10 @@ fn claims_without_exactly_one_statefulset_member_are_denied_naming_why() {
             Some(("ReplicaSet", "web-7d9f")),
             "pod etcd-1, which is controlled by ReplicaSet web-7d9f",
         ),
-        (None, "pod etcd-1, which has no controller (a bare pod)"),
+        (
+            Some(("Job", "backup-28")),
+            "pod etcd-1, which is controlled by Job backup-28",
+        ),
     ] {
         let mut o = observed_on_claim(spec.clone(), "data-etcd-1");
         let mut pod = member_pod(1);

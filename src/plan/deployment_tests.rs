@@ -332,3 +332,118 @@ fn scales_in(actions: &[Action]) -> Vec<i32> {
         })
         .collect()
 }
+
+/// A bare pod `solo-0` (no controller) mounting claim `data-solo-0`, targeted by its claim.
+fn bare_pod_observed(spec: StorageMigrationRequestSpec) -> Observed {
+    let mut o = deployment_observed(spec);
+    let mut pod = deployment_pod("solo", "solo-0");
+    pod.metadata.owner_references = None;
+    if let Some(v) = pod.spec.as_mut().and_then(|s| s.volumes.as_mut()) {
+        v[0].persistent_volume_claim.as_mut().unwrap().claim_name = "data-solo-0".into();
+    }
+    o.deployment = None;
+    o.pods = std::collections::BTreeMap::from([("solo-0".to_string(), manifest(pod))]);
+    o.claims = std::collections::BTreeMap::from([(
+        "data-solo-0".to_string(),
+        bound_claim("data-solo-0", "standard", "1Gi", "pv-solo"),
+    )]);
+    o.volumes = std::collections::BTreeMap::from([(
+        "pv-solo".to_string(),
+        volume("pv-solo", "standard", "1Gi", "data-solo-0", NODES[0]),
+    )]);
+    o.health = Ok(generic_report(&o.pods));
+    let mut spec = o.request.spec.clone();
+    spec.target = crate::api::TargetRef {
+        kind: TargetKind::PersistentVolumeClaim,
+        name: "data-solo-0".into(),
+    };
+    o.request = request(spec);
+    o.target_claim_users = vec![ClaimUser {
+        pod: "solo-0".into(),
+        owner: None,
+    }];
+    o
+}
+
+#[test]
+fn a_bare_pods_claim_moves_with_the_pod_stashed_and_recreated() {
+    let plan = dry_run(&bare_pod_observed(spec_class_change("fast")), &SETTINGS).expect("accepted");
+    assert_eq!(plan.pod.as_deref(), Some("solo-0"));
+    assert_eq!(plan.target_claim.as_deref(), Some("data-solo-0"));
+    assert!(!plan.has_stateful_set());
+
+    let mut sim = Sim::new(bare_pod_observed(spec_class_change("fast")));
+    sim.run(400);
+    let s = sim.status();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert_machine_transitions(&sim);
+    assert_eq!(claim_class(&sim.o.claims["data-solo-0"]), Some("fast"));
+    let pod = sim.o.pods.get("solo-0").expect("recreated under its name");
+    assert!(
+        pod.typed()
+            .annotations()
+            .contains_key(crate::labels::CREATED_BY_REQUEST_ANNOTATION)
+    );
+    let message = s.message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with("migrated claim data-solo-0 of pod solo-0 to StorageClass fast"),
+        "{message}"
+    );
+    let deleted_pods = (sim.log.iter())
+        .filter(|a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "solo-0"))
+        .count();
+    assert_eq!(deleted_pods, 1, "stopped once");
+    assert!(!sim.log.iter().any(|a| matches!(
+        a,
+        Action::Create(Object::StatefulSet(_)) | Action::ScaleDeployment { .. }
+    )));
+}
+
+#[test]
+fn a_failed_copy_of_a_bare_pods_claim_recreates_it_on_its_old_claim() {
+    let mut sim = Sim::new(bare_pod_observed(spec_class_change("fast")));
+    sim.jobs.fail = vec!["copy".into()];
+    sim.run(400);
+    let s = sim.status();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    assert_eq!(sim.step_of("solo-0"), MemberStep::RolledBack);
+    assert_eq!(claim_volume(&sim.o.claims["data-solo-0"]), Some("pv-solo"));
+    assert!(
+        sim.o.pods.contains_key("solo-0"),
+        "recreated from its stash"
+    );
+}
+
+#[test]
+fn a_bare_pod_that_gitops_manages_or_that_is_not_ready_is_denied() {
+    let mut o = bare_pod_observed(spec_class_change("fast"));
+    if let Some(p) = o.pods.get_mut("solo-0") {
+        p.update(|p| {
+            p.labels_mut()
+                .insert(crate::labels::ARGOCD_INSTANCE_LABEL.into(), "tools".into());
+        });
+    }
+    let (reason, message) = denial(&o);
+    assert_eq!(reason, DenialReason::ForeignOwner);
+    assert!(
+        message.starts_with("pod solo-0 is managed by Argo CD application tools"),
+        "{message}"
+    );
+
+    let mut o = bare_pod_observed(spec_class_change("fast"));
+    if let Some(p) = o.pods.get_mut("solo-0") {
+        p.update(|p| p.status = None);
+    }
+    let (reason, message) = denial(&o);
+    assert_eq!(reason, DenialReason::NotHealthy);
+    assert!(message.starts_with("pod solo-0 is not Ready"), "{message}");
+
+    let mut spec = spec_class_change("fast");
+    spec.volume_claim_template = Some("data".into());
+    let mut o = bare_pod_observed(spec_class_change("fast"));
+    spec.target = o.request.spec.target.clone();
+    o.request = request(spec);
+    let (reason, message) = denial(&o);
+    assert_eq!(reason, DenialReason::InvalidSpec);
+    assert!(message.contains("pod solo-0 has no templates"), "{message}");
+}

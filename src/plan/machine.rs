@@ -54,11 +54,11 @@ const fn t<S>(from: S, to: S, when: &'static str) -> Transition<S> {
 pub const STAGES: &[Transition<Stage>] = &[
     t(Stage::Preflight,             Stage::OrphaningStatefulSet,  "accepted"),
     t(Stage::Preflight,             Stage::Done,                  "denied"),
-    t(Stage::Preflight,             Stage::Migrating,             "accepted, a Deployment's claim: nothing to orphan"),
+    t(Stage::Preflight,             Stage::Migrating,             "accepted, a Deployment's or bare pod's claim: nothing to orphan"),
     t(Stage::OrphaningStatefulSet,  Stage::Migrating,             "StatefulSet orphaned"),
     t(Stage::Migrating,             Stage::RecreatingStatefulSet, "every member Done, AlreadyThere or NotTargeted"),
     t(Stage::RecreatingStatefulSet, Stage::Finalizing,            "pods adopted"),
-    t(Stage::Migrating,             Stage::Finalizing,            "a Deployment's claim moved: nothing to recreate"),
+    t(Stage::Migrating,             Stage::Finalizing,            "a Deployment's or bare pod's claim moved: nothing to recreate"),
     t(Stage::Finalizing,            Stage::Done,                  "final check passed, Successful"),
     // The rollback branch.
     t(Stage::OrphaningStatefulSet,  Stage::RollingBack,           "failure, timeout or deletion"),

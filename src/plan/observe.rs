@@ -93,6 +93,8 @@ pub enum Workload {
     None,
     StatefulSet(String),
     Deployment(String),
+    /// A pod that no controller owns (a claim target's only user).
+    Pod(String),
 }
 
 impl Workload {
@@ -111,6 +113,14 @@ impl Workload {
             _ => "",
         }
     }
+
+    /// The bare pod's name, empty for any other workload.
+    pub fn pod(&self) -> &str {
+        match self {
+            Workload::Pod(name) => name,
+            _ => "",
+        }
+    }
 }
 
 impl std::fmt::Display for Workload {
@@ -119,6 +129,7 @@ impl std::fmt::Display for Workload {
             Workload::None => f.write_str("no workload"),
             Workload::StatefulSet(name) => write!(f, "StatefulSet {name}"),
             Workload::Deployment(name) => write!(f, "Deployment {name}"),
+            Workload::Pod(name) => write!(f, "pod {name}"),
         }
     }
 }
@@ -136,11 +147,13 @@ pub fn target_workload(
         TargetKind::StatefulSet => Workload::StatefulSet(name),
         TargetKind::Deployment => Workload::Deployment(name),
         TargetKind::PersistentVolumeClaim => match &status.plan {
-            Some(plan) => match &plan.deployment {
-                Some(d) => Workload::Deployment(d.clone()),
-                None => Workload::StatefulSet(plan.stateful_set.clone()),
+            Some(plan) => match (&plan.deployment, &plan.pod) {
+                (Some(d), _) => Workload::Deployment(d.clone()),
+                (None, Some(pod)) => Workload::Pod(pod.clone()),
+                (None, None) => Workload::StatefulSet(plan.stateful_set.clone()),
             },
             None => match users {
+                [ClaimUser { owner: None, pod }] => Workload::Pod(pod.clone()),
                 [
                     ClaimUser {
                         owner: Some((kind, name)),
@@ -171,7 +184,9 @@ pub fn may_target(req: &StorageMigrationRequest, workload: &Workload) -> bool {
                 ordinal.parse::<u32>().is_ok() && head.ends_with(&format!("-{set}"))
             })
         }
-        (TargetKind::PersistentVolumeClaim, None, Workload::Deployment(_)) => true,
+        (TargetKind::PersistentVolumeClaim, None, Workload::Deployment(_) | Workload::Pod(_)) => {
+            true
+        }
         (_, _, Workload::None) => false,
         _ => &target_workload(&spec, &status, &[]) == workload,
     }

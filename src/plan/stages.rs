@@ -175,15 +175,15 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
             .status
             .plan
             .as_ref()
-            .is_some_and(|p| p.deployment.is_some())
+            .is_some_and(|p| !p.has_stateful_set())
     {
         cx.enter_stage(Stage::Finalizing);
         cx.set_condition(
             conditions::PROGRESSING,
             true,
             "Finalizing",
-            "the Deployment's claim is moved and its replicas are back; applying the old-volume \
-             policy and cleaning up",
+            "the claim is moved and its workload is back; applying the old-volume policy and \
+             cleaning up",
         );
         cx.requeue = Duration::ZERO;
         return Ok(());
@@ -799,12 +799,11 @@ fn success_message(cx: &Ctx, plan: &Plan, hash_note: &str) -> String {
             )
         })
         .collect();
-    let what = match &plan.deployment {
-        Some(d) => format!(
-            "migrated claim {} of Deployment {d}",
-            plan.target_claim.as_deref().unwrap_or("?")
-        ),
-        None => format!(
+    let claim = plan.target_claim.as_deref().unwrap_or("?");
+    let what = match (&plan.deployment, &plan.pod) {
+        (Some(d), _) => format!("migrated claim {claim} of Deployment {d}"),
+        (None, Some(pod)) => format!("migrated claim {claim} of pod {pod}"),
+        (None, None) => format!(
             "migrated {} members of StatefulSet {}",
             downtimes.len(),
             plan.stateful_set

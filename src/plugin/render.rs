@@ -166,6 +166,10 @@ pub fn plan_lines(plan: &Plan) -> Vec<String> {
         (Some(claim), Some(d)) => {
             format!("Claim {claim} (Deployment {d}: scaled to zero while it moves, then back)")
         }
+        (Some(claim), None) if plan.pod.is_some() => format!(
+            "Claim {claim} (pod {}: deleted while it moves, then recreated from its manifest)",
+            plan.pod.as_deref().unwrap_or_default()
+        ),
         (Some(claim), None) => format!(
             "Claim {claim} (StatefulSet {}, template {}; the set keeps its templates)",
             plan.stateful_set, plan.volume_claim_template
@@ -508,6 +512,7 @@ mod tests {
             volume_claim_template: "data".into(),
             target_claim: None,
             deployment: None,
+            pod: None,
             source_storage_class: Some("standard".into()),
             target_storage_class: "standard".into(),
             target_size: Quantity("512Mi".into()),

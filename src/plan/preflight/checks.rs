@@ -100,8 +100,10 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         mover::check_pod_security(&namespace, &o.namespace_labels)
     );
     let workload = observe::target_workload(spec, &cx.status, &o.target_claim_users);
-    if let Workload::Deployment(name) = workload {
-        return deployment_checks(cx, c, &namespace, &name);
+    match workload {
+        Workload::Deployment(name) => return deployment_checks(cx, c, &namespace, &name),
+        Workload::Pod(name) => return bare_pod_checks(cx, c, &namespace, &name),
+        Workload::StatefulSet(_) | Workload::None => {}
     }
     let Target {
         set,
@@ -150,6 +152,7 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
     Some(Plan {
         stateful_set: names.set,
         deployment: None,
+        pod: None,
         volume_claim_template: names.template,
         target_claim: claim_member.map(|_| spec.target.name.clone()),
         source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
@@ -163,7 +166,10 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
 /// scaling the Deployment to zero.
 fn deployment_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> Option<Plan> {
     let (o, spec) = (cx.o, cx.spec());
-    check!(c, deployment::check_spec(spec, name));
+    check!(
+        c,
+        deployment::check_spec(spec, &format!("Deployment {name}"))
+    );
     let d = need!(
         c,
         deployment::check_exists(o.deployment.as_ref(), name, namespace)
@@ -182,8 +188,26 @@ fn deployment_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> O
     let pod = need!(c, deployment::check_member_pod(o, name, &claim));
     let (member, class) = need!(
         c,
-        members::check_pod_and_claim(o, &cx.name(), 0, pod, claim.clone())
+        members::check_pod_and_claim(o, &cx.name(), 0, pod, claim)
     );
+    check!(
+        c,
+        deployment::check_claim_not_shared(&o.claim_users, o, &member, name)
+    );
+    let owner = (Some(name.to_string()), None);
+    single_claim_plan(cx, c, member, class, owner)
+}
+
+/// The plan of one claim of a Deployment or a bare pod (`owner`, one of them set): its class
+/// and size, then the budgets of its pods.
+fn single_claim_plan(
+    cx: &Ctx,
+    c: &mut Checks,
+    member: PlannedMember,
+    class: String,
+    (deployment, pod): (Option<String>, Option<String>),
+) -> Option<Plan> {
+    let spec = cx.spec();
     let (mut members, classes) = (vec![member], vec![class]);
     let target = target_class_and_size(cx, c, None, &mut members, &classes);
     if c.stop() {
@@ -191,11 +215,7 @@ fn deployment_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> O
     }
     check!(
         c,
-        deployment::check_claim_not_shared(&o.claim_users, o, &members[0], name)
-    );
-    check!(
-        c,
-        health::check_budgets(spec.apply, &o.budgets, &o.pods, &members)
+        health::check_budgets(spec.apply, &cx.o.budgets, &cx.o.pods, &members)
     );
     let (target_class, target_size) = target?;
     if !c.found.is_empty() {
@@ -203,9 +223,10 @@ fn deployment_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> O
     }
     Some(Plan {
         stateful_set: String::new(),
-        deployment: Some(name.to_string()),
+        deployment,
+        pod,
         volume_claim_template: String::new(),
-        target_claim: Some(claim),
+        target_claim: Some(members[0].claim.clone()),
         source_storage_class: classes.first().cloned().filter(|c| !c.is_empty()),
         target_storage_class: target_class,
         target_size,
@@ -232,6 +253,24 @@ fn set_members(
         }
     }
     Some((members, claim_classes))
+}
+
+/// The checks of a bare pod's claim (a claim target that a pod no controller owns mounts): one
+/// member, the pod, stopped and recreated from its stash like a StatefulSet member's.
+fn bare_pod_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> Option<Plan> {
+    let (o, spec) = (cx.o, cx.spec());
+    check!(c, deployment::check_spec(spec, &format!("pod {name}")));
+    let pod = need!(c, deployment::check_bare_pod(o, name, namespace));
+    check!(c, owner::check_pod_owner(pod, spec.owner_paused));
+    if spec.apply == ApplyPolicy::IfReady {
+        check!(c, deployment::check_pod_ready(pod, name));
+    }
+    let claim = spec.target.name.clone();
+    let (member, class) = need!(
+        c,
+        members::check_pod_and_claim(o, &cx.name(), 0, name.to_string(), claim)
+    );
+    single_claim_plan(cx, c, member, class, (None, Some(name.to_string())))
 }
 
 /// What the request works on.

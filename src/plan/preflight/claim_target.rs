@@ -132,7 +132,7 @@ fn unsupported_owner(claim: &str, pod: &str, owner: Option<&(String, String)>) -
         DenialReason::UnsupportedOwner,
         format!(
             "claim {claim} is mounted by pod {pod}, which {owner}: only the claims of \
-             StatefulSet members and Deployments can be migrated"
+             StatefulSet members, Deployments and bare pods can be migrated"
         ),
     )
 }

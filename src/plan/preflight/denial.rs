@@ -57,8 +57,9 @@ denial_reasons! {
     /// A claim target (`target.kind: PersistentVolumeClaim`) that no pod mounts: there is no
     /// workload to stop and start again.
     ClaimUnused,
-    /// A claim target mounted by a pod that no StatefulSet or Deployment controls (a bare pod,
-    /// a Job's pod): only the claims of StatefulSet members and Deployments can be migrated.
+    /// A claim target mounted by a pod that another kind of controller owns (a Job, a
+    /// DaemonSet, a ReplicaSet of no Deployment): only the claims of StatefulSet members,
+    /// Deployments and bare pods can be migrated.
     UnsupportedOwner,
     /// Another controller owns the StatefulSet (an ownerReference with `controller: true`), or
     /// Argo CD or Flux manages it, and `spec.ownerPaused` is not `true` (the message names the

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::{Denial, DenialReason};
@@ -26,24 +27,53 @@ pub(super) fn check_exists<'a>(
     })
 }
 
-/// What a StatefulSet alone has is not asked of a Deployment: no `volumeClaimTemplate`, no
-/// etcd engine (its pods are no cluster's members).
-pub(super) fn check_spec(spec: &StorageMigrationRequestSpec, name: &str) -> Result<(), Denial> {
+/// What a StatefulSet alone has is not asked of another workload (`what`, e.g. "Deployment
+/// web"): no `volumeClaimTemplate`, no etcd engine (its pods are no cluster's members).
+pub(super) fn check_spec(spec: &StorageMigrationRequestSpec, what: &str) -> Result<(), Denial> {
     let invalid = |why: String| Denial::new(DenialReason::InvalidSpec, why);
-    if spec.target.kind == TargetKind::Deployment && spec.volume_claim_template.is_some() {
+    if spec.volume_claim_template.is_some() {
         return Err(invalid(format!(
-            "spec.volumeClaimTemplate is for StatefulSet targets; Deployment {name} has no \
-             templates (name one of its claims with target.kind PersistentVolumeClaim)"
+            "spec.volumeClaimTemplate is for StatefulSet targets; {what} has no templates \
+             (leave it unset, and name a claim with target.kind PersistentVolumeClaim)"
         )));
     }
     if spec.database.engine != DatabaseEngine::Generic {
         return Err(invalid(format!(
-            "spec.database.engine {:?} needs a StatefulSet; the pods of Deployment {name} are \
-             not a database's members (use Generic)",
+            "spec.database.engine {:?} needs a StatefulSet; {what} is not a database's members \
+             (use Generic)",
             spec.database.engine
         )));
     }
     Ok(())
+}
+
+/// A claim target's bare pod exists and is not being deleted.
+pub(super) fn check_bare_pod<'a>(
+    o: &'a Observed,
+    name: &str,
+    namespace: &str,
+) -> Result<&'a Pod, Denial> {
+    o.pods
+        .get(name)
+        .map(|p| p.typed())
+        .filter(|p| !is_terminating(*p))
+        .ok_or_else(|| {
+            Denial::new(
+                DenialReason::TargetNotFound,
+                format!("pod {name} not found in namespace {namespace}"),
+            )
+        })
+}
+
+/// The bare pod is Ready (`apply: IfReady`).
+pub(super) fn check_pod_ready(pod: &Pod, name: &str) -> Result<(), Denial> {
+    if crate::plan::pod_ready(pod) {
+        return Ok(());
+    }
+    Err(Denial::new(
+        DenialReason::NotHealthy,
+        format!("pod {name} is not Ready; wait for it, or set apply: Always"),
+    ))
 }
 
 /// The claims the Deployment's pod template mounts, in its order.

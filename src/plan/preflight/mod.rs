@@ -217,10 +217,11 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         message.push_str(&owner::paused_note(&owner));
     }
     cx.status.phase = Phase::Progressing;
-    // A Deployment is scaled, never deleted: nothing to orphan.
-    let (stage, doing) = match plan.deployment {
-        Some(_) => (Stage::Migrating, "migrating the Deployment's claim"),
-        None => (
+    // A Deployment is scaled, never deleted, and a bare pod has no set: nothing to orphan.
+    let (stage, doing) = match (&plan.deployment, plan.has_stateful_set()) {
+        (Some(_), _) => (Stage::Migrating, "migrating the Deployment's claim"),
+        (None, false) => (Stage::Migrating, "migrating the pod's claim"),
+        (None, true) => (
             Stage::OrphaningStatefulSet,
             "stashing and orphaning the StatefulSet",
         ),
@@ -298,6 +299,14 @@ fn accepted_message(plan: &Plan) -> String {
             "accepted: claim {claim} of Deployment {d} moves to StorageClass {} ({}); the \
              Deployment is scaled to zero while the claim is copied and swapped, then back to \
              its replicas",
+            plan.target_storage_class, plan.target_size.0
+        );
+    }
+    if let (Some(claim), Some(pod)) = (&plan.target_claim, &plan.pod) {
+        return format!(
+            "accepted: claim {claim} of pod {pod} moves to StorageClass {} ({}); the pod is \
+             stashed and deleted while the claim is copied and swapped, then recreated from its \
+             stash",
             plan.target_storage_class, plan.target_size.0
         );
     }

@@ -3,6 +3,7 @@
 //! set while its members are moved and start a member on an empty or stale volume.
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::{Denial, DenialReason};
@@ -140,6 +141,21 @@ pub(super) fn check_deployment_owner(
         "Deployment",
         "scale it up or change it during the migration and start a pod",
         "scales or changes the Deployment",
+    )
+}
+
+/// Nothing else manages the bare pod (Argo CD or Flux would recreate it), or the request
+/// declares it paused (`spec.ownerPaused`).
+pub(super) fn check_pod_owner(
+    pod: &Pod,
+    owner_paused: bool,
+) -> Result<Option<ForeignOwner>, Denial> {
+    check_managed(
+        pod,
+        owner_paused,
+        "pod",
+        "recreate it during the migration and start it",
+        "recreates the pod",
     )
 }
 
