@@ -44,15 +44,18 @@ done
 # With watchNamespaces the ClusterRole keeps only cluster-scoped objects; each namespace gets a
 # Role with the rest, and the release namespace a Role for the Lease.
 ns_doc() { awk -v RS='\n---\n' -v k="$1" -v n="$2" '$0 ~ "kind: "k"\n" && $0 ~ n' "$OUT/namespaces.yaml"; }
-ns_doc ClusterRole "name: smr-storage-migrator" | grep -q 'persistentvolumes' \
+# Whether the input has a line matching the extended regex $1. It reads all its input: `grep -q`
+# exits at the first match, and with pipefail the writer's SIGPIPE then fails the pipeline.
+has() { grep -E "$1" >/dev/null; }
+ns_doc ClusterRole "name: smr-storage-migrator" | has 'persistentvolumes' \
   || fail "namespaced mode: the ClusterRole lacks persistentvolumes"
-if ns_doc ClusterRole "name: smr-storage-migrator" | grep -Eq '"(pods|jobs|secrets)"'; then
+if ns_doc ClusterRole "name: smr-storage-migrator" | has '"(pods|jobs|secrets)"'; then
   fail "namespaced mode: the ClusterRole grants namespaced objects"
 fi
 for n in databases cache; do
-  ns_doc Role "namespace: $n" | grep -q '"pods"' || fail "namespaced mode: no Role in $n"
+  ns_doc Role "namespace: $n" | has '"pods"' || fail "namespaced mode: no Role in $n"
 done
-ns_doc Role "name: smr-storage-migrator-leader-election" | grep -q '"leases"' \
+ns_doc Role "name: smr-storage-migrator-leader-election" | has '"leases"' \
   || fail "no Lease Role in the release namespace"
 echo "check-chart: namespaces: ClusterRole cluster-scoped only; Roles in databases, cache; Lease Role"
 
