@@ -135,7 +135,7 @@ async fn the_api_server_refuses_malformed_requests_naming_the_field() {
         (
             "bad-kind",
             "spec.target.kind",
-            Box::new(|s| s["target"]["kind"] = json!("Deployment")),
+            Box::new(|s| s["target"]["kind"] = json!("DaemonSet")),
         ),
         (
             "bad-apply",
