@@ -17,37 +17,28 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
-use e2e::testing::{MoverSpec, TestNamespace, one_member_set, scenario};
+use e2e::testing::operator::{
+    Operator, accepted_condition, create_request, install_crd, summary, wait_final,
+};
+use e2e::testing::{TestNamespace, one_member_set, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::DeleteParams;
 use serde_json::json;
-use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
+use storage_migrator::api::{MemberStep, Phase};
 
 const APP: &str = "app";
 const TARGET: &str = "data-app-1";
 const FINAL: Duration = Duration::from_secs(600);
 
-/// Runs `script` in a one-off pod on `node` with `claim` at `/data` (beside the member, which
-/// has the claim mounted too: the provisioner's volumes are local to the node); its log. The
-/// pod ends before this returns, so it no longer counts as a user of the claim.
-async fn on_claim(ns: &TestNamespace, name: &str, node: &str, claim: &str, script: &str) -> String {
-    let spec = MoverSpec::shell(name, script)
-        .on_node(node)
-        .mount(claim, "/data");
-    let out = ns.run_pod(&spec, Duration::from_secs(180)).await.unwrap();
-    assert!(out.succeeded(), "{name}: {}", out.output());
-    let _ = ns.api::<Pod>().delete(name, &DeleteParams::default()).await;
-    out.logs
-}
-
 /// The checksum of the member's random file, read on its node.
 async fn data_sum(ns: &TestNamespace, reader: &str, member: usize) -> String {
     let node = node_of(ns, member).await;
     let claim = format!("data-{APP}-{member}");
-    let sum = on_claim(ns, reader, &node, &claim, "sha256sum /data/random").await;
+    let sum = ns
+        .run_on_claim(reader, &node, &claim, "sha256sum /data/random")
+        .await
+        .unwrap();
     assert!(sum.contains("/data/random"), "{sum}");
     sum
 }
@@ -90,16 +81,6 @@ fn three_members(image: &str, class: &str) -> StatefulSet {
         spec.replicas = Some(3);
     }
     set
-}
-
-fn accepted(req: &StorageMigrationRequest) -> (String, String) {
-    let status = req.status.clone().unwrap_or_default();
-    status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Accepted")
-        .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -206,7 +187,7 @@ async fn a_claim_no_pod_mounts_is_denied_and_left_alone() {
         .unwrap();
     let status = req.status.clone().unwrap_or_default();
     assert_eq!(status.phase, Phase::Denied, "{}", summary(&req));
-    let (reason, message) = accepted(&req);
+    let (reason, message) = accepted_condition(&req);
     assert_eq!(reason, "ClaimUnused", "{message}");
     assert!(
         message.starts_with("no pod mounts claim loose:"),
@@ -263,7 +244,10 @@ async fn a_bare_pods_claim_moves_and_the_pod_comes_back_from_its_manifest() {
         .and_then(|s| s.node_name)
         .unwrap_or_default();
     let script = "while [ ! -f /data/random ]; do sleep 0.2; done; sha256sum /data/random";
-    let sum_before = on_claim(&ns, "sum-before", &node, "solo-data", script).await;
+    let sum_before = ns
+        .run_on_claim("sum-before", &node, "solo-data", script)
+        .await
+        .unwrap();
 
     let _op = Operator::start(&ns, 0, None).await.unwrap();
     create_request(
@@ -298,6 +282,9 @@ async fn a_bare_pods_claim_moves_and_the_pod_comes_back_from_its_manifest() {
         claim.spec.and_then(|s| s.storage_class_name).as_deref(),
         Some(cluster.wffc_storage_class.as_str())
     );
-    let sum_after = on_claim(&ns, "sum-after", &node, "solo-data", script).await;
+    let sum_after = ns
+        .run_on_claim("sum-after", &node, "solo-data", script)
+        .await
+        .unwrap();
     assert_eq!(sum_after, sum_before, "the same data");
 }

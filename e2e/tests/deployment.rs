@@ -20,11 +20,11 @@
 use std::time::Duration;
 
 use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
-use e2e::testing::{MoverSpec, TestCluster, TestNamespace, scenario};
+use e2e::testing::{TestCluster, TestNamespace, scenario};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{ListParams, PostParams};
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase};
 
@@ -145,13 +145,8 @@ async fn node(ns: &TestNamespace) -> String {
 
 /// Runs `script` in a one-off pod beside the writer with the claim at `/data`; its log.
 async fn on_claim(ns: &TestNamespace, name: &str, script: &str) -> String {
-    let spec = MoverSpec::shell(name, script)
-        .on_node(&node(ns).await)
-        .mount(CLAIM, "/data");
-    let out = ns.run_pod(&spec, Duration::from_secs(180)).await.unwrap();
-    assert!(out.succeeded(), "{name}: {}", out.output());
-    let _ = ns.api::<Pod>().delete(name, &DeleteParams::default()).await;
-    out.logs
+    let node = node(ns).await;
+    ns.run_on_claim(name, &node, CLAIM, script).await.unwrap()
 }
 
 /// The data files' checksums, and the log's first `lines` lines (all of them with 0).

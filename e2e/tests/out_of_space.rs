@@ -27,10 +27,10 @@ use std::time::{Duration, Instant};
 
 use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, request_leftovers};
 use e2e::testing::operator::{Operator, create_request, summary, wait_final, wait_status};
-use e2e::testing::{MoverSpec, TestNamespace, etcd};
+use e2e::testing::{TestNamespace, etcd};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
+use kube::api::Api;
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase};
 use storage_migrator::build;
@@ -47,21 +47,12 @@ const TARGET: &str = "256Mi";
 /// etcd crash-looped on it).
 const FILLER_MIB: u64 = 256;
 
-/// Runs `script` in a one-off pod on `node` with `claim` at `/data` (beside etcd, which has the
-/// claim mounted too: the provisioner's volumes are local to the node); its log.
-async fn on_claim(ns: &TestNamespace, name: &str, node: &str, claim: &str, script: &str) -> String {
-    let spec = MoverSpec::shell(name, script)
-        .on_node(node)
-        .mount(claim, "/data");
-    let out = ns.run_pod(&spec, Duration::from_secs(180)).await.unwrap();
-    assert!(out.succeeded(), "{name}: {}", out.output());
-    let _ = ns.api::<Pod>().delete(name, &DeleteParams::default()).await;
-    out.logs
-}
-
 /// The checksum of the filler file on `claim`.
 async fn filler_sum(ns: &TestNamespace, name: &str, node: &str, claim: &str) -> String {
-    let sum = on_claim(ns, name, node, claim, "sha256sum /data/filler").await;
+    let sum = ns
+        .run_on_claim(name, node, claim, "sha256sum /data/filler")
+        .await
+        .unwrap();
     assert!(sum.contains("/data/filler"), "{sum}");
     sum
 }
@@ -182,7 +173,9 @@ async fn out_of_space(test: &str, pre_copy: bool) {
         "head -c {} /dev/urandom > /data/filler && sync",
         FILLER_MIB << 20
     );
-    on_claim(ns, "grow", &s.node, &s.claim, &grow).await;
+    ns.run_on_claim("grow", &s.node, &s.claim, &grow)
+        .await
+        .unwrap();
     let before = filler_sum(ns, "sums-before", &s.node, &s.claim).await;
 
     let started = Instant::now();

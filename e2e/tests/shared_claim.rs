@@ -16,14 +16,16 @@
 use std::time::Duration;
 
 use e2e::testing::faults::request_leftovers;
-use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
+use e2e::testing::operator::{
+    Operator, accepted_condition, create_request, install_crd, summary, wait_final,
+};
 use e2e::testing::{TestCluster, TestNamespace, one_member_set, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, PostParams};
 use serde_json::json;
-use storage_migrator::api::{Phase, StorageMigrationRequest};
+use storage_migrator::api::Phase;
 
 const APP: &str = "app";
 const MEMBER: &str = "app-0";
@@ -93,17 +95,6 @@ fn spec(cluster: &TestCluster) -> serde_json::Value {
     })
 }
 
-/// The `Accepted` condition's reason and message.
-fn accepted(req: &StorageMigrationRequest) -> (String, String) {
-    let status = req.status.clone().unwrap_or_default();
-    status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "Accepted")
-        .map(|c| (c.reason.clone(), c.message.clone()))
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_another_pod_mounts_is_denied_until_that_pod_is_gone() {
     let (cluster, ns) = scenario("smr-shared-claim").await;
@@ -123,7 +114,7 @@ async fn a_claim_another_pod_mounts_is_denied_until_that_pod_is_gone() {
         "{}",
         summary(&req)
     );
-    let (reason, message) = accepted(&req);
+    let (reason, message) = accepted_condition(&req);
     assert_eq!(reason, "ClaimShared", "{message}");
     assert!(
         message.starts_with(&format!(

@@ -56,7 +56,7 @@ impl Cluster {
         let name = req.name_any();
         let status = req.status.clone().unwrap_or_default();
         let spec = effective_spec(&req);
-        let target_claim_users = self.target_claim_users(&ns, &spec, &status).await?;
+        let (target_claim_users, listed) = self.target_claim_users(&ns, &spec, &status).await?;
         let workload = target_workload(&spec, &status, &target_claim_users);
         // `join!`, not `try_join!`, then the errors in a fixed order: a read that fails (RBAC, an
         // unreachable API server) is reported the same way every time, not by which one lost
@@ -80,7 +80,7 @@ impl Cluster {
             self.other_requests(&ns, &name, &workload),
             self.namespace_labels(&ns, &status),
             self.budgets(&ns, &status),
-            self.claim_users(&ns, &status),
+            self.claim_users(&ns, &status, listed.as_deref()),
         );
         let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = (
             pods?,
@@ -127,26 +127,23 @@ impl Cluster {
     }
 
     /// The pods that mount the target claim, with their controllers: read in Preflight for a
-    /// claim target (`target.kind: PersistentVolumeClaim`), the set it works on is found from
-    /// them; none otherwise.
+    /// claim target (`target.kind: PersistentVolumeClaim`), the workload it works on is found
+    /// from them; none otherwise. With the namespace's pods so listed, which
+    /// [`Cluster::claim_users`] then reads instead of listing them again.
     async fn target_claim_users(
         &self,
         ns: &str,
         spec: &StorageMigrationRequestSpec,
         status: &StorageMigrationRequestStatus,
-    ) -> Result<Vec<ClaimUser>, ClusterError> {
+    ) -> Result<(Vec<ClaimUser>, Option<Vec<Pod>>), ClusterError> {
         if spec.target.kind != TargetKind::PersistentVolumeClaim
             || status.stage != Stage::Preflight
             || status.phase.is_final()
         {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), None));
         }
-        let pods = self
-            .ns_api::<Pod>(ns)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("list pods"))?;
-        let mut users = target_claim_users(&pods.items, &spec.target.name);
+        let pods = self.namespace_pods(ns).await?;
+        let mut users = target_claim_users(&pods, &spec.target.name);
         for user in &mut users {
             if let Some((kind, name)) = &user.owner
                 && kind == "ReplicaSet"
@@ -155,7 +152,17 @@ impl Cluster {
                 user.owner = Some(("Deployment".to_string(), deployment));
             }
         }
-        Ok(users)
+        Ok((users, Some(pods)))
+    }
+
+    /// Every pod of the namespace.
+    async fn namespace_pods(&self, ns: &str) -> Result<Vec<Pod>, ClusterError> {
+        let pods = self
+            .ns_api::<Pod>(ns)
+            .list(&ListParams::default())
+            .await
+            .map_err(kube_err("list pods"))?;
+        Ok(pods.items)
     }
 
     /// The Deployment that controls ReplicaSet `name`, if any.
@@ -165,12 +172,10 @@ impl Cluster {
             .get_opt(name)
             .await
             .map_err(kube_err(format!("get ReplicaSet {name}")))?;
-        Ok(set.and_then(|s| {
-            s.owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true) && o.kind == "Deployment")
-                .map(|o| o.name.clone())
-        }))
+        let controller = set.as_ref().and_then(plan::controller_ref);
+        Ok(controller
+            .filter(|o| o.kind == "Deployment")
+            .map(|o| o.name.clone()))
     }
 
     /// The workload's StatefulSet and Deployment, each when it is one and exists. The set is raw
@@ -221,21 +226,21 @@ impl Cluster {
     }
 
     /// The pods of the namespace by the claims they mount ([`claim_users`]), read only when
-    /// the planner checks them ([`reads_claim_users`]).
+    /// the planner checks them ([`reads_claim_users`]); from `listed` when this gather already
+    /// listed them.
     async fn claim_users(
         &self,
         ns: &str,
         status: &StorageMigrationRequestStatus,
+        listed: Option<&[Pod]>,
     ) -> Result<BTreeMap<String, Vec<String>>, ClusterError> {
         if !reads_claim_users(status) {
             return Ok(BTreeMap::new());
         }
-        let pods = self
-            .ns_api::<Pod>(ns)
-            .list(&ListParams::default())
-            .await
-            .map_err(kube_err("list pods"))?;
-        Ok(claim_users(&pods.items))
+        match listed {
+            Some(pods) => Ok(claim_users(pods)),
+            None => Ok(claim_users(&self.namespace_pods(ns).await?)),
+        }
     }
 
     /// The Nodes of the member and helper pods that are terminating (`None`: no such Node);

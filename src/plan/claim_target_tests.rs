@@ -1,7 +1,6 @@
 //! A claim as the target (`target.kind: PersistentVolumeClaim`): preflight finds its member,
 //! only that member moves, and the StatefulSet keeps its templates.
 
-use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use super::fixtures::*;
@@ -32,11 +31,6 @@ fn observed_on_claim(spec: StorageMigrationRequestSpec, claim: &str) -> Observed
 fn refresh_users(o: &mut Observed, claim: &str) {
     let pods: Vec<_> = o.pods.values().map(|p| p.typed().clone()).collect();
     o.target_claim_users = target_claim_users(&pods, claim);
-}
-
-fn denial(o: &Observed) -> (DenialReason, String) {
-    let d = dry_run(o, &SETTINGS).expect_err("denied");
-    (d.reason, d.message)
 }
 
 #[test]
@@ -137,14 +131,7 @@ fn a_claim_target_runs_to_success_touching_only_its_member() {
         }
     }
     // The recreated set keeps its template: class and size as before.
-    let set: &StatefulSet = sim.o.stateful_set.as_ref().expect("recreated").typed();
-    let tpl = &set
-        .spec
-        .as_ref()
-        .unwrap()
-        .volume_claim_templates
-        .as_ref()
-        .unwrap()[0];
+    let tpl = first_template(&sim);
     assert_eq!(claim_class(tpl), Some("standard"));
     assert_eq!(claim_request(tpl).map(|q| q.0.as_str()), Some("1Gi"));
     let recreated = sim

@@ -10,11 +10,6 @@ use super::tests::assert_machine_transitions;
 use super::*;
 use crate::api::{DatabaseEngine, Phase, StorageMigrationRequestSpec, TargetKind};
 
-fn denial(o: &Observed) -> (DenialReason, String) {
-    let d = dry_run(o, &SETTINGS).expect_err("denied");
-    (d.reason, d.message)
-}
-
 fn replicas(o: &Observed) -> i32 {
     (o.deployment.as_ref())
         .and_then(|d| d.spec.as_ref())

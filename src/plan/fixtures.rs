@@ -450,6 +450,25 @@ pub fn deployment_observed(mut spec: StorageMigrationRequestSpec) -> Observed {
     o
 }
 
+/// The first volumeClaimTemplate of the simulated cluster's StatefulSet (panics when there is
+/// none).
+pub fn first_template(sim: &Sim) -> &PersistentVolumeClaim {
+    let set = sim.o.stateful_set.as_ref().expect("a StatefulSet");
+    let templates = set
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_claim_templates.as_ref());
+    templates
+        .and_then(|t| t.first())
+        .expect("a volumeClaimTemplate")
+}
+
+/// Preflight's denial of `o` (panics when the dry run accepts it): its reason and message.
+pub fn denial(o: &Observed) -> (super::preflight::DenialReason, String) {
+    let d = super::preflight::dry_run(o, &SETTINGS).expect_err("denied");
+    (d.reason, d.message)
+}
+
 /// How the simulated Jobs end.
 #[derive(Debug, Clone, Default)]
 pub struct JobScript {

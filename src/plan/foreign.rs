@@ -219,10 +219,7 @@ pub(crate) fn foreign_set(cx: &Ctx) -> Option<Foreign> {
 
 /// The StatefulSet that controls `pod` when it is not the operator's (nor the original).
 fn foreign_controller(cx: &Ctx, pod: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
-    let r = pod
-        .owner_references()
-        .iter()
-        .find(|r| r.controller == Some(true) && r.kind == "StatefulSet")?;
+    let r = super::controller_ref(pod).filter(|r| r.kind == "StatefulSet")?;
     let live_ours = set_is_ours(cx)
         .then(|| cx.o.stateful_set.as_ref().and_then(|s| s.uid()))
         .flatten();

@@ -1477,9 +1477,24 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
             cx.delete(Kind::Claim, m.temp_claim.clone(), uid);
         }
     }
-    match cx.o.pods.get(&m.pod) {
+    if scaled::is_scaled(cx) {
         // A Deployment's pods: it is scaled back, not the pod recreated.
-        _ if scaled::is_scaled(cx) => pending |= scaled::restore_replicas(cx),
+        pending |= scaled::restore_replicas(cx);
+    } else {
+        pending |= bring_pod_back(cx, m);
+    }
+    if pending {
+        cx.wait(Duration::from_secs(1));
+        return;
+    }
+    rolled_back(cx, i, m);
+}
+
+/// Rollback: the member's pod back on its untouched claim, from its stash (unless it is there,
+/// or a foreign set starts it). True while that is pending.
+fn bring_pod_back(cx: &mut Ctx, m: &PlannedMember) -> bool {
+    let mut pending = false;
+    match cx.o.pods.get(&m.pod) {
         Some(p) if is_terminating(p.typed()) => {
             pending = true;
             force_delete_if_lost(cx, p.typed());
@@ -1501,10 +1516,11 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
             }
         }
     }
-    if pending {
-        cx.wait(Duration::from_secs(1));
-        return;
-    }
+    pending
+}
+
+/// The member's rollback is done: `RolledBack`, saying where its data stays.
+fn rolled_back(cx: &mut Ctx, i: usize, m: &PlannedMember) {
     let plan = cx.status.plan.clone().unwrap_or_default();
     let message = format!(
         "rolled back: data stays on claim {} (volume {}, StorageClass {})",

@@ -21,7 +21,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -797,6 +797,13 @@ pub(crate) fn pod_finished(pod: &Pod) -> bool {
         pod.status.as_ref().and_then(|s| s.phase.as_deref()),
         Some("Succeeded" | "Failed")
     )
+}
+
+/// The ownerReference of `obj` with `controller: true`, if any.
+pub(crate) fn controller_ref(obj: &impl ResourceExt) -> Option<&OwnerReference> {
+    obj.owner_references()
+        .iter()
+        .find(|r| r.controller == Some(true))
 }
 
 /// The claims a pod's volumes name.

@@ -37,10 +37,7 @@ pub fn reads_claim_users(status: &StorageMigrationRequestStatus) -> bool {
 /// `Failed`: their volumes are unmounted). A terminating pod still counts: it may still write.
 pub fn claim_users(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
     let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for pod in pods {
-        if pod.labels().contains_key(labels::REQUEST_LABEL) {
-            continue;
-        }
+    for pod in not_ours(pods) {
         for claim in super::claims_held(pod) {
             users
                 .entry(claim.to_string())
@@ -52,6 +49,12 @@ pub fn claim_users(pods: &[Pod]) -> BTreeMap<String, Vec<String>> {
         .into_iter()
         .map(|(claim, pods)| (claim, pods.into_iter().collect()))
         .collect()
+}
+
+/// The pods that are not our helper pods (those carry the request label).
+fn not_ours(pods: &[Pod]) -> impl Iterator<Item = &Pod> {
+    pods.iter()
+        .filter(|p| !p.labels().contains_key(labels::REQUEST_LABEL))
 }
 
 /// A pod that mounts the request's target claim (`target.kind: PersistentVolumeClaim`).
@@ -68,17 +71,11 @@ pub struct ClaimUser {
 /// The pods that mount `claim`, by name, each with its controller; our helper pods and
 /// finished pods left out, as in [`claim_users`].
 pub fn target_claim_users(pods: &[Pod], claim: &str) -> Vec<ClaimUser> {
-    let mut users: Vec<ClaimUser> = pods
-        .iter()
-        .filter(|p| !p.labels().contains_key(labels::REQUEST_LABEL))
+    let mut users: Vec<ClaimUser> = not_ours(pods)
         .filter(|p| super::claims_held(p).any(|c| c == claim))
         .map(|p| ClaimUser {
             pod: p.name_any(),
-            owner: p
-                .owner_references()
-                .iter()
-                .find(|o| o.controller == Some(true))
-                .map(|o| (o.kind.clone(), o.name.clone())),
+            owner: super::controller_ref(p).map(|o| (o.kind.clone(), o.name.clone())),
         })
         .collect();
     users.sort_by(|a, b| a.pod.cmp(&b.pod));

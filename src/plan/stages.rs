@@ -170,32 +170,24 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
         .filter(|m| m.step == MemberStep::Pending)
         .map(|m| m.pod.clone())
         .collect();
-    if remaining.is_empty()
-        && cx
-            .status
-            .plan
-            .as_ref()
-            .is_some_and(|p| !p.has_stateful_set())
-    {
-        cx.enter_stage(Stage::Finalizing);
-        cx.set_condition(
-            conditions::PROGRESSING,
-            true,
-            "Finalizing",
-            "the claim is moved and its workload is back; applying the old-volume policy and \
-             cleaning up",
-        );
-        cx.requeue = Duration::ZERO;
-        return Ok(());
-    }
     if remaining.is_empty() {
-        cx.enter_stage(Stage::RecreatingStatefulSet);
-        cx.set_condition(
-            conditions::PROGRESSING,
-            true,
-            "RecreatingStatefulSet",
-            "every member is migrated; recreating the StatefulSet",
-        );
+        // A StatefulSet is recreated next; a Deployment's or bare pod's claim has nothing to
+        // recreate.
+        let has_set = cx.status.plan.as_ref().is_some_and(Plan::has_stateful_set);
+        let (stage, doing) = if has_set {
+            (
+                Stage::RecreatingStatefulSet,
+                "every member is migrated; recreating the StatefulSet",
+            )
+        } else {
+            (
+                Stage::Finalizing,
+                "the claim is moved and its workload is back; applying the old-volume policy and \
+                 cleaning up",
+            )
+        };
+        cx.enter_stage(stage);
+        cx.set_condition(conditions::PROGRESSING, true, &format!("{stage:?}"), doing);
         cx.requeue = Duration::ZERO;
         return Ok(());
     }

@@ -515,14 +515,7 @@ fn storage_class_change_runs_to_success() {
         assert!(ms.downtime_seconds.is_some());
         assert_eq!(ms.bytes_copied, Some(1 << 20));
     }
-    let set = sim.o.stateful_set.as_ref().unwrap();
-    let tpl = &set
-        .spec
-        .as_ref()
-        .unwrap()
-        .volume_claim_templates
-        .as_ref()
-        .unwrap()[0];
+    let tpl = first_template(&sim);
     assert_eq!(claim_class(tpl), Some("fast"));
     // Nothing of ours is left.
     assert!(sim.o.jobs.is_empty());
@@ -566,14 +559,7 @@ fn shrink_measures_then_runs_to_success() {
         let pv = &sim.o.volumes[claim_volume(claim).unwrap()];
         assert!(member::volume_reachable_from(pv, node));
     }
-    let set = sim.o.stateful_set.as_ref().unwrap();
-    let tpl = &set
-        .spec
-        .as_ref()
-        .unwrap()
-        .volume_claim_templates
-        .as_ref()
-        .unwrap()[0];
+    let tpl = first_template(&sim);
     assert_eq!(claim_request(tpl).unwrap().0, "256Mi");
 }
 
@@ -693,14 +679,7 @@ fn failed_copy_rolls_back_the_member_and_restores_the_set() {
     }
     assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
     assert!(sim.o.jobs.is_empty() && sim.o.helper_pods.is_empty());
-    let set = sim.o.stateful_set.as_ref().unwrap();
-    let tpl = &set
-        .spec
-        .as_ref()
-        .unwrap()
-        .volume_claim_templates
-        .as_ref()
-        .unwrap()[0];
+    let tpl = first_template(&sim);
     assert_eq!(claim_class(tpl), Some("standard"), "original template");
     let message = s.message.unwrap();
     assert!(
@@ -844,14 +823,7 @@ fn timeout_after_the_swap_began_carries_the_member_forward() {
     // Old volumes of migrated members stay Retain on failure; nobody's data is deleted.
     assert_eq!(volume_policy(&sim.o.volumes["pv-old-0"]), "Retain");
     assert_eq!(volume_policy(&sim.o.volumes["pv-old-1"]), "Retain");
-    let set = sim.o.stateful_set.as_ref().unwrap();
-    let tpl = &set
-        .spec
-        .as_ref()
-        .unwrap()
-        .volume_claim_templates
-        .as_ref()
-        .unwrap()[0];
+    let tpl = first_template(&sim);
     assert_eq!(claim_class(tpl), Some("standard"), "not every member moved");
     assert_eq!(sim.o.pods.len(), 3);
 }

@@ -564,6 +564,17 @@ pub async fn wait_status(
         })
 }
 
+/// The reason and message of the request's `Accepted` condition (empty when it has none).
+pub fn accepted_condition(req: &StorageMigrationRequest) -> (String, String) {
+    let status = req.status.clone().unwrap_or_default();
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+        .unwrap_or_default()
+}
+
 /// The request's status on one line: phase, stage, message, failure, each member's step,
 /// downtime and bytes copied, final hash.
 pub fn summary(req: &StorageMigrationRequest) -> String {

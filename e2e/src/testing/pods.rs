@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
-use kube::api::{ListParams, LogParams, PostParams};
+use kube::api::{DeleteParams, ListParams, LogParams, PostParams};
 
 use crate::testing::objects::claim_manifest;
 use crate::testing::{TestError, TestNamespace, unexpected};
@@ -260,6 +260,34 @@ impl TestNamespace {
         self.create_mover_pod(spec).await?;
         let pod = self.wait_pod_finished(&spec.name, timeout).await?;
         Ok(self.outcome_of(&pod).await)
+    }
+
+    /// Runs `script` in a one-off mover pod `name` on `node` with `claim` at `/data` to its end
+    /// (the provisioner's volumes are local to their node, so beside a pod that mounts the claim
+    /// too); its log. The pod is then deleted, so that it no longer counts as a user of the
+    /// claim. An error when it did not succeed, with its outcome.
+    pub async fn run_on_claim(
+        &self,
+        name: &str,
+        node: &str,
+        claim: &str,
+        script: &str,
+    ) -> Result<String, TestError> {
+        let spec = MoverSpec::shell(name, script)
+            .on_node(node)
+            .mount(claim, "/data");
+        let out = self.run_pod(&spec, Duration::from_secs(180)).await?;
+        let _ = self
+            .api::<Pod>()
+            .delete(name, &DeleteParams::default())
+            .await;
+        if !out.succeeded() {
+            return Err(TestError::Unexpected {
+                what: format!("pod {name} on claim {claim}"),
+                detail: out.output(),
+            });
+        }
+        Ok(out.logs)
     }
 
     /// How a finished pod ended: phase, the `mover` container's exit code, termination message

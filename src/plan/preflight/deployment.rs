@@ -53,16 +53,12 @@ pub(super) fn check_bare_pod<'a>(
     name: &str,
     namespace: &str,
 ) -> Result<&'a Pod, Denial> {
-    o.pods
-        .get(name)
-        .map(|p| p.typed())
-        .filter(|p| !is_terminating(*p))
-        .ok_or_else(|| {
-            Denial::new(
-                DenialReason::TargetNotFound,
-                format!("pod {name} not found in namespace {namespace}"),
-            )
-        })
+    super::members::check_pod_exists(&o.pods, name).map_err(|_| {
+        Denial::new(
+            DenialReason::TargetNotFound,
+            format!("pod {name} not found in namespace {namespace}"),
+        )
+    })
 }
 
 /// The bare pod is Ready (`apply: IfReady`).

@@ -63,14 +63,10 @@ impl ForeignOwner {
 /// HelmRelease labels. The label `app.kubernetes.io/instance` alone is not enough: many charts
 /// set it.
 pub fn foreign_owner(set: &impl ResourceExt) -> Option<ForeignOwner> {
-    let controller = set
-        .owner_references()
-        .iter()
-        .find(|r| r.controller == Some(true))
-        .map(|r| ForeignOwner::Controller {
-            kind: r.kind.clone(),
-            name: r.name.clone(),
-        });
+    let controller = crate::plan::controller_ref(set).map(|r| ForeignOwner::Controller {
+        kind: r.kind.clone(),
+        name: r.name.clone(),
+    });
     controller
         .or_else(|| argo_cd(set))
         .or_else(|| {
