@@ -488,7 +488,9 @@ pub fn requests_naming<K: Resource>(
         !ended
             && members.into_iter().flatten().any(|m| match named {
                 Named::Pod => m.pod == name,
-                Named::Claim => m.claim == name || m.temp_claim == name,
+                Named::Claim => {
+                    (m.claims().iter()).any(|c| c.claim == name || c.temp_claim == name)
+                }
             })
     };
     requests

@@ -253,7 +253,12 @@ pub fn member_outcomes(
             Some(MemberOutcome {
                 result,
                 downtime_seconds: m.downtime_seconds,
-                bytes: m.bytes_copied,
+                // Every claim of the member (its further claims move in the same stop).
+                bytes: (m.further_claims.iter())
+                    .try_fold(m.bytes_copied.unwrap_or(0), |sum, c| {
+                        Some(sum + c.bytes_copied?)
+                    })
+                    .filter(|_| m.bytes_copied.is_some()),
                 seconds,
             })
         })

@@ -117,7 +117,15 @@ fn job_pod(
     // its metadata pass, `find` and content pass all run under these capabilities, in the
     // final copy's pod (which verifies what it copied) and in the read-only verify pod.
     let verification = build::Verification::ChangedSince(0);
-    let job = build::job(&request(&ns.name), image, member, kind, 600, verification);
+    let job = build::job(
+        &request(&ns.name),
+        image,
+        member,
+        &member.pod,
+        kind,
+        600,
+        verification,
+    );
     let mut spec = job.spec.and_then(|s| s.template.spec).expect("pod spec");
     if let Some(caps) = caps {
         let sc = spec.containers[0].security_context.as_mut().expect("sc");
@@ -290,7 +298,8 @@ async fn the_unprivileged_mounter_still_gets_a_claim_provisioned() {
     ns.create_pvc("late", &cluster.wffc_storage_class, "64Mi")
         .await
         .unwrap();
-    let mut pod = build::mounter_pod(&request(&ns.name), &image, &member(&node, "late"));
+    let late = member(&node, "late");
+    let mut pod = build::mounter_pod(&request(&ns.name), &image, &late, &late.pod);
     pod.metadata.owner_references = None;
     let spec = pod.spec.clone().expect("spec");
     let sc = spec

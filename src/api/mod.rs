@@ -44,9 +44,15 @@ pub struct StorageMigrationRequestSpec {
     pub type_: MigrationType,
     /// The workload whose volumes move, in the request's namespace.
     pub target: TargetRef,
-    /// Name of the volumeClaimTemplate to migrate; required when the StatefulSet has more than one.
+    /// Name of the one volumeClaimTemplate to migrate. Absent (and `volumeClaimTemplates`
+    /// absent too): every volumeClaimTemplate of the StatefulSet moves, each member's claims in
+    /// one stop.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_claim_template: Option<String>,
+    /// Names of several volumeClaimTemplates to migrate together: each member's claims of them
+    /// move in one stop of the member. Not with `volumeClaimTemplate`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_claim_templates: Vec<String>,
     /// Parameters of a `StorageClassChange`; required for that type.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_change: Option<StorageClassChangeSpec>,
@@ -139,11 +145,16 @@ pub struct StorageClassChangeSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ShrinkSpec {
-    /// The new, smaller size of every member's claim: a positive quantity, e.g. `256Mi` or `1Gi`
-    /// (or a whole number of bytes). It must hold each member's used bytes plus 10% (at least 16
-    /// MiB); preflight measures them.
+    /// The new, smaller size of every member's claim (of every template `sizes` does not name):
+    /// a positive quantity, e.g. `256Mi` or `1Gi` (or a whole number of bytes). It must hold each
+    /// member's used bytes plus 10% (at least 16 MiB); preflight measures them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(extend("pattern" = schema::SIZE_PATTERN, "minimum" = 1))]
-    pub size: Quantity,
+    pub size: Option<Quantity>,
+    /// The new size per volumeClaimTemplate (for a Deployment, per claim name), for requests
+    /// that move several: `{data: 1Gi, wal: 256Mi}`. A template it does not name takes `size`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub sizes: std::collections::BTreeMap<String, Quantity>,
 }
 
 /// The schema of the optional `oldPVReclaimPolicy`: a plain string enum. The derived schema of an
@@ -438,6 +449,22 @@ impl MemberStep {
         self == MemberStep::Done || self.left_alone()
     }
 
+    /// True for the steps that act on the member's claims (each of them in turn, see
+    /// `MemberStatus::claim_index`); false for those that act on its pod.
+    pub fn per_claim(self) -> bool {
+        matches!(
+            self,
+            MemberStep::CreatingClaim
+                | MemberStep::PreCopying
+                | MemberStep::Copying
+                | MemberStep::RetainingVolumes
+                | MemberStep::DeletingOldClaim
+                | MemberStep::DeletingTempClaim
+                | MemberStep::ReleasingNewVolume
+                | MemberStep::RecreatingClaim
+        )
+    }
+
     /// True from the final copy to the release of the new volume: the member is down, and no
     /// health gate is due before its claim is recreated.
     pub fn down_without_gate(self) -> bool {
@@ -567,8 +594,22 @@ pub struct Plan {
     pub target_storage_class: String,
     /// The size of the new volumes.
     pub target_size: Quantity,
+    /// The further volumeClaimTemplates (or a Deployment pod's further claims) that move in the
+    /// same stops as `volumeClaimTemplate`, each with the size of its new volumes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub further_templates: Vec<TemplateSize>,
     /// The members, in the order planned.
     pub members: Vec<PlannedMember>,
+}
+
+/// A further volumeClaimTemplate of a plan and the size its claims move to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateSize {
+    /// The volumeClaimTemplate (for a Deployment, the pod volume naming the claim).
+    pub name: String,
+    /// The storage request of its new volumes.
+    pub size: Quantity,
 }
 
 impl Plan {
@@ -610,6 +651,66 @@ pub struct PlannedMember {
     /// volume already are on the target class and size (it is not stopped).
     #[serde(default)]
     pub work: PlannedWork,
+    /// The member's further claims (one per further volumeClaimTemplate moved, or per further
+    /// claim of a Deployment's pod): they move in the same stop as `claim`, each through the
+    /// same steps, one after the other within each step.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub further_claims: Vec<PlannedClaim>,
+}
+
+/// One further claim of a member, moved in the same stop as its first ([`PlannedMember`]).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PlannedClaim {
+    /// The volumeClaimTemplate it was made from (for a Deployment, the pod volume naming it).
+    pub template: String,
+    /// The claim (keeps its name throughout).
+    pub claim: String,
+    /// The volume the claim was bound to at preflight (kept until the whole request succeeded).
+    pub old_volume: String,
+    /// The temporary claim the new volume is provisioned for.
+    pub temp_claim: String,
+    /// The claim's storage request at preflight.
+    pub old_size: Quantity,
+    /// The storage request of the new volume.
+    pub new_size: Quantity,
+    /// Bytes in use on the old volume, measured at preflight (Shrink).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub used_bytes: Option<i64>,
+}
+
+impl PlannedMember {
+    /// The member as the steps see it while they work on its claim `slot` (0: `claim`; `k`:
+    /// `furtherClaims[k-1]`): that claim's names and sizes in the member's own fields.
+    pub fn on_claim(&self, slot: usize) -> PlannedMember {
+        let mut m = self.clone();
+        if let Some(c) = slot.checked_sub(1).and_then(|k| self.further_claims.get(k)) {
+            m.claim = c.claim.clone();
+            m.old_volume = c.old_volume.clone();
+            m.temp_claim = c.temp_claim.clone();
+            m.old_size = c.old_size.clone();
+            m.new_size = c.new_size.clone();
+            m.used_bytes = c.used_bytes;
+        }
+        m
+    }
+
+    /// Every claim of the member, `claim` first, with its old and temporary claim and volumes.
+    pub fn claims(&self) -> Vec<PlannedMember> {
+        (0..=self.further_claims.len())
+            .map(|slot| self.on_claim(slot))
+            .collect()
+    }
+
+    /// The name the helpers of claim `slot` (its Jobs, its mounter pod) are named after: the
+    /// pod's for the first claim (as before further claims existed, so requests in flight find
+    /// theirs), `<pod>-<template>` for a further one.
+    pub fn helper_subject(&self, slot: usize) -> String {
+        match slot.checked_sub(1).and_then(|k| self.further_claims.get(k)) {
+            Some(c) => format!("{}-{}", self.pod, c.template),
+            None => self.pod.clone(),
+        }
+    }
 }
 
 /// What a request does to one member, decided at preflight.
@@ -720,6 +821,110 @@ pub struct MemberStatus {
     /// Where the member's data is, recorded when the request ends `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_location: Option<DataLocation>,
+    /// Which of the member's claims the step in progress works on: 0 for the plan's `claim`,
+    /// `k` for `furtherClaims[k-1]`. A step that acts on claims is taken for each in turn.
+    #[serde(default, skip_serializing_if = "is_zero_usize")]
+    pub claim_index: usize,
+    /// Where each further claim of the member stands (the plan's `furtherClaims`, in order);
+    /// the member's own fields above are its first claim's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub further_claims: Vec<ClaimStatus>,
+}
+
+/// Where one further claim of a member stands: the fields of [`MemberStatus`] that belong to a
+/// claim.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimStatus {
+    /// The claim.
+    pub claim: String,
+    /// The new volume, once provisioned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_volume: Option<String>,
+    /// The reclaim policy the old volume had before the swap set it to Retain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_volume_original_policy: Option<String>,
+    /// The reclaim policy the new volume had before the swap set it to Retain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_volume_original_policy: Option<String>,
+    /// Bytes the final copy transferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_copied: Option<i64>,
+    /// Files the final copy transferred.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files_copied: Option<i64>,
+    /// Bytes the final copy wrote to the new volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_written: Option<i64>,
+    /// When the verification found the copy identical to the original.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified: Option<Time>,
+    /// Regular files whose content the verification compared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_files: Option<i64>,
+    /// Where the claim's data is, recorded when the request ends `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_location: Option<DataLocation>,
+}
+
+impl MemberStatus {
+    /// The status of claim `slot` (0: the member's own fields; `k`: `furtherClaims[k-1]`).
+    pub fn claim_status(&self, slot: usize) -> ClaimStatus {
+        match slot.checked_sub(1) {
+            Some(k) => self.further_claims.get(k).cloned().unwrap_or_default(),
+            None => ClaimStatus {
+                claim: String::new(),
+                new_volume: self.new_volume.clone(),
+                old_volume_original_policy: self.old_volume_original_policy.clone(),
+                new_volume_original_policy: self.new_volume_original_policy.clone(),
+                bytes_copied: self.bytes_copied,
+                files_copied: self.files_copied,
+                bytes_written: self.bytes_written,
+                verified: self.verified.clone(),
+                verified_files: self.verified_files,
+                data_location: self.data_location.clone(),
+            },
+        }
+    }
+
+    /// The member as the steps see it while they work on its claim `slot`: that claim's
+    /// status in the member's own fields.
+    pub fn on_claim(&self, slot: usize) -> MemberStatus {
+        let mut ms = self.clone();
+        if slot > 0 {
+            ms.set_claim_fields(self.claim_status(slot));
+        }
+        ms
+    }
+
+    /// Writes `c` to claim `slot`'s fields.
+    pub fn set_claim_status(&mut self, slot: usize, c: ClaimStatus) {
+        match slot.checked_sub(1) {
+            Some(k) => {
+                if self.further_claims.len() <= k {
+                    self.further_claims.resize_with(k + 1, Default::default);
+                }
+                let slot = &mut self.further_claims[k];
+                *slot = ClaimStatus {
+                    claim: std::mem::take(&mut slot.claim),
+                    ..c
+                };
+            }
+            None => self.set_claim_fields(c),
+        }
+    }
+
+    fn set_claim_fields(&mut self, c: ClaimStatus) {
+        self.new_volume = c.new_volume;
+        self.old_volume_original_policy = c.old_volume_original_policy;
+        self.new_volume_original_policy = c.new_volume_original_policy;
+        self.bytes_copied = c.bytes_copied;
+        self.files_copied = c.files_copied;
+        self.bytes_written = c.bytes_written;
+        self.verified = c.verified;
+        self.verified_files = c.verified_files;
+        self.data_location = c.data_location;
+    }
 }
 
 /// Where a member's data is: the claim its pod mounts, that claim's volume and class.
@@ -755,6 +960,10 @@ pub enum DataState {
 }
 
 fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_usize(n: &usize) -> bool {
     *n == 0
 }
 

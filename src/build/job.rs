@@ -448,11 +448,12 @@ pub fn job(
     req: &StorageMigrationRequest,
     image: &ImageRef,
     member: &PlannedMember,
+    subject: &str,
     kind: JobKind,
     deadline_seconds: i64,
     verification: Verification,
 ) -> Job {
-    let metadata = job_metadata(req, member, kind);
+    let metadata = job_metadata(req, member, subject, kind);
     let pod_labels = metadata.labels.clone();
     Job {
         metadata,
@@ -479,9 +480,10 @@ pub fn job(
 fn job_metadata(
     req: &StorageMigrationRequest,
     member: &PlannedMember,
+    subject: &str,
     kind: JobKind,
 ) -> ObjectMeta {
-    let name = job_name(&req_name(req), &member.pod, kind);
+    let name = job_name(&req_name(req), subject, kind);
     let mut metadata = member_meta(req, name, &member.pod, true);
     let labels = metadata.labels.get_or_insert_with(Default::default);
     labels.insert(JOB_KIND_LABEL.to_string(), kind.as_str().to_string());
@@ -825,6 +827,7 @@ mod tests {
                 &req,
                 &testdata::image(),
                 &member,
+                &member.pod,
                 kind,
                 1200,
                 Verification::ChangedSince(1_700_000_000),
@@ -845,6 +848,7 @@ mod tests {
             req,
             &testdata::image(),
             &testdata::member(),
+            &testdata::member().pod,
             kind,
             60,
             verification,
@@ -933,6 +937,7 @@ mod tests {
                 &req,
                 &testdata::image(),
                 &member,
+                &member.pod,
                 kind,
                 1200,
                 Verification::Skip,
@@ -1000,6 +1005,7 @@ mod tests {
                 &testdata::request(),
                 &testdata::image(),
                 &testdata::member(),
+                &testdata::member().pod,
                 kind,
                 60,
                 Verification::Skip,
@@ -1044,6 +1050,7 @@ mod tests {
                 &req,
                 &testdata::image(),
                 &testdata::member(),
+                &testdata::member().pod,
                 kind,
                 60,
                 Verification::Skip,
@@ -1060,6 +1067,7 @@ mod tests {
             &testdata::request(),
             &testdata::image(),
             &testdata::member(),
+            &testdata::member().pod,
             JobKind::Copy,
             -5,
             Verification::Skip,

@@ -58,7 +58,7 @@ pub use stash::{
     STASH_BUDGET, data_size, stash_config_map, stash_decode, stash_encode, stash_fits,
 };
 pub use statefulset::{
-    original_retention_policy, parse_retention_policy, protected_retention_policy,
+    TemplateChange, original_retention_policy, parse_retention_policy, protected_retention_policy,
     recreated_statefulset, retention_needs_protection,
 };
 pub use volume::{claim_ref_patch, migrated_by_label_patch, reclaim_policy_patch};

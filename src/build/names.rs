@@ -88,7 +88,8 @@ pub fn temp_claim_name(req_name: &str, claim: &str) -> String {
     hashed_label(claim, "smr", &["temp-claim", req_name, claim])
 }
 
-/// Name of the Job of `kind` for member pod `pod`: `<pod>-<kind>-<hash6>`.
+/// Name of the Job of `kind` for member pod `pod` (for a member's further claim, `pod` is
+/// `<pod>-<template>`: see `PlannedMember::helper_subject`): `<pod>-<kind>-<hash6>`.
 ///
 /// Why ≤63: the Job controller copies the Job's name into the `job-name` label of its pods, a
 /// label value (≤63), and refuses longer names.
@@ -96,7 +97,8 @@ pub fn job_name(req_name: &str, pod: &str, kind: JobKind) -> String {
     hashed_label(pod, kind.as_str(), &["job", req_name, pod, kind.as_str()])
 }
 
-/// Name of the WaitForFirstConsumer mounter pod for member pod `pod`: `<pod>-mount-<hash6>`.
+/// Name of the WaitForFirstConsumer mounter pod for member pod `pod` (or `<pod>-<template>`, as
+/// for [`job_name`]): `<pod>-mount-<hash6>`.
 pub fn mounter_name(req_name: &str, pod: &str) -> String {
     hashed_label(pod, "mount", &["mounter", req_name, pod])
 }

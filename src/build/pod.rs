@@ -40,11 +40,16 @@ pub const MOUNTER_PATH: &str = "/target";
 /// privilege escalation, a read-only root and a read-only mount: it only holds the mount (see
 /// [`super::security`]). Its image is the Jobs' (the request's
 /// `moverImage`, else `image`, the operator's own), which the node pulls anyway.
-pub fn mounter_pod(req: &StorageMigrationRequest, image: &ImageRef, member: &PlannedMember) -> Pod {
+pub fn mounter_pod(
+    req: &StorageMigrationRequest,
+    image: &ImageRef,
+    member: &PlannedMember,
+    subject: &str,
+) -> Pod {
     Pod {
         metadata: member_meta(
             req,
-            mounter_name(&req_name(req), &member.pod),
+            mounter_name(&req_name(req), subject),
             &member.pod,
             true,
         ),
@@ -130,7 +135,7 @@ mod tests {
     fn mounter_pod_snapshot_and_invariants() {
         let req = testdata::request();
         let member = testdata::member();
-        let pod = mounter_pod(&req, &testdata::image(), &member);
+        let pod = mounter_pod(&req, &testdata::image(), &member, &member.pod);
         insta::assert_yaml_snapshot!(pod);
         let spec = pod.spec.clone().unwrap();
         assert!(
@@ -180,7 +185,7 @@ mod tests {
         // `plan::Settings::mover_image`), never the request's own.
         let mut own = req.clone();
         own.spec.copy.mover_image = Some("registry.test/my-mover:1".into());
-        let pod = mounter_pod(&own, &testdata::image(), &member);
+        let pod = mounter_pod(&own, &testdata::image(), &member, &member.pod);
         let image = pod.spec.unwrap().containers[0].image.clone();
         assert_eq!(image.as_deref(), Some(testdata::IMAGE));
     }

@@ -32,13 +32,19 @@ const RETENTION_FIELD: &str = "persistentVolumeClaimRetentionPolicy";
 /// Metadata keeps everything but server state (uid, resourceVersion, creationTimestamp,
 /// managedFields, generation, deletion fields, selfLink) and garbage-collector finalizers:
 /// ownerReferences stay (a set owned by a higher-level operator stays owned). Status is dropped.
-/// A `template` that names no claim template changes no template (preflight checks it exists).
+/// A change that names no claim template changes no template (preflight checks they exist).
 /// Fails only if the edited JSON no longer reads as a StatefulSet (it always does).
+/// The class and size one volumeClaimTemplate of the recreated set gets.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateChange {
+    pub template: String,
+    pub class: String,
+    pub size: Quantity,
+}
+
 pub fn recreated_statefulset(
     stashed: &Manifest<StatefulSet>,
-    template: &str,
-    class: &str,
-    size: &Quantity,
+    changes: &[TemplateChange],
     retention: Option<StatefulSetPersistentVolumeClaimRetentionPolicy>,
 ) -> Result<Manifest<StatefulSet>, BuildError> {
     let mut obj = for_create(stashed.raw(), &[]);
@@ -71,9 +77,12 @@ pub fn recreated_statefulset(
                 continue;
             };
             let name = claim.get("metadata").and_then(|m| m.get("name"));
-            if name.and_then(Value::as_str) != Some(template) {
+            let name = name.and_then(Value::as_str);
+            let Some(TemplateChange { class, size, .. }) =
+                changes.iter().find(|c| Some(c.template.as_str()) == name)
+            else {
                 continue;
-            }
+            };
             let meta = object_at(claim, "metadata");
             if let Some(Value::Object(annotations)) = meta.get_mut("annotations")
                 && annotations.remove(BETA_STORAGE_CLASS_ANNOTATION).is_some()
@@ -82,7 +91,7 @@ pub fn recreated_statefulset(
                 meta.remove("annotations");
             }
             let claim_spec = object_at(claim, "spec");
-            claim_spec.insert("storageClassName".to_string(), Value::from(class));
+            claim_spec.insert("storageClassName".to_string(), Value::from(class.as_str()));
             let requests = object_at(object_at(claim_spec, "resources"), "requests");
             requests.insert("storage".to_string(), Value::from(size.0.as_str()));
         }
@@ -153,6 +162,14 @@ pub fn parse_retention_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn change(template: &str, class: &str, size: &str) -> Vec<TemplateChange> {
+        vec![TemplateChange {
+            template: template.to_string(),
+            class: class.to_string(),
+            size: Quantity(size.to_string()),
+        }]
+    }
     use crate::build::{stash_decode, stash_encode, testdata};
 
     fn policy(deleted: &str, scaled: &str) -> StatefulSetPersistentVolumeClaimRetentionPolicy {
@@ -167,9 +184,7 @@ mod tests {
         let stashed = testdata::statefulset_manifest();
         let sts = recreated_statefulset(
             &stashed,
-            "data",
-            "fast",
-            &Quantity("1Gi".into()),
+            &change("data", "fast", "1Gi"),
             Some(policy("Delete", "Retain")),
         )
         .unwrap();
@@ -179,8 +194,7 @@ mod tests {
     #[test]
     fn recreated_statefulset_keeps_the_template_byte_for_byte() {
         let stashed = testdata::statefulset_manifest();
-        let sts = recreated_statefulset(&stashed, "data", "fast", &Quantity("256Mi".into()), None)
-            .unwrap();
+        let sts = recreated_statefulset(&stashed, &change("data", "fast", "256Mi"), None).unwrap();
         let (old, new) = (stashed.raw(), sts.raw());
         for field in [
             "template",
@@ -269,9 +283,7 @@ mod tests {
         assert_eq!(stashed, live);
         let sts = recreated_statefulset(
             &stashed,
-            "data",
-            "fast",
-            &Quantity("2Gi".into()),
+            &change("data", "fast", "2Gi"),
             Some(policy("Delete", "Retain")),
         )
         .unwrap();
@@ -297,8 +309,7 @@ mod tests {
         let mut raw = testdata::statefulset_manifest().into_raw();
         raw["metadata"]["finalizers"] = json!(["orphan", "example.com/keep"]);
         let stashed = Manifest::from_raw(raw).unwrap();
-        let sts =
-            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), None).unwrap();
+        let sts = recreated_statefulset(&stashed, &change("data", "fast", "1Gi"), None).unwrap();
         assert_eq!(
             sts.metadata.finalizers,
             Some(vec!["example.com/keep".to_string()])
@@ -307,16 +318,14 @@ mod tests {
         let mut raw = testdata::statefulset_manifest().into_raw();
         raw["metadata"]["finalizers"] = json!(["orphan", "foregroundDeletion"]);
         let stashed = Manifest::from_raw(raw).unwrap();
-        let sts =
-            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), None).unwrap();
+        let sts = recreated_statefulset(&stashed, &change("data", "fast", "1Gi"), None).unwrap();
         assert!(sts.raw()["metadata"].get("finalizers").is_none());
     }
 
     #[test]
     fn unknown_template_changes_nothing_but_retention() {
         let stashed = testdata::statefulset_manifest();
-        let sts =
-            recreated_statefulset(&stashed, "nope", "fast", &Quantity("1Gi".into()), None).unwrap();
+        let sts = recreated_statefulset(&stashed, &change("nope", "fast", "1Gi"), None).unwrap();
         assert_eq!(
             sts.raw()["spec"]["volumeClaimTemplates"],
             stashed.raw()["spec"]["volumeClaimTemplates"]
@@ -373,8 +382,7 @@ mod tests {
         let recorded = original_retention_policy(&stashed);
         let restored = parse_retention_policy(&recorded).unwrap();
         let sts =
-            recreated_statefulset(&stashed, "data", "fast", &Quantity("1Gi".into()), restored)
-                .unwrap();
+            recreated_statefulset(&stashed, &change("data", "fast", "1Gi"), restored).unwrap();
         assert_eq!(
             sts.spec
                 .clone()

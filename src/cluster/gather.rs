@@ -550,9 +550,13 @@ fn volume_names(
         .filter_map(|c| plan::claim_volume(c).map(str::to_string))
         .collect();
     if let Some(p) = &status.plan {
-        names.extend(p.members.iter().map(|m| m.old_volume.clone()));
+        let claims = p.members.iter().flat_map(|m| m.claims());
+        names.extend(claims.map(|c| c.old_volume));
     }
-    names.extend(status.members.iter().filter_map(|m| m.new_volume.clone()));
+    for m in &status.members {
+        let further = m.further_claims.iter().filter_map(|c| c.new_volume.clone());
+        names.extend(m.new_volume.clone().into_iter().chain(further));
+    }
     names
 }
 

@@ -184,8 +184,9 @@ fn deployments_that_cannot_be_stopped_safely_are_denied_naming_why() {
                 second.persistent_volume_claim.as_mut().unwrap().claim_name = "logs-web".into();
                 pod.volumes.as_mut().unwrap().push(second);
             }),
-            DenialReason::TemplateRequired,
-            "Deployment web mounts 2 claims (data-web, logs-web)",
+            // Every claim of the pod template moves: each must be there.
+            DenialReason::ClaimNotFound,
+            "claim logs-web of member web-7d9f-0 does not exist",
         ),
         (
             with_deployment(spec.clone(), |d| {

@@ -81,6 +81,7 @@ pub fn spec_class_change(to: &str) -> StorageMigrationRequestSpec {
             name: "etcd".to_string(),
         },
         volume_claim_template: None,
+        volume_claim_templates: Vec::new(),
         storage_class_change: Some(StorageClassChangeSpec {
             storage_class_name: to.to_string(),
         }),
@@ -99,7 +100,8 @@ pub fn spec_shrink(size: &str) -> StorageMigrationRequestSpec {
         type_: crate::api::MigrationType::Shrink,
         storage_class_change: None,
         shrink: Some(ShrinkSpec {
-            size: Quantity(size.to_string()),
+            size: Some(Quantity(size.to_string())),
+            sizes: Default::default(),
         }),
         ..spec_class_change("unused")
     }
@@ -480,6 +482,8 @@ pub struct JobScript {
     pub differences: i64,
     /// Jobs stay Running (e.g. to let a timeout expire).
     pub hang: bool,
+    /// Jobs whose name starts with this fail (e.g. one claim's copy: `etcd-1-wal-copy`).
+    pub fail_named: Option<String>,
 }
 
 impl JobScript {
@@ -1098,12 +1102,17 @@ impl Sim {
             }
         }
         // Released volumes: a deleted claim leaves its Retain volume with a stale claimRef.
-        for job in self.o.jobs.values_mut() {
+        for (name, job) in self.o.jobs.iter_mut() {
             if job.outcome != JobOutcome::Running || self.jobs.hang {
                 continue;
             }
             let kind = job.job.labels()[labels::JOB_KIND_LABEL].clone();
-            job.outcome = self.jobs.outcome(&kind, verifies_in_pod(&job.job));
+            job.outcome = match &self.jobs.fail_named {
+                Some(prefix) if name.starts_with(prefix.as_str()) => JobOutcome::Failed {
+                    reason: format!("{name} exited 23"),
+                },
+                _ => self.jobs.outcome(&kind, verifies_in_pod(&job.job)),
+            };
         }
         let now = self.o.now;
         for p in self.o.pods.values_mut() {

@@ -303,7 +303,12 @@ fn old_claim_intact(cx: &Ctx, m: &PlannedMember) -> bool {
 /// Forward: whether member `i` must hold still (it is then `Blocked`), or fail because its copy
 /// is stale; clears `Blocked` when nothing foreign is there. `Ok(false)`: its step may run.
 pub(crate) fn hold_member(cx: &mut Ctx, i: usize) -> Result<bool, Failure> {
-    let Some(ms) = cx.status.members.get(i).cloned() else {
+    let Some(ms) = cx
+        .status
+        .members
+        .get(i)
+        .map(|ms| ms.on_claim(ms.claim_index))
+    else {
         return Ok(false);
     };
     let Some(m) = member_plan(cx, &ms) else {
@@ -380,6 +385,7 @@ pub(crate) fn hold_stage(cx: &mut Ctx) -> bool {
     }
 }
 
+/// The member as planned, seen on the claim its step works on ([`PlannedMember::on_claim`]).
 fn member_plan(cx: &Ctx, ms: &MemberStatus) -> Option<PlannedMember> {
     cx.status
         .plan
@@ -387,7 +393,7 @@ fn member_plan(cx: &Ctx, ms: &MemberStatus) -> Option<PlannedMember> {
         .members
         .iter()
         .find(|m| m.pod == ms.pod)
-        .cloned()
+        .map(|m| m.on_claim(ms.claim_index))
 }
 
 /// The timeout's failure: [`Failure::BlockedUntilTimeout`] naming what appeared when something
@@ -414,6 +420,7 @@ pub(crate) fn hold_in_rollback(cx: &mut Ctx, i: usize) -> bool {
     if ms.held.is_some() {
         return true;
     }
+    let ms = ms.on_claim(ms.claim_index);
     let Some(m) = member_plan(cx, &ms) else {
         return false;
     };

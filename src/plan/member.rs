@@ -22,7 +22,7 @@ use super::{
     pod_ready, pod_ready_since, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
-use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember, VerifyMode};
+use crate::api::{ClaimStatus, MemberStatus, MemberStep, Plan, PlannedMember, VerifyMode};
 use crate::build::{self, JobKind, JobResult, Verification};
 use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
@@ -48,12 +48,23 @@ pub enum Mode {
     Rollback,
 }
 
-/// Everything one step function needs about its member.
+/// Everything one step function needs about its member, seen on the claim the step works on
+/// (`status.members[].claimIndex`): `m` and `ms` carry that claim's names, sizes and status in
+/// their own fields ([`PlannedMember::on_claim`], [`MemberStatus::on_claim`]), so a step acts
+/// on a further claim exactly as on the first.
 pub(super) struct Member {
     pub(super) i: usize,
     pub(super) m: PlannedMember,
     pub(super) ms: MemberStatus,
     pub(super) mode: Mode,
+    /// The claim the step works on (0: the plan's `claim`).
+    pub(super) slot: usize,
+    /// How many claims the member has.
+    pub(super) claims: usize,
+    /// What the claim's helpers (Jobs, mounter pod) are named after.
+    pub(super) subject: String,
+    /// The member as planned, every claim.
+    pub(super) planned: PlannedMember,
 }
 
 fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
@@ -72,7 +83,22 @@ fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
         .ok_or_else(|| Failure::NotInPlan {
             pod: ms.pod.clone(),
         })?;
-    Ok(Member { i, m, ms, mode })
+    Ok(on_claim(i, &m, &ms, mode, ms.claim_index))
+}
+
+/// The member seen on its claim `slot` (the last one when `slot` is past it).
+fn on_claim(i: usize, m: &PlannedMember, ms: &MemberStatus, mode: Mode, slot: usize) -> Member {
+    let slot = slot.min(m.further_claims.len());
+    Member {
+        i,
+        slot,
+        claims: m.further_claims.len() + 1,
+        subject: m.helper_subject(slot),
+        ms: ms.on_claim(slot),
+        m: m.on_claim(slot),
+        planned: m.clone(),
+        mode,
+    }
 }
 
 /// Runs the member in flight forward, each step behind the checks for foreign objects
@@ -95,10 +121,11 @@ pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
         let (from, acted_before) = (step_of(cx, i), cx.actions.len());
         step(cx, i, Mode::Forward)?;
         let to = step_of(cx, i);
+        let to_step = to.map(|(step, _)| step);
         let acted = cx.actions[acted_before..]
             .iter()
             .any(|a| !matches!(a, Action::Event { .. }));
-        let passable = to.is_some_and(|s| {
+        let passable = to_step.is_some_and(|s| {
             machine::PASSED_IN_ONE_DECISION.contains(&s)
                 && (health_read || s != MemberStep::RecreatingPod)
         });
@@ -109,8 +136,9 @@ pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
     Ok(())
 }
 
-fn step_of(cx: &Ctx, i: usize) -> Option<MemberStep> {
-    cx.status.members.get(i).map(|m| m.step)
+/// The member's step and the claim it works on.
+fn step_of(cx: &Ctx, i: usize) -> Option<(MemberStep, usize)> {
+    cx.status.members.get(i).map(|m| (m.step, m.claim_index))
 }
 
 /// Runs the member's current step.
@@ -140,9 +168,17 @@ pub(crate) fn step(cx: &mut Ctx, i: usize, mode: Mode) -> Result<(), Failure> {
 }
 
 /// Records the member's next step (the next decision carries it out, or this one: see
-/// [`forward`]).
+/// [`forward`]). A step that acts on claims ([`MemberStep::per_claim`]) is taken for each of the
+/// member's claims in turn: done with one that is not the last, it moves on to the next claim
+/// and stays; done with the last, the member advances, back on its first claim.
 pub(super) fn advance(cx: &mut Ctx, mb: &Member, next: MemberStep) {
-    cx.advance_member(mb.i, next);
+    let next_claim = mb.ms.step.per_claim() && mb.slot + 1 < mb.claims;
+    if let Some(ms) = cx.status.members.get_mut(mb.i) {
+        ms.claim_index = if next_claim { mb.slot + 1 } else { 0 };
+    }
+    if !next_claim {
+        cx.advance_member(mb.i, next);
+    }
     cx.requeue = Duration::ZERO;
 }
 
@@ -150,8 +186,18 @@ pub(super) fn ms_mut<'c>(cx: &'c mut Ctx, mb: &Member) -> Option<&'c mut MemberS
     cx.status.members.get_mut(mb.i)
 }
 
+/// Changes the status of the claim the step works on (the member's own fields for its first
+/// claim, `furtherClaims[k-1]` for claim `k`).
+fn record_claim(cx: &mut Ctx, mb: &Member, change: impl FnOnce(&mut ClaimStatus)) {
+    if let Some(ms) = cx.status.members.get_mut(mb.i) {
+        let mut c = ms.claim_status(mb.slot);
+        change(&mut c);
+        ms.set_claim_status(mb.slot, c);
+    }
+}
+
 fn job_outcome<'o>(cx: &Ctx<'o>, mb: &Member, kind: JobKind) -> Option<&'o JobOutcome> {
-    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    let name = build::job_name(&cx.name(), &mb.subject, kind);
     cx.o.jobs.get(&name).map(|j| &j.outcome)
 }
 
@@ -169,7 +215,15 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     }
     let copy = &cx.spec().copy;
     let verify = verification(copy.verify, copy.verify_mode, copy_started.as_ref());
-    let job = build::job(&cx.req, &cx.image, &mb.m, kind, deadline, verify);
+    let job = build::job(
+        &cx.req,
+        &cx.image,
+        &mb.m,
+        &mb.subject,
+        kind,
+        deadline,
+        verify,
+    );
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
 }
@@ -199,7 +253,7 @@ fn run_job(
     kind: JobKind,
     failed: impl FnOnce(String) -> Failure,
 ) -> Result<Option<Option<JobResult>>, Failure> {
-    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    let name = build::job_name(&cx.name(), &mb.subject, kind);
     let job = cx.o.jobs.get(&name);
     if job.is_some_and(|j| is_terminating(&j.job)) {
         // An evicted Job being replaced: wait until it is gone.
@@ -308,7 +362,7 @@ fn too_full(mb: &Member, result: &JobResult) -> Option<Failure> {
 
 /// Puts the running copy's latest progress reading, if any, in the member's status.
 fn record_progress(cx: &mut Ctx, mb: &Member, kind: JobKind) {
-    let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+    let name = build::job_name(&cx.name(), &mb.subject, kind);
     let progress = cx.o.jobs.get(&name).and_then(|j| j.progress.clone());
     if let (Some(p), Some(ms)) = (progress, ms_mut(cx, mb)) {
         ms.copy_progress = Some(p);
@@ -353,7 +407,7 @@ fn count_eviction(cx: &mut Ctx, mb: &Member, why: &str) -> Result<(), String> {
 /// Deletes the member's Jobs of these kinds that still exist.
 fn delete_jobs(cx: &mut Ctx, mb: &Member, kinds: &[JobKind]) {
     for &kind in kinds {
-        let name = build::job_name(&cx.name(), &mb.m.pod, kind);
+        let name = build::job_name(&cx.name(), &mb.subject, kind);
         if let Some(job) = cx.o.jobs.get(&name)
             && !is_terminating(&job.job)
         {
@@ -420,7 +474,7 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
     let target = cx.o.storage_classes.get(&plan.target_storage_class);
     let wffc = target.is_some_and(class_is_wffc);
-    let mounter = build::mounter_name(&cx.name(), &m.pod);
+    let mounter = build::mounter_name(&cx.name(), &mb.subject);
     let Some(temp) = cx.o.claims.get(&m.temp_claim) else {
         return create_temp_claim(cx, mb, &plan, wffc);
     };
@@ -451,11 +505,10 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 fn mounter_pod(cx: &mut Ctx, mb: &Member, mounter: String) -> Result<(), Failure> {
     let m = &mb.m;
     let Some(pod) = cx.o.helper_pods.get(&mounter) else {
-        let pod = build::Manifest::from_typed(build::mounter_pod(&cx.req, &cx.image, m)).map_err(
-            |e| Failure::MounterPod {
-                error: e.to_string(),
-            },
-        )?;
+        let mounter_pod = build::mounter_pod(&cx.req, &cx.image, m, &mb.subject);
+        let pod = build::Manifest::from_typed(mounter_pod).map_err(|e| Failure::MounterPod {
+            error: e.to_string(),
+        })?;
         cx.act(Action::Create(Object::Pod(Box::new(pod))));
         return Ok(());
     };
@@ -516,9 +569,7 @@ fn temp_claim_bound(
 ) -> Result<(), Failure> {
     let m = &mb.m;
     if mb.ms.new_volume.as_deref() != Some(volume) {
-        if let Some(ms) = ms_mut(cx, mb) {
-            ms.new_volume = Some(volume.to_string());
-        }
+        record_claim(cx, mb, |c| c.new_volume = Some(volume.to_string()));
         cx.requeue = Duration::ZERO;
         return Ok(());
     }
@@ -539,8 +590,10 @@ fn temp_claim_bound(
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
-    let original = cx.o.claims.get(&m.claim);
-    let pre_copy = cx.spec().copy.pre_copy && !original.is_some_and(is_rwop);
+    // One choice for every claim of the member: none is pre-copied if one is ReadWriteOncePod.
+    let any_rwop =
+        (mb.planned.claims().iter()).any(|c| cx.o.claims.get(&c.claim).is_some_and(is_rwop));
+    let pre_copy = cx.spec().copy.pre_copy && !any_rwop;
     advance(
         cx,
         mb,
@@ -788,11 +841,11 @@ fn record_copy(cx: &mut Ctx, mb: &Member, copied: Option<&JobResult>) {
     let bytes = copied.and_then(|r| r.bytes).unwrap_or(0);
     let files = copied.and_then(|r| r.files).unwrap_or(0);
     let written = copied.and_then(|r| r.literal_bytes);
-    if let Some(ms) = ms_mut(cx, mb) {
-        ms.bytes_copied = Some(bytes);
-        ms.files_copied = Some(files);
-        ms.bytes_written = written;
-    }
+    record_claim(cx, mb, |c| {
+        c.bytes_copied = Some(bytes);
+        c.files_copied = Some(files);
+        c.bytes_written = written;
+    });
     let wrote = match (written, copied.and_then(|r| r.mode)) {
         (Some(w), Some(build::CopyMode::Delta)) => format!(
             " (delta transfer: wrote {})",
@@ -824,10 +877,10 @@ fn record_verified(cx: &mut Ctx, mb: &Member, result: Option<&JobResult>) {
     let m = &mb.m;
     let now = cx.now.clone();
     let checked = result.and_then(|r| r.checked_files);
-    if let Some(ms) = ms_mut(cx, mb) {
-        ms.verified = Some(now);
-        ms.verified_files = checked;
-    }
+    record_claim(cx, mb, |c| {
+        c.verified = Some(now);
+        c.verified_files = checked;
+    });
     let what = match (result.and_then(|r| r.verify_mode), checked) {
         (Some(VerifyMode::Changed), Some(n)) => format!(
             "in metadata, and in content for the {n} files changed since the first copy pass"
@@ -988,12 +1041,12 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     };
     // Recorded in the status, which is written before any action of this decision (status
     // first): a patch below never runs unless the original policy is on record.
-    if let Some(ms) = ms_mut(cx, mb) {
-        ms.old_volume_original_policy
+    record_claim(cx, mb, |c| {
+        c.old_volume_original_policy
             .get_or_insert_with(|| volume_policy(&old));
-        ms.new_volume_original_policy
+        c.new_volume_original_policy
             .get_or_insert_with(|| volume_policy(&new));
-    }
+    });
     let mut patched = false;
     for (name, pv) in [(&m.old_volume, &old), (&new_name, &new)] {
         if volume_policy(pv) != "Retain" {
@@ -1441,9 +1494,9 @@ fn undo_helpers(cx: &mut Ctx, mb: &Member) -> bool {
     let m = &mb.m;
     let mut pending = ALL_JOBS
         .iter()
-        .any(|kind| (cx.o.jobs).contains_key(&build::job_name(&cx.name(), &m.pod, *kind)));
+        .any(|kind| (cx.o.jobs).contains_key(&build::job_name(&cx.name(), &mb.subject, *kind)));
     delete_jobs(cx, mb, &ALL_JOBS);
-    let mounter = build::mounter_name(&cx.name(), &m.pod);
+    let mounter = build::mounter_name(&cx.name(), &mb.subject);
     if let Some(pod) = cx.o.helper_pods.get(&mounter) {
         pending = true;
         if !is_terminating(pod) {
@@ -1468,15 +1521,11 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
     let Ok(mb) = member(cx, i, Mode::Rollback) else {
         return;
     };
-    let m = &mb.m;
-    let mut pending = undo_helpers(cx, &mb);
-    if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
-        pending = true;
-        if !is_terminating(temp) {
-            let uid = temp.uid();
-            cx.delete(Kind::Claim, m.temp_claim.clone(), uid);
-        }
+    let mut pending = false;
+    for slot in 0..mb.claims {
+        pending |= undo_claim(cx, &member_on(cx, &mb, slot));
     }
+    let m = &mb.planned;
     if scaled::is_scaled(cx) {
         // A Deployment's pods: it is scaled back, not the pod recreated.
         pending |= scaled::restore_replicas(cx);
@@ -1488,6 +1537,27 @@ pub(crate) fn undo(cx: &mut Ctx, i: usize) {
         return;
     }
     rolled_back(cx, i, m);
+}
+
+/// The member `mb` seen on its claim `slot`.
+fn member_on(cx: &Ctx, mb: &Member, slot: usize) -> Member {
+    let ms = cx.status.members.get(mb.i).cloned().unwrap_or_default();
+    on_claim(mb.i, &mb.planned, &ms, mb.mode, slot)
+}
+
+/// Rollback of one claim of a member whose swap had not begun: its helpers and its temporary
+/// claim deleted. True while that is pending.
+fn undo_claim(cx: &mut Ctx, mb: &Member) -> bool {
+    let m = &mb.m;
+    let mut pending = undo_helpers(cx, mb);
+    if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
+        pending = true;
+        if !is_terminating(temp) {
+            let uid = temp.uid();
+            cx.delete(Kind::Claim, m.temp_claim.clone(), uid);
+        }
+    }
+    pending
 }
 
 /// Rollback: the member's pod back on its untouched claim, from its stash (unless it is there,
@@ -1522,10 +1592,12 @@ fn bring_pod_back(cx: &mut Ctx, m: &PlannedMember) -> bool {
 /// The member's rollback is done: `RolledBack`, saying where its data stays.
 fn rolled_back(cx: &mut Ctx, i: usize, m: &PlannedMember) {
     let plan = cx.status.plan.clone().unwrap_or_default();
+    let claims: Vec<String> = (m.claims().iter())
+        .map(|c| format!("claim {} (volume {}", c.claim, c.old_volume))
+        .collect();
     let message = format!(
-        "rolled back: data stays on claim {} (volume {}, StorageClass {})",
-        m.claim,
-        m.old_volume,
+        "rolled back: data stays on {}, StorageClass {})",
+        claims.join("), "),
         plan.source_storage_class.as_deref().unwrap_or("?")
     );
     cx.advance_member(i, MemberStep::RolledBack);

@@ -71,6 +71,8 @@ pub(crate) mod fixtures;
 #[cfg(test)]
 mod foreign_tests;
 #[cfg(test)]
+mod templates_tests;
+#[cfg(test)]
 mod tests;
 
 /// Condition set when the spec changed after acceptance (the accepted spec is kept).

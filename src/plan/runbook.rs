@@ -34,7 +34,7 @@ macro_rules! sections {
 
 sections! {
     DeniedInvalidSpec => "denied-invalidspec",
-    DeniedTarget => "denied-targetnotfound-claimunused-unsupportedowner-templatenotfound-templaterequired-nomembers",
+    DeniedTarget => "denied-targetnotfound-claimunused-unsupportedowner-templatenotfound-nomembers",
     DeniedForeignOwner => "denied-foreignowner",
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
     DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
@@ -117,8 +117,9 @@ impl From<DenialReason> for Section {
         use DenialReason::*;
         match r {
             InvalidSpec => Section::DeniedInvalidSpec,
-            TargetNotFound | ClaimUnused | UnsupportedOwner | TemplateNotFound
-            | TemplateRequired | NoMembers => Section::DeniedTarget,
+            TargetNotFound | ClaimUnused | UnsupportedOwner | TemplateNotFound | NoMembers => {
+                Section::DeniedTarget
+            }
             ForeignOwner => Section::DeniedForeignOwner,
             UnsupportedVolumeMode
             | ClaimNotFound

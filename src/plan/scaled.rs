@@ -156,7 +156,10 @@ pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         format!(
             "Deployment {name} is scaled to zero (from {recorded} replicas) and its pods are \
              gone; copying claim {}",
-            mb.m.claim
+            (mb.planned.claims().iter())
+                .map(|c| c.claim.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
     );
     Ok(())

@@ -67,8 +67,8 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
             policy: PROTECTED_RETENTION_POLICY.to_string(),
         });
     }
-    for m in &plan.members {
-        protect_claim(cx, &plan.stateful_set, m);
+    for c in plan.members.iter().flat_map(PlannedMember::claims) {
+        protect_claim(cx, &plan.stateful_set, &c);
     }
     if !cx.actions.is_empty() {
         return Ok(());
@@ -223,24 +223,42 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The class and size the recreated StatefulSet's template gets: the target when every member
-/// is migrated, else the original template's.
-fn template_fit(cx: &Ctx, plan: &Plan, stashed: &StatefulSet) -> (String, Quantity) {
-    let all_done = cx.status.members.iter().all(|m| m.step.settled());
-    if all_done {
-        return (plan.target_storage_class.clone(), plan.target_size.clone());
+/// The class and size each changed template of the recreated StatefulSet gets: the target when
+/// every member is migrated, else the original template's. None for a claim target: it keeps
+/// every template, the other members' claims did not move.
+fn template_changes(cx: &Ctx, plan: &Plan, stashed: &StatefulSet) -> Vec<build::TemplateChange> {
+    if plan.target_claim.is_some() {
+        return Vec::new();
     }
-    let original = choose_template(stashed, Some(&plan.volume_claim_template)).ok();
-    let class = original
-        .as_ref()
-        .and_then(|t| claim_class(t).map(str::to_string))
-        .or_else(|| plan.source_storage_class.clone())
-        .unwrap_or_default();
-    let size = original
-        .as_ref()
-        .and_then(|t| claim_request(t).cloned())
-        .unwrap_or_else(|| plan.target_size.clone());
-    (class, size)
+    let all_done = cx.status.members.iter().all(|m| m.step.settled());
+    let first = (plan.volume_claim_template.clone(), plan.target_size.clone());
+    let further = (plan.further_templates.iter()).map(|t| (t.name.clone(), t.size.clone()));
+    let change = |(template, size): (String, Quantity)| {
+        if all_done {
+            let class = plan.target_storage_class.clone();
+            return build::TemplateChange {
+                template,
+                class,
+                size,
+            };
+        }
+        let original = choose_template(stashed, &template).ok();
+        let class = original
+            .as_ref()
+            .and_then(|t| claim_class(t).map(str::to_string))
+            .or_else(|| plan.source_storage_class.clone())
+            .unwrap_or_default();
+        let size = original
+            .as_ref()
+            .and_then(|t| claim_request(t).cloned())
+            .unwrap_or(size);
+        build::TemplateChange {
+            template,
+            class,
+            size,
+        }
+    };
+    std::iter::once(first).chain(further).map(change).collect()
 }
 
 fn recreate_stateful_set(
@@ -248,12 +266,7 @@ fn recreate_stateful_set(
     plan: &Plan,
     stashed: &Manifest<StatefulSet>,
 ) -> Result<(), Failure> {
-    let (class, size) = template_fit(cx, plan, stashed);
-    // A claim target keeps every template: the other members' claims did not move.
-    let template = match plan.target_claim {
-        Some(_) => "",
-        None => plan.volume_claim_template.as_str(),
-    };
+    let changes = template_changes(cx, plan, stashed);
     let retention = match cx.status.original_retention_policy.as_deref() {
         Some(json) => {
             build::parse_retention_policy(json).map_err(|e| Failure::RetentionPolicy {
@@ -265,10 +278,9 @@ fn recreate_stateful_set(
             .as_ref()
             .and_then(|s| s.persistent_volume_claim_retention_policy.clone()),
     };
-    let built =
-        build::recreated_statefulset(stashed, template, &class, &size, retention).and_then(|set| {
-            set.with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
-        });
+    let built = build::recreated_statefulset(stashed, &changes, retention).and_then(|set| {
+        set.with_annotation(labels::CREATED_BY_REQUEST_ANNOTATION, &foreign::marker(cx))
+    });
     let set = match built {
         Ok(set) => set,
         Err(e) => {
@@ -280,9 +292,17 @@ fn recreate_stateful_set(
             return Ok(());
         }
     };
-    let with = match template {
-        "" => "its volumeClaimTemplates unchanged".to_string(),
-        t => format!("template {t} on StorageClass {class} ({})", size.0),
+    let with = match changes.as_slice() {
+        [] => "its volumeClaimTemplates unchanged".to_string(),
+        changes => (changes.iter())
+            .map(|c| {
+                format!(
+                    "template {} on StorageClass {} ({})",
+                    c.template, c.class, c.size.0
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
     };
     cx.event(
         EventType::Normal,
@@ -468,8 +488,8 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
             });
         }
     }
-    for m in &plan.members {
-        let mounter = build::mounter_name(&cx.name(), &m.pod);
+    for (m, subject) in plan.members.iter().flat_map(claims_with_subjects) {
+        let mounter = build::mounter_name(&cx.name(), &subject);
         if let Some(pod) = cx.o.helper_pods.get(&mounter) {
             pending = true;
             if !is_terminating(pod) {
@@ -540,12 +560,14 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
             continue;
         };
-        if restore_old {
-            settle_old_volume(cx, m, &ms);
-        } else {
-            label_old_volume(cx, m);
+        for (m, ms) in claim_views(m, &ms) {
+            if restore_old {
+                settle_old_volume(cx, &m, &ms);
+            } else {
+                label_old_volume(cx, &m);
+            }
+            restore_new_volume_policy(cx, &ms);
         }
-        restore_new_volume_policy(cx, &ms);
     }
     let pending = clean_up(cx, &plan) | delete_stash(cx);
     let mut note = note;
@@ -573,8 +595,8 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
 fn cleanup_gave_up(cx: &mut Ctx, plan: &Plan) -> String {
     let mut left: Vec<String> = Vec::new();
     left.extend(cx.o.jobs.keys().map(|j| format!("Job {j}")));
-    for m in &plan.members {
-        let mounter = build::mounter_name(&cx.name(), &m.pod);
+    for (m, subject) in plan.members.iter().flat_map(claims_with_subjects) {
+        let mounter = build::mounter_name(&cx.name(), &subject);
         if cx.o.helper_pods.contains_key(&mounter) {
             left.push(format!("pod {mounter}"));
         }
@@ -663,7 +685,7 @@ fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
     pending_until_timeout(cx, reason)
 }
 
-/// Generic: every migrated member's verification is on record; with verification off nothing
+/// Generic: every migrated member's verification is on record (of each of its claims); with verification off nothing
 /// vouches for the copies and the old volumes stay on Retain.
 fn generic_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
     if !cx.spec().copy.verify {
@@ -676,7 +698,11 @@ fn generic_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
         .status
         .members
         .iter()
-        .filter(|m| m.step == MemberStep::Done && m.verified.is_none())
+        .filter(|m| {
+            let unverified =
+                m.verified.is_none() || m.further_claims.iter().any(|c| c.verified.is_none());
+            m.step == MemberStep::Done && unverified
+        })
         .map(|m| m.pod.as_str())
         .collect();
     if !unverified.is_empty() {
@@ -937,12 +963,14 @@ fn rollback_waits_for(cx: &Ctx, plan: &Plan) -> String {
                 node.as_deref().unwrap_or("none")
             ));
         }
-        let mounter = build::mounter_name(&cx.name(), &m.pod);
-        if cx.o.helper_pods.contains_key(&mounter) {
-            what.push(format!("pod {mounter} to be deleted"));
-        }
-        if cx.o.claims.contains_key(&m.temp_claim) {
-            what.push(format!("temporary claim {} to be deleted", m.temp_claim));
+        for (c, subject) in claims_with_subjects(m) {
+            let mounter = build::mounter_name(&cx.name(), &subject);
+            if cx.o.helper_pods.contains_key(&mounter) {
+                what.push(format!("pod {mounter} to be deleted"));
+            }
+            if cx.o.claims.contains_key(&c.temp_claim) {
+                what.push(format!("temporary claim {} to be deleted", c.temp_claim));
+            }
         }
     }
     what.extend(cx.o.jobs.keys().map(|j| format!("Job {j} to be deleted")));
@@ -973,9 +1001,12 @@ fn roll_back(cx: &mut Ctx, plan: &Plan) -> Result<(), Failure> {
         if ms.step != MemberStep::Done {
             continue;
         }
-        restore_new_volume_policy(cx, &ms);
-        if let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) {
-            label_old_volume(cx, m);
+        let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
+            continue;
+        };
+        for (m, ms) in claim_views(m, &ms) {
+            restore_new_volume_policy(cx, &ms);
+            label_old_volume(cx, &m);
         }
     }
     let pending = clean_up(cx, plan);
@@ -1089,13 +1120,17 @@ fn data_locations(cx: &mut Ctx, plan: &Plan) -> String {
             details.push(format!("{} {held}", m.pod));
             continue;
         }
-        let location = data_location(cx, plan, m, &ms);
-        by_class
-            .entry(location.storage_class.clone())
-            .or_default()
-            .push(m.pod.clone());
-        details.push(describe_location(m, &ms, &location));
-        cx.status.members[i].data_location = Some(location);
+        for (slot, (m, ms)) in claim_views(m, &ms).into_iter().enumerate() {
+            let location = data_location(cx, plan, &m, &ms);
+            let pods = by_class.entry(location.storage_class.clone()).or_default();
+            if !pods.contains(&m.pod) {
+                pods.push(m.pod.clone());
+            }
+            details.push(describe_location(&m, &ms, &location));
+            let mut c = cx.status.members[i].claim_status(slot);
+            c.data_location = Some(location);
+            cx.status.members[i].set_claim_status(slot, c);
+        }
     }
     let summary: Vec<String> = by_class
         .iter()
@@ -1179,4 +1214,19 @@ fn describe_location(m: &PlannedMember, ms: &MemberStatus, l: &DataLocation) -> 
              request, untouched)"
         ),
     }
+}
+
+/// Each claim of a member, `m` and `ms` seen on it ([`PlannedMember::on_claim`],
+/// [`MemberStatus::on_claim`]), the first claim first.
+fn claim_views(m: &PlannedMember, ms: &MemberStatus) -> Vec<(PlannedMember, MemberStatus)> {
+    (0..=m.further_claims.len())
+        .map(|slot| (m.on_claim(slot), ms.on_claim(slot)))
+        .collect()
+}
+
+/// Each claim of a member (`m` seen on it) with the name its helpers are named after.
+fn claims_with_subjects(m: &PlannedMember) -> Vec<(PlannedMember, String)> {
+    (0..=m.further_claims.len())
+        .map(|slot| (m.on_claim(slot), m.helper_subject(slot)))
+        .collect()
 }

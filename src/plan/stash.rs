@@ -198,10 +198,12 @@ pub fn read_stash(
         if let Some(p) = decode_entry(data, &key, Some(&m.pod), manifest_name, &mut errors) {
             stash.pods.insert(m.pod.clone(), p);
         }
-        let key = StashKey::Claim(m.claim.clone());
-        let claim_name = |c: &PersistentVolumeClaim| c.name_any();
-        if let Some(c) = decode_entry(data, &key, Some(&m.claim), claim_name, &mut errors) {
-            stash.claims.insert(m.claim.clone(), c);
+        for claim in m.claims().into_iter().map(|c| c.claim) {
+            let key = StashKey::Claim(claim.clone());
+            let claim_name = |c: &PersistentVolumeClaim| c.name_any();
+            if let Some(c) = decode_entry(data, &key, Some(&claim), claim_name, &mut errors) {
+                stash.claims.insert(claim, c);
+            }
         }
     }
     stash.errors = errors;

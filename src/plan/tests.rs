@@ -117,7 +117,7 @@ fn denials_name_the_problem() {
             "logs",
         ),
         (
-            "two templates",
+            "two templates, the second's claims missing",
             |o| {
                 o.stateful_set.as_mut().unwrap().update(|s| {
                     let spec = s.spec.as_mut().unwrap();
@@ -126,8 +126,9 @@ fn denials_name_the_problem() {
                     spec.volume_claim_templates.as_mut().unwrap().push(logs);
                 });
             },
-            "TemplateRequired",
-            "data, logs",
+            // Every template moves when none is named: its claims must be there.
+            "ClaimNotFound",
+            "claim logs-etcd-0 of member etcd-0 does not exist",
         ),
         (
             "block volume",

@@ -287,6 +287,12 @@ async fn describe(client: Client, ns: &str, name: &str) -> anyhow::Result<u8> {
         let planned = (s.plan.as_ref()).and_then(|p| p.members.iter().find(|p| p.pod == m.pod));
         println!("  {} {:?}", m.pod, m.step);
         println!("    {:<12} {}", "data", render::data_location(m, planned));
+        // A member's further claims (a further volumeClaimTemplate each) move in its stop.
+        for (k, c) in planned.iter().flat_map(|p| &p.further_claims).enumerate() {
+            let (view, planned) = (m.on_claim(k + 1), planned.map(|p| p.on_claim(k + 1)));
+            let location = render::data_location(&view, planned.as_ref());
+            println!("    {:<12} {location}", c.template);
+        }
         print_lines(&render::member_times(m));
     }
     println!("Events:");

@@ -174,6 +174,15 @@ pub fn plan_lines(plan: &Plan) -> Vec<String> {
             "Claim {claim} (StatefulSet {}, template {}; the set keeps its templates)",
             plan.stateful_set, plan.volume_claim_template
         ),
+        (None, _) if !plan.further_templates.is_empty() => format!(
+            "StatefulSet {} templates {}, {} (each member's claims in one stop)",
+            plan.stateful_set,
+            plan.volume_claim_template,
+            (plan.further_templates.iter())
+                .map(|t| format!("{} ({})", t.name, t.size.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
         (None, _) => format!(
             "StatefulSet {} template {}",
             plan.stateful_set, plan.volume_claim_template
@@ -191,6 +200,21 @@ pub fn plan_lines(plan: &Plan) -> Vec<String> {
     ];
     for (i, m) in plan.members.iter().enumerate() {
         lines.push(planned_member_line(i + 1, m));
+        for c in &m.further_claims {
+            lines.push(format!(
+                "  {:<3} {:<12} {:<9} {:<16} {:<22} {} -> {}{}",
+                "",
+                "",
+                "",
+                "(same stop)",
+                c.claim,
+                c.old_size.0,
+                c.new_size.0,
+                c.used_bytes
+                    .map(|u| format!(" (used {})", bytes(u)))
+                    .unwrap_or_default()
+            ));
+        }
     }
     lines
 }
@@ -224,7 +248,7 @@ pub fn shrink_measurement_lines(plan: &Plan) -> Vec<String> {
          16 MiB) fit the new size:"
             .to_string(),
     ];
-    for m in &plan.members {
+    for m in plan.members.iter().flat_map(PlannedMember::claims) {
         let most = (crate::plan::quantity::bytes(&m.new_size))
             .and_then(|b| i64::try_from(b).ok())
             .map(preflight::max_used_bytes);
@@ -502,6 +526,7 @@ mod tests {
             used_bytes: None,
             role: Some(Role::Leader),
             work: crate::api::PlannedWork::Migrate,
+            further_claims: Vec::new(),
         }
     }
 
@@ -517,6 +542,7 @@ mod tests {
             target_storage_class: "standard".into(),
             target_size: Quantity("512Mi".into()),
             members: vec![planned()],
+            further_templates: Vec::new(),
         };
         let lines = plan_lines(&plan);
         assert_eq!(

@@ -13,9 +13,14 @@ use kube::ResourceExt;
 use super::{
     Denial, claim_target, classes, deployment, health, members, mover, owner, spec, target,
 };
-use crate::api::{ApplyPolicy, MigrationType, Plan, PlannedMember, PlannedWork, TargetKind};
+use crate::api::{
+    ApplyPolicy, MigrationType, Plan, PlannedClaim, PlannedMember, PlannedWork, TargetKind,
+    TemplateSize,
+};
 use crate::plan::observe::{self, Workload};
-use crate::plan::{Ctx, Observed, Settings};
+use crate::plan::{
+    Ctx, Observed, Settings, claim_class, claim_request, claim_volume, quantity, volume_class,
+};
 
 /// Whether the checks stop at the first denial.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +94,7 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
             MigrationType::Shrink => spec::check_shrink_spec(spec),
         }
     );
+    check!(c, spec::check_template_names(spec));
     check!(c, spec::check_timeout(&spec.timeout));
     check!(c, spec::check_pre_copy_bandwidth(&spec.copy));
     check!(c, spec::check_target_name(&spec.target.name));
@@ -105,34 +111,23 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         Workload::Pod(name) => return bare_pod_checks(cx, c, &namespace, &name),
         Workload::StatefulSet(_) | Workload::None => {}
     }
-    let Target {
-        set,
-        set_name,
-        template,
-        claim_member,
-    } = target(cx, c, &namespace)?;
-
-    let names = members::Names {
-        request: cx.name(),
-        set: set_name.clone(),
-        template: template.name_any(),
-    };
-    let (mut members, claim_classes) = set_members(cx, c, set, &names)?;
-    if let Some(m) = &claim_member {
-        claim_target::mark_not_targeted(&mut members, m.ordinal);
+    let mut target = target(cx, c, &namespace)?;
+    let unnamed = spec.volume_claim_template.is_none() && spec.volume_claim_templates.is_empty();
+    if unnamed && target.claim_member.is_none() {
+        skip_templates_already_there(cx, &mut target);
     }
-    // Classes and sizes; members already there (an earlier request moved them) are skipped.
-    // A claim target keeps the template: only its claim is compared with the target.
-    let changed_template = claim_member.is_none().then_some(&template);
-    let target = target_class_and_size(cx, c, changed_template, &mut members, &claim_classes);
-    if c.stop() {
-        return None;
+    let mut moves = Vec::new();
+    for template in &target.templates {
+        moves.push(template_members(cx, c, &target, template)?);
     }
+    let (first, further) = moves.split_first()?;
+    let (members, further_templates) = merge_templates(first, further);
     check!(
         c,
         members::check_claims_not_shared(&o.claim_users, &members)
     );
-    let source_classes = classes::migrating_classes(&members, &claim_classes);
+    let source_classes = classes::migrating_classes(&first.members, &first.classes);
+    let mut members = members;
     // Health (IfReady), then the order: members already there first, then the ones to migrate,
     // followers first (stable by ordinal), leader last.
     health::assign_roles(&o.health, &mut members);
@@ -144,22 +139,149 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
         c,
         health::check_budgets(spec.apply, &o.budgets, &o.pods, &members)
     );
-    let (target_class, target_size) = target?;
+    let (target_class, target_size) = first.target.clone()?;
     if !c.found.is_empty() {
         return None;
     }
     members::order(&mut members);
     Some(Plan {
-        stateful_set: names.set,
+        stateful_set: target.set_name,
         deployment: None,
         pod: None,
-        volume_claim_template: names.template,
-        target_claim: claim_member.map(|_| spec.target.name.clone()),
+        volume_claim_template: first.template.clone(),
+        target_claim: target.claim_member.map(|_| spec.target.name.clone()),
         source_storage_class: source_classes.first().cloned().filter(|c| !c.is_empty()),
         target_storage_class: target_class,
         target_size,
+        further_templates,
         members,
     })
+}
+
+/// With no template named, a template whose every claim (and the template itself) already is
+/// on the target class and size moves no more: an earlier request moved it. Kept when every
+/// template is there (preflight then denies: nothing to do).
+fn skip_templates_already_there(cx: &Ctx, target: &mut Target) {
+    let there = |t: &PersistentVolumeClaim| template_already_there(cx, target, t);
+    let left: Vec<PersistentVolumeClaim> = target
+        .templates
+        .iter()
+        .filter(|t| !there(t))
+        .cloned()
+        .collect();
+    if !left.is_empty() {
+        target.templates = left;
+    }
+}
+
+/// The template and every member's claim of it (and the claim's volume) already are on the
+/// target class (StorageClassChange) or at the shrink size (Shrink).
+fn template_already_there(cx: &Ctx, target: &Target, template: &PersistentVolumeClaim) -> bool {
+    let (o, spec) = (cx.o, cx.spec());
+    let name = template.name_any();
+    let fits = |claim: &PersistentVolumeClaim, volume_ok: &dyn Fn(&str) -> bool| match spec.type_ {
+        MigrationType::StorageClassChange => {
+            let class = (spec.storage_class_change.as_ref()).map(|c| &c.storage_class_name);
+            claim_class(claim) == class.map(String::as_str)
+                && claim_volume(claim).is_none_or(volume_ok)
+        }
+        MigrationType::Shrink => {
+            let size = spec::shrink_size(spec, &name).ok();
+            let bytes = |q: Option<&Quantity>| q.and_then(quantity::bytes);
+            size.is_some() && bytes(claim_request(claim)) == bytes(size.as_ref())
+        }
+    };
+    let class = (spec.storage_class_change.as_ref()).map(|c| c.storage_class_name.as_str());
+    let volume_ok = |v: &str| {
+        spec.type_ == MigrationType::Shrink || o.volumes.get(v).and_then(volume_class) == class
+    };
+    let Ok(ordinals) = members::check_ordinals(target.set, &target.set_name) else {
+        return false;
+    };
+    fits(template, &|_| true)
+        && ordinals.into_iter().all(|i| {
+            let claim = o.claims.get(&format!("{name}-{}-{i}", target.set_name));
+            claim.is_some_and(|c| fits(c, &volume_ok))
+        })
+}
+
+/// One volumeClaimTemplate's claims, planned as if they alone moved.
+struct TemplateMove {
+    template: String,
+    members: Vec<PlannedMember>,
+    /// Each member's claim's StorageClass.
+    classes: Vec<String>,
+    /// The target class and the size of the new claims.
+    target: Option<(String, Quantity)>,
+}
+
+/// Every member's claim of `template`, with its class and size checks; members already there
+/// (an earlier request moved them) are marked so. A claim target keeps the template: only its
+/// claim is compared with the target.
+fn template_members(
+    cx: &Ctx,
+    c: &mut Checks,
+    target: &Target,
+    template: &PersistentVolumeClaim,
+) -> Option<TemplateMove> {
+    let names = members::Names {
+        request: cx.name(),
+        set: target.set_name.clone(),
+        template: template.name_any(),
+    };
+    let (mut members, classes) = set_members(cx, c, target.set, &names)?;
+    if let Some(m) = &target.claim_member {
+        claim_target::mark_not_targeted(&mut members, m.ordinal);
+    }
+    let changed_template = target.claim_member.is_none().then_some(template);
+    let sized = (names.template.as_str(), changed_template);
+    let target = target_class_and_size(cx, c, sized, &mut members, &classes);
+    if c.stop() {
+        return None;
+    }
+    Some(TemplateMove {
+        template: names.template,
+        members,
+        classes,
+        target,
+    })
+}
+
+/// The members of the first template, each with its claims of the further ones
+/// (`furtherClaims`): a member is left alone only when every claim of it is; and the further
+/// templates with their sizes.
+fn merge_templates(
+    first: &TemplateMove,
+    further: &[TemplateMove],
+) -> (Vec<PlannedMember>, Vec<TemplateSize>) {
+    let mut members = first.members.clone();
+    for t in further {
+        for m in &mut members {
+            let Some(other) = t.members.iter().find(|o| o.ordinal == m.ordinal) else {
+                continue;
+            };
+            if other.work == PlannedWork::Migrate {
+                m.work = PlannedWork::Migrate;
+            }
+            m.further_claims.push(PlannedClaim {
+                template: t.template.clone(),
+                claim: other.claim.clone(),
+                old_volume: other.old_volume.clone(),
+                temp_claim: other.temp_claim.clone(),
+                old_size: other.old_size.clone(),
+                new_size: other.new_size.clone(),
+                used_bytes: None,
+            });
+        }
+    }
+    let sizes = further.iter().filter_map(|t| {
+        let (_, size) = t.target.clone()?;
+        Some(TemplateSize {
+            name: t.template.clone(),
+            size,
+        })
+    });
+    (members, sizes.collect())
 }
 
 /// The checks of a Deployment's claim ([`deployment`]): one member, the claim, stopped by
@@ -179,45 +301,66 @@ fn deployment_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> O
         c,
         deployment::check_autoscalers(&o.autoscalers, name, spec.owner_paused)
     );
-    let claim = need!(c, deployment::check_claim(d, spec));
+    let claims = need!(c, deployment::check_claim(d, spec));
     let replicas = need!(c, deployment::check_replicas(d));
-    check!(c, deployment::check_replicas_share(o, d, replicas, &claim));
+    for claim in &claims {
+        check!(c, deployment::check_replicas_share(o, d, replicas, claim));
+    }
     if spec.apply == ApplyPolicy::IfReady {
         check!(c, deployment::check_available(d, replicas));
     }
-    let pod = need!(c, deployment::check_member_pod(o, name, &claim));
-    let (member, class) = need!(
-        c,
-        members::check_pod_and_claim(o, &cx.name(), 0, pod, claim)
-    );
-    check!(
-        c,
-        deployment::check_claim_not_shared(&o.claim_users, o, &member, name)
-    );
+    let first = claims.first()?;
+    let pod = need!(c, deployment::check_member_pod(o, name, first));
+    let mut moved = Vec::new();
+    for claim in claims {
+        let checked = members::check_pod_and_claim(o, &cx.name(), 0, pod.clone(), claim);
+        let (member, class) = need!(c, checked);
+        check!(
+            c,
+            deployment::check_claim_not_shared(&o.claim_users, o, &member, name)
+        );
+        moved.push((member, class));
+    }
     let owner = (Some(name.to_string()), None);
-    single_claim_plan(cx, c, member, class, owner)
+    single_claim_plan(cx, c, moved, owner)
 }
 
-/// The plan of one claim of a Deployment or a bare pod (`owner`, one of them set): its class
-/// and size, then the budgets of its pods.
+/// The plan of the claims of one pod of a Deployment or a bare pod (`owner`, one of them set),
+/// each with its class and size (a Shrink size keyed by the claim's name), then the budgets of
+/// the pods. The first claim is the member's; the others are its further claims.
 fn single_claim_plan(
     cx: &Ctx,
     c: &mut Checks,
-    member: PlannedMember,
-    class: String,
+    claims: Vec<(PlannedMember, String)>,
     (deployment, pod): (Option<String>, Option<String>),
 ) -> Option<Plan> {
     let spec = cx.spec();
-    let (mut members, classes) = (vec![member], vec![class]);
-    let target = target_class_and_size(cx, c, None, &mut members, &classes);
-    if c.stop() {
-        return None;
+    let names: Vec<String> = claims.iter().map(|(m, _)| m.claim.clone()).collect();
+    if spec.type_ == MigrationType::Shrink {
+        check!(c, spec::check_sizes_named(spec, &names));
     }
+    let mut moves = Vec::new();
+    for (member, class) in claims {
+        let (mut members, classes) = (vec![member], vec![class]);
+        let sized = (members[0].claim.clone(), None);
+        let target = target_class_and_size(cx, c, (&sized.0, sized.1), &mut members, &classes);
+        if c.stop() {
+            return None;
+        }
+        moves.push(TemplateMove {
+            template: members[0].claim.clone(),
+            members,
+            classes,
+            target,
+        });
+    }
+    let (first, further) = moves.split_first()?;
+    let (members, further_templates) = merge_templates(first, further);
     check!(
         c,
         health::check_budgets(spec.apply, &cx.o.budgets, &cx.o.pods, &members)
     );
-    let (target_class, target_size) = target?;
+    let (target_class, target_size) = first.target.clone()?;
     if !c.found.is_empty() {
         return None;
     }
@@ -227,9 +370,10 @@ fn single_claim_plan(
         pod,
         volume_claim_template: String::new(),
         target_claim: Some(members[0].claim.clone()),
-        source_storage_class: classes.first().cloned().filter(|c| !c.is_empty()),
+        source_storage_class: first.classes.first().cloned().filter(|c| !c.is_empty()),
         target_storage_class: target_class,
         target_size,
+        further_templates,
         members,
     })
 }
@@ -266,19 +410,17 @@ fn bare_pod_checks(cx: &Ctx, c: &mut Checks, namespace: &str, name: &str) -> Opt
         check!(c, deployment::check_pod_ready(pod, name));
     }
     let claim = spec.target.name.clone();
-    let (member, class) = need!(
-        c,
-        members::check_pod_and_claim(o, &cx.name(), 0, name.to_string(), claim)
-    );
-    single_claim_plan(cx, c, member, class, (None, Some(name.to_string())))
+    let checked = members::check_pod_and_claim(o, &cx.name(), 0, name.to_string(), claim);
+    let moved = vec![need!(c, checked)];
+    single_claim_plan(cx, c, moved, (None, Some(name.to_string())))
 }
 
 /// What the request works on.
 struct Target<'o> {
     set: &'o StatefulSet,
     set_name: String,
-    /// The volumeClaimTemplate whose claims move.
-    template: PersistentVolumeClaim,
+    /// The volumeClaimTemplates whose claims move, the plan's `volumeClaimTemplate` first.
+    templates: Vec<PersistentVolumeClaim>,
     /// For a claim target, its member: only that member moves.
     claim_member: Option<claim_target::ClaimMember>,
 }
@@ -297,11 +439,14 @@ fn target<'o>(cx: &Ctx<'o>, c: &mut Checks, namespace: &str) -> Option<Target<'o
             Some(m)
         }
     };
-    let (set_name, wanted_template) = match &claim_member {
-        Some(m) => (m.set.clone(), Some(m.template.as_str())),
+    let (set_name, wanted) = match &claim_member {
+        Some(m) => (m.set.clone(), vec![m.template.clone()]),
         None => (
             spec.target.name.clone(),
-            spec.volume_claim_template.as_deref(),
+            (spec.volume_claim_template.iter())
+                .chain(&spec.volume_claim_templates)
+                .cloned()
+                .collect(),
         ),
     };
     let set = need!(
@@ -309,12 +454,18 @@ fn target<'o>(cx: &Ctx<'o>, c: &mut Checks, namespace: &str) -> Option<Target<'o
         target::check_target_exists(o.stateful_set.as_ref(), &set_name, namespace)
     );
     check!(c, owner::check_owner(set, spec.owner_paused));
-    let template = need!(c, target::choose_template(set, wanted_template));
-    check!(c, target::check_template_volume_mode(&template));
+    let templates = need!(c, target::choose_templates(set, &wanted));
+    for template in &templates {
+        check!(c, target::check_template_volume_mode(template));
+    }
+    if spec.type_ == MigrationType::Shrink {
+        let names: Vec<String> = templates.iter().map(|t| t.name_any()).collect();
+        check!(c, spec::check_sizes_named(spec, &names));
+    }
     Some(Target {
         set,
         set_name,
-        template,
+        templates,
         claim_member,
     })
 }
@@ -325,7 +476,7 @@ fn target<'o>(cx: &Ctx<'o>, c: &mut Checks, namespace: &str) -> Option<Target<'o
 fn target_class_and_size(
     cx: &Ctx,
     c: &mut Checks,
-    template: Option<&PersistentVolumeClaim>,
+    (sized, template): (&str, Option<&PersistentVolumeClaim>),
     members: &mut [PlannedMember],
     claim_classes: &[String],
 ) -> Option<(String, Quantity)> {
@@ -361,7 +512,8 @@ fn target_class_and_size(
             }
         }
         MigrationType::Shrink => {
-            let size = need!(c, classes::check_shrink_size(spec, members, template));
+            let size = need!(c, spec::shrink_size(spec, sized));
+            let size = need!(c, classes::check_shrink_size(size, members, template));
             members
                 .iter_mut()
                 .filter(|m| m.work != PlannedWork::NotTargeted)

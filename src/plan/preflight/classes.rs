@@ -170,15 +170,10 @@ pub(super) fn check_template_size(template: &PersistentVolumeClaim) -> Result<Qu
 /// others must request more (a smaller claim would grow). Denied when every member and the
 /// template already are at the size.
 pub(super) fn check_shrink_size(
-    spec: &StorageMigrationRequestSpec,
+    size: Quantity,
     members: &mut [PlannedMember],
     template: Option<&PersistentVolumeClaim>,
 ) -> Result<Quantity, Denial> {
-    let size = spec
-        .shrink
-        .as_ref()
-        .map(|s| s.size.clone())
-        .unwrap_or_default();
     let size_bytes = quantity::bytes(&size).unwrap_or_default();
     for m in members
         .iter_mut()

@@ -39,9 +39,11 @@ macro_rules! denial_reasons {
 
 denial_reasons! {
     /// The spec is incomplete or malformed: the type's block is missing or empty, the other
-    /// type's block is given, `shrink.size` is not a positive quantity, `timeout` does not
-    /// parse, `target.name` is empty, or a claim target's `volumeClaimTemplate` names another
-    /// template than the claim's.
+    /// type's block is given, `shrink.size` or a `shrink.sizes` entry is not a positive
+    /// quantity, a template that moves has no shrink size, `shrink.sizes` names a template that
+    /// does not move, `volumeClaimTemplate` and `volumeClaimTemplates` are both set or the list
+    /// names one twice, `timeout` does not parse, `target.name` is empty, or a claim target's
+    /// `volumeClaimTemplate` names another template than the claim's.
     InvalidSpec,
     /// `spec.copy.moverImage` is set and the operator runs without
     /// `--allow-request-mover-image` (chart value `allowRequestMoverImage`): the copy Jobs run
@@ -68,8 +70,6 @@ denial_reasons! {
     /// The named `volumeClaimTemplate` does not exist, or the set has no volumeClaimTemplates;
     /// or a claim target is not a member's claim of one of the set's templates.
     TemplateNotFound,
-    /// The set has several volumeClaimTemplates and `spec.volumeClaimTemplate` names none.
-    TemplateRequired,
     /// The template or a member's claim is not `volumeMode: Filesystem` (e.g. `Block`).
     UnsupportedVolumeMode,
     /// The StatefulSet has 0 replicas.
@@ -242,7 +242,6 @@ mod tests {
                 "UnsupportedOwner",
                 "ForeignOwner",
                 "TemplateNotFound",
-                "TemplateRequired",
                 "UnsupportedVolumeMode",
                 "NoMembers",
                 "MemberMissing",

@@ -31,9 +31,9 @@ pub(super) fn check_exists<'a>(
 /// web"): no `volumeClaimTemplate`, no etcd engine (its pods are no cluster's members).
 pub(super) fn check_spec(spec: &StorageMigrationRequestSpec, what: &str) -> Result<(), Denial> {
     let invalid = |why: String| Denial::new(DenialReason::InvalidSpec, why);
-    if spec.volume_claim_template.is_some() {
+    if spec.volume_claim_template.is_some() || !spec.volume_claim_templates.is_empty() {
         return Err(invalid(format!(
-            "spec.volumeClaimTemplate is for StatefulSet targets; {what} has no templates \
+            "spec.volumeClaimTemplate(s) is for StatefulSet targets; {what} has no templates \
              (leave it unset, and name a claim with target.kind PersistentVolumeClaim)"
         )));
     }
@@ -87,17 +87,17 @@ fn template_claims(deployment: &Deployment) -> Vec<String> {
         .collect()
 }
 
-/// The claim that moves: the claim target, or the one claim the pod template mounts.
+/// The claims that move: the claim target, or every claim the pod template mounts (moved
+/// together, in one scale-down).
 pub(super) fn check_claim(
     deployment: &Deployment,
     spec: &StorageMigrationRequestSpec,
-) -> Result<String, Denial> {
+) -> Result<Vec<String>, Denial> {
     let name = deployment.name_any();
     let claims = template_claims(deployment);
-    let listed = || claims.join(", ");
     match spec.target.kind {
         TargetKind::PersistentVolumeClaim if claims.contains(&spec.target.name) => {
-            Ok(spec.target.name.clone())
+            Ok(vec![spec.target.name.clone()])
         }
         TargetKind::PersistentVolumeClaim => Err(Denial::new(
             DenialReason::TemplateNotFound,
@@ -107,30 +107,18 @@ pub(super) fn check_claim(
                 if claims.is_empty() {
                     "none".to_string()
                 } else {
-                    listed()
+                    claims.join(", ")
                 }
             ),
         )),
-        _ => match claims.as_slice() {
-            [one] => Ok(one.clone()),
-            [] => Err(Denial::new(
-                DenialReason::TemplateNotFound,
-                format!("Deployment {name} mounts no PersistentVolumeClaim: nothing to migrate"),
-            )),
-            _ => Err(Denial::new(
-                DenialReason::TemplateRequired,
-                format!(
-                    "Deployment {name} mounts {} claims ({}); name the one to move with \
-                     target.kind PersistentVolumeClaim",
-                    claims.len(),
-                    listed()
-                ),
-            )),
-        },
+        _ if claims.is_empty() => Err(Denial::new(
+            DenialReason::TemplateNotFound,
+            format!("Deployment {name} mounts no PersistentVolumeClaim: nothing to migrate"),
+        )),
+        _ => Ok(claims),
     }
 }
 
-/// The Deployment's replicas (at least one: none is nothing to stop).
 pub(super) fn check_replicas(deployment: &Deployment) -> Result<i32, Denial> {
     let replicas = deployment
         .spec

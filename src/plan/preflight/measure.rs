@@ -24,52 +24,62 @@ pub(super) enum Measurement {
     Running,
 }
 
-/// Runs (or reads) one measure Job per member, recording each member's used bytes.
-pub(super) fn measure(
-    cx: &mut Ctx,
-    members: &mut [PlannedMember],
-    size: &Quantity,
-) -> Result<Measurement, Denial> {
-    let o = cx.o;
-    let req_name = cx.name();
+/// Runs (or reads) one measure Job per claim of each member, recording each claim's used
+/// bytes; each must fit its claim's new size (`newSize`).
+pub(super) fn measure(cx: &mut Ctx, members: &mut [PlannedMember]) -> Result<Measurement, Denial> {
     let mut measurement = Measurement::Complete;
     let to_migrate = members
         .iter_mut()
         .filter(|m| m.work == PlannedWork::Migrate);
     for m in to_migrate {
-        check_measurable(o.claims.get(&m.claim), m)?;
-        let job_name = build::job_name(&req_name, &m.pod, JobKind::Measure);
-        match o.jobs.get(&job_name).map(|j| &j.outcome) {
-            None => {
-                create_measure_job(cx, m);
-                measurement = Measurement::Running;
-            }
-            Some(JobOutcome::Running) => {
-                check_started(cx, &job_name, m)?;
-                measurement = Measurement::Running;
-            }
-            Some(
-                JobOutcome::Failed { reason }
-                | JobOutcome::NoSpace { reason, .. }
-                | JobOutcome::VerifyFailed { reason, .. },
-            ) => {
-                return Err(Denial::new(
-                    DenialReason::MeasureFailed,
-                    format!("measuring the used bytes of {} failed: {reason}", m.claim),
-                ));
-            }
-            Some(JobOutcome::Succeeded { message }) => {
-                let used = check_measured_bytes(m, message.as_deref())?;
-                m.used_bytes = Some(used);
-                check_fits(m, used, size)?;
-                if let Some(fs) = measured_filesystem(message.as_deref()) {
-                    let capacity = claim_capacity(o.claims.get(&m.claim));
-                    check_filesystem_fits(m, &fs, capacity, used, size)?;
+        for slot in 0..=m.further_claims.len() {
+            match measure_claim(cx, &m.on_claim(slot), &m.helper_subject(slot))? {
+                Some(used) if slot == 0 => m.used_bytes = Some(used),
+                Some(used) => {
+                    if let Some(c) = m.further_claims.get_mut(slot - 1) {
+                        c.used_bytes = Some(used);
+                    }
                 }
+                None => measurement = Measurement::Running,
             }
         }
     }
     Ok(measurement)
+}
+
+/// The used bytes of the member's claim (`m` seen on it), once its measure Job (named after
+/// `subject`) reported them and they fit; `None` while it runs (created when missing).
+fn measure_claim(cx: &mut Ctx, m: &PlannedMember, subject: &str) -> Result<Option<i64>, Denial> {
+    let o = cx.o;
+    check_measurable(o.claims.get(&m.claim), m)?;
+    let job_name = build::job_name(&cx.name(), subject, JobKind::Measure);
+    match o.jobs.get(&job_name).map(|j| &j.outcome) {
+        None => {
+            create_measure_job(cx, m, subject);
+            Ok(None)
+        }
+        Some(JobOutcome::Running) => {
+            check_started(cx, &job_name, m)?;
+            Ok(None)
+        }
+        Some(
+            JobOutcome::Failed { reason }
+            | JobOutcome::NoSpace { reason, .. }
+            | JobOutcome::VerifyFailed { reason, .. },
+        ) => Err(Denial::new(
+            DenialReason::MeasureFailed,
+            format!("measuring the used bytes of {} failed: {reason}", m.claim),
+        )),
+        Some(JobOutcome::Succeeded { message }) => {
+            let used = check_measured_bytes(m, message.as_deref())?;
+            check_fits(m, used, &m.new_size)?;
+            if let Some(fs) = measured_filesystem(message.as_deref()) {
+                let capacity = claim_capacity(o.claims.get(&m.claim));
+                check_filesystem_fits(m, &fs, capacity, used, &m.new_size)?;
+            }
+            Ok(Some(used))
+        }
+    }
 }
 
 /// A measure Job whose pod cannot start (see `plan::helpers`) denies the request with the pod's
@@ -88,12 +98,13 @@ fn check_started(cx: &Ctx, job_name: &str, m: &PlannedMember) -> Result<(), Deni
     }
 }
 
-fn create_measure_job(cx: &mut Ctx, m: &PlannedMember) {
+fn create_measure_job(cx: &mut Ctx, m: &PlannedMember, subject: &str) {
     let deadline = cx.remaining_seconds();
     let job = build::job(
         &cx.req,
         &cx.image,
         m,
+        subject,
         JobKind::Measure,
         deadline,
         build::Verification::Skip,

@@ -86,6 +86,7 @@ pub(super) fn check_pod_and_claim(
         used_bytes: None,
         role: None,
         work: PlannedWork::Migrate,
+        further_claims: Vec::new(),
     };
     Ok((member, class))
 }
@@ -98,7 +99,7 @@ pub(super) fn check_claims_not_shared(
     members: &[PlannedMember],
 ) -> Result<(), Denial> {
     let migrating = members.iter().filter(|m| m.work == PlannedWork::Migrate);
-    for m in migrating {
+    for m in migrating.flat_map(PlannedMember::claims) {
         if let Some(others) = other_claim_users(users, &m.claim, &m.pod) {
             return Err(Denial::new(
                 DenialReason::ClaimShared,

@@ -17,7 +17,9 @@ use kube::ResourceExt;
 
 use super::{Action, Ctx, EventType, Kind, Propagation, REQUEUE_QUEUED, REQUEUE_WAITING};
 use crate::api::conditions;
-use crate::api::{MemberStatus, MemberStep, MigrationType, Phase, Plan, PlannedWork, Stage};
+use crate::api::{
+    ClaimStatus, MemberStatus, MemberStep, MigrationType, Phase, Plan, PlannedWork, Stage,
+};
 use crate::build::JobKind;
 use crate::labels;
 
@@ -53,7 +55,7 @@ enum Verdict {
     Deny(Denial),
     /// Still measuring; the message says what is awaited.
     Wait(String),
-    Accept(Plan),
+    Accept(Box<Plan>),
 }
 
 /// Preflight of a new request: the checks, then (Shrink) the measuring; the request ends
@@ -80,7 +82,7 @@ pub(crate) fn run(cx: &mut Ctx) {
             }
             cx.wait(REQUEUE_WAITING);
         }
-        Verdict::Accept(plan) => accept(cx, plan),
+        Verdict::Accept(plan) => accept(cx, *plan),
     }
 }
 
@@ -152,10 +154,10 @@ pub const WAITING_FOR_REQUEST: &str = "WaitingForRequest";
 /// waits for the measure Jobs. Other types are accepted as checked.
 fn measured(cx: &mut Ctx, mut plan: Plan) -> Verdict {
     if cx.spec().type_ != MigrationType::Shrink {
-        return Verdict::Accept(plan);
+        return Verdict::Accept(Box::new(plan));
     }
-    match measure::measure(cx, &mut plan.members, &plan.target_size) {
-        Ok(Measurement::Complete) => Verdict::Accept(plan),
+    match measure::measure(cx, &mut plan.members) {
+        Ok(Measurement::Complete) => Verdict::Accept(Box::new(plan)),
         Ok(Measurement::Running) => Verdict::Wait(format!(
             "preflight: measuring the used bytes of {} members",
             plan.members
@@ -235,6 +237,12 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         .iter()
         .map(|m| MemberStatus {
             pod: m.pod.clone(),
+            further_claims: (m.further_claims.iter())
+                .map(|c| ClaimStatus {
+                    claim: c.claim.clone(),
+                    ..Default::default()
+                })
+                .collect(),
             ..Default::default()
         })
         .collect();
@@ -322,12 +330,23 @@ fn accepted_message(plan: &Plan) -> String {
             pods(PlannedWork::NotTargeted).join(", ")
         );
     }
+    let sizes = match plan.further_templates.as_slice() {
+        [] => plan.target_size.0.clone(),
+        further => format!(
+            "templates {} {}, {}; each member's claims in one stop",
+            plan.volume_claim_template,
+            plan.target_size.0,
+            (further.iter())
+                .map(|t| format!("{} {}", t.name, t.size.0))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
     let mut message = format!(
-        "accepted: {} members of StatefulSet {} move to StorageClass {} ({}), order {}",
+        "accepted: {} members of StatefulSet {} move to StorageClass {} ({sizes}), order {}",
         migrate.len(),
         plan.stateful_set,
         plan.target_storage_class,
-        plan.target_size.0,
         if migrate.is_empty() {
             "none (only the StatefulSet's template changes)".to_string()
         } else {

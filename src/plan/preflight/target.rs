@@ -24,47 +24,52 @@ pub(super) fn check_target_exists<'a>(
         })
 }
 
-/// The volumeClaimTemplate to migrate: the one named, else the only one.
-pub fn choose_template(
+/// The volumeClaimTemplate named `name`.
+pub fn choose_template(set: &StatefulSet, name: &str) -> Result<PersistentVolumeClaim, Denial> {
+    set.spec
+        .as_ref()
+        .and_then(|s| s.volume_claim_templates.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|t| t.metadata.name.as_deref() == Some(name))
+        .cloned()
+        .ok_or_else(|| {
+            Denial::new(
+                DenialReason::TemplateNotFound,
+                format!(
+                    "StatefulSet {} has no volumeClaimTemplate {name:?}",
+                    set.name_any()
+                ),
+            )
+        })
+}
+
+/// The volumeClaimTemplates to migrate, in the order named: those `wanted` names, or every one
+/// of the set when it names none.
+pub(super) fn choose_templates(
     set: &StatefulSet,
-    wanted: Option<&str>,
-) -> Result<PersistentVolumeClaim, Denial> {
-    let set_name = set.name_any();
+    wanted: &[String],
+) -> Result<Vec<PersistentVolumeClaim>, Denial> {
+    if !wanted.is_empty() {
+        return (wanted.iter())
+            .map(|name| choose_template(set, name))
+            .collect();
+    }
     let templates = set
         .spec
         .as_ref()
         .and_then(|s| s.volume_claim_templates.clone())
         .unwrap_or_default();
-    match wanted {
-        Some(name) => templates
-            .into_iter()
-            .find(|t| t.metadata.name.as_deref() == Some(name))
-            .ok_or_else(|| {
-                Denial::new(
-                    DenialReason::TemplateNotFound,
-                    format!("StatefulSet {set_name} has no volumeClaimTemplate {name:?}"),
-                )
-            }),
-        None => match templates.len() {
-            0 => Err(Denial::new(
-                DenialReason::TemplateNotFound,
-                format!("StatefulSet {set_name} has no volumeClaimTemplates: nothing to migrate"),
-            )),
-            1 => Ok(templates.into_iter().next().unwrap_or_default()),
-            n => Err(Denial::new(
-                DenialReason::TemplateRequired,
-                format!(
-                    "StatefulSet {set_name} has {n} volumeClaimTemplates ({}); set \
-                     spec.volumeClaimTemplate",
-                    templates
-                        .iter()
-                        .map(|t| t.name_any())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )),
-        },
+    if templates.is_empty() {
+        return Err(Denial::new(
+            DenialReason::TemplateNotFound,
+            format!(
+                "StatefulSet {} has no volumeClaimTemplates: nothing to migrate",
+                set.name_any()
+            ),
+        ));
     }
+    Ok(templates)
 }
 
 /// The template's claims are Filesystem volumes (the default when unset).

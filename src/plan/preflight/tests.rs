@@ -61,6 +61,7 @@ fn planned(ordinal: i32, size: &str) -> PlannedMember {
         used_bytes: None,
         role: None,
         work: PlannedWork::Migrate,
+        further_claims: Vec::new(),
     }
 }
 
@@ -97,7 +98,7 @@ fn shrink_spec_needs_a_positive_size_and_no_class() {
     s.shrink = None;
     assert_eq!(
         denied(spec::check_shrink_spec(&s)).message,
-        "type Shrink needs spec.shrink.size"
+        "type Shrink needs spec.shrink.size (or spec.shrink.sizes, one per template)"
     );
     assert_eq!(
         denied(spec::check_shrink_spec(&spec_shrink("0"))).message,
@@ -380,14 +381,16 @@ fn an_owned_set_is_denied_after_the_target_check_and_accepted_when_paused() {
 }
 
 #[test]
-fn template_is_the_named_one_or_the_only_one() {
+fn templates_are_the_named_ones_or_every_one() {
+    let names =
+        |r: Result<Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim>, Denial>| -> Vec<String> {
+            r.unwrap().iter().map(|t| t.name_any()).collect()
+        };
+    let list = |names: &[&str]| -> Vec<String> { names.iter().map(|n| n.to_string()).collect() };
     let mut set = stateful_set(3);
-    assert_eq!(choose_template(&set, None).unwrap().name_any(), "data");
-    assert_eq!(
-        choose_template(&set, Some("data")).unwrap().name_any(),
-        "data"
-    );
-    let d = denied(choose_template(&set, Some("logs")));
+    assert_eq!(names(target::choose_templates(&set, &[])), ["data"]);
+    assert_eq!(choose_template(&set, "data").unwrap().name_any(), "data");
+    let d = denied(choose_template(&set, "logs"));
     assert_eq!(d.reason, DenialReason::TemplateNotFound);
     assert_eq!(
         d.message,
@@ -398,19 +401,15 @@ fn template_is_the_named_one_or_the_only_one() {
     logs.metadata.name = Some("logs".into());
     let templates = set.spec.as_mut().unwrap().volume_claim_templates.as_mut();
     templates.unwrap().push(logs);
-    let d = denied(choose_template(&set, None));
-    assert_eq!(d.reason, DenialReason::TemplateRequired);
-    assert_eq!(
-        d.message,
-        "StatefulSet etcd has 2 volumeClaimTemplates (data, logs); set spec.volumeClaimTemplate"
-    );
-    assert_eq!(
-        choose_template(&set, Some("logs")).unwrap().name_any(),
-        "logs"
-    );
+    // None named: every one, in the set's order; named: those, in the order named.
+    assert_eq!(names(target::choose_templates(&set, &[])), ["data", "logs"]);
+    let named = target::choose_templates(&set, &list(&["logs", "data"]));
+    assert_eq!(names(named), ["logs", "data"]);
+    let missing = target::choose_templates(&set, &list(&["data", "wal"]));
+    assert_eq!(denied(missing).reason, DenialReason::TemplateNotFound);
 
     set.spec.as_mut().unwrap().volume_claim_templates = None;
-    let d = denied(choose_template(&set, None));
+    let d = denied(target::choose_templates(&set, &[]));
     assert_eq!(d.reason, DenialReason::TemplateNotFound);
     assert!(d.message.contains("nothing to migrate"), "{}", d.message);
 }
@@ -689,6 +688,7 @@ fn member_is_planned_from_its_pod_claim_and_volume() {
             used_bytes: None,
             role: None,
             work: PlannedWork::Migrate,
+            further_claims: Vec::new(),
         }
     );
 }
@@ -909,19 +909,19 @@ fn shrink_size_is_below_every_request_but_the_ones_already_there() {
     let template = claim_template("standard", "1Gi");
     let mut ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
     assert_eq!(
-        classes::check_shrink_size(&spec_shrink("256Mi"), &mut ms, Some(&template)).unwrap(),
+        classes::check_shrink_size(Quantity("256Mi".into()), &mut ms, Some(&template)).unwrap(),
         Quantity("256Mi".into())
     );
     assert!(ms.iter().all(|m| m.work == PlannedWork::Migrate));
     // A claim at the size already is there; the others still shrink.
-    let size = classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, Some(&template));
+    let size = classes::check_shrink_size(Quantity("512Mi".into()), &mut ms, Some(&template));
     assert_eq!(size.unwrap(), Quantity("512Mi".into()));
     let work: Vec<PlannedWork> = ms.iter().map(|m| m.work).collect();
     assert_eq!(work, [PlannedWork::Migrate, PlannedWork::AlreadyThere]);
     // Above a claim's request: it would grow.
     let mut ms = vec![planned(0, "1Gi"), planned(1, "512Mi")];
     let d = denied(classes::check_shrink_size(
-        &spec_shrink("768Mi"),
+        Quantity("768Mi".into()),
         &mut ms,
         Some(&template),
     ));
@@ -937,7 +937,7 @@ fn shrink_is_denied_when_every_member_and_the_template_are_at_the_size() {
     let mut ms = vec![planned(0, "512Mi"), planned(1, "512Mi")];
     let at_size = claim_template("standard", "512Mi");
     let d = denied(classes::check_shrink_size(
-        &spec_shrink("512Mi"),
+        Quantity("512Mi".into()),
         &mut ms,
         Some(&at_size),
     ));
@@ -949,7 +949,7 @@ fn shrink_is_denied_when_every_member_and_the_template_are_at_the_size() {
     );
     // The template still at the old size: accepted, every member already there.
     let bigger = claim_template("standard", "1Gi");
-    assert!(classes::check_shrink_size(&spec_shrink("512Mi"), &mut ms, Some(&bigger)).is_ok());
+    assert!(classes::check_shrink_size(Quantity("512Mi".into()), &mut ms, Some(&bigger)).is_ok());
     assert!(ms.iter().all(|m| m.work == PlannedWork::AlreadyThere));
 }
 
@@ -1177,10 +1177,11 @@ fn measure_job(pod: &str, outcome: JobOutcome) -> (String, ObservedJob) {
 fn measuring_creates_jobs_then_waits_then_completes() {
     let size = Quantity("256Mi".into());
     let mut ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
+    ms.iter_mut().for_each(|m| m.new_size = size.clone());
 
     let o = observed(spec_shrink("256Mi"));
     let mut cx = Ctx::new(&o, &SETTINGS);
-    let got = measure::measure(&mut cx, &mut ms, &size).unwrap();
+    let got = measure::measure(&mut cx, &mut ms).unwrap();
     assert_eq!(got, Measurement::Running);
     let created: Vec<String> = created_jobs(&cx.actions);
     assert_eq!(created.len(), 2, "{:?}", cx.actions);
@@ -1195,7 +1196,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     o.jobs.insert(name, j);
     let mut cx = Ctx::new(&o, &SETTINGS);
     assert_eq!(
-        measure::measure(&mut cx, &mut ms, &size).unwrap(),
+        measure::measure(&mut cx, &mut ms).unwrap(),
         Measurement::Running
     );
     assert!(cx.actions.is_empty(), "{:?}", cx.actions);
@@ -1205,7 +1206,7 @@ fn measuring_creates_jobs_then_waits_then_completes() {
     o.jobs.insert(name, j);
     let mut cx = Ctx::new(&o, &SETTINGS);
     assert_eq!(
-        measure::measure(&mut cx, &mut ms, &size).unwrap(),
+        measure::measure(&mut cx, &mut ms).unwrap(),
         Measurement::Complete
     );
     assert!(ms.iter().all(|m| m.used_bytes == Some(100 << 20)));
@@ -1220,11 +1221,8 @@ fn a_failed_measure_job_denies() {
     let (name, j) = measure_job("etcd-0", failed);
     o.jobs.insert(name, j);
     let mut ms = vec![planned(0, "1Gi")];
-    let d = denied(measure::measure(
-        &mut Ctx::new(&o, &SETTINGS),
-        &mut ms,
-        &Quantity("256Mi".into()),
-    ));
+    ms[0].new_size = Quantity("256Mi".into());
+    let d = denied(measure::measure(&mut Ctx::new(&o, &SETTINGS), &mut ms));
     assert_eq!(d.reason, DenialReason::MeasureFailed);
     assert_eq!(
         d.message,
