@@ -116,6 +116,19 @@ async fn plan_accepts_and_lists_every_denial() {
         assert!(run.stdout.contains(member), "{member} missing: {run:?}");
     }
     assert!(run.stdout.contains("1Gi -> 1Gi"), "{run:?}");
+    // How long each stop lasts: nothing ran in this namespace before.
+    assert!(
+        run.stdout
+            .contains("Downtime: 3 member pod(s) are stopped once each, one at a time"),
+        "{run:?}"
+    );
+    assert!(
+        run.stdout.contains(&format!(
+            "no earlier successful request in namespace {} to estimate from",
+            ns.name
+        )),
+        "{run:?}"
+    );
 
     // A Shrink: what its measurement will require of each member.
     let mut shrink = class_change(&cluster);

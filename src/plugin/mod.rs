@@ -159,6 +159,7 @@ async fn plan(
     allow_mover_image: bool,
 ) -> anyhow::Result<u8> {
     let req = read_request(file, ns)?;
+    let cluster_client = client.clone();
     let cluster = cluster(client);
     let engine = cluster.engine(&req).await.map_err(|e| e.to_string());
     let observed = cluster.gather(req, &engine).await?;
@@ -186,6 +187,13 @@ async fn plan(
     if observed.request.spec.type_ == MigrationType::Shrink {
         print_lines(&render::shrink_measurement_lines(&plan));
     }
+    let ns = observed.request.namespace().unwrap_or_default();
+    let earlier = Api::<StorageMigrationRequest>::namespaced(cluster_client, &ns)
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing the requests of namespace {ns}"))?;
+    let history = render::downtime_history(&earlier.items);
+    print_lines(&render::downtime_lines(&plan, &history, &ns));
     Ok(0)
 }
 

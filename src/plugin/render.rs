@@ -261,6 +261,52 @@ pub fn shrink_measurement_lines(plan: &Plan) -> Vec<String> {
     lines
 }
 
+/// Every member downtime on record in `requests` that ended `Successful` (seconds from the
+/// pod's deletion until it was Ready again), for [`downtime_lines`].
+pub fn downtime_history(requests: &[crate::api::StorageMigrationRequest]) -> Vec<f64> {
+    let done = requests
+        .iter()
+        .filter_map(|r| r.status.as_ref())
+        .filter(|s| s.phase == Phase::Successful);
+    done.flat_map(|s| s.members.iter().filter_map(|m| m.downtime_seconds))
+        .collect()
+}
+
+/// How long each stop lasts: what the downtime is made of, and the downtimes of the earlier
+/// successful requests in namespace `ns` (`history`, seconds), the median and the longest.
+pub fn downtime_lines(plan: &Plan, history: &[f64], ns: &str) -> Vec<String> {
+    let stopped = plan
+        .members
+        .iter()
+        .filter(|m| m.work == PlannedWork::Migrate);
+    let (count, claims) = (
+        stopped.clone().count(),
+        stopped.map(|m| m.claims().len()).max(),
+    );
+    let what = match (&plan.deployment, plan.pod.as_deref()) {
+        (Some(d), _) => format!("Deployment {d} is scaled to zero once"),
+        (None, Some(pod)) => format!("pod {pod} is stopped once"),
+        (None, None) => format!("{count} member pod(s) are stopped once each, one at a time"),
+    };
+    let mut lines = vec![format!(
+        "Downtime: {what}, from the stop until the pod is Ready again: the final copy of what \
+         changed since the pre-copy (of the whole claim without one), its verification, the \
+         swap of {} claim(s), and the start.",
+        claims.unwrap_or(1)
+    )];
+    let mut sorted = history.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    lines.push(match (sorted.get(sorted.len() / 2), sorted.last()) {
+        (Some(median), Some(longest)) => format!(
+            "  earlier successful requests in namespace {ns}: {} stops, median {median:.1}s, \
+             longest {longest:.1}s",
+            sorted.len()
+        ),
+        _ => format!("  no earlier successful request in namespace {ns} to estimate from"),
+    });
+    lines
+}
+
 /// The denials, one line each, with the count.
 pub fn denial_lines(denials: &[Denial]) -> Vec<String> {
     let mut lines = vec![format!(
@@ -528,6 +574,55 @@ mod tests {
             work: crate::api::PlannedWork::Migrate,
             further_claims: Vec::new(),
         }
+    }
+
+    #[test]
+    fn a_plan_of_two_templates_lists_each_members_claims_and_the_stop() {
+        let mut member = planned();
+        member.further_claims = vec![crate::api::PlannedClaim {
+            template: "wal".into(),
+            claim: "wal-etcd-0".into(),
+            old_size: Quantity("256Mi".into()),
+            new_size: Quantity("128Mi".into()),
+            ..Default::default()
+        }];
+        let plan = Plan {
+            stateful_set: "etcd".into(),
+            volume_claim_template: "data".into(),
+            target_storage_class: "standard".into(),
+            target_size: Quantity("512Mi".into()),
+            further_templates: vec![crate::api::TemplateSize {
+                name: "wal".into(),
+                size: Quantity("128Mi".into()),
+            }],
+            members: vec![member],
+            ..Default::default()
+        };
+        let lines = plan_lines(&plan);
+        assert_eq!(
+            lines[0],
+            "StatefulSet etcd templates data, wal (128Mi) (each member's claims in one stop): \
+             class (none) -> standard, size 512Mi"
+        );
+        assert_eq!(
+            lines[3],
+            "                             (same stop)      wal-etcd-0             256Mi -> 128Mi"
+        );
+        let down = downtime_lines(&plan, &[2.0, 9.5, 3.0], "db");
+        assert!(
+            down[0].starts_with("Downtime: 1 member pod(s) are stopped once each, one at a time"),
+            "{down:?}"
+        );
+        assert!(down[0].contains("the swap of 2 claim(s)"), "{down:?}");
+        assert_eq!(
+            down[1],
+            "  earlier successful requests in namespace db: 3 stops, median 3.0s, longest 9.5s"
+        );
+        let none = downtime_lines(&plan, &[], "db");
+        assert_eq!(
+            none[1],
+            "  no earlier successful request in namespace db to estimate from"
+        );
     }
 
     #[test]
