@@ -426,6 +426,19 @@ async fn migrate(
     let started = std::time::Instant::now();
     let req = run_request(ns, name, spec).await;
     println!("request {name} Successful after {:?}", started.elapsed());
+    for m in req.status.iter().flat_map(|s| &s.members) {
+        let copied = m.bytes_copied.unwrap_or(0)
+            + m.further_claims
+                .iter()
+                .filter_map(|c| c.bytes_copied)
+                .sum::<i64>();
+        println!(
+            "  {}: downtime {:?} s, {copied} bytes in the final copies of {} claims",
+            m.pod,
+            m.downtime_seconds,
+            1 + m.further_claims.len()
+        );
+    }
     let want = i32::try_from(replicas).unwrap();
     ns.wait_statefulset_ready(APP, want, Duration::from_secs(180))
         .await
