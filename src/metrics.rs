@@ -255,10 +255,10 @@ pub fn member_outcomes(
                 downtime_seconds: m.downtime_seconds,
                 // Every claim of the member (its further claims move in the same stop).
                 bytes: (m.further_claims.iter())
-                    .try_fold(m.bytes_copied.unwrap_or(0), |sum, c| {
+                    .try_fold(m.first_claim.bytes_copied.unwrap_or(0), |sum, c| {
                         Some(sum + c.bytes_copied?)
                     })
-                    .filter(|_| m.bytes_copied.is_some()),
+                    .filter(|_| m.first_claim.bytes_copied.is_some()),
                 seconds,
             })
         })
@@ -295,7 +295,7 @@ mod tests {
         done.finished = Some(Time(
             start + k8s_openapi::jiff::SignedDuration::from_secs(8),
         ));
-        done.bytes_copied = Some(8 * 1024 * 1024);
+        done.first_claim.bytes_copied = Some(8 * 1024 * 1024);
         done.downtime_seconds = Some(2.5);
         let before = status(vec![
             member("kv-0", MemberStep::Copying),
@@ -331,7 +331,7 @@ mod tests {
         m.reconcile_failed(Retry::Transient);
         m.reconcile_finished(0.2);
         let mut done = member("kv-0", MemberStep::Done);
-        done.bytes_copied = Some(4096);
+        done.first_claim.bytes_copied = Some(4096);
         done.downtime_seconds = Some(1.0);
         m.status_written(None, &status(vec![done]));
         let text = m.encode().unwrap_or_default();

@@ -159,7 +159,11 @@ async fn check_partly_failed(
     let now = claims(ns).await;
     for m in &status.members {
         let claim = format!("data-{}", m.pod);
-        let loc = m.data_location.clone().expect("dataLocation on Failed");
+        let loc = m
+            .first_claim
+            .data_location
+            .clone()
+            .expect("dataLocation on Failed");
         let (volume, class, _) = &now[&claim];
         assert_eq!(loc.claim, claim);
         assert_eq!(&loc.volume, volume, "{claim}: the volume it is bound to");

@@ -359,8 +359,11 @@ async fn storage_class_change_while_a_client_writes() {
     // Verified in the default `Changed` mode: the content of the files changed since a minute
     // before the first copy pass (etcd writes its db and WAL all along, so at least one).
     for m in &status.members {
-        assert!(m.verified.is_some(), "{}", m.pod);
-        assert!(m.verified_files.is_some_and(|n| n >= 1), "{m:?}");
+        assert!(m.first_claim.verified.is_some(), "{}", m.pod);
+        assert!(
+            m.first_claim.verified_files.is_some_and(|n| n >= 1),
+            "{m:?}"
+        );
     }
     assert!(status.final_hash.is_some(), "etcd hash_kv recorded");
 
@@ -487,7 +490,10 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
     assert!(plan.members.iter().all(|m| m.used_bytes.is_some()));
     for m in &status.members {
         // `Full` reads every file; `verifiedFiles` counts only a `Changed` mode's files.
-        assert!(m.verified.is_some() && m.verified_files.is_none(), "{m:?}");
+        assert!(
+            m.first_claim.verified.is_some() && m.first_claim.verified_files.is_none(),
+            "{m:?}"
+        );
     }
     let after = claims(&ns).await;
     assert_eq!(

@@ -148,7 +148,7 @@ async fn stop_before_the_copy(ns: &TestNamespace, pre_copy: bool, step: MemberSt
         node: planned.node.clone(),
         measured,
         temp_claim: build::temp_claim_name(REQ, &planned.claim),
-        temp_volume: member.new_volume.clone().unwrap(),
+        temp_volume: member.first_claim.new_volume.clone().unwrap(),
     }
 }
 

@@ -370,8 +370,12 @@ fn assert_plan_and_status(
     for m in &status.members {
         let (data, wal) = (format!("data-{}", m.pod), format!("wal-{}", m.pod));
         assert_eq!(m.step, MemberStep::Done, "{}", m.pod);
-        assert_eq!(m.new_volume.as_ref(), Some(&after[&data].0), "{data}");
-        assert!(m.verified.is_some(), "{data} verified");
+        assert_eq!(
+            m.first_claim.new_volume.as_ref(),
+            Some(&after[&data].0),
+            "{data}"
+        );
+        assert!(m.first_claim.verified.is_some(), "{data} verified");
         assert_eq!(m.further_claims.len(), 1, "{:?}", m.further_claims);
         let fc = &m.further_claims[0];
         assert_eq!(fc.claim, wal);
@@ -427,7 +431,7 @@ async fn migrate(
     let req = run_request(ns, name, spec).await;
     println!("request {name} Successful after {:?}", started.elapsed());
     for m in req.status.iter().flat_map(|s| &s.members) {
-        let copied = m.bytes_copied.unwrap_or(0)
+        let copied = m.first_claim.bytes_copied.unwrap_or(0)
             + m.further_claims
                 .iter()
                 .filter_map(|c| c.bytes_copied)

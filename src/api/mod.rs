@@ -757,44 +757,19 @@ pub struct MemberStatus {
     /// `RolledBack`).
     #[serde(default)]
     pub step: MemberStep,
-    /// The new volume, once provisioned.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_volume: Option<String>,
-    /// The reclaim policy the old volume had before the swap set it to Retain.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub old_volume_original_policy: Option<String>,
-    /// The reclaim policy the new volume had before the swap set it to Retain.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub new_volume_original_policy: Option<String>,
-    /// Bytes the final copy transferred.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_copied: Option<i64>,
-    /// Files the final copy transferred.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub files_copied: Option<i64>,
-    /// Bytes the final copy wrote to the new volume: with its delta transfer only the blocks
-    /// that changed since the pre-copy, so at most `bytesCopied` (the sizes of the files that
-    /// changed).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bytes_written: Option<i64>,
+    /// The member's first claim (the plan's `claim`): its name, new volume, original reclaim
+    /// policies, bytes copied, verification and data location, as for each of `furtherClaims`.
+    #[serde(flatten)]
+    pub first_claim: ClaimStatus,
     /// Live progress of the member's running copy (pre-copy or final pass), read from the copy
     /// Job's log every few seconds while it runs; the last reading stays after it ends.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_progress: Option<CopyProgress>,
-    /// When the verification found the copy identical to the original in content and
-    /// metadata; unset when `spec.copy.verify` is false. The final check of a `Generic` request
-    /// requires it of every migrated member.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verified: Option<Time>,
     /// When the operator created the member's first copy pass (pre-copy, or the final copy
     /// without one): the verification in `Changed` mode compares the content of the files
     /// changed since a minute before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub copy_started: Option<Time>,
-    /// Regular files whose content the verification compared (`Changed` mode: those changed
-    /// since `copyStarted` less a minute; `Full`: every one).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verified_files: Option<i64>,
     /// When the member's migration started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started: Option<Time>,
@@ -818,25 +793,22 @@ pub struct MemberStatus {
     /// forward (something else recreated its pod or the StatefulSet): why, and where its data is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held: Option<String>,
-    /// Where the member's data is, recorded when the request ends `Failed`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_location: Option<DataLocation>,
     /// Which of the member's claims the step in progress works on: 0 for the plan's `claim`,
     /// `k` for `furtherClaims[k-1]`. A step that acts on claims is taken for each in turn.
     #[serde(default, skip_serializing_if = "is_zero_usize")]
     pub claim_index: usize,
-    /// Where each further claim of the member stands (the plan's `furtherClaims`, in order);
-    /// the member's own fields above are its first claim's.
+    /// Where each further claim of the member stands (the plan's `furtherClaims`, in order).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub further_claims: Vec<ClaimStatus>,
 }
 
-/// Where one further claim of a member stands: the fields of [`MemberStatus`] that belong to a
-/// claim.
+/// Where one claim of a member stands: its first claim's (flattened into [`MemberStatus`]) or
+/// a further one's (`furtherClaims[]`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimStatus {
     /// The claim.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub claim: String,
     /// The new volume, once provisioned.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -853,13 +825,18 @@ pub struct ClaimStatus {
     /// Files the final copy transferred.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_copied: Option<i64>,
-    /// Bytes the final copy wrote to the new volume.
+    /// Bytes the final copy wrote to the new volume: with its delta transfer only the blocks
+    /// that changed since the pre-copy, so at most `bytesCopied` (the sizes of the files that
+    /// changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes_written: Option<i64>,
-    /// When the verification found the copy identical to the original.
+    /// When the verification found the copy identical to the original in content and
+    /// metadata; unset when `spec.copy.verify` is false. The final check of a `Generic` request
+    /// requires it of every migrated claim.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified: Option<Time>,
-    /// Regular files whose content the verification compared.
+    /// Regular files whose content the verification compared (`Changed` mode: those changed
+    /// since `copyStarted` less a minute; `Full`: every one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verified_files: Option<i64>,
     /// Where the claim's data is, recorded when the request ends `Failed`.
@@ -868,62 +845,37 @@ pub struct ClaimStatus {
 }
 
 impl MemberStatus {
-    /// The status of claim `slot` (0: the member's own fields; `k`: `furtherClaims[k-1]`).
+    /// The status of claim `slot` (0: `first_claim`; `k`: `furtherClaims[k-1]`).
     pub fn claim_status(&self, slot: usize) -> ClaimStatus {
         match slot.checked_sub(1) {
             Some(k) => self.further_claims.get(k).cloned().unwrap_or_default(),
-            None => ClaimStatus {
-                claim: String::new(),
-                new_volume: self.new_volume.clone(),
-                old_volume_original_policy: self.old_volume_original_policy.clone(),
-                new_volume_original_policy: self.new_volume_original_policy.clone(),
-                bytes_copied: self.bytes_copied,
-                files_copied: self.files_copied,
-                bytes_written: self.bytes_written,
-                verified: self.verified.clone(),
-                verified_files: self.verified_files,
-                data_location: self.data_location.clone(),
-            },
+            None => self.first_claim.clone(),
         }
     }
 
     /// The member as the steps see it while they work on its claim `slot`: that claim's
-    /// status in the member's own fields.
+    /// status as its first claim's.
     pub fn on_claim(&self, slot: usize) -> MemberStatus {
         let mut ms = self.clone();
-        if slot > 0 {
-            ms.set_claim_fields(self.claim_status(slot));
-        }
+        ms.first_claim = self.claim_status(slot);
         ms
     }
 
-    /// Writes `c` to claim `slot`'s fields.
+    /// Writes `c` to claim `slot`'s status (the claim's name stays).
     pub fn set_claim_status(&mut self, slot: usize, c: ClaimStatus) {
-        match slot.checked_sub(1) {
+        let target = match slot.checked_sub(1) {
+            None => &mut self.first_claim,
             Some(k) => {
                 if self.further_claims.len() <= k {
                     self.further_claims.resize_with(k + 1, Default::default);
                 }
-                let slot = &mut self.further_claims[k];
-                *slot = ClaimStatus {
-                    claim: std::mem::take(&mut slot.claim),
-                    ..c
-                };
+                &mut self.further_claims[k]
             }
-            None => self.set_claim_fields(c),
-        }
-    }
-
-    fn set_claim_fields(&mut self, c: ClaimStatus) {
-        self.new_volume = c.new_volume;
-        self.old_volume_original_policy = c.old_volume_original_policy;
-        self.new_volume_original_policy = c.new_volume_original_policy;
-        self.bytes_copied = c.bytes_copied;
-        self.files_copied = c.files_copied;
-        self.bytes_written = c.bytes_written;
-        self.verified = c.verified;
-        self.verified_files = c.verified_files;
-        self.data_location = c.data_location;
+        };
+        *target = ClaimStatus {
+            claim: std::mem::take(&mut target.claim),
+            ..c
+        };
     }
 }
 

@@ -555,7 +555,7 @@ fn volume_names(
     }
     for m in &status.members {
         let further = m.further_claims.iter().filter_map(|c| c.new_volume.clone());
-        names.extend(m.new_volume.clone().into_iter().chain(further));
+        names.extend(m.first_claim.new_volume.clone().into_iter().chain(further));
     }
     names
 }
@@ -609,7 +609,10 @@ mod tests {
             }),
             members: vec![
                 MemberStatus {
-                    new_volume: Some("pv-new-1".into()),
+                    first_claim: crate::api::ClaimStatus {
+                        new_volume: Some("pv-new-1".into()),
+                        ..Default::default()
+                    },
                     ..Default::default()
                 },
                 MemberStatus::default(),

@@ -185,7 +185,11 @@ fn a_rollback_that_waits_past_the_stage_timeout_gives_up_saying_for_what() {
     }
     assert!(sim.reasons().contains(&"RollbackGaveUp"));
     assert_eq!(
-        s.members[0].data_location.as_ref().map(|l| l.state),
+        s.members[0]
+            .first_claim
+            .data_location
+            .as_ref()
+            .map(|l| l.state),
         Some(DataState::Untouched)
     );
 }
@@ -246,10 +250,9 @@ fn a_statefulset_that_never_adopts_its_pods_rolls_back_after_the_stage_timeout()
     sim.run(50);
     let s = sim.status();
     assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
-    assert!(
-        (s.members.iter())
-            .all(|m| m.data_location.as_ref().map(|l| l.state) == Some(DataState::Migrated))
-    );
+    assert!((s.members.iter()).all(
+        |m| m.first_claim.data_location.as_ref().map(|l| l.state) == Some(DataState::Migrated)
+    ));
 }
 
 #[test]
@@ -295,7 +298,7 @@ fn a_rollback_carried_past_a_swap_that_gives_up_says_the_swap_was_interrupted() 
     let d = decide(&sim.o, &sim.settings);
     let status = first_status(&d);
     assert_eq!(status.phase, Phase::Failed);
-    let location = status.members[0].data_location.clone().unwrap();
+    let location = status.members[0].first_claim.data_location.clone().unwrap();
     assert_eq!(location.state, DataState::SwapInterrupted);
     assert!(status.message.unwrap().contains("swap interrupted at step"));
 }

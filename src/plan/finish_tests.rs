@@ -78,7 +78,10 @@ fn a_failed_request_records_where_each_members_data_is() {
     let s = status(&sim);
     let location = |pod: &str| {
         let ms = s.members.iter().find(|m| m.pod == pod).unwrap();
-        ms.data_location.clone().expect("dataLocation recorded")
+        ms.first_claim
+            .data_location
+            .clone()
+            .expect("dataLocation recorded")
     };
     let new_volume = claim_volume(&sim.o.claims["data-etcd-0"]).unwrap();
     assert_eq!(

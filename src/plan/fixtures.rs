@@ -714,7 +714,7 @@ impl Sim {
                         // Members left alone were not copied by this request.
                         spec.copy.verify
                             && (status.members.iter())
-                                .all(|m| m.step.left_alone() || m.verified.is_some())
+                                .all(|m| m.step.left_alone() || m.first_claim.verified.is_some())
                     }
                 };
                 assert!(

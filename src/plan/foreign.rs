@@ -426,7 +426,11 @@ pub(crate) fn hold_in_rollback(cx: &mut Ctx, i: usize) -> bool {
     };
     let set = foreign_set(cx);
     let pod = cx.o.pods.get(&m.pod).map(|p| p.uid().unwrap_or_default());
-    let new = ms.new_volume.clone().unwrap_or_else(|| "?".into());
+    let new = ms
+        .first_claim
+        .new_volume
+        .clone()
+        .unwrap_or_else(|| "?".into());
     let stale = cx
         .status
         .failure
@@ -464,10 +468,10 @@ pub(crate) fn hold_in_rollback(cx: &mut Ctx, i: usize) -> bool {
         MemberStep::DeletingTempClaim
         | MemberStep::ReleasingNewVolume
         | MemberStep::RecreatingClaim => {
-            let taken =
-                cx.o.claims.get(&m.claim).filter(|c| {
-                    claim_volume(c) != ms.new_volume.as_deref() || ms.new_volume.is_none()
-                });
+            let taken = cx.o.claims.get(&m.claim).filter(|c| {
+                claim_volume(c) != ms.first_claim.new_volume.as_deref()
+                    || ms.first_claim.new_volume.is_none()
+            });
             let Some(taken) = taken else {
                 return false;
             };

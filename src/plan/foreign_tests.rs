@@ -159,7 +159,7 @@ fn a_foreign_set_run_through_recreating_pod_creates_no_pod_of_ours() {
     let claim = &sim.o.claims["data-etcd-0"];
     assert_eq!(
         claim_volume(claim),
-        members_of(&sim)[0].new_volume.as_deref(),
+        members_of(&sim)[0].first_claim.new_volume.as_deref(),
         "the claim's name holds the verified copy"
     );
 }

@@ -568,7 +568,7 @@ fn temp_claim_bound(
     mounter: String,
 ) -> Result<(), Failure> {
     let m = &mb.m;
-    if mb.ms.new_volume.as_deref() != Some(volume) {
+    if mb.ms.first_claim.new_volume.as_deref() != Some(volume) {
         record_claim(cx, mb, |c| c.new_volume = Some(volume.to_string()));
         cx.requeue = Duration::ZERO;
         return Ok(());
@@ -921,7 +921,7 @@ fn copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     if let Some(full) = copied.as_ref().and_then(|r| too_full(mb, r)) {
         return Err(full);
     }
-    if mb.ms.bytes_copied.is_none() {
+    if mb.ms.first_claim.bytes_copied.is_none() {
         record_copy(cx, mb, copied.as_ref());
     }
     if cx.spec().copy.verify {
@@ -1017,7 +1017,7 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             }
         }
     }
-    let Some(new_name) = mb.ms.new_volume.clone() else {
+    let Some(new_name) = mb.ms.first_claim.new_volume.clone() else {
         stuck(
             cx,
             Stuck::Volume,
@@ -1071,7 +1071,10 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         return Ok(());
     }
     match cx.o.claims.get(&m.claim) {
-        Some(c) if claim_volume(c) == mb.ms.new_volume.as_deref() && claim_volume(c).is_some() => {
+        Some(c)
+            if claim_volume(c) == mb.ms.first_claim.new_volume.as_deref()
+                && claim_volume(c).is_some() =>
+        {
             // Already recreated on the new volume.
             advance(cx, mb, MemberStep::DeletingTempClaim);
         }
@@ -1209,7 +1212,7 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     if pod_reappeared(cx, mb) {
         return Ok(());
     }
-    let Some(name) = mb.ms.new_volume.clone() else {
+    let Some(name) = mb.ms.first_claim.new_volume.clone() else {
         stuck(
             cx,
             Stuck::Volume,
@@ -1292,7 +1295,7 @@ fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         return Ok(());
     }
     let plan = cx.status.plan.clone().unwrap_or_default();
-    let Some(new_volume) = mb.ms.new_volume.clone() else {
+    let Some(new_volume) = mb.ms.first_claim.new_volume.clone() else {
         stuck(
             cx,
             Stuck::Volume,

@@ -699,8 +699,8 @@ fn generic_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
         .members
         .iter()
         .filter(|m| {
-            let unverified =
-                m.verified.is_none() || m.further_claims.iter().any(|c| c.verified.is_none());
+            let unverified = m.first_claim.verified.is_none()
+                || m.further_claims.iter().any(|c| c.verified.is_none());
             m.step == MemberStep::Done && unverified
         })
         .map(|m| m.pod.as_str())
@@ -750,6 +750,7 @@ fn settle_old_volume(cx: &mut Ctx, m: &PlannedMember, ms: &MemberStatus) {
         Some(OldPvReclaimPolicy::Retain) => "Retain".to_string(),
         Some(OldPvReclaimPolicy::Delete) => "Delete".to_string(),
         None => ms
+            .first_claim
             .old_volume_original_policy
             .clone()
             .unwrap_or_else(|| "Retain".to_string()),
@@ -866,7 +867,10 @@ fn remove_finalizer(cx: &mut Ctx) {
 /// The new volume was set to Retain for the swap; it is now the member's live volume and gets
 /// back the policy its class gave it.
 fn restore_new_volume_policy(cx: &mut Ctx, ms: &MemberStatus) {
-    let (Some(name), Some(original)) = (&ms.new_volume, &ms.new_volume_original_policy) else {
+    let (Some(name), Some(original)) = (
+        &ms.first_claim.new_volume,
+        &ms.first_claim.new_volume_original_policy,
+    ) else {
         return;
     };
     if let Some(pv) = cx.o.volumes.get(name)
@@ -1143,7 +1147,7 @@ fn data_locations(cx: &mut Ctx, plan: &Plan) -> String {
 fn data_location(cx: &Ctx, plan: &Plan, m: &PlannedMember, ms: &MemberStatus) -> DataLocation {
     let (volume, state, class) = match ms.step {
         MemberStep::Done => (
-            ms.new_volume.clone().unwrap_or_default(),
+            ms.first_claim.new_volume.clone().unwrap_or_default(),
             DataState::Migrated,
             plan.target_storage_class.clone(),
         ),
@@ -1154,7 +1158,7 @@ fn data_location(cx: &Ctx, plan: &Plan, m: &PlannedMember, ms: &MemberStatus) ->
         ),
         // Only when a rollback gave up in the middle of a swap: the claim is (or is about to
         // be) bound to the new volume once the old claim is gone.
-        s if s.swap_begun() => match (&ms.new_volume, s) {
+        s if s.swap_begun() => match (&ms.first_claim.new_volume, s) {
             (Some(new), s)
                 if !matches!(
                     s,
@@ -1200,7 +1204,10 @@ fn describe_location(m: &PlannedMember, ms: &MemberStatus, l: &DataLocation) -> 
              the original data is on volume {}, its verified copy on volume {}, both Retain",
             ms.step,
             m.old_volume,
-            ms.new_volume.as_deref().unwrap_or("(not recorded)")
+            ms.first_claim
+                .new_volume
+                .as_deref()
+                .unwrap_or("(not recorded)")
         ),
         DataState::Migrated => format!(
             "{pod} on claim {claim} -> new volume {volume} ({class}; old volume {} kept, Retain)",

@@ -514,7 +514,7 @@ fn storage_class_change_runs_to_success() {
             .unwrap();
         assert_eq!(ms.step, MemberStep::Done);
         assert!(ms.downtime_seconds.is_some());
-        assert_eq!(ms.bytes_copied, Some(1 << 20));
+        assert_eq!(ms.first_claim.bytes_copied, Some(1 << 20));
     }
     let tpl = first_template(&sim);
     assert_eq!(claim_class(tpl), Some("fast"));
@@ -786,7 +786,7 @@ fn verification_reads_the_content_changed_since_a_minute_before_the_first_copy_p
         assert_eq!(since, Some(expected), "{mode:?}");
         assert_eq!(sim.phase(), Phase::Successful, "{mode:?}");
         // The fixture's final copy, verifying in its pod, reports 2 files read in Changed mode.
-        assert_eq!(etcd0.verified_files, Some(2));
+        assert_eq!(etcd0.first_claim.verified_files, Some(2));
         let verified = sim.events.iter().find(|(r, _)| r == "Verified");
         assert!(
             verified.is_some_and(|(_, m)| m.contains("in content for the 2 files changed")),
@@ -1464,7 +1464,10 @@ fn resume_copying_reads_the_finished_jobs() {
     let d = decide(&o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.step, MemberStep::RetainingVolumes);
-    assert_eq!((ms.bytes_copied, ms.files_copied), (Some(7), Some(1)));
+    assert_eq!(
+        (ms.first_claim.bytes_copied, ms.first_claim.files_copied),
+        (Some(7), Some(1))
+    );
     // The claim is stashed in the same decision, after the status (the swap's first need).
     let claim_key = super::stash::StashKey::Claim("data-etcd-0".into()).config_map_key();
     let stash_at = d
@@ -1533,8 +1536,14 @@ fn retaining_volumes_records_policies_before_patching() {
     // Record and patch in one decision: the status first.
     let d = decide(&sim.o, &SETTINGS);
     let ms = member0(&d);
-    assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
-    assert_eq!(ms.new_volume_original_policy.as_deref(), Some("Delete"));
+    assert_eq!(
+        ms.first_claim.old_volume_original_policy.as_deref(),
+        Some("Delete")
+    );
+    assert_eq!(
+        ms.first_claim.new_volume_original_policy.as_deref(),
+        Some("Delete")
+    );
     assert_eq!(ms.step, MemberStep::RetainingVolumes, "not before Retain");
     assert!(matches!(d.actions[0], Action::SetStatus(_)), "{d:?}");
     let patches = |d: &Decision| {
@@ -1553,7 +1562,10 @@ fn retaining_volumes_records_policies_before_patching() {
     let d = decide(&sim.o, &SETTINGS);
     let ms = member0(&d);
     assert_eq!(ms.step, MemberStep::DeletingOldClaim);
-    assert_eq!(ms.old_volume_original_policy.as_deref(), Some("Delete"));
+    assert_eq!(
+        ms.first_claim.old_volume_original_policy.as_deref(),
+        Some("Delete")
+    );
     assert_eq!(patches(&d), 0);
 }
 
@@ -1619,7 +1631,7 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     // The volume carries the claim's uid while the claim is Pending: the controller's claim
     // worker lost its race with its volume worker; an annotation update makes it sync again.
     let status = sim.o.request.status.as_ref().unwrap();
-    let volume = status.members[0].new_volume.clone().unwrap();
+    let volume = status.members[0].first_claim.new_volume.clone().unwrap();
     let pv = sim.o.volumes.get_mut(&volume).unwrap();
     let claim_ref = pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap();
     claim_ref.uid = Some("uid-recreated".into());
@@ -2144,7 +2156,10 @@ fn generic_with_verification_records_it_and_succeeds() {
     sim.run(400);
     let s = status_of(&sim);
     assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
-    assert!(s.members.iter().all(|m| m.verified.is_some()), "{s:?}");
+    assert!(
+        s.members.iter().all(|m| m.first_claim.verified.is_some()),
+        "{s:?}"
+    );
     assert!(!s.message.unwrap().contains("hash_kv"));
 }
 
@@ -2152,7 +2167,9 @@ fn generic_with_verification_records_it_and_succeeds() {
 fn generic_member_without_verification_on_record_fails() {
     let mut sim = Sim::new(observed(spec_class_change("fast")));
     run_to_finalizing(&mut sim);
-    sim.o.request.status.as_mut().unwrap().members[1].verified = None;
+    sim.o.request.status.as_mut().unwrap().members[1]
+        .first_claim
+        .verified = None;
     let pod = status_of(&sim).members[1].pod.clone();
     sim.run(100);
     assert_failed_with_old_volumes_kept(
@@ -2176,7 +2193,7 @@ fn generic_without_verification_keeps_old_volumes_on_retain() {
         "{:?}",
         s.message
     );
-    assert!(s.members.iter().all(|m| m.verified.is_none()));
+    assert!(s.members.iter().all(|m| m.first_claim.verified.is_none()));
     assert!(sim.reasons().contains(&"OldVolumesRetained"));
     for i in 0..3 {
         let old = &sim.o.volumes[&format!("pv-old-{i}")];

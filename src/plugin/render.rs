@@ -85,7 +85,7 @@ pub fn member_line(m: &MemberStatus) -> String {
         if let Some(d) = m.downtime_seconds {
             let _ = write!(s, "downtime {d:.1}s");
         }
-        if let Some(b) = m.bytes_copied {
+        if let Some(b) = m.first_claim.bytes_copied {
             let _ = write!(s, "  copied {}", bytes(b));
         }
     } else if let Some(msg) = &m.message {
@@ -329,7 +329,11 @@ pub fn data_location(m: &MemberStatus, planned: Option<&PlannedMember>) -> Strin
     }
     let old = planned.map_or("?", |p| p.old_volume.as_str());
     let claim = planned.map_or("?", |p| p.claim.as_str());
-    let new = m.new_volume.as_deref().unwrap_or("(not provisioned yet)");
+    let new = m
+        .first_claim
+        .new_volume
+        .as_deref()
+        .unwrap_or("(not provisioned yet)");
     match m.step {
         MemberStep::Pending | MemberStep::CreatingClaim | MemberStep::RolledBack => {
             format!("on its old volume {old} (claim {claim})")
@@ -369,7 +373,7 @@ pub fn member_times(m: &MemberStatus) -> Vec<String> {
     let mut lines: Vec<String> = [
         t("started", m.started.as_ref().map(|t| t.0)),
         t("pod stopped", m.pod_deleted_at.as_ref().map(|t| t.0)),
-        t("verified", m.verified.as_ref().map(|t| t.0)),
+        t("verified", m.first_claim.verified.as_ref().map(|t| t.0)),
         t("finished", m.finished.as_ref().map(|t| t.0)),
     ]
     .into_iter()
@@ -378,11 +382,11 @@ pub fn member_times(m: &MemberStatus) -> Vec<String> {
     if let Some(d) = m.downtime_seconds {
         lines.push(format!("    {:<12} {d:.1}s", "downtime"));
     }
-    if let (Some(b), f) = (m.bytes_copied, m.files_copied) {
+    if let (Some(b), f) = (m.first_claim.bytes_copied, m.first_claim.files_copied) {
         let files = f.map(|f| format!(", {f} files")).unwrap_or_default();
         lines.push(format!("    {:<12} {}{files}", "copied", bytes(b)));
     }
-    if let Some(w) = m.bytes_written {
+    if let Some(w) = m.first_claim.bytes_written {
         lines.push(format!("    {:<12} {}", "written", bytes(w)));
     }
     lines
@@ -428,7 +432,11 @@ pub fn volumes_of(s: &StorageMigrationRequestStatus) -> Vec<String> {
     let planned = s.plan.iter().flat_map(|p| p.members.iter());
     planned
         .map(|m| m.old_volume.clone())
-        .chain(s.members.iter().filter_map(|m| m.new_volume.clone()))
+        .chain(
+            s.members
+                .iter()
+                .filter_map(|m| m.first_claim.new_volume.clone()),
+        )
         .collect()
 }
 
@@ -509,7 +517,7 @@ mod tests {
         );
         m.step = MemberStep::Done;
         m.downtime_seconds = Some(4.25);
-        m.bytes_copied = Some(2048);
+        m.first_claim.bytes_copied = Some(2048);
         assert_eq!(
             member_line(&m),
             "  etcd-1       Done                downtime 4.2s  copied 2.0 KiB"
@@ -684,7 +692,7 @@ mod tests {
             "on its old volume pv-old (claim data-etcd-0)"
         );
         m.step = MemberStep::DeletingTempClaim;
-        m.new_volume = Some("pv-new".into());
+        m.first_claim.new_volume = Some("pv-new".into());
         assert_eq!(
             data_location(&m, Some(&p)),
             "on pv-new, being bound to claim data-etcd-0; the original stays on pv-old (kept)"

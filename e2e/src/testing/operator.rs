@@ -585,7 +585,7 @@ pub fn summary(req: &StorageMigrationRequest) -> String {
         .map(|m| {
             format!(
                 "{} {:?} downtime {:?}s copied {:?}B",
-                m.pod, m.step, m.downtime_seconds, m.bytes_copied
+                m.pod, m.step, m.downtime_seconds, m.first_claim.bytes_copied
             )
         })
         .collect();

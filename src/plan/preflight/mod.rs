@@ -237,6 +237,10 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         .iter()
         .map(|m| MemberStatus {
             pod: m.pod.clone(),
+            first_claim: ClaimStatus {
+                claim: m.claim.clone(),
+                ..Default::default()
+            },
             further_claims: (m.further_claims.iter())
                 .map(|c| ClaimStatus {
                     claim: c.claim.clone(),

@@ -213,9 +213,9 @@ fn row(
         .map(|m| MemberRow {
             pod: m.pod.clone(),
             downtime: m.downtime_seconds,
-            bytes_copied: m.bytes_copied,
-            bytes_written: m.bytes_written,
-            verified_files: m.verified_files,
+            bytes_copied: m.first_claim.bytes_copied,
+            bytes_written: m.first_claim.bytes_written,
+            verified_files: m.first_claim.verified_files,
             observed: observed.as_ref().and_then(|a| a.down(&m.pod, now)),
             phases: phases(events, &m.pod),
         })
