@@ -98,6 +98,16 @@ async fn the_api_server_refuses_malformed_requests_naming_the_field() {
             Box::new(|s| s["shrink"]["size"] = json!(0)),
         ),
         (
+            "bad-sizes-unit",
+            "spec.shrink.sizes.wal",
+            Box::new(|s| s["shrink"]["sizes"] = json!({"wal": "1GB"})),
+        ),
+        (
+            "bad-sizes-int-zero",
+            "spec.shrink.sizes.data",
+            Box::new(|s| s["shrink"]["sizes"] = json!({"data": 0})),
+        ),
+        (
             "bad-missing-shrink",
             "spec.shrink",
             Box::new(|s| {
@@ -198,6 +208,10 @@ async fn the_api_server_refuses_malformed_requests_naming_the_field() {
 
     let good: Vec<(&str, Edit)> = vec![
         ("good-shrink", Box::new(|_| {})),
+        (
+            "good-sizes",
+            Box::new(|s| s["shrink"] = json!({"sizes": {"data": "1Gi", "wal": 268435456}})),
+        ),
         (
             "good-timeout-hms",
             Box::new(|s| s["timeout"] = json!("1h0m30s")),

@@ -154,6 +154,7 @@ pub struct ShrinkSpec {
     /// The new size per volumeClaimTemplate (for a Deployment, per claim name), for requests
     /// that move several: `{data: 1Gi, wal: 256Mi}`. A template it does not name takes `size`.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    #[schemars(schema_with = "sizes_schema")]
     pub sizes: std::collections::BTreeMap<String, Quantity>,
 }
 
@@ -726,6 +727,20 @@ pub enum PlannedWork {
     /// left as it is, never stopped; `status.members[].step` is `NotTargeted`. Its health still
     /// gates the target member's stop.
     NotTargeted,
+}
+
+/// The schema of `shrink.sizes`: an object whose every value is a size as `shrink.size` takes
+/// it (without the long generic description of a `Quantity` repeated in the CRD).
+fn sizes_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "additionalProperties": {
+            "x-kubernetes-int-or-string": true,
+            "pattern": schema::SIZE_PATTERN,
+            "minimum": 1,
+        },
+        "description": "The new size per volumeClaimTemplate (for a Deployment, per claim name), for requests that move several: `{data: 1Gi, wal: 256Mi}`. A template it does not name takes `size`.",
+    })
 }
 
 /// The schema of the optional `role`: a nullable string enum, without the `null` enum value the

@@ -9,7 +9,7 @@
 //! turn `{properties: {type: {enum: [Shrink]}}}` into a conflicting definition of `type`.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSON, JSONSchemaProps,
+    CustomResourceDefinition, JSON, JSONSchemaProps, JSONSchemaPropsOrBool,
 };
 use kube::CustomResourceExt;
 
@@ -73,6 +73,10 @@ fn drop_input_checks(schema: &mut JSONSchemaProps) {
     schema.min_length = None;
     for child in schema.properties.iter_mut().flat_map(|p| p.values_mut()) {
         drop_input_checks(child);
+    }
+    // The values of a map (`shrink.sizes`).
+    if let Some(JSONSchemaPropsOrBool::Schema(values)) = schema.additional_properties.as_mut() {
+        drop_input_checks(values);
     }
 }
 
@@ -251,6 +255,9 @@ mod tests {
         );
         let size = &spec["properties"]["shrink"]["properties"]["size"];
         assert_eq!(size["pattern"], SIZE_PATTERN);
+        let sizes = &spec["properties"]["shrink"]["properties"]["sizes"]["additionalProperties"];
+        assert_eq!(sizes["pattern"], SIZE_PATTERN);
+        assert_eq!(sizes["x-kubernetes-int-or-string"], true);
         assert_eq!(size["minimum"], 1.0);
         assert_eq!(size["x-kubernetes-int-or-string"], true);
         let rule = serde_json::to_value(type_block_rule()).unwrap();
