@@ -254,11 +254,9 @@ pub fn member_outcomes(
                 result,
                 downtime_seconds: m.downtime_seconds,
                 // Every claim of the member (its further claims move in the same stop).
-                bytes: (m.further_claims.iter())
-                    .try_fold(m.first_claim.bytes_copied.unwrap_or(0), |sum, c| {
-                        Some(sum + c.bytes_copied?)
-                    })
-                    .filter(|_| m.first_claim.bytes_copied.is_some()),
+                bytes: (std::iter::once(&m.first_claim).chain(&m.further_claims))
+                    .map(|c| c.bytes_copied)
+                    .sum(),
                 seconds,
             })
         })

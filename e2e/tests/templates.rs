@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
-use e2e::testing::{TestNamespace, claim_manifest, one_member_set, scenario};
+use e2e::testing::{TestNamespace, claim_manifest, one_member_set, requested_size, scenario};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
@@ -138,12 +138,7 @@ async fn claim_state(ns: &TestNamespace, claim: &str) -> (String, String, String
         .await
         .unwrap();
     let spec = c.spec.unwrap_or_default();
-    let size = spec
-        .resources
-        .and_then(|r| r.requests)
-        .and_then(|r| r.get("storage").cloned())
-        .map(|q| q.0)
-        .unwrap_or_default();
+    let size = requested_size(&spec);
     (
         spec.volume_name.unwrap_or_default(),
         spec.storage_class_name.unwrap_or_default(),
@@ -393,12 +388,7 @@ async fn set_templates(ns: &TestNamespace) -> BTreeMap<String, (String, String)>
         .flatten()
         .map(|t| {
             let spec = t.spec.unwrap_or_default();
-            let size = spec
-                .resources
-                .and_then(|r| r.requests)
-                .and_then(|r| r.get("storage").cloned())
-                .map(|q| q.0)
-                .unwrap_or_default();
+            let size = requested_size(&spec);
             let class = spec.storage_class_name.unwrap_or_default();
             (t.metadata.name.unwrap_or_default(), (class, size))
         })

@@ -33,7 +33,7 @@ pub use cluster::TestCluster;
 pub use namespace::TestNamespace;
 pub use objects::{
     assert_claims_bound, claim_manifest, fixture_path, node_satisfies, one_member_set,
-    set_template_class,
+    requested_size, set_template_class,
 };
 pub use pods::{ClaimMount, JobOutcome, MoverSpec, PodOutcome, describe_pod, mover_pod_spec};
 

@@ -97,6 +97,15 @@ pub fn node_satisfies(affinity: &VolumeNodeAffinity, node: &Node) -> bool {
 
 /// `claim → (volume, class, requested size)` of the claims `data-<set>-0 .. data-<set>-(n-1)`;
 /// panics unless each exists and is Bound.
+/// The storage a claim (or a claim template) requests, as written (`""` when none).
+pub fn requested_size(spec: &k8s_openapi::api::core::v1::PersistentVolumeClaimSpec) -> String {
+    (spec.resources.as_ref())
+        .and_then(|r| r.requests.as_ref())
+        .and_then(|r| r.get("storage"))
+        .map(|q| q.0.clone())
+        .unwrap_or_default()
+}
+
 pub async fn assert_claims_bound(
     ns: &super::TestNamespace,
     set: &str,
@@ -113,12 +122,7 @@ pub async fn assert_claims_bound(
             "claim {name}"
         );
         let spec = c.spec.unwrap_or_default();
-        let size = spec
-            .resources
-            .and_then(|r| r.requests)
-            .and_then(|r| r.get("storage").cloned())
-            .map(|q| q.0)
-            .unwrap_or_default();
+        let size = requested_size(&spec);
         let volume = spec.volume_name.unwrap_or_default();
         let class = spec.storage_class_name.unwrap_or_default();
         out.insert(name, (volume, class, size));
