@@ -212,6 +212,9 @@ async fn a_bare_pods_claim_moves_and_the_pod_comes_back_from_its_manifest() {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "solo", "labels": {"app": "solo"}},
         "spec": {
+            // No API access needed; and without the token mount the API server does not refuse
+            // the pod of a namespace so new that its service account has no token yet.
+            "automountServiceAccountToken": false,
             "terminationGracePeriodSeconds": 5,
             "securityContext": {"runAsUser": 0, "runAsGroup": 0},
             "containers": [{
