@@ -16,6 +16,10 @@ pub const QUEUED: &str = "Queued";
 /// Whether the PodDisruptionBudgets that select the member about to stop allow it: `False`
 /// (reason `Waiting`) while one allows no disruption (see `plan::disruption`).
 pub const DISRUPTION_BUDGET: &str = "DisruptionBudget";
+/// `False` (reason `ChangedAgain`) once something other than the operator changed a volume's
+/// reclaim policy from `Retain` a second time during its claim swap: the message names the
+/// volume (see `plan::retain`).
+pub const RECLAIM_POLICY: &str = "ReclaimPolicy";
 
 /// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
 /// not change. Returns true when anything changed.

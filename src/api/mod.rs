@@ -857,6 +857,27 @@ pub struct ClaimStatus {
     /// Where the claim's data is, recorded when the request ends `Failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_location: Option<DataLocation>,
+    /// The claim's volumes whose reclaim policy the claim swap found changed from `Retain`
+    /// after it had set it, and set back (no claim of such a volume is deleted meanwhile).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policy_resets: Vec<PolicyReset>,
+}
+
+/// A volume whose reclaim policy something else changed from `Retain` during the claim swap.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyReset {
+    /// The PersistentVolume.
+    pub volume: String,
+    /// The reclaim policy it was last found with (e.g. `Delete`).
+    pub policy: String,
+    /// How many times it was found changed: each time at another `resourceVersion` of the
+    /// volume. From the second on, condition `ReclaimPolicy` names it.
+    pub times: u32,
+    /// The volume's `resourceVersion` when it was last found changed: found so again at the
+    /// same one, it is the same change (the patch back has not landed), not another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
 }
 
 impl MemberStatus {

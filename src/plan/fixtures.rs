@@ -813,11 +813,7 @@ impl Sim {
                 }
             }
             Action::PatchReclaimPolicy { volume, policy } => {
-                if let Some(pv) = self.o.volumes.get_mut(volume) {
-                    pv.spec
-                        .get_or_insert_with(Default::default)
-                        .persistent_volume_reclaim_policy = Some(policy.clone());
-                }
+                self.set_reclaim_policy(volume, policy);
             }
             Action::SetClaimRef { volume, claim } => {
                 if let Some(pv) = self.o.volumes.get_mut(volume) {
@@ -1275,6 +1271,19 @@ impl Sim {
         sim.o.claims.remove("data-etcd-0");
         assert!(sim.decide_until(Some(step)), "{:?}", sim.step_of("etcd-0"));
         sim
+    }
+
+    /// Sets a volume's reclaim policy as the API server would (a new resourceVersion): the
+    /// operator's patch, or another actor's (a test playing a GitOps tool).
+    pub fn set_reclaim_policy(&mut self, volume: &str, policy: &str) {
+        self.next_version += 1;
+        let version = self.next_version.to_string();
+        if let Some(pv) = self.o.volumes.get_mut(volume) {
+            pv.spec
+                .get_or_insert_with(Default::default)
+                .persistent_volume_reclaim_policy = Some(policy.to_string());
+            pv.metadata.resource_version = Some(version);
+        }
     }
 
     pub fn step_of(&self, pod: &str) -> MemberStep {

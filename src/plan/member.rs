@@ -13,6 +13,7 @@ use super::foreign;
 use super::helpers::{self, Trouble};
 use super::machine;
 use super::observe::other_claim_users;
+use super::retain;
 use super::runbook::Stuck;
 use super::scaled;
 use super::stash::{StashKey, stash};
@@ -1064,10 +1065,11 @@ fn retaining_volumes(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 }
 
 /// Delete the original claim (its volume is Retain) until it is gone: only the claim stashed
-/// (by its uid), and only once no pod uses it.
+/// (by its uid), only once no pod uses it, and only while both volumes of the claim are seen
+/// on Retain in this decision's snapshot ([`retain`]).
 fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
-    if pod_reappeared(cx, mb) {
+    if pod_reappeared(cx, mb) || retain::hold_swap(cx, mb) {
         return Ok(());
     }
     match cx.o.claims.get(&m.claim) {
@@ -1103,6 +1105,14 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                         "claim {} is still used by pod {holder}: it is deleted once no pod uses it",
                         m.claim
                     ),
+                );
+                return Ok(());
+            }
+            if let Err(why) = retain::delete_allowed(cx.o, c) {
+                stuck(
+                    cx,
+                    Stuck::Volume,
+                    &format!("{why}: the claim is not deleted"),
                 );
                 return Ok(());
             }
@@ -1146,10 +1156,19 @@ fn remove_finished_users(cx: &mut Ctx, mb: &Member) {
 /// Retain from this step on, so it can go together with the original claim: the swap then waits
 /// once for both rather than once for each (the claim swap is all downtime).
 fn delete_temp_claim(cx: &mut Ctx, mb: &Member) {
-    if let Some(c) = cx.o.claims.get(&mb.m.temp_claim)
-        && !is_terminating(c)
-    {
-        cx.delete(Kind::Claim, mb.m.temp_claim.clone(), c.uid());
+    let Some(c) = cx.o.claims.get(&mb.m.temp_claim) else {
+        return;
+    };
+    if is_terminating(c) {
+        return;
+    }
+    match retain::delete_allowed(cx.o, c) {
+        Ok(()) => cx.delete(Kind::Claim, mb.m.temp_claim.clone(), c.uid()),
+        Err(why) => stuck(
+            cx,
+            Stuck::Volume,
+            &format!("{why}: the claim is not deleted"),
+        ),
     }
 }
 
@@ -1193,7 +1212,7 @@ fn pod_reappeared(cx: &mut Ctx, mb: &Member) -> bool {
 /// Delete the temporary claim (its volume, the new one, is Retain) until it is gone.
 fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
-    if pod_reappeared(cx, mb) {
+    if pod_reappeared(cx, mb) || retain::hold_swap(cx, mb) {
         return Ok(());
     }
     match cx.o.claims.get(&m.temp_claim) {
@@ -1209,7 +1228,7 @@ fn deleting_temp_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 /// Point the new volume's claimRef at the original claim name (namespace and name only).
 fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
-    if pod_reappeared(cx, mb) {
+    if pod_reappeared(cx, mb) || retain::hold_swap(cx, mb) {
         return Ok(());
     }
     let Some(name) = mb.ms.first_claim.new_volume.clone() else {
@@ -1291,7 +1310,7 @@ fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim, volume: &
 /// Recreate the claim under its original name, bound to the new volume; wait until Bound.
 fn recreating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let m = &mb.m;
-    if pod_reappeared(cx, mb) {
+    if pod_reappeared(cx, mb) || retain::hold_swap(cx, mb) {
         return Ok(());
     }
     let plan = cx.status.plan.clone().unwrap_or_default();

@@ -46,6 +46,7 @@ pub mod member;
 pub mod observe;
 pub mod preflight;
 pub mod progress;
+pub mod retain;
 mod scaled;
 pub use crate::quantity;
 pub mod runbook;
@@ -70,6 +71,8 @@ mod finish_tests;
 pub(crate) mod fixtures;
 #[cfg(test)]
 mod foreign_tests;
+#[cfg(test)]
+mod retain_tests;
 #[cfg(test)]
 mod templates_tests;
 #[cfg(test)]
@@ -444,21 +447,23 @@ impl<'a> Ctx<'a> {
     }
 
     /// The decision: the status first when it changed, then the actions. When a transition was
-    /// refused, nothing of this decision is kept: the request is reported stuck instead (a
-    /// refused transition is a bug in the planner, and half a decision is not safe to carry
-    /// out).
+    /// refused, or a claim delete would take a volume not on Retain with it
+    /// ([`retain::unsafe_claim_delete`]), nothing of this decision is kept: the request is
+    /// reported stuck instead (either is a bug in the planner, and half a decision is not safe
+    /// to carry out).
     fn finish(self) -> Decision {
         if let Some(e) = &self.rejected {
-            let mut fresh = Ctx::new(self.o, self.settings);
-            stuck(
-                &mut fresh,
-                runbook::Stuck::Planner,
-                &format!("the planner tried a transition its state machine does not allow: {e}"),
-            );
-            return fresh.finish();
+            return self.refused(&format!(
+                "the planner tried a transition its state machine does not allow: {e}"
+            ));
         }
         let original = self.o.request.status.clone().unwrap_or_default();
         let pre_copy = self.spec().copy.pre_copy;
+        if let Some(why) = retain::unsafe_claim_delete(self.o, &self.status, &self.actions) {
+            return self.refused(&format!(
+                "the planner tried to delete a claim whose volume is not seen on Retain: {why}"
+            ));
+        }
         let mut status = self.status;
         if status.stage != Stage::Preflight {
             progress::summarize(&mut status, pre_copy);
@@ -472,6 +477,14 @@ impl<'a> Ctx<'a> {
             actions,
             requeue: self.requeue,
         }
+    }
+
+    /// Nothing of this decision is kept (a bug of the planner, and half a decision is not safe
+    /// to carry out): the request is reported stuck instead, saying `why`.
+    fn refused(&self, why: &str) -> Decision {
+        let mut fresh = Ctx::new(self.o, self.settings);
+        stuck(&mut fresh, runbook::Stuck::Planner, why);
+        fresh.finish()
     }
 }
 

@@ -70,6 +70,7 @@ sections! {
     StuckPodDuringSwap => "stuck-a-member-pod-appeared-during-the-swap",
     StuckClaimNotOnNewVolume => "stuck-the-claim-is-not-bound-to-the-new-volume",
     StuckRollbackStep => "stuck-a-swap-cannot-be-carried-forward-in-the-rollback",
+    ReclaimPolicyChanged => "reclaimpolicy-a-volumes-reclaim-policy-keeps-changing",
 }
 
 /// Why a request reports itself stuck (status message `stuck: ...`, Event `Stuck`): something
