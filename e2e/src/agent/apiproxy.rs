@@ -14,9 +14,10 @@
 //! `KUBERNETES_SERVICE_HOST/PORT/PORT_HTTPS` and the docker-link style `KUBERNETES_PORT*`, so
 //! `kube::Client::try_default()` (in-cluster config) works unchanged in a pod. The token, CA and
 //! namespace come from the real mechanism: the ServiceAccount admission plugin (on by default)
-//! adds the service account's token Secret volume at `/var/run/secrets/kubernetes.io/
-//! serviceaccount` to every pod whose `automountServiceAccountToken` is not false, and the
-//! controller-manager's token controller fills that Secret (`token`, `ca.crt`, `namespace`).
+//! adds a projected volume at `/var/run/secrets/kubernetes.io/serviceaccount` to every pod whose
+//! `automountServiceAccountToken` is not false: a `serviceAccountToken` source (the agent asks
+//! the TokenRequest API for a token bound to the pod, as a kubelet does), the `kube-root-ca.crt`
+//! ConfigMap's `ca.crt` and the namespace from the downward API.
 
 use std::net::{Ipv4Addr, SocketAddr};
 

@@ -264,6 +264,10 @@ pub struct EnvContext {
     pub hostname: String,
     pub config_maps: BTreeMap<String, ConfigMap>,
     pub secrets: BTreeMap<String, Secret>,
+    /// Service-account tokens for the pod's projected `serviceAccountToken` sources, by
+    /// audience ("" for the API server's own), requested through the TokenRequest API and bound
+    /// to the pod, as a kubelet does.
+    pub service_account_tokens: BTreeMap<String, String>,
     /// Variables of Services every container gets (the `kubernetes` Service's, from
     /// `agent::apiproxy::service_env`); the container's own env and envFrom win.
     pub service_env: Vec<(String, String)>,
@@ -879,6 +883,7 @@ mod tests {
             config_maps: BTreeMap::from([("cm".to_string(), cm)]),
             secrets: BTreeMap::from([("sec".to_string(), sec)]),
             service_env: Vec::new(),
+            ..Default::default()
         }
     }
 

@@ -94,8 +94,7 @@ pub fn status_patch(
                 "kernelVersion": kernel_version(),
                 "osImage": "localcluster (host filesystem)",
                 "containerRuntimeVersion": "localcluster://0.1",
-                "kubeletVersion": "v1.20.2",
-                "kubeProxyVersion": "v1.20.2",
+                "kubeletVersion": crate::controlplane::KUBERNETES_VERSION,
                 "operatingSystem": "linux",
                 "architecture": "amd64",
             },
@@ -372,7 +371,10 @@ mod tests {
             .unwrap();
         assert_eq!(ready.status, "True");
         let info = st.node_info.unwrap();
-        assert_eq!(info.kubelet_version, "v1.20.2");
+        assert_eq!(
+            info.kubelet_version,
+            crate::controlplane::KUBERNETES_VERSION
+        );
         assert_eq!(info.container_runtime_version, "localcluster://0.1");
         assert_eq!(st.capacity.unwrap()["pods"], Quantity("110".into()));
         let addrs = st.addresses.unwrap();

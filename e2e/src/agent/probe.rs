@@ -217,7 +217,7 @@ async fn http_status(
     let stream = tokio::net::TcpStream::connect(addr).await?;
     let mut req = hyper::Request::get(path)
         .header(hyper::header::HOST, host_header)
-        .header(hyper::header::USER_AGENT, "kube-probe/1.20")
+        .header(hyper::header::USER_AGENT, "kube-probe/1.37")
         .header(hyper::header::ACCEPT, "*/*");
     for (k, v) in headers {
         req = req.header(k.as_str(), v.as_str());

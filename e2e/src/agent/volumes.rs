@@ -180,6 +180,29 @@ pub fn downward_files(
     Ok(out)
 }
 
+/// The audiences ("" for the API server's own) and lifetimes of the pod's projected
+/// `serviceAccountToken` sources: one token is requested per audience.
+pub fn token_audiences(pod: &Pod) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    let volumes = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or(&[]);
+    let sources = volumes
+        .iter()
+        .filter_map(|v| v.projected.as_ref())
+        .flat_map(|p| p.sources.iter().flatten());
+    for t in sources.filter_map(|s| s.service_account_token.as_ref()) {
+        let secs = t.expiration_seconds.unwrap_or(3600);
+        let e = out
+            .entry(t.audience.clone().unwrap_or_default())
+            .or_insert(secs);
+        *e = (*e).min(secs);
+    }
+    out
+}
+
 /// The files of a configMap, secret, downwardAPI or projected volume (None for other types).
 pub fn projected_files(
     v: &Volume,
@@ -249,8 +272,20 @@ pub fn projected_files(
             } else if let Some(d) = &src.downward_api {
                 let items = d.items.as_deref().unwrap_or(&[]);
                 out.extend(downward_files(&v.name, pod, ctx, items, dm)?);
-            } else if src.service_account_token.is_some() {
-                tracing::debug!(volume = %v.name, "serviceAccountToken projection skipped");
+            } else if let Some(t) = &src.service_account_token {
+                check_rel(&t.path)?;
+                let audience = t.audience.clone().unwrap_or_default();
+                let token = ctx.service_account_tokens.get(&audience).ok_or_else(|| {
+                    VolumeError::Source(
+                        v.name.clone(),
+                        format!("no service-account token for audience {audience:?}"),
+                    )
+                })?;
+                out.push(VolumeFile {
+                    path: t.path.clone(),
+                    content: token.clone().into_bytes(),
+                    mode: dm,
+                });
             }
         }
         return Ok(Some(out));
@@ -586,8 +621,10 @@ mod tests {
         .unwrap();
         let ctx = EnvContext {
             config_maps: BTreeMap::from([("cm".to_string(), cm)]),
+            service_account_tokens: BTreeMap::from([(String::new(), "tok".to_string())]),
             ..Default::default()
         };
+        assert_eq!(token_audiences(&p), BTreeMap::from([(String::new(), 3600)]));
         let vols = p.spec.as_ref().unwrap().volumes.clone().unwrap();
         let cfg = projected_files(&vols[0], &p, &ctx).unwrap().unwrap();
         assert_eq!(cfg[0].mode, 0o400);
@@ -597,7 +634,8 @@ mod tests {
         assert_eq!(info[1].mode, 0o600);
         let proj = projected_files(&vols[2], &p, &ctx).unwrap().unwrap();
         let names: Vec<&str> = proj.iter().map(|f| f.path.as_str()).collect();
-        assert_eq!(names, vec!["cm-k", "ns"]);
+        assert_eq!(names, vec!["cm-k", "ns", "token"]);
+        assert_eq!(proj[2].content, b"tok");
         assert!(projected_files(&vols[0], &p, &EnvContext::default()).is_err());
     }
 

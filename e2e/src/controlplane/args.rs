@@ -49,7 +49,6 @@ pub fn apiserver_args(state: &ClusterState) -> Vec<String> {
         ),
         flag("bind-address", "127.0.0.1"),
         flag("secure-port", state.apiserver_port),
-        flag("insecure-port", 0),
         // The advertise address is what the apiserver publishes as the endpoint of the
         // `kubernetes` Service. 127.0.0.1 does not work: the apiserver then logs `Endpoints
         // "kubernetes" is invalid: ... may not be in the loopback range (127.0.0.0/8)` every 10 s
@@ -118,7 +117,6 @@ pub fn controller_manager_args(state: &ClusterState) -> Vec<String> {
         path_flag("authorization-kubeconfig", &kubeconfig),
         flag("bind-address", "127.0.0.1"),
         flag("secure-port", state.controller_manager_port),
-        flag("port", 0),
         path_flag("cert-dir", &state.pki_dir().join(CONTROLLER_MANAGER)),
         flag("use-service-account-credentials", "true"),
         path_flag(
@@ -142,7 +140,6 @@ pub fn scheduler_args(state: &ClusterState) -> Vec<String> {
         path_flag("authorization-kubeconfig", &kubeconfig),
         flag("bind-address", "127.0.0.1"),
         flag("secure-port", state.scheduler_port),
-        flag("port", 0),
         path_flag("cert-dir", &state.pki_dir().join(SCHEDULER)),
         flag("leader-elect", "false"),
         flag("profiling", "false"),
@@ -167,7 +164,6 @@ mod tests {
             "--etcd-servers=http://127.0.0.1:30001",
             "--service-cluster-ip-range=198.19.42.0/24",
             "--advertise-address=198.18.42.1",
-            "--insecure-port=0",
             "--bind-address=127.0.0.1",
             "--client-ca-file=/st/pki/ca.crt",
         ] {

@@ -60,8 +60,9 @@ pub const KUBECONFIG_AGENT: &str = "agent";
 pub const NETS_DIR: &str = "/run/storage-migrator/nets";
 /// The script that installs the dependencies and prints the server binaries' directory.
 pub const INSTALL_DEPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/install-deps.sh");
-/// Debian's etcd 3.4 (package `etcd-server`).
-pub const ETCD_BIN: &str = "/usr/bin/etcd";
+/// The Kubernetes release of the control plane (`scripts/install-deps.sh` builds it; the node
+/// agent registers its nodes as kubelets of the same version).
+pub const KUBERNETES_VERSION: &str = "v1.37.2";
 /// The controllers the controller-manager runs: all but nodelifecycle, so that nodes never go
 /// `Unknown` and pods are never evicted when the node agent is slow; the agent removes the
 /// `node.kubernetes.io/not-ready` taint that admission puts on new nodes.

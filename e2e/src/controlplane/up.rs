@@ -21,8 +21,7 @@ use crate::controlplane::leftovers::leftovers;
 use crate::controlplane::process::{Started, running_processes, spawn};
 use crate::controlplane::{
     AGENT, AGENT_TIMEOUT, APISERVER, APISERVER_TIMEOUT, CONTROLLER_MANAGER, CONTROLLERS_TIMEOUT,
-    ControlPlaneError, ETCD, ETCD_BIN, ETCD_TIMEOUT, OWN_ENTRIES, PROBE_TIMEOUT, Result, SCHEDULER,
-    io_err,
+    ControlPlaneError, ETCD, ETCD_TIMEOUT, OWN_ENTRIES, PROBE_TIMEOUT, Result, SCHEDULER, io_err,
 };
 use crate::pki;
 use crate::state::{ClusterState, NODE_NAMES};
@@ -233,7 +232,7 @@ async fn start_etcd(state: &ClusterState, started: &mut Vec<Started>) -> Result<
     started.push(spawn(
         &state.dir,
         ETCD,
-        Path::new(ETCD_BIN),
+        &state.bin_dir.join(ETCD),
         &etcd_args(state),
     )?);
     let endpoint = format!("http://127.0.0.1:{}", state.etcd_client_port);

@@ -9,9 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::Api;
-use kube::api::{DeleteParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use nix::sys::signal::Signal;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
@@ -448,7 +449,50 @@ async fn env_context(agent: &Agent, pod: &Pod, ip: Ipv4Addr) -> Result<EnvContex
             ctx.secrets.insert(name, s);
         }
     }
+    for (audience, secs) in volumes::token_audiences(pod) {
+        // An answer without a token leaves the audience out: the volume then fails, naming it.
+        if let Some(token) = service_account_token(agent, pod, &audience, secs).await? {
+            ctx.service_account_tokens.insert(audience, token);
+        }
+    }
     Ok(ctx)
+}
+
+/// A token of the pod's service account for `audience` ("" for the API server's), bound to the
+/// pod (it stops being valid when the pod is deleted), through the TokenRequest API.
+async fn service_account_token(
+    agent: &Agent,
+    pod: &Pod,
+    audience: &str,
+    expiration_seconds: i64,
+) -> Result<Option<String>, kube::Error> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let spec = pod.spec.as_ref();
+    let account = spec
+        .and_then(|s| s.service_account_name.clone())
+        .unwrap_or_else(|| "default".to_string());
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: Some(audience)
+                .filter(|a| !a.is_empty())
+                .map(str::to_string)
+                .into_iter()
+                .collect(),
+            expiration_seconds: Some(expiration_seconds),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: pod.metadata.name.clone(),
+                uid: pod.metadata.uid.clone(),
+            }),
+        },
+        ..TokenRequest::default()
+    };
+    let api: Api<ServiceAccount> = Api::namespaced(agent.client.clone(), &ns);
+    let tr: TokenRequest = api
+        .create_subresource("token", &account, &PostParams::default(), &request)
+        .await?;
+    Ok(tr.status.map(|s| s.token).filter(|t| !t.is_empty()))
 }
 
 fn set_all_waiting(shared: &PodShared, reason: &str, message: &str) {
