@@ -542,8 +542,8 @@ fn watch_down(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
     let _measuring = MEASURING.lock().await;
-    if TestCluster::local_state().is_none() {
-        println!("NOTE crash-loop: skipped, needs the local cluster (member processes are killed)");
+    // Member processes are killed on the host.
+    if e2e::testing::require::local_cluster("crash-loop").is_none() {
         return;
     }
     let (cluster, ns, _operator) = setup("etcd-crashloop", 3).await;

@@ -28,7 +28,7 @@ use e2e::testing::faults::{
     ETCD_SET, EtcdUnderLoad, NodeDown, etcd_slow_stop, one_member_per_node,
 };
 use e2e::testing::operator::{Operator, summary, wait_final, wait_status};
-use e2e::testing::{TestCluster, TestNamespace, etcd};
+use e2e::testing::{TestNamespace, etcd};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
@@ -113,8 +113,8 @@ async fn quorum_of_two(ns: &TestNamespace, lost: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_bounds() {
-    if TestCluster::local_state().is_none() {
-        eprintln!("NOTE skipped: a node can be taken down only on the local cluster");
+    // A node can be taken down only on the local cluster.
+    if e2e::testing::require::local_cluster("faults: node lost while its pod stops").is_none() {
         return;
     }
     let slow_stop = etcd_slow_stop(STOP_DELAY_SECONDS);
@@ -242,7 +242,7 @@ async fn assert_failed_cleanly(
     );
     let started = Instant::now();
     loop {
-        let left = e2e::testing::faults::request_leftovers(ns).await;
+        let left = e2e::testing::faults::leftovers_or_error(ns).await;
         if left.is_empty() {
             break;
         }

@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use e2e::controlplane::restart_agent;
-use e2e::testing::TestCluster;
 use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad};
 use e2e::testing::operator::{self, Operator, summary};
 use k8s_openapi::api::core::v1::Pod;
@@ -153,10 +152,8 @@ fn follow_copy(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_agent_killed_during_a_copy_readopts_its_containers() {
-    let Some(state) = TestCluster::local_state() else {
-        println!(
-            "NOTE faults agent: skipped, needs the local cluster (it restarts the node agent)"
-        );
+    // It restarts the node agent.
+    let Some(state) = e2e::testing::require::local_cluster("faults agent") else {
         return;
     };
     let run = EtcdUnderLoad::start("fault-agent").await.expect("setup");

@@ -13,7 +13,6 @@
 use std::time::{Duration, Instant};
 
 use e2e::controlplane::restart_apiserver;
-use e2e::testing::TestCluster;
 use e2e::testing::faults::EtcdUnderLoad;
 use e2e::testing::operator::{self, Operator, summary};
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
@@ -42,10 +41,8 @@ async fn wait_for_step(ns: &e2e::testing::TestNamespace, name: &str, step: Membe
 /// member's data is copied with the member down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_api_server_restarted_mid_request_loses_nothing() {
-    let Some(state) = TestCluster::local_state() else {
-        println!(
-            "NOTE faults apiserver: skipped, needs the local cluster (it restarts the API server)"
-        );
+    // It restarts the API server.
+    let Some(state) = e2e::testing::require::local_cluster("faults apiserver") else {
         return;
     };
     let run = EtcdUnderLoad::start("fault-apiserver")

@@ -339,10 +339,8 @@ impl Drop for DownOnDrop {
 
 #[test]
 fn down_leaves_nothing_behind() {
-    if std::env::var("E2E_LOCALCLUSTER").ok().as_deref() != Some("1") {
-        eprintln!(
-            "skipped: set E2E_LOCALCLUSTER=1 to run (starts a second local cluster; local-cluster-only, root)"
-        );
+    // It starts a second local cluster (root).
+    if !e2e::testing::require::local_cluster_flag("down leaves nothing behind") {
         return;
     }
     init_tracing();

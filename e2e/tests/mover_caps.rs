@@ -48,12 +48,9 @@ ls -lnR /src
 echo PREPARED
 "#;
 
+/// The source tree is made with host tools.
 fn local_cluster_only() -> bool {
-    if std::env::var("E2E_LOCALCLUSTER").ok().as_deref() == Some("1") {
-        return true;
-    }
-    eprintln!("skipped: set E2E_LOCALCLUSTER=1 to run (the source tree is made with host tools)");
-    false
+    e2e::testing::require::local_cluster_flag("mover caps")
 }
 
 /// A request whose Jobs the builder makes (only its name, namespace and copy settings matter;

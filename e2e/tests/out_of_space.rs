@@ -25,7 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, request_leftovers};
+use e2e::testing::faults::{ETCD_SET, EtcdUnderLoad, leftovers_or_error};
 use e2e::testing::operator::{Operator, create_request, summary, wait_final, wait_status};
 use e2e::testing::{TestNamespace, etcd};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
@@ -283,7 +283,7 @@ async fn assert_nothing_left(ns: &TestNamespace, s: &Stopped) {
     })
     .await;
     wait_gone("Jobs and helper pods", Duration::from_secs(60), || {
-        request_leftovers(ns)
+        leftovers_or_error(ns)
     })
     .await;
 }

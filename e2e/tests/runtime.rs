@@ -160,8 +160,7 @@ fn run_tests(args: &[String]) -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
-    if !nix::unistd::geteuid().is_root() {
-        println!("runtime tests skipped: they need root (namespaces, mounts, links)");
+    if !e2e::testing::require::root("runtime tests") {
         return ExitCode::SUCCESS;
     }
     // SAFETY: no other thread exists yet (first thing the harness does).
@@ -1206,8 +1205,7 @@ fn cleanup_host_removes_everything_but_volumes() {
 /// Debian's etcd, unmodified, as a 3-member cluster in three pods: peers find each other by the
 /// pod hostnames of the per-pod hosts file; the host talks to every member at its pod IP.
 fn etcd_cluster_across_three_pods() {
-    if !Path::new("/usr/bin/etcd").exists() {
-        println!("skipped: /usr/bin/etcd is not installed");
+    if !e2e::testing::require::program("etcd across three pods", "/usr/bin/etcd") {
         return;
     }
     let c = TestCluster::new();

@@ -19,14 +19,9 @@ const RUN: Duration = Duration::from_secs(120);
 const DEFAULT_CAPS: &str = "00000000a80425fb";
 const NO_CAPS: &str = "0000000000000000";
 
+/// Pods run host programs: local cluster only.
 fn local_cluster_only() -> bool {
-    if std::env::var("E2E_LOCALCLUSTER").ok().as_deref() == Some("1") {
-        return true;
-    }
-    eprintln!(
-        "skipped: set E2E_LOCALCLUSTER=1 to run (pods run host programs: local cluster only)"
-    );
-    false
+    e2e::testing::require::local_cluster_flag("security")
 }
 
 /// The manifest of a one-container pod (restartPolicy Never, image `debian`) running `sh -c

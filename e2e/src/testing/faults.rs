@@ -219,43 +219,46 @@ impl EtcdUnderLoad {
         expected.extend(written.acked.iter().cloned());
         crate::testing::etcd::assert_keys_everywhere(&self.ns, ETCD_SET, 3, &expected).await;
         let left = request_leftovers(&self.ns).await;
-        assert!(left.is_empty(), "left behind: {left:?}");
+        assert!(
+            left.as_ref().is_ok_and(Vec::is_empty),
+            "left behind: {left:?}"
+        );
         (self.cluster, self.ns, written)
     }
 }
 
 /// The Jobs, helper pods (labelled with the request) and temporary claims (`-smr-`) still in
-/// the namespace.
-pub async fn request_leftovers(ns: &crate::testing::TestNamespace) -> Vec<String> {
+/// the namespace. A list that fails is an error, never "nothing left".
+pub async fn request_leftovers(
+    ns: &crate::testing::TestNamespace,
+) -> Result<Vec<String>, TestError> {
     use k8s_openapi::api::batch::v1::Job;
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
     use kube::ResourceExt;
     use kube::api::ListParams;
     let mut left = Vec::new();
     let jobs: Api<Job> = ns.api();
-    for j in jobs
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
+    for j in jobs.list(&ListParams::default()).await?.items {
         left.push(format!("job {}", j.name_any()));
     }
     let pods: Api<Pod> = ns.api();
     let ours = ListParams::default().labels(storage_migrator::labels::REQUEST_LABEL);
-    for p in pods.list(&ours).await.map(|l| l.items).unwrap_or_default() {
+    for p in pods.list(&ours).await?.items {
         left.push(format!("pod {}", p.name_any()));
     }
     let claims: Api<PersistentVolumeClaim> = ns.api();
-    for c in claims
-        .list(&ListParams::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-    {
+    for c in claims.list(&ListParams::default()).await?.items {
         if c.name_any().contains("-smr-") {
             left.push(format!("claim {}", c.name_any()));
         }
     }
-    left
+    Ok(left)
+}
+
+/// [`request_leftovers`] for a wait that polls it: a failed list counts as something left
+/// (named), so the wait goes on and, at its end, shows the error.
+pub async fn leftovers_or_error(ns: &crate::testing::TestNamespace) -> Vec<String> {
+    request_leftovers(ns)
+        .await
+        .unwrap_or_else(|e| vec![format!("(cannot list what is left: {e})")])
 }

@@ -27,6 +27,7 @@ pub mod operator;
 mod pods;
 pub mod procs;
 pub mod rbac;
+pub mod require;
 mod waits;
 
 pub use cluster::TestCluster;
