@@ -50,7 +50,9 @@ if [ -f "$STATE_DIR/cluster.json" ] && KUBECONFIG="$STATE_DIR/kubeconfig" kubect
   export KUBECONFIG="$STATE_DIR/kubeconfig"
 else
   say "bringing up the local cluster in $STATE_DIR"
-  eval "$(target/debug/localcluster up --state-dir "$STATE_DIR")"
+  # An assignment, not `eval "$(...)"`: a failed `up` stops the script here, with its own error.
+  UP_ENV="$(target/debug/localcluster up --state-dir "$STATE_DIR")"
+  eval "$UP_ENV"
   export KUBECONFIG
 fi
 target/debug/localcluster image load --state-dir "$STATE_DIR" "$ARCHIVE"
@@ -113,7 +115,9 @@ YAML
 # The user's path: plan (a dry run), apply, watch (kubectl smr = target/debug/kubectl-smr).
 target/debug/kubectl-smr -n "$NS" plan -f "$REQUEST"
 kubectl -n "$NS" apply -f "$REQUEST"
-target/debug/kubectl-smr -n "$NS" watch etcd-to-fast || true
+watch_rc=0
+target/debug/kubectl-smr -n "$NS" watch etcd-to-fast || watch_rc=$?
+phase="$(kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.phase}')"
 kubectl -n "$NS" get smr etcd-to-fast -o jsonpath='{.status.message}{"\n"}'
 kubectl -n "$NS" get pvc
 kubectl -n "$NS" get pods -o wide
@@ -123,4 +127,10 @@ kubectl -n "$NS" get events --field-selector involvedObject.kind=StorageMigratio
 echo
 echo "export KUBECONFIG=$KUBECONFIG"
 echo "stop everything with: e2e/scripts/demo.sh down $STATE_DIR"
-[ "$phase" = Successful ]
+# Exit 0 when, and only when, the migration ended Successful.
+if [ "$phase" = Successful ] && [ "$watch_rc" = 0 ]; then
+  say "result: etcd-to-fast Successful"
+  exit 0
+fi
+say "result: etcd-to-fast ended ${phase:-without a phase} (kubectl smr watch exited $watch_rc)" >&2
+exit 1

@@ -12,7 +12,7 @@ cd "$ROOT"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 
-step "install dependencies (apt packages, Kubernetes 1.20.2 server binaries, cached)"
+step "install dependencies (apt packages; the Kubernetes control plane, built once and cached)"
 bash e2e/scripts/install-deps.sh >/dev/null
 
 step "rustfmt"
@@ -52,12 +52,16 @@ cleanup() {
 trap cleanup EXIT
 
 step "local cluster up"
-eval "$("$LC" up --state-dir "$STATE_DIR")"
+# An assignment, not `eval "$(...)"`: a failed `up` stops the script here, with its own error.
+UP_ENV="$("$LC" up --state-dir "$STATE_DIR")"
+eval "$UP_ENV"
 export KUBECONFIG
 step "load the operator's image into the local cluster's image store"
 "$LC" image load --state-dir "$STATE_DIR" "$IMAGE_ARCHIVE"
 export STORAGE_MIGRATOR_BIN="$ROOT/target/debug/storage-migrator"
 export E2E_LOCALCLUSTER=1
+# No test may pass without running: a missing cluster, root or program fails it.
+export E2E_REQUIRE_ALL=1
 
 step "end-to-end tests"
 # shellcheck disable=SC2086
