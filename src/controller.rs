@@ -484,13 +484,11 @@ pub fn requests_naming<K: Resource>(
     let names_it = |r: &StorageMigrationRequest| {
         let status = r.status.as_ref();
         let ended = status.is_some_and(|s| s.phase.is_final());
-        let members = status.and_then(|s| s.plan.as_ref()).map(|p| &p.members);
+        let claims = status.map(crate::plan::claims::request_claims);
         !ended
-            && members.into_iter().flatten().any(|m| match named {
-                Named::Pod => m.pod == name,
-                Named::Claim => {
-                    (m.claims().iter()).any(|c| c.claim == name || c.temp_claim == name)
-                }
+            && claims.into_iter().flatten().any(|c| match named {
+                Named::Pod => c.pod() == name,
+                Named::Claim => c.claim() == name || c.temp_claim() == name,
             })
     };
     requests

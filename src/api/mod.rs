@@ -696,13 +696,6 @@ impl PlannedMember {
         m
     }
 
-    /// Every claim of the member, `claim` first, with its old and temporary claim and volumes.
-    pub fn claims(&self) -> Vec<PlannedMember> {
-        (0..=self.further_claims.len())
-            .map(|slot| self.on_claim(slot))
-            .collect()
-    }
-
     /// The name the helpers of claim `slot` (its Jobs, its mounter pod) are named after: the
     /// pod's for the first claim (as before further claims existed, so requests in flight find
     /// theirs), `<pod>-<template>` for a further one.

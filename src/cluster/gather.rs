@@ -539,8 +539,8 @@ fn selector(selector: &LabelSelector) -> Option<String> {
         })
 }
 
-/// The volumes that matter: those bound to a claim of the namespace, the plan's old volumes
-/// and the members' new volumes.
+/// The volumes that matter: those bound to a claim of the namespace, and every volume the
+/// request names (old and new, of every claim of every member: [`plan::claims`]).
 fn volume_names(
     claims: &BTreeMap<String, PersistentVolumeClaim>,
     status: &StorageMigrationRequestStatus,
@@ -549,14 +549,11 @@ fn volume_names(
         .values()
         .filter_map(|c| plan::claim_volume(c).map(str::to_string))
         .collect();
-    if let Some(p) = &status.plan {
-        let claims = p.members.iter().flat_map(|m| m.claims());
-        names.extend(claims.map(|c| c.old_volume));
-    }
-    for m in &status.members {
-        let further = m.further_claims.iter().filter_map(|c| c.new_volume.clone());
-        names.extend(m.first_claim.new_volume.clone().into_iter().chain(further));
-    }
+    names.extend(
+        plan::claims::request_volumes(status)
+            .into_iter()
+            .map(|(v, ..)| v),
+    );
     names
 }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::ResourceExt;
 
+use super::claims;
 use super::disruption;
 use super::foreign;
 use super::helpers::{self, Trouble};
@@ -87,16 +88,17 @@ fn member(cx: &Ctx, i: usize, mode: Mode) -> Result<Member, Failure> {
     Ok(on_claim(i, &m, &ms, mode, ms.claim_index))
 }
 
-/// The member seen on its claim `slot` (the last one when `slot` is past it).
+/// The member seen on its claim `slot` (the last one when `slot` is past it), as
+/// [`claims::member_claim`] sees it.
 fn on_claim(i: usize, m: &PlannedMember, ms: &MemberStatus, mode: Mode, slot: usize) -> Member {
-    let slot = slot.min(m.further_claims.len());
+    let c = claims::member_claim(m, ms, slot);
     Member {
         i,
-        slot,
+        slot: c.slot,
         claims: m.further_claims.len() + 1,
-        subject: m.helper_subject(slot),
-        ms: ms.on_claim(slot),
-        m: m.on_claim(slot),
+        subject: c.subject,
+        ms: c.status,
+        m: c.planned,
         planned: m.clone(),
         mode,
     }
@@ -592,8 +594,9 @@ fn temp_claim_bound(
         return Ok(());
     }
     // One choice for every claim of the member: none is pre-copied if one is ReadWriteOncePod.
-    let any_rwop =
-        (mb.planned.claims().iter()).any(|c| cx.o.claims.get(&c.claim).is_some_and(is_rwop));
+    let any_rwop = claims::member_claims(&mb.planned, &mb.ms)
+        .iter()
+        .any(|c| cx.o.claims.get(c.claim()).is_some_and(is_rwop));
     let pre_copy = cx.spec().copy.pre_copy && !any_rwop;
     advance(
         cx,
@@ -1614,8 +1617,9 @@ fn bring_pod_back(cx: &mut Ctx, m: &PlannedMember) -> bool {
 /// The member's rollback is done: `RolledBack`, saying where its data stays.
 fn rolled_back(cx: &mut Ctx, i: usize, m: &PlannedMember) {
     let plan = cx.status.plan.clone().unwrap_or_default();
-    let claims: Vec<String> = (m.claims().iter())
-        .map(|c| format!("claim {} (volume {}", c.claim, c.old_volume))
+    let ms = cx.status.members.get(i).cloned().unwrap_or_default();
+    let claims: Vec<String> = (claims::member_claims(m, &ms).iter())
+        .map(|c| format!("claim {} (volume {}", c.claim(), c.old_volume()))
         .collect();
     let message = format!(
         "rolled back: data stays on {}, StorageClass {})",

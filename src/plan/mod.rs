@@ -37,6 +37,7 @@ use crate::image::ImageRef;
 use crate::labels;
 
 pub mod action;
+pub mod claims;
 pub mod disruption;
 pub mod failure;
 pub mod foreign;

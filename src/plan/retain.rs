@@ -200,15 +200,11 @@ pub(crate) fn unsafe_claim_delete(
     status: &StorageMigrationRequestStatus,
     actions: &[Action],
 ) -> Option<String> {
-    let plan = status.plan.as_ref()?;
-    let swap_begun =
-        |pod: &str| (status.members.iter()).any(|ms| ms.pod == pod && ms.step.swap_begun());
+    // A member without a status yet is `Pending`: its swap has not begun.
+    let claims = super::claims::request_claims(status);
     let guarded = |name: &str| {
-        plan.members.iter().any(|m| {
-            m.claims()
-                .iter()
-                .any(|c| c.claim == name || (c.temp_claim == name && swap_begun(&m.pod)))
-        })
+        (claims.iter())
+            .any(|c| c.claim() == name || (c.temp_claim() == name && c.status.step.swap_begun()))
     };
     actions.iter().find_map(|a| match a {
         Action::Delete {

@@ -156,8 +156,8 @@ pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         format!(
             "Deployment {name} is scaled to zero (from {recorded} replicas) and its pods are \
              gone; copying claim {}",
-            (mb.planned.claims().iter())
-                .map(|c| c.claim.as_str())
+            (super::claims::member_claims(&mb.planned, &mb.ms).iter())
+                .map(|c| c.claim())
                 .collect::<Vec<_>>()
                 .join(", ")
         ),

@@ -10,6 +10,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 
+use super::claims;
 use super::foreign;
 use super::member::{self, Mode};
 use super::preflight::choose_template;
@@ -67,8 +68,8 @@ pub(crate) fn orphaning(cx: &mut Ctx) -> Result<(), Failure> {
             policy: PROTECTED_RETENTION_POLICY.to_string(),
         });
     }
-    for c in plan.members.iter().flat_map(PlannedMember::claims) {
-        protect_claim(cx, &plan.stateful_set, &c);
+    for c in claims::plan_claims(&plan) {
+        protect_claim(cx, &plan.stateful_set, &c.planned);
     }
     if !cx.actions.is_empty() {
         return Ok(());
@@ -474,7 +475,7 @@ fn adopted(set: &StatefulSet) -> bool {
 
 /// Deletes what the request created and no longer needs: Jobs, mounter pods, temporary claims
 /// (the stash is not: see [`delete_stash`]). Returns true when something is still there.
-fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
+fn clean_up(cx: &mut Ctx) -> bool {
     let mut pending = false;
     for (name, job) in &cx.o.jobs {
         pending = true;
@@ -488,8 +489,8 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
             });
         }
     }
-    for (m, subject) in plan.members.iter().flat_map(claims_with_subjects) {
-        let mounter = build::mounter_name(&cx.name(), &subject);
+    for c in claims::request_claims(&cx.status) {
+        let mounter = build::mounter_name(&cx.name(), &c.subject);
         if let Some(pod) = cx.o.helper_pods.get(&mounter) {
             pending = true;
             if !is_terminating(pod) {
@@ -502,18 +503,14 @@ fn clean_up(cx: &mut Ctx, plan: &Plan) -> bool {
                 });
             }
         }
-        let held = cx
-            .status
-            .members
-            .iter()
-            .any(|ms| ms.pod == m.pod && ms.held.is_some());
+        let held = c.status.held.is_some();
         // A held member's copy stays on its temporary claim (see `foreign`).
-        if let Some(claim) = cx.o.claims.get(&m.temp_claim).filter(|_| !held) {
+        if let Some(claim) = cx.o.claims.get(c.temp_claim()).filter(|_| !held) {
             pending = true;
             if !is_terminating(claim) {
                 cx.actions.push(Action::Delete {
                     kind: Kind::Claim,
-                    name: m.temp_claim.clone(),
+                    name: c.temp_claim().to_string(),
                     propagation: Propagation::Background,
                     uid: claim.uid(),
                     resource_version: None,
@@ -560,23 +557,23 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
         let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
             continue;
         };
-        for (m, ms) in claim_views(m, &ms) {
+        for c in claims::member_claims(m, &ms) {
             if restore_old {
-                settle_old_volume(cx, &m, &ms);
+                settle_old_volume(cx, &c.planned, &c.status);
             } else {
-                label_old_volume(cx, &m);
+                label_old_volume(cx, &c.planned);
             }
-            restore_new_volume_policy(cx, &ms);
+            restore_new_volume_policy(cx, &c.status);
         }
     }
-    let pending = clean_up(cx, &plan) | delete_stash(cx);
+    let pending = clean_up(cx) | delete_stash(cx);
     let mut note = note;
     if !cx.actions.is_empty() || pending {
         if !stage_expired(cx) {
             cx.wait(Duration::from_secs(1));
             return Ok(());
         }
-        note.push_str(&cleanup_gave_up(cx, &plan));
+        note.push_str(&cleanup_gave_up(cx));
     }
     if !restore_old {
         cx.event(
@@ -592,16 +589,16 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
 /// The cleanup after a passed final check waited longer than `--stage-timeout`: every member
 /// is on its verified new volume, so the request still ends `Successful`, naming (note, Event
 /// `CleanupIncomplete`) what is left behind for a human to remove.
-fn cleanup_gave_up(cx: &mut Ctx, plan: &Plan) -> String {
+fn cleanup_gave_up(cx: &mut Ctx) -> String {
     let mut left: Vec<String> = Vec::new();
     left.extend(cx.o.jobs.keys().map(|j| format!("Job {j}")));
-    for (m, subject) in plan.members.iter().flat_map(claims_with_subjects) {
-        let mounter = build::mounter_name(&cx.name(), &subject);
+    for c in claims::request_claims(&cx.status) {
+        let mounter = build::mounter_name(&cx.name(), &c.subject);
         if cx.o.helper_pods.contains_key(&mounter) {
             left.push(format!("pod {mounter}"));
         }
-        if cx.o.claims.contains_key(&m.temp_claim) {
-            left.push(format!("temporary claim {}", m.temp_claim));
+        if cx.o.claims.contains_key(c.temp_claim()) {
+            left.push(format!("temporary claim {}", c.temp_claim()));
         }
     }
     if matches!(cx.o.stash.object, StashObject::Ours { .. }) {
@@ -967,13 +964,13 @@ fn rollback_waits_for(cx: &Ctx, plan: &Plan) -> String {
                 node.as_deref().unwrap_or("none")
             ));
         }
-        for (c, subject) in claims_with_subjects(m) {
-            let mounter = build::mounter_name(&cx.name(), &subject);
+        for c in claims::member_claims(m, &MemberStatus::default()) {
+            let mounter = build::mounter_name(&cx.name(), &c.subject);
             if cx.o.helper_pods.contains_key(&mounter) {
                 what.push(format!("pod {mounter} to be deleted"));
             }
-            if cx.o.claims.contains_key(&c.temp_claim) {
-                what.push(format!("temporary claim {} to be deleted", c.temp_claim));
+            if cx.o.claims.contains_key(c.temp_claim()) {
+                what.push(format!("temporary claim {} to be deleted", c.temp_claim()));
             }
         }
     }
@@ -1008,12 +1005,12 @@ fn roll_back(cx: &mut Ctx, plan: &Plan) -> Result<(), Failure> {
         let Some(m) = plan.members.iter().find(|m| m.pod == ms.pod) else {
             continue;
         };
-        for (m, ms) in claim_views(m, &ms) {
-            restore_new_volume_policy(cx, &ms);
-            label_old_volume(cx, &m);
+        for c in claims::member_claims(m, &ms) {
+            restore_new_volume_policy(cx, &c.status);
+            label_old_volume(cx, &c.planned);
         }
     }
-    let pending = clean_up(cx, plan);
+    let pending = clean_up(cx);
     if !cx.actions.is_empty() || pending {
         cx.wait(Duration::from_secs(1));
         return Ok(());
@@ -1124,13 +1121,14 @@ fn data_locations(cx: &mut Ctx, plan: &Plan) -> String {
             details.push(format!("{} {held}", m.pod));
             continue;
         }
-        for (slot, (m, ms)) in claim_views(m, &ms).into_iter().enumerate() {
-            let location = data_location(cx, plan, &m, &ms);
+        for c in claims::member_claims(m, &ms) {
+            let (slot, m, ms) = (c.slot, &c.planned, &c.status);
+            let location = data_location(cx, plan, m, ms);
             let pods = by_class.entry(location.storage_class.clone()).or_default();
             if !pods.contains(&m.pod) {
                 pods.push(m.pod.clone());
             }
-            details.push(describe_location(&m, &ms, &location));
+            details.push(describe_location(m, ms, &location));
             let mut c = cx.status.members[i].claim_status(slot);
             c.data_location = Some(location);
             cx.status.members[i].set_claim_status(slot, c);
@@ -1221,19 +1219,4 @@ fn describe_location(m: &PlannedMember, ms: &MemberStatus, l: &DataLocation) -> 
              request, untouched)"
         ),
     }
-}
-
-/// Each claim of a member, `m` and `ms` seen on it ([`PlannedMember::on_claim`],
-/// [`MemberStatus::on_claim`]), the first claim first.
-fn claim_views(m: &PlannedMember, ms: &MemberStatus) -> Vec<(PlannedMember, MemberStatus)> {
-    (0..=m.further_claims.len())
-        .map(|slot| (m.on_claim(slot), ms.on_claim(slot)))
-        .collect()
-}
-
-/// Each claim of a member (`m` seen on it) with the name its helpers are named after.
-fn claims_with_subjects(m: &PlannedMember) -> Vec<(PlannedMember, String)> {
-    (0..=m.further_claims.len())
-        .map(|slot| (m.on_claim(slot), m.helper_subject(slot)))
-        .collect()
 }

@@ -198,7 +198,8 @@ pub fn read_stash(
         if let Some(p) = decode_entry(data, &key, Some(&m.pod), manifest_name, &mut errors) {
             stash.pods.insert(m.pod.clone(), p);
         }
-        for claim in m.claims().into_iter().map(|c| c.claim) {
+        let claims = super::claims::member_claims(m, &Default::default());
+        for claim in claims.iter().map(|c| c.claim().to_string()) {
             let key = StashKey::Claim(claim.clone());
             let claim_name = |c: &PersistentVolumeClaim| c.name_any();
             if let Some(c) = decode_entry(data, &key, Some(&claim), claim_name, &mut errors) {

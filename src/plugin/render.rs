@@ -8,6 +8,7 @@ use crate::api::{
     CopyPass, CopyProgress, MemberStatus, MemberStep, Phase, Plan, PlannedMember, PlannedWork,
     Role, StorageMigrationRequestStatus,
 };
+use crate::plan::claims::{member_claims, plan_claims};
 use crate::plan::preflight::{self, Denial};
 
 /// `1536` → `1.5 KiB`.
@@ -248,7 +249,7 @@ pub fn shrink_measurement_lines(plan: &Plan) -> Vec<String> {
          16 MiB) fit the new size:"
             .to_string(),
     ];
-    for m in plan.members.iter().flat_map(PlannedMember::claims) {
+    for m in plan_claims(plan).into_iter().map(|c| c.planned) {
         let most = (crate::plan::quantity::bytes(&m.new_size))
             .and_then(|b| i64::try_from(b).ok())
             .map(preflight::max_used_bytes);
@@ -281,7 +282,9 @@ pub fn downtime_lines(plan: &Plan, history: &[f64], ns: &str) -> Vec<String> {
         .filter(|m| m.work == PlannedWork::Migrate);
     let (count, claims) = (
         stopped.clone().count(),
-        stopped.map(|m| m.claims().len()).max(),
+        stopped
+            .map(|m| member_claims(m, &Default::default()).len())
+            .max(),
     );
     let what = match (&plan.deployment, plan.pod.as_deref()) {
         (Some(d), _) => format!("Deployment {d} is scaled to zero once"),

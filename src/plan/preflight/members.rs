@@ -99,7 +99,8 @@ pub(super) fn check_claims_not_shared(
     members: &[PlannedMember],
 ) -> Result<(), Denial> {
     let migrating = members.iter().filter(|m| m.work == PlannedWork::Migrate);
-    for m in migrating.flat_map(PlannedMember::claims) {
+    let claims = migrating.flat_map(|m| crate::plan::claims::member_claims(m, &Default::default()));
+    for m in claims.map(|c| c.planned) {
         if let Some(others) = other_claim_users(users, &m.claim, &m.pod) {
             return Err(Denial::new(
                 DenialReason::ClaimShared,
