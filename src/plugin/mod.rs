@@ -5,7 +5,6 @@
 //! the annotation [`labels::ABORT_ANNOTATION`], `orphans --delete` deletes volumes after
 //! confirmation. What they print is built by pure functions in [`render`] and [`orphans`].
 
-use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -24,7 +23,7 @@ use crate::api::{MigrationType, StorageMigrationRequest};
 use crate::cluster::Cluster;
 use crate::image::ImageRef;
 use crate::labels;
-use crate::plan::{Settings, preflight};
+use crate::plan::{Settings, claims, preflight};
 
 pub mod orphans;
 pub mod render;
@@ -71,9 +70,18 @@ enum Command {
     Describe { name: String },
     /// Ask the operator to roll the request back (annotation storagemigrator.io/abort).
     Abort { name: String },
-    /// PersistentVolumes no claim refers to (any namespace), with the command to delete each.
+    /// PersistentVolumes no claim refers to and no request keeps (any namespace), with the
+    /// command to delete each; a failed request's volumes under their own heading.
     Orphans {
-        /// Delete them (after confirmation).
+        /// Only these volumes (with --delete: each must be an orphan, or nothing is deleted).
+        volumes: Vec<String>,
+        /// Only volumes with these labels (a label selector, as `kubectl get pv -l`).
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+        /// Only volumes of this StorageClass.
+        #[arg(long)]
+        storage_class: Option<String>,
+        /// Delete the orphans in scope (after confirmation); never a volume a request keeps.
         #[arg(long)]
         delete: bool,
         /// Confirm the deletion without asking (for scripts).
@@ -116,7 +124,20 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Watch { name, timeout } => watch(client, &ns, &name, timeout).await,
         Command::Describe { name } => describe(client, &ns, &name).await,
         Command::Abort { name } => abort(client, &ns, &name).await,
-        Command::Orphans { delete, yes } => orphans_cmd(client, delete, yes).await,
+        Command::Orphans {
+            volumes,
+            selector,
+            storage_class,
+            delete,
+            yes,
+        } => {
+            let scope = orphans::Scope {
+                selector,
+                storage_class,
+                names: volumes,
+            };
+            orphans_cmd(client, &scope, delete, yes).await
+        }
         Command::Completion { .. } => Ok(0),
     }
 }
@@ -296,10 +317,13 @@ async fn describe(client: Client, ns: &str, name: &str) -> anyhow::Result<u8> {
         println!("  {} {:?}", m.pod, m.step);
         println!("    {:<12} {}", "data", render::data_location(m, planned));
         // A member's further claims (a further volumeClaimTemplate each) move in its stop.
-        for (k, c) in planned.iter().flat_map(|p| &p.further_claims).enumerate() {
-            let (view, planned) = (m.on_claim(k + 1), planned.map(|p| p.on_claim(k + 1)));
-            let location = render::data_location(&view, planned.as_ref());
-            println!("    {:<12} {location}", c.template);
+        let claims = planned
+            .map(|p| claims::member_claims(p, m))
+            .unwrap_or_default();
+        for c in claims.iter().skip(1) {
+            let location = render::data_location(&c.status, Some(&c.planned));
+            let template = c.template.as_deref().unwrap_or_default();
+            println!("    {template:<12} {location}");
         }
         print_lines(&render::member_times(m));
     }
@@ -351,10 +375,19 @@ async fn abort(client: Client, ns: &str, name: &str) -> anyhow::Result<u8> {
     Ok(0)
 }
 
-/// `orphans`: lists them; with `--delete`, deletes them after confirmation.
-async fn orphans_cmd(client: Client, delete: bool, yes: bool) -> anyhow::Result<u8> {
+/// `orphans`: lists them; with `--delete`, deletes the orphans in `scope` after confirmation.
+async fn orphans_cmd(
+    client: Client,
+    scope: &orphans::Scope,
+    delete: bool,
+    yes: bool,
+) -> anyhow::Result<u8> {
+    let mut list = ListParams::default();
+    if let Some(selector) = &scope.selector {
+        list = list.labels(selector);
+    }
     let pvs = Api::<PersistentVolume>::all(client.clone())
-        .list(&ListParams::default())
+        .list(&list)
         .await
         .context("cannot list PersistentVolumes")?
         .items;
@@ -363,10 +396,22 @@ async fn orphans_cmd(client: Client, delete: bool, yes: bool) -> anyhow::Result<
         .await
         .context("cannot list PersistentVolumeClaims")?
         .items;
-    let busy = busy_volumes(&client).await?;
-    let found = orphans::orphans(&pvs, &claims, &busy, k8s_openapi::jiff::Timestamp::now());
-    print_lines(&orphans::table(&found));
-    if !delete || found.is_empty() {
+    let named = orphans::namings(&requests(&client).await?);
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let survey = orphans::survey(&pvs, &claims, &named, scope, now);
+    print_lines(&orphans::report(&survey));
+    if !delete {
+        return Ok(0);
+    }
+    let found = match orphans::to_delete(&survey, scope) {
+        Ok(found) => found,
+        Err(refused) => {
+            eprintln!("Nothing deleted:");
+            refused.iter().for_each(|r| eprintln!("  {r}"));
+            return Ok(EXIT_ERROR);
+        }
+    };
+    if found.is_empty() {
         return Ok(0);
     }
     if !yes && !confirm(found.len())? {
@@ -391,23 +436,16 @@ async fn orphans_cmd(client: Client, delete: bool, yes: bool) -> anyhow::Result<
     Ok(0)
 }
 
-/// Volumes named by requests still in progress: in the middle of a swap, never orphans. None
-/// where the CRD is not installed (the API server answers 404: there are no requests).
-async fn busy_volumes(client: &Client) -> anyhow::Result<BTreeSet<String>> {
+/// Every request of the cluster, whatever its phase: each keeps the volumes it names (see
+/// [`orphans`]). None where the CRD is not installed (the API server answers 404).
+async fn requests(client: &Client) -> anyhow::Result<Vec<StorageMigrationRequest>> {
     let listed = Api::<StorageMigrationRequest>::all(client.clone())
         .list(&ListParams::default())
         .await;
-    let reqs = match listed {
-        Err(kube::Error::Api(e)) if e.code == 404 => return Ok(BTreeSet::new()),
-        other => other.context("cannot list StorageMigrationRequests")?,
-    };
-    Ok(reqs
-        .items
-        .iter()
-        .filter_map(|r| r.status.as_ref())
-        .filter(|s| !s.phase.is_final())
-        .flat_map(render::volumes_of)
-        .collect())
+    match listed {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        other => Ok(other.context("cannot list StorageMigrationRequests")?.items),
+    }
 }
 
 /// Asks on the terminal; refuses without one.

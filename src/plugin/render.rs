@@ -430,19 +430,6 @@ pub fn abort_refusal(name: &str, s: &StorageMigrationRequestStatus) -> Option<St
     }
 }
 
-/// Every volume a request's status names (its members' old and new volumes).
-pub fn volumes_of(s: &StorageMigrationRequestStatus) -> Vec<String> {
-    let planned = s.plan.iter().flat_map(|p| p.members.iter());
-    planned
-        .map(|m| m.old_volume.clone())
-        .chain(
-            s.members
-                .iter()
-                .filter_map(|m| m.first_claim.new_volume.clone()),
-        )
-        .collect()
-}
-
 /// `y` or `yes`, in any case.
 pub fn confirmed(answer: &str) -> bool {
     matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
