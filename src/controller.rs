@@ -63,8 +63,6 @@ pub struct Context {
     pub settings: Settings,
     /// Failures per request, for the error policy.
     failures: Mutex<Failures>,
-    /// The PodDisruptionBudget API version, discovered once for every reconcile.
-    budget_api: crate::cluster::BudgetApiCache,
     /// One waker per request seen: a watched change of what it waits for ends its pause.
     wakers: Mutex<HashMap<Key, Arc<Notify>>>,
 }
@@ -83,7 +81,6 @@ impl Context {
             metrics,
             settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
-            budget_api: Default::default(),
             wakers: Mutex::new(HashMap::new()),
         }
     }
@@ -117,7 +114,6 @@ impl Context {
             self.client.clone(),
             Recorder::new(self.client.clone(), self.reporter.clone()),
         )
-        .with_budget_api(self.budget_api.clone())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {

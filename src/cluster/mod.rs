@@ -3,7 +3,7 @@
 //! [`Action`](crate::plan::Action)s ([`execute`]) as each one's contract says.
 //!
 //! - [`gather`]: one function per kind of thing gathered; [`stash`]: the stash read back;
-//!   [`budgets`]: the PodDisruptionBudgets, through the API version the cluster serves;
+//!   [`budgets`]: the PodDisruptionBudgets (`policy/v1`);
 //! - [`execute`]: one function per action;
 //! - [`raw`]: GET/LIST/CREATE keeping the raw JSON the API server returned;
 //! - [`error`]: [`ClusterError`] and whether retrying it can help;
@@ -31,7 +31,6 @@ mod mock;
 #[cfg(test)]
 mod tests;
 
-pub use budgets::BudgetApiCache;
 pub use database::{Engine, EngineError};
 pub use error::{ClusterError, Retry};
 
@@ -39,25 +38,11 @@ pub use error::{ClusterError, Retry};
 pub struct Cluster {
     pub client: Client,
     pub recorder: Recorder,
-    /// The PodDisruptionBudget API version, discovered once (see [`budgets`]).
-    budget_api: BudgetApiCache,
 }
 
 impl Cluster {
-    /// A cluster with a cache of its own ([`Cluster::with_budget_api`] shares one).
     pub fn new(client: Client, recorder: Recorder) -> Self {
-        Self {
-            client,
-            recorder,
-            budget_api: BudgetApiCache::default(),
-        }
-    }
-
-    /// The same, with the PodDisruptionBudget API version cached in `cache` (shared by every
-    /// reconcile of the controller: discovery once per process).
-    pub fn with_budget_api(mut self, cache: BudgetApiCache) -> Self {
-        self.budget_api = cache;
-        self
+        Self { client, recorder }
     }
 
     fn ns_api<K>(&self, ns: &str) -> Api<K>

@@ -16,6 +16,7 @@ use crate::plan::{Action, Kind, Object, Observed, Propagation};
 
 const CLAIMS: &str = "/api/v1/namespaces/demo/persistentvolumeclaims";
 const SETS: &str = "/apis/apps/v1/namespaces/demo/statefulsets";
+const BUDGETS: &str = "/apis/policy/v1/namespaces/demo/poddisruptionbudgets";
 const REQUESTS: &str = "/apis/storagemigrator.io/v1alpha1/namespaces/demo/storagemigrationrequests";
 
 fn observed() -> Observed {
@@ -497,10 +498,8 @@ async fn gather_reads_everything_the_planner_needs() {
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": "demo", "labels": {labels::POD_SECURITY_ENFORCE_LABEL: "baseline"}},
         })),
-        // In Preflight and Migrating: the PodDisruptionBudgets (a cluster serving none here).
-        Exchange::new(Method::GET, "/apis").returns(json!({
-            "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
-        })),
+        // In Preflight and Migrating: the PodDisruptionBudgets (policy/v1).
+        Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
         // In Preflight (and during a member's copy): every pod, for who mounts which claim.
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
             .returns(list(vec![pod.clone(), backup, helper_too])),
@@ -542,6 +541,8 @@ async fn gather_reads_everything_the_planner_needs() {
         observed.namespace_labels[labels::POD_SECURITY_ENFORCE_LABEL],
         "baseline"
     );
+    let budgets: Vec<_> = observed.budgets.iter().map(|b| b.name.as_str()).collect();
+    assert_eq!(budgets, ["etcd-pdb"]);
     assert_eq!(
         observed.health,
         Err(crate::engine::HealthUnavailable::NoEngine(
@@ -644,9 +645,7 @@ async fn gather_reads_a_running_copys_progress_from_its_log() {
             Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
                 "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
             })),
-            Exchange::new(Method::GET, "/apis").returns(json!({
-                "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
-            })),
+            Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
             Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods").returns(list(vec![])),
         ]
     };
@@ -710,82 +709,76 @@ async fn delete_with_a_resource_version_sends_both_preconditions_and_a_conflict_
     execute(observed(), action, vec![gone]).await.unwrap();
 }
 
-/// PodDisruptionBudgets are read in Preflight and while migrating only, through the version discovery finds
-/// (once, then cached); a cluster that stops serving it (404) is asked again once.
+/// The namespace's PodDisruptionBudgets as `policy/v1` lists them: one on `app=etcd` that
+/// allows no disruption.
+fn budget_list() -> Value {
+    json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudgetList",
+    "metadata": {}, "items": [{
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": "etcd-pdb", "namespace": "demo", "generation": 2},
+        "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "etcd"}}},
+        "status": {"disruptionsAllowed": 0, "currentHealthy": 3, "desiredHealthy": 3,
+                   "expectedPods": 3, "observedGeneration": 2},
+    }]})
+}
+
+/// PodDisruptionBudgets are read through `policy/v1`, in Preflight and while migrating only
+/// (not in another stage, nor once the request ended), each time they are needed.
 #[tokio::test]
-async fn budgets_are_read_through_the_discovered_version_once() {
+async fn budgets_are_read_through_policy_v1_in_preflight_and_while_migrating() {
     use crate::api::Stage;
-    use crate::plan::disruption::BudgetApi;
-    let groups = |versions: &[&str]| {
-        let versions: Vec<Value> = versions
-            .iter()
-            .map(|v| json!({"groupVersion": format!("policy/{v}"), "version": v}))
-            .collect();
-        json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": [
-            {"name": "apps", "versions": [{"groupVersion": "apps/v1", "version": "v1"}]},
-            {"name": "policy", "versions": versions},
-        ]})
-    };
-    let pdbs = |version: &str| {
-        json!({"apiVersion": format!("policy/{version}"), "kind": "PodDisruptionBudgetList",
-        "metadata": {}, "items": [{
-            "apiVersion": format!("policy/{version}"), "kind": "PodDisruptionBudget",
-            "metadata": {"name": "etcd-pdb", "namespace": "demo", "generation": 2},
-            "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "etcd"}}},
-            "status": {"disruptionsAllowed": 0, "currentHealthy": 3, "desiredHealthy": 3,
-                       "expectedPods": 3, "observedGeneration": 2},
-        }]})
-    };
-    let path = |v: &str| format!("/apis/policy/{v}/namespaces/demo/poddisruptionbudgets");
     let exchanges = vec![
-        Exchange::new(Method::GET, "/apis").returns(groups(&["v1beta1"])),
-        Exchange::new(Method::GET, &path("v1beta1")).returns(pdbs("v1beta1")),
-        Exchange::new(Method::GET, &path("v1beta1")).returns(pdbs("v1beta1")),
-        Exchange::new(Method::GET, &path("v1beta1")).fails(404, "NotFound"),
-        Exchange::new(Method::GET, "/apis").returns(groups(&["v1"])),
-        Exchange::new(Method::GET, &path("v1")).returns(pdbs("v1")),
+        Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
+        Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
     ];
     let got = super::mock::verify(exchanges, |cluster| async move {
         let mut status = StorageMigrationRequestStatus {
             stage: Stage::Finalizing,
             ..Default::default()
         };
-        let none = cluster.budgets(NS, &status).await.unwrap();
-        status.stage = Stage::Migrating;
-        let mut got = vec![none];
-        for _ in 0..3 {
+        let mut got = vec![cluster.budgets(NS, &status).await.unwrap()];
+        for stage in [Stage::Preflight, Stage::Migrating] {
+            status.stage = stage;
             got.push(cluster.budgets(NS, &status).await.unwrap());
         }
+        status.phase = Phase::Failed;
+        got.push(cluster.budgets(NS, &status).await.unwrap());
         got
     })
     .await;
     assert!(got[0].is_empty(), "not read while finalizing");
-    let apis: Vec<BudgetApi> = got[1..].iter().map(|b| b[0].api).collect();
-    assert_eq!(
-        apis,
-        [BudgetApi::V1beta1, BudgetApi::V1beta1, BudgetApi::V1]
-    );
-    let b = &got[3][0];
-    assert_eq!((b.name.as_str(), b.generation), ("etcd-pdb", Some(2)));
-    assert!(b.refusal().unwrap().contains("allows 0 disruptions"));
+    assert!(got[3].is_empty(), "not read once the request ended");
+    for read in &got[1..3] {
+        let [b] = read.as_slice() else {
+            panic!("one budget: {read:?}");
+        };
+        assert_eq!((b.name.as_str(), b.generation), ("etcd-pdb", Some(2)));
+        assert_eq!(b.rule, "minAvailable 3");
+        assert!(b.refusal().unwrap().contains("allows 0 disruptions"));
+    }
 }
 
-/// A cluster that serves no PodDisruptionBudget API has none (and is not asked again).
+/// A refused list of PodDisruptionBudgets is an error like any other read's (a 404 is not a
+/// cluster without budgets: every supported version serves `policy/v1`).
 #[tokio::test]
-async fn a_cluster_without_the_policy_group_has_no_budgets() {
+async fn a_refused_list_of_budgets_is_an_error() {
     use crate::api::Stage;
-    let exchanges = vec![Exchange::new(Method::GET, "/apis").returns(json!({
-        "kind": "APIGroupList", "apiVersion": "v1", "groups": [],
-    }))];
-    let got = super::mock::verify(exchanges, |cluster| async move {
-        let status = StorageMigrationRequestStatus {
-            stage: Stage::Migrating,
-            ..Default::default()
-        };
-        let first = cluster.budgets(NS, &status).await.unwrap();
-        let second = cluster.budgets(NS, &status).await.unwrap();
-        (first, second)
-    })
-    .await;
-    assert!(got.0.is_empty() && got.1.is_empty());
+    for (code, reason, expected) in [
+        (404, "NotFound", Retry::Permanent),
+        (403, "Forbidden", Retry::Permanent),
+        (503, "ServiceUnavailable", Retry::Transient),
+    ] {
+        let exchanges = vec![Exchange::new(Method::GET, BUDGETS).fails(code, reason)];
+        let got = super::mock::verify(exchanges, |cluster| async move {
+            let status = StorageMigrationRequestStatus {
+                stage: Stage::Migrating,
+                ..Default::default()
+            };
+            cluster.budgets(NS, &status).await
+        })
+        .await;
+        let err = got.expect_err(reason);
+        assert_eq!(err.refused_call(), Some("list PodDisruptionBudgets"));
+        assert_eq!(err.retry(), expected, "{reason}");
+    }
 }

@@ -2,13 +2,11 @@
 //! at least one disruption (pure; the cluster layer reads the budgets, see
 //! `cluster::gather`).
 //!
-//! - The budgets are read through the API version the cluster serves (`policy/v1` since
-//!   Kubernetes 1.21, the only one since 1.25; `policy/v1beta1` before), into a [`Budget`]. A
-//!   cluster serving neither has no budgets.
+//! - The budgets are read through `policy/v1` (the only version served since Kubernetes 1.25;
+//!   the operator supports 1.30 and newer), into a [`Budget`].
 //! - Selection is the budget's label selector on the pod's labels ([`selects`]). A budget with
-//!   no selector selects nothing; an empty selector (`{}`) selects every pod of the namespace
-//!   in `policy/v1` and none in `policy/v1beta1`, as the disruption controller and the eviction
-//!   API of each version do.
+//!   no selector selects nothing; an empty selector (`{}`) selects every pod of the namespace,
+//!   as the disruption controller and the eviction API do.
 //! - A budget whose status is behind its spec (`status.observedGeneration < generation`), or
 //!   has no status yet, allows nothing until the disruption controller has caught up: its
 //!   `disruptionsAllowed` was computed for an older spec.
@@ -28,11 +26,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
-use serde_json::Value;
 
 use super::{Ctx, EventType, Failure};
 use crate::api::{MemberStep, conditions};
@@ -40,43 +37,10 @@ use crate::api::{MemberStep, conditions};
 /// How often a member held by a budget is looked at again (budgets are not watched).
 pub const REQUEUE_HELD: Duration = Duration::from_secs(2);
 
-/// The API version a cluster serves PodDisruptionBudgets through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BudgetApi {
-    /// `policy/v1` (Kubernetes 1.21 and later).
-    V1,
-    /// `policy/v1beta1` (up to Kubernetes 1.24).
-    V1beta1,
-}
-
-impl BudgetApi {
-    pub const GROUP: &'static str = "policy";
-    pub const KIND: &'static str = "PodDisruptionBudget";
-    pub const PLURAL: &'static str = "poddisruptionbudgets";
-
-    pub fn version(self) -> &'static str {
-        match self {
-            BudgetApi::V1 => "v1",
-            BudgetApi::V1beta1 => "v1beta1",
-        }
-    }
-
-    /// The version to read budgets through, from the versions the `policy` group serves
-    /// (discovery): `v1` when served, else `v1beta1`, else none.
-    pub fn choose<'a>(served: impl IntoIterator<Item = &'a str>) -> Option<Self> {
-        let served: Vec<&str> = served.into_iter().collect();
-        [BudgetApi::V1, BudgetApi::V1beta1]
-            .into_iter()
-            .find(|api| served.contains(&api.version()))
-    }
-}
-
 /// One PodDisruptionBudget of the request's namespace, as the gate needs it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Budget {
     pub name: String,
-    /// The version it was read through (decides what an empty selector selects).
-    pub api: BudgetApi,
     /// `spec.selector`; `None` when absent (selects nothing).
     pub selector: Option<LabelSelector>,
     pub generation: Option<i64>,
@@ -98,17 +62,12 @@ pub struct Counted {
 }
 
 impl Budget {
-    /// A budget from the object the API server returned (either version: the fields the gate
-    /// reads have the same shape in both).
-    pub fn from_object(
-        name: String,
-        generation: Option<i64>,
-        data: &Value,
-        api: BudgetApi,
-    ) -> Self {
-        let spec: PodDisruptionBudgetSpec =
-            serde_json::from_value(data["spec"].clone()).unwrap_or_default();
-        let status = serde_json::from_value(data["status"].clone()).ok();
+    /// A budget from the object the API server returned (`policy/v1`).
+    pub fn from_budget(budget: PodDisruptionBudget) -> Self {
+        let name = budget.name_any();
+        let generation = budget.metadata.generation;
+        let spec = budget.spec.unwrap_or_default();
+        let status = budget.status;
         let rule = match (&spec.min_available, &spec.max_unavailable) {
             (Some(m), _) => format!("minAvailable {}", int_or_string(m)),
             (None, Some(m)) => format!("maxUnavailable {}", int_or_string(m)),
@@ -116,7 +75,6 @@ impl Budget {
         };
         Budget {
             name,
-            api,
             selector: spec.selector,
             generation,
             status,
@@ -234,13 +192,11 @@ pub fn selects(budget: &Budget, labels: &BTreeMap<String, String>) -> bool {
     let Some(selector) = &budget.selector else {
         return false;
     };
-    let match_labels = selector.match_labels.clone().unwrap_or_default();
-    let expressions = selector.match_expressions.clone().unwrap_or_default();
-    if match_labels.is_empty() && expressions.is_empty() {
-        return budget.api == BudgetApi::V1;
-    }
-    match_labels.iter().all(|(k, v)| labels.get(k) == Some(v))
-        && expressions.iter().all(|e| requirement_holds(e, labels))
+    // An empty selector (no labels, no expressions) selects every pod.
+    let mut match_labels = selector.match_labels.iter().flatten();
+    let mut expressions = selector.match_expressions.iter().flatten();
+    match_labels.all(|(k, v)| labels.get(k) == Some(v))
+        && expressions.all(|e| requirement_holds(e, labels))
 }
 
 /// One `matchExpressions` requirement on a pod's labels; an unknown operator never holds.

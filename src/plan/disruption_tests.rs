@@ -1,4 +1,4 @@
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::*;
 use crate::api::{ApplyPolicy, Phase};
@@ -12,34 +12,46 @@ fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// A budget on `app=etcd` read through `api`, with `allowed` disruptions and an up-to-date
-/// status.
-fn budget(name: &str, api: BudgetApi, selector: Value, allowed: i32) -> Budget {
-    let data = json!({
-        "spec": {"minAvailable": 2, "selector": selector},
-        "status": {
-            "disruptionsAllowed": allowed, "currentHealthy": 3, "desiredHealthy": 3,
-            "expectedPods": 3, "observedGeneration": 1,
-        },
+/// A `policy/v1` budget named `name` at `generation`, with `spec` and `status` (`Null`: none)
+/// as the API server returns them.
+fn from_json(name: &str, generation: Option<i64>, spec: Value, status: Value) -> Budget {
+    let pdb = json!({
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+        "metadata": {"name": name, "namespace": "demo", "generation": generation},
+        "spec": spec, "status": status,
     });
-    Budget::from_object(name.into(), Some(1), &data, api)
+    Budget::from_budget(serde_json::from_value(pdb).unwrap())
+}
+
+/// A budget on `selector` with `allowed` disruptions and an up-to-date status.
+fn budget(name: &str, selector: Value, allowed: i32) -> Budget {
+    let status = json!({
+        "disruptionsAllowed": allowed, "currentHealthy": 3, "desiredHealthy": 3,
+        "expectedPods": 3, "observedGeneration": 1,
+    });
+    let spec = json!({"minAvailable": 2, "selector": selector});
+    from_json(name, Some(1), spec, status)
 }
 
 fn etcd_budget(allowed: i32) -> Budget {
-    budget(
-        "etcd-pdb",
-        BudgetApi::V1,
-        json!({"matchLabels": {"app": "etcd"}}),
-        allowed,
-    )
+    budget("etcd-pdb", json!({"matchLabels": {"app": "etcd"}}), allowed)
 }
 
 #[test]
-fn the_version_is_v1_when_served_else_v1beta1_else_none() {
-    assert_eq!(BudgetApi::choose(["v1beta1", "v1"]), Some(BudgetApi::V1));
-    assert_eq!(BudgetApi::choose(["v1beta1"]), Some(BudgetApi::V1beta1));
-    assert_eq!(BudgetApi::choose(["v2alpha1"]), None);
-    assert_eq!(BudgetApi::choose([]), None);
+fn a_budget_is_read_from_the_object_as_the_api_server_returns_it() {
+    let b = etcd_budget(1);
+    assert_eq!((b.name.as_str(), b.generation), ("etcd-pdb", Some(1)));
+    assert_eq!(b.rule, "minAvailable 2");
+    assert_eq!(b.min_available, Some(IntOrString::Int(2)));
+    assert_eq!(b.max_unavailable, None);
+    let s = b.status.as_ref().unwrap();
+    assert_eq!((s.disruptions_allowed, s.observed_generation), (1, Some(1)));
+    let bare = from_json("bare", None, Value::Null, Value::Null);
+    assert_eq!(bare.rule, "no minAvailable or maxUnavailable");
+    assert_eq!(
+        (bare.selector, bare.status, bare.generation),
+        (None, None, None)
+    );
 }
 
 #[test]
@@ -53,7 +65,7 @@ fn match_labels_and_every_expression_operator() {
             {"key": "skip", "operator": "DoesNotExist"},
         ],
     });
-    let b = budget("b", BudgetApi::V1, sel, 1);
+    let b = budget("b", sel, 1);
     let base = [("app", "etcd"), ("tier", "db"), ("zone", "a")];
     assert!(selects(&b, &labels(&base)));
     assert!(selects(
@@ -78,30 +90,21 @@ fn match_labels_and_every_expression_operator() {
         assert!(!selects(&b, &labels(c)), "{c:?}");
     }
     let unknown = json!({"matchExpressions": [{"key": "app", "operator": "Gt", "values": ["1"]}]});
-    let b = budget("b", BudgetApi::V1, unknown, 1);
+    let b = budget("b", unknown, 1);
     assert!(!selects(&b, &labels(&[("app", "2")])), "unknown operator");
 }
 
 #[test]
-fn an_empty_selector_selects_all_in_v1_and_none_in_v1beta1_and_none_selects_nothing() {
-    let pod = labels(&[("app", "etcd")]);
-    for empty in [
-        json!({}),
-        json!({"matchLabels": {}, "matchExpressions": []}),
-    ] {
-        assert!(selects(&budget("b", BudgetApi::V1, empty.clone(), 0), &pod));
-        assert!(!selects(&budget("b", BudgetApi::V1beta1, empty, 0), &pod));
+fn an_empty_selector_selects_every_pod_and_none_selects_nothing() {
+    for pod in [labels(&[("app", "etcd")]), labels(&[])] {
+        for empty in [
+            json!({}),
+            json!({"matchLabels": {}, "matchExpressions": []}),
+        ] {
+            assert!(selects(&budget("b", empty.clone(), 0), &pod), "{empty}");
+        }
+        assert!(!selects(&budget("b", Value::Null, 0), &pod), "no selector");
     }
-    for api in [BudgetApi::V1, BudgetApi::V1beta1] {
-        assert!(!selects(&budget("b", api, Value::Null, 0), &pod), "{api:?}");
-    }
-    let v1beta1 = budget(
-        "b",
-        BudgetApi::V1beta1,
-        json!({"matchLabels": {"app": "etcd"}}),
-        0,
-    );
-    assert!(selects(&v1beta1, &pod), "a non-empty selector in v1beta1");
 }
 
 #[test]
@@ -122,20 +125,15 @@ fn a_budget_refuses_with_none_allowed_a_stale_status_or_none_at_all() {
         s.observed_generation = None;
     }
     assert!(unobserved.refusal().is_some(), "no observedGeneration");
-    let data = json!({"spec": {"maxUnavailable": "0%", "selector": {}}});
-    let fresh = Budget::from_object("new".into(), Some(1), &data, BudgetApi::V1beta1);
+    let spec = json!({"maxUnavailable": "0%", "selector": {}});
+    let fresh = from_json("new", Some(1), spec, Value::Null);
     assert_eq!(fresh.rule, "maxUnavailable 0%");
     assert!(fresh.refusal().unwrap().contains("has no status yet"));
 }
 
 #[test]
 fn the_first_selecting_budget_that_refuses_is_named() {
-    let other = budget(
-        "web",
-        BudgetApi::V1,
-        json!({"matchLabels": {"app": "web"}}),
-        0,
-    );
+    let other = budget("web", json!({"matchLabels": {"app": "web"}}), 0);
     let pod = labels(&[("app", "etcd")]);
     assert_eq!(refusal(&[other.clone(), etcd_budget(1)], &pod), None);
     let why = refusal(&[other, etcd_budget(1), etcd_budget(0)], &pod).unwrap();
@@ -235,14 +233,12 @@ fn the_timeout_while_a_budget_holds_names_it_and_rolls_back() {
 /// A budget the disruption controller cannot count while the set is orphaned: its status
 /// says no disruption (fail-safe), whatever the pods.
 fn max_unavailable_budget(max: Value) -> Budget {
-    let data = json!({
-        "spec": {"maxUnavailable": max, "selector": {"matchLabels": {"app": "etcd"}}},
-        "status": {
-            "disruptionsAllowed": 0, "currentHealthy": 3, "desiredHealthy": 2,
-            "expectedPods": 3, "observedGeneration": 1,
-        },
+    let spec = json!({"maxUnavailable": max, "selector": {"matchLabels": {"app": "etcd"}}});
+    let status = json!({
+        "disruptionsAllowed": 0, "currentHealthy": 3, "desiredHealthy": 2,
+        "expectedPods": 3, "observedGeneration": 1,
     });
-    Budget::from_object("etcd-pdb".into(), Some(1), &data, BudgetApi::V1)
+    from_json("etcd-pdb", Some(1), spec, status)
 }
 
 #[test]
@@ -257,10 +253,7 @@ fn desired_healthy_as_the_disruption_controller_computes_it() {
         max_unavailable_budget(json!("x")).desired_healthy(3),
         Some(0)
     );
-    let min = |v: Value| {
-        let data = json!({"spec": {"minAvailable": v}});
-        Budget::from_object("b".into(), None, &data, BudgetApi::V1)
-    };
+    let min = |v: Value| from_json("b", None, json!({"minAvailable": v}), Value::Null);
     assert_eq!(min(json!("50%")).desired_healthy(3), Some(2));
     assert_eq!(min(json!("100%")).desired_healthy(3), Some(3));
     assert_eq!(min(json!(2)).desired_healthy(3), None, "no scale needed");
