@@ -35,6 +35,7 @@
 
 use kube::ResourceExt;
 
+use super::claims::{self, RequestClaim};
 use super::{Ctx, EventType, Failure, claim_volume, is_terminating};
 use crate::api::{MemberStatus, MemberStep, PlannedMember, Stage, conditions};
 use crate::labels;
@@ -303,17 +304,15 @@ fn old_claim_intact(cx: &Ctx, m: &PlannedMember) -> bool {
 /// Forward: whether member `i` must hold still (it is then `Blocked`), or fail because its copy
 /// is stale; clears `Blocked` when nothing foreign is there. `Ok(false)`: its step may run.
 pub(crate) fn hold_member(cx: &mut Ctx, i: usize) -> Result<bool, Failure> {
-    let Some(ms) = cx
+    let Some(c) = cx
         .status
         .members
         .get(i)
-        .map(|ms| ms.on_claim(ms.claim_index))
+        .and_then(|ms| claim_in_flight(cx, ms))
     else {
         return Ok(false);
     };
-    let Some(m) = member_plan(cx, &ms) else {
-        return Ok(false);
-    };
+    let (m, ms) = (c.planned, c.status);
     let set = foreign_set(cx);
     let pod = foreign_pod(cx, &m, &ms);
     match ms.step {
@@ -385,15 +384,12 @@ pub(crate) fn hold_stage(cx: &mut Ctx) -> bool {
     }
 }
 
-/// The member as planned, seen on the claim its step works on ([`PlannedMember::on_claim`]).
-fn member_plan(cx: &Ctx, ms: &MemberStatus) -> Option<PlannedMember> {
-    cx.status
-        .plan
-        .as_ref()?
-        .members
-        .iter()
-        .find(|m| m.pod == ms.pod)
-        .map(|m| m.on_claim(ms.claim_index))
+/// The member's claim its step works on (`claimIndex`), as [`claims::member_claim`] sees it:
+/// the member as planned and its status, both seen on that claim.
+fn claim_in_flight(cx: &Ctx, ms: &MemberStatus) -> Option<RequestClaim> {
+    let plan = cx.status.plan.as_ref()?;
+    let m = plan.members.iter().find(|m| m.pod == ms.pod)?;
+    Some(claims::member_claim(m, ms, ms.claim_index))
 }
 
 /// The timeout's failure: [`Failure::BlockedUntilTimeout`] naming what appeared when something
@@ -401,7 +397,8 @@ fn member_plan(cx: &Ctx, ms: &MemberStatus) -> Option<PlannedMember> {
 pub(crate) fn timeout_failure(cx: &Ctx, timed_out: Failure) -> Failure {
     let in_flight = super::in_flight(&cx.status)
         .and_then(|i| cx.status.members.get(i).cloned())
-        .and_then(|ms| member_plan(cx, &ms).and_then(|m| foreign_pod(cx, &m, &ms)));
+        .and_then(|ms| claim_in_flight(cx, &ms))
+        .and_then(|c| foreign_pod(cx, &c.planned, &c.status));
     match foreign_set(cx).or(in_flight) {
         Some(what) => Failure::BlockedUntilTimeout {
             timeout: cx.spec().timeout.clone(),
@@ -420,10 +417,10 @@ pub(crate) fn hold_in_rollback(cx: &mut Ctx, i: usize) -> bool {
     if ms.held.is_some() {
         return true;
     }
-    let ms = ms.on_claim(ms.claim_index);
-    let Some(m) = member_plan(cx, &ms) else {
+    let Some(c) = claim_in_flight(cx, &ms) else {
         return false;
     };
+    let (m, ms) = (c.planned, c.status);
     let set = foreign_set(cx);
     let pod = cx.o.pods.get(&m.pod).map(|p| p.uid().unwrap_or_default());
     let new = ms
