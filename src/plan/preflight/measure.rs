@@ -8,6 +8,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::{Denial, DenialReason, headroom};
 use crate::api::{PlannedMember, PlannedWork};
 use crate::build::{self, FsReport, JobKind};
+use crate::plan::claims::member_claims;
 use crate::plan::helpers::{self, Trouble};
 use crate::plan::quantity::{self, human};
 use crate::plan::{Action, Ctx, JobOutcome, Object};
@@ -32,12 +33,12 @@ pub(super) fn measure(cx: &mut Ctx, members: &mut [PlannedMember]) -> Result<Mea
         .iter_mut()
         .filter(|m| m.work == PlannedWork::Migrate);
     for m in to_migrate {
-        for slot in 0..=m.further_claims.len() {
-            match measure_claim(cx, &m.on_claim(slot), &m.helper_subject(slot))? {
-                Some(used) if slot == 0 => m.used_bytes = Some(used),
+        for c in member_claims(m, &Default::default()) {
+            match measure_claim(cx, &c.planned, &c.subject)? {
+                Some(used) if c.slot == 0 => m.used_bytes = Some(used),
                 Some(used) => {
-                    if let Some(c) = m.further_claims.get_mut(slot - 1) {
-                        c.used_bytes = Some(used);
+                    if let Some(f) = m.further_claims.get_mut(c.slot - 1) {
+                        f.used_bytes = Some(used);
                     }
                 }
                 None => measurement = Measurement::Running,
