@@ -250,12 +250,18 @@ pub fn member_outcomes(
                 (Some(s), Some(f)) => Some(f.0.duration_since(s.0).as_secs_f64()),
                 _ => None,
             };
+            // Every claim of the member (its further claims move in the same stop).
+            let planned = (after.plan.as_ref())
+                .and_then(|p| p.members.iter().find(|p| p.pod == m.pod))
+                .cloned()
+                .unwrap_or_default();
+            let claims = crate::plan::claims::member_claims(&planned, m);
             Some(MemberOutcome {
                 result,
                 downtime_seconds: m.downtime_seconds,
-                // Every claim of the member (its further claims move in the same stop).
-                bytes: (std::iter::once(&m.first_claim).chain(&m.further_claims))
-                    .map(|c| c.bytes_copied)
+                bytes: claims
+                    .iter()
+                    .map(|c| c.status.first_claim.bytes_copied)
                     .sum(),
                 seconds,
             })
@@ -316,6 +322,27 @@ mod tests {
             member_outcomes(None, &rolled)[0].result,
             MemberResult::rolled_back
         );
+    }
+
+    /// A member's bytes are those of every claim the plan gives it, its further claims' too.
+    #[test]
+    fn a_members_bytes_are_those_of_every_claim() {
+        let mut done = member("kv-0", MemberStep::Done);
+        done.first_claim.bytes_copied = Some(50);
+        done.further_claims = vec![crate::api::ClaimStatus {
+            bytes_copied: Some(100),
+            ..Default::default()
+        }];
+        let mut after = status(vec![done]);
+        after.plan = Some(crate::api::Plan {
+            members: vec![crate::api::PlannedMember {
+                pod: "kv-0".into(),
+                further_claims: vec![crate::api::PlannedClaim::default()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert_eq!(member_outcomes(None, &after)[0].bytes, Some(150));
     }
 
     #[test]
