@@ -105,6 +105,10 @@ pub struct ContainerRecord {
     /// Startup probe passed (or none), while running.
     pub started: bool,
     pub container_id: Option<String>,
+    /// An init container with `restartPolicy: Always` (a native sidecar): it keeps running
+    /// beside the main containers, counts as initialized once started, and its readiness
+    /// counts for the pod's.
+    pub sidecar: bool,
 }
 
 impl ContainerRecord {
@@ -118,6 +122,17 @@ impl ContainerRecord {
             ready: false,
             started: false,
             container_id: None,
+            sidecar: false,
+        }
+    }
+
+    /// Whether it holds the pod's initialization back: a regular init container until it
+    /// exited 0, a sidecar until it first started.
+    fn initializing(&self) -> bool {
+        if self.sidecar {
+            self.restart_count == 0 && !(self.state.is_running() && self.started)
+        } else {
+            self.state.exit_code() != Some(0)
         }
     }
 
@@ -163,6 +178,11 @@ pub fn restart_policy(pod: &Pod) -> &str {
         .unwrap_or("Always")
 }
 
+/// Whether `c` is a native sidecar: an init container with `restartPolicy: Always`.
+pub fn is_sidecar(c: &k8s_openapi::api::core::v1::Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
 /// Whether a container that exited with `exit_code` is started again.
 pub fn should_restart(policy: &str, exit_code: i32) -> bool {
     match policy {
@@ -192,6 +212,10 @@ pub fn compute_phase(policy: &str, rec: &PodRecord) -> String {
     }
     let mut pending_init = 0;
     for c in &rec.init_containers {
+        if c.sidecar {
+            pending_init += usize::from(c.initializing());
+            continue;
+        }
         match (&c.state, &c.last_state) {
             (CState::Terminated { exit_code: 0, .. }, _) => {}
             (CState::Terminated { .. }, _) if policy == "Never" => return "Failed".into(),
@@ -274,20 +298,17 @@ fn pod_conditions(
     phase: &str,
     now: Timestamp,
 ) -> Vec<PodCondition> {
-    let initialized = rec
-        .init_containers
-        .iter()
-        .all(|c| c.state.exit_code() == Some(0));
-    let unready: Vec<&str> = rec
-        .containers
-        .iter()
+    let initialized = rec.init_containers.iter().all(|c| !c.initializing());
+    let sidecars = rec.init_containers.iter().filter(|c| c.sidecar);
+    let unready: Vec<&str> = sidecars
+        .chain(&rec.containers)
         .filter(|c| !c.ready)
         .map(|c| c.name.as_str())
         .collect();
     let uninit: Vec<&str> = rec
         .init_containers
         .iter()
-        .filter(|c| c.state.exit_code() != Some(0))
+        .filter(|c| c.initializing())
         .map(|c| c.name.as_str())
         .collect();
     let completed = phase == "Succeeded" || phase == "Failed";
@@ -423,6 +444,44 @@ mod tests {
     }
     fn backoff() -> CState {
         CState::waiting("CrashLoopBackOff", None)
+    }
+
+    /// A record whose first init container is a native sidecar in `sidecar` state.
+    fn with_sidecar(sidecar: CState, started: bool, ready: bool) -> PodRecord {
+        let mut r = rec(&[sidecar, term(0)], &[(running(), None)]);
+        r.init_containers[0].sidecar = true;
+        r.init_containers[0].started = started;
+        r.init_containers[0].ready = ready;
+        r
+    }
+
+    #[test]
+    fn a_running_sidecar_initializes_the_pod_and_its_readiness_counts() {
+        let started = with_sidecar(running(), true, true);
+        assert_eq!(compute_phase("Always", &started), "Running");
+        let conds = pod_conditions(&[], &started, "Running", ts(3));
+        let status = |t: &str| {
+            conds
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| c.status.clone())
+        };
+        assert_eq!(status("Initialized").as_deref(), Some("True"));
+        assert_eq!(status("Ready").as_deref(), Some("True"));
+
+        let unready = with_sidecar(running(), true, false);
+        let conds = pod_conditions(&[], &unready, "Running", ts(3));
+        let ready = conds.iter().find(|c| c.type_ == "Ready").cloned();
+        assert_eq!(ready.as_ref().map(|c| c.status.as_str()), Some("False"));
+        let msg = ready.and_then(|c| c.message).unwrap_or_default();
+        assert!(msg.contains("init0"), "{msg}");
+
+        // Not started yet (startup probe pending): the pod is still initializing.
+        let starting = with_sidecar(running(), false, false);
+        assert_eq!(compute_phase("Always", &starting), "Pending");
+        let conds = pod_conditions(&[], &starting, "Pending", ts(3));
+        let init = conds.iter().find(|c| c.type_ == "Initialized");
+        assert_eq!(init.map(|c| c.status.as_str()), Some("False"));
     }
 
     #[test]

@@ -94,6 +94,12 @@ pub fn build_pv(
                     .unwrap_or_else(|| "Delete".to_string()),
             ),
             storage_class_name: Some(class.name_any()),
+            // As an external provisioner does: the volume is made with the claim's
+            // VolumeAttributesClass, and a claim binds only a volume of its own.
+            volume_attributes_class_name: claim
+                .spec
+                .as_ref()
+                .and_then(|s| s.volume_attributes_class_name.clone()),
             mount_options: class.mount_options.clone(),
             local: Some(LocalVolumeSource {
                 path: path.to_string_lossy().into_owned(),
@@ -192,6 +198,7 @@ mod tests {
             Some("Retain")
         );
         assert_eq!(spec.storage_class_name.as_deref(), Some("standard"));
+        assert_eq!(spec.volume_attributes_class_name, None);
         assert_eq!(
             spec.local.unwrap().path,
             "/s/nodes/node-b/volumes/pvc-1234-abcd"

@@ -384,7 +384,7 @@ async fn wait_with_probes(
     let pid = proc.pid();
     let probes_stop = CancellationToken::new();
     let live_kill = CancellationToken::new();
-    let probes = matches!(slot, Slot::Main(_)).then(|| {
+    let probes = probed(slot, c).then(|| {
         tokio::spawn(run_probes(
             ctx.clone(),
             slot,
@@ -397,7 +397,7 @@ async fn wait_with_probes(
     let grace = || Duration::from_millis(ctx.grace.load(Ordering::SeqCst));
     let res = tokio::select! {
         res = proc.wait() => res,
-        _ = ctx.stop.cancelled() => kill_container(proc, grace()).await,
+        _ = ctx.stop_for(slot, c).cancelled() => kill_container(proc, grace()).await,
         _ = live_kill.cancelled() => {
             let g = pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds).unwrap_or(DEFAULT_GRACE_SECS);
             info!(pod = %shared.name, container = %c.name, "liveness probe failed, restarting");
@@ -411,6 +411,12 @@ async fn wait_with_probes(
         let _ = p.await;
     }
     res
+}
+
+/// Whether the container in `slot` is probed and has a readiness: main containers and native
+/// sidecars (regular init containers have neither).
+fn probed(slot: Slot, c: &Container) -> bool {
+    matches!(slot, Slot::Main(_)) || crate::agent::status::is_sidecar(c)
 }
 
 /// A container run that has started (or was re-adopted).
@@ -475,7 +481,7 @@ fn start(
         started_at,
         attempt,
         image: image_name,
-        ready: matches!(slot, Slot::Main(_)) && !has_startup && c.readiness_probe.is_none(),
+        ready: probed(slot, c) && !has_startup && c.readiness_probe.is_none(),
         started: !has_startup,
     })
 }
@@ -508,12 +514,13 @@ pub(super) async fn run_container(
     attempt: i32,
     adopted: Option<adopt::Adopted>,
 ) -> Outcome {
-    if ctx.stop.is_cancelled() && adopted.is_none() {
-        return Outcome::Stopped;
-    }
     let shared = &ctx.shared;
     let pod = shared.pod();
     let c = current_container(&pod, slot, fallback);
+    let stop = ctx.stop_for(slot, &c);
+    if stop.is_cancelled() && adopted.is_none() {
+        return Outcome::Stopped;
+    }
     let mut run = match adopted {
         Some(a) => adopted_run(ctx, &c, a),
         None => match start(ctx, &pod, slot, &c, attempt) {
@@ -549,7 +556,7 @@ pub(super) async fn run_container(
             container_id: Some(container_id.clone()),
         };
     });
-    if ctx.stop.is_cancelled() {
+    if stop.is_cancelled() {
         Outcome::Stopped
     } else {
         Outcome::Exited(exit_code)

@@ -119,15 +119,52 @@ async fn prepare_volumes(
     }
 }
 
+/// The supervisors of a pod's native sidecars.
+type Sidecars = Vec<tokio::task::JoinHandle<()>>;
+
 /// Runs the init containers in order, each until it succeeds (restarts with backoff as the
-/// policy says). False when the pod stopped or failed (then its phase is `Failed`).
-async fn run_init_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) -> bool {
+/// policy says); a native sidecar (`restartPolicy: Always`) is started under a supervisor of
+/// its own and the next one waits until it has started, as a kubelet does. `None` when the pod
+/// stopped or failed (then its phase is `Failed`).
+async fn run_init_containers(ctx: &Arc<RunCtx>, pod: &Pod, policy: &str) -> Option<Sidecars> {
     let init: Vec<Container> = pod
         .spec
         .as_ref()
         .and_then(|s| s.init_containers.clone())
         .unwrap_or_default();
+    let mut sidecars = Vec::new();
     for (i, c) in init.iter().enumerate() {
+        if status::is_sidecar(c) {
+            let task = supervise(ctx.clone(), Slot::Init(i), c.clone(), "Always".into(), None);
+            sidecars.push(tokio::spawn(task));
+            if !sidecar_started(ctx, i).await {
+                return None;
+            }
+            continue;
+        }
+        if !run_init_container(ctx, i, c, policy).await {
+            return None;
+        }
+    }
+    Some(sidecars)
+}
+
+/// Waits until sidecar `i` runs and its startup probe (if any) passed; false when the pod
+/// stopped first.
+async fn sidecar_started(ctx: &RunCtx, i: usize) -> bool {
+    loop {
+        if ctx.shared.init_started(i) {
+            return true;
+        }
+        if sleep_or_stop(&ctx.stop, Duration::from_millis(100)).await {
+            return false;
+        }
+    }
+}
+
+/// Runs regular init container `i` until it succeeds; false when the pod stopped or failed.
+async fn run_init_container(ctx: &Arc<RunCtx>, i: usize, c: &Container, policy: &str) -> bool {
+    {
         let mut attempt = 0;
         let mut backoff_n = 0;
         loop {
@@ -186,7 +223,7 @@ async fn run_main_containers(
             let ctx = ctx.clone();
             let policy = policy.to_string();
             let a = adopted.next();
-            tokio::spawn(async move { supervise(ctx, i, c, policy, a).await })
+            tokio::spawn(async move { supervise(ctx, Slot::Main(i), c, policy, a).await })
         })
         .collect();
     for t in tasks {
@@ -335,15 +372,25 @@ pub(super) async fn lifecycle(
         hosts_path,
         images: crate::images::Store::new(crate::images::store_dir(&agent.state.dir)),
         stop: stop.clone(),
+        sidecars: stop.child_token(),
         grace,
     });
     let policy = status::restart_policy(&pod).to_string();
-    let containers = match adoption {
-        Some(a) => a.containers,
-        None if !run_init_containers(&ctx, &pod, &policy).await => return,
-        None => Vec::new(),
+    let (containers, sidecars) = match adoption {
+        Some(a) => (a.containers, Vec::new()),
+        None => match run_init_containers(&ctx, &pod, &policy).await {
+            Some(sidecars) => (Vec::new(), sidecars),
+            None => return,
+        },
     };
     run_main_containers(&ctx, &pod, &policy, containers).await;
+    // The main containers are done (or the pod stops): the sidecars go after them.
+    ctx.sidecars.cancel();
+    for s in sidecars {
+        if let Err(e) = s.await {
+            warn!(pod = %shared.name, error = %e, "sidecar supervisor failed");
+        }
+    }
     if !stop.is_cancelled() {
         shared.update(|r| {
             let phase = status::compute_phase(&policy, r);
@@ -357,6 +404,7 @@ pub(super) async fn lifecycle(
 
 /// Waits out the crash-loop backoff `n` (state Waiting/CrashLoopBackOff); true when stopped.
 async fn crash_backoff(ctx: &RunCtx, slot: Slot, name: &str, n: u32) -> bool {
+    let stop = ctx.stop_for_name(slot, name);
     let d = status::restart_backoff(n);
     let msg = format!(
         "back-off {}s restarting failed container={name} pod={}_{}({})",
@@ -371,25 +419,26 @@ async fn crash_backoff(ctx: &RunCtx, slot: Slot, name: &str, n: u32) -> bool {
         }
         c.state = CState::waiting("CrashLoopBackOff", Some(msg));
     });
-    sleep_or_stop(&ctx.stop, d).await
+    sleep_or_stop(stop, d).await
 }
 
-/// Runs container `i` again and again as its restart policy says.
+/// Runs the container in `slot` again and again as its restart policy says.
 async fn supervise(
     ctx: Arc<RunCtx>,
-    i: usize,
+    slot: Slot,
     c: Container,
     policy: String,
     mut adopted: Option<adopt::Adopted>,
 ) {
+    let stop = ctx.stop_for(slot, &c).clone();
     let mut attempt = adopted.as_ref().map_or(0, |a| a.attempt);
     let mut backoff_n = 0;
     loop {
         let started = Instant::now();
-        match run_container(&ctx, Slot::Main(i), &c, attempt, adopted.take()).await {
+        match run_container(&ctx, slot, &c, attempt, adopted.take()).await {
             Outcome::Stopped => return,
             Outcome::Waiting => {
-                if sleep_or_stop(&ctx.stop, Duration::from_secs(5)).await {
+                if sleep_or_stop(&stop, Duration::from_secs(5)).await {
                     return;
                 }
             }
@@ -401,7 +450,7 @@ async fn supervise(
                     backoff_n = 0;
                 }
                 attempt += 1;
-                if crash_backoff(&ctx, Slot::Main(i), &c.name, backoff_n).await {
+                if crash_backoff(&ctx, slot, &c.name, backoff_n).await {
                     return;
                 }
                 backoff_n += 1;

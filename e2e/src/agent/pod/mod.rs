@@ -72,7 +72,10 @@ impl PodShared {
             .and_then(|s| s.init_containers.as_ref())
             .into_iter()
             .flatten()
-            .map(|c| ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or_default()))
+            .map(|c| ContainerRecord {
+                sidecar: status::is_sidecar(c),
+                ..ContainerRecord::new(&c.name, c.image.as_deref().unwrap_or_default())
+            })
             .collect();
         let has_init =
             spec.is_some_and(|s| s.init_containers.as_ref().is_some_and(|v| !v.is_empty()));
@@ -126,6 +129,13 @@ impl PodShared {
         });
     }
 
+    /// Whether init container `i` runs and has started (its startup probe passed, if any).
+    fn init_started(&self, i: usize) -> bool {
+        let r = lock(&self.record);
+        let c = r.init_containers.get(i);
+        c.is_some_and(|c| c.state.is_running() && c.started)
+    }
+
     /// Whether instance `n` (its restart count) of container `name` is running.
     pub fn instance_running(&self, name: &str, n: i32) -> bool {
         let r = lock(&self.record);
@@ -171,7 +181,38 @@ struct RunCtx {
     /// The cluster's image store (shared by its nodes).
     images: crate::images::Store,
     stop: CancellationToken,
+    /// Stops the native sidecars (a child of `stop`): when the pod stops, or when its main
+    /// containers have all finished.
+    sidecars: CancellationToken,
     grace: Arc<AtomicU64>,
+}
+
+impl RunCtx {
+    /// The token that stops the container in `slot` (see [`RunCtx::sidecars`]).
+    fn stop_for(
+        &self,
+        slot: Slot,
+        c: &k8s_openapi::api::core::v1::Container,
+    ) -> &CancellationToken {
+        self.stop_for_name(slot, &c.name)
+    }
+
+    /// [`RunCtx::stop_for`] by the container's name.
+    fn stop_for_name(&self, slot: Slot, name: &str) -> &CancellationToken {
+        let sidecar = || {
+            let pod = self.shared.pod();
+            let inits = pod.spec.as_ref().and_then(|s| s.init_containers.as_deref());
+            inits
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.name == name && status::is_sidecar(c))
+        };
+        if matches!(slot, Slot::Init(_)) && sidecar() {
+            &self.sidecars
+        } else {
+            &self.stop
+        }
+    }
 }
 
 /// Sleeps `d`; true when `stop` fired first.
