@@ -26,9 +26,10 @@ const SYSTEM_FINALIZERS: [&str; 3] = [PVC_PROTECTION_FINALIZER, GC_FINALIZERS[0]
 /// after the swap this claim's volume holds the member's only up-to-date data. Claims are never
 /// deleted by the garbage collector on our behalf; the operator deletes temporary claims itself,
 /// and only before their volume holds anything or after it was re-bound under the original name.
-/// Why no selector, dataSource or volumeAttributesClassName from the original: they describe
-/// how the old volume was found or filled, and would keep the new one from being provisioned
-/// fresh on the target class.
+/// Why no selector or dataSource from the original: they describe how the old volume was found
+/// or filled, and would keep the new one from being provisioned fresh on the target class. The
+/// volumeAttributesClassName is kept: it is how the user asked the volume to perform (IOPS,
+/// throughput), and the swapped claim keeps it.
 pub fn temp_claim(
     req: &StorageMigrationRequest,
     plan: &Plan,
@@ -43,6 +44,9 @@ pub fn temp_claim(
             volume_mode: original_spec.volume_mode,
             storage_class_name: Some(plan.target_storage_class.clone()),
             resources: Some(storage_request(&member.new_size)),
+            // The new volume is made with the claim's VolumeAttributesClass, so that the claim
+            // recreated on it (which keeps the class) can bind it.
+            volume_attributes_class_name: original_spec.volume_attributes_class_name,
             ..Default::default()
         }),
         status: None,
@@ -60,10 +64,12 @@ pub fn temp_claim(
 ///
 /// The claim comes back whole ([`kept_metadata`]): name, namespace, every label and annotation
 /// but the control plane's and ours, every ownerReference but the StatefulSet's and the pod's,
-/// other finalizers, accessModes, volumeMode. Dropped besides: everything the server sets (uid,
-/// resourceVersion, creationTimestamp, managedFields, status, deletion fields, generation), the
-/// selector, dataSource, dataSourceRef and volumeAttributesClassName (they belong to the old
-/// volume's provisioning and could keep the claim from binding the new volume).
+/// other finalizers, accessModes, volumeMode, volumeAttributesClassName (the temporary claim
+/// carried it too, so the new volume has it: a claim binds only a volume of its own
+/// VolumeAttributesClass). Dropped besides: everything the server sets (uid, resourceVersion,
+/// creationTimestamp, managedFields, status, deletion fields, generation), the selector,
+/// dataSource and dataSourceRef (they belong to the old volume's provisioning and could keep the
+/// claim from binding the new volume).
 pub fn swapped_claim(
     original: &PersistentVolumeClaim,
     new_volume: &str,
@@ -90,7 +96,7 @@ pub fn swapped_claim(
             selector: None,
             data_source: None,
             data_source_ref: None,
-            volume_attributes_class_name: None,
+            volume_attributes_class_name: spec.volume_attributes_class_name,
         }),
         status: None,
     }
@@ -280,6 +286,28 @@ mod tests {
         assert_eq!(spec.volume_name.as_deref(), Some("pvc-new-0000"));
         assert_eq!(spec.storage_class_name.as_deref(), Some("fast"));
         assert!(spec.selector.is_none());
+    }
+
+    /// A claim's VolumeAttributesClass goes with it: onto the temporary claim (so the new
+    /// volume is made with it) and back onto the swapped claim (which binds only a volume of
+    /// its own class).
+    #[test]
+    fn the_volume_attributes_class_is_kept_on_both_claims() {
+        let mut original = testdata::claim();
+        if let Some(spec) = original.spec.as_mut() {
+            spec.volume_attributes_class_name = Some("gold".into());
+        }
+        let req = testdata::request();
+        let temp = temp_claim(&req, &testdata::plan(), &testdata::member(), &original);
+        let vac = |c: &PersistentVolumeClaim| {
+            c.spec
+                .as_ref()
+                .and_then(|s| s.volume_attributes_class_name.clone())
+        };
+        assert_eq!(vac(&temp).as_deref(), Some("gold"));
+        let size = Quantity("1Gi".to_string());
+        let swapped = swapped_claim(&original, "pvc-new", "fast", &size, "etcd", "etcd-1");
+        assert_eq!(vac(&swapped).as_deref(), Some("gold"));
     }
 
     #[test]
