@@ -194,9 +194,21 @@ impl EtcdClient {
     }
 
     /// Asks one member for status, member list and alarms (concurrently, each bounded).
+    /// A pod being deleted is not asked: it is unhealthy whatever it answers, and once its
+    /// process is gone its address may answer nothing until the connect timeout, which would
+    /// hold every decision of the request (the member's stop among them) for seconds.
     async fn view(&self, pod: &PodInfo) -> MemberView {
-        let Some(target) = self.target(pod) else {
-            let why = "pod has no IP (not running)".to_string();
+        let target = if pod.terminating {
+            None
+        } else {
+            self.target(pod)
+        };
+        let Some(target) = target else {
+            let why = if pod.terminating {
+                "not asked: the pod is being deleted".to_string()
+            } else {
+                "pod has no IP (not running)".to_string()
+            };
             return MemberView {
                 pod: pod.name.clone(),
                 endpoint: None,
