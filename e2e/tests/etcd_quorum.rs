@@ -814,9 +814,9 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
 }
 
 /// A `maxUnavailable: 1` budget: while the StatefulSet is orphaned the disruption controller
-/// cannot count it (its pods have no controller: it reports no disruption allowed, Event
-/// `NoControllerRef`), so the operator counts it over the members; the request succeeds, one
-/// member at a time.
+/// cannot count it (its pods have no controller: Event `UnmanagedPods`, "the status of the PDB
+/// cannot be calculated correctly"; 1.20 said `NoControllerRef`), so the operator counts it over
+/// the members; the request succeeds, one member at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned() {
     let _measuring = MEASURING.lock().await;
@@ -846,7 +846,7 @@ async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned
         downtimes(&status),
     );
     assert!(
-        controller.iter().any(|e| e.starts_with("NoControllerRef:")),
+        controller.iter().any(|e| e.starts_with("UnmanagedPods:")),
         "the disruption controller could not count the orphaned pods: {controller:?}"
     );
     assert_eq!(
