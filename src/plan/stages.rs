@@ -691,17 +691,13 @@ fn generic_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
             restore_old: false,
         });
     }
-    let unverified: Vec<&str> = cx
-        .status
-        .members
-        .iter()
-        .filter(|m| {
-            let unverified = m.first_claim.verified.is_none()
-                || m.further_claims.iter().any(|c| c.verified.is_none());
-            m.step == MemberStep::Done && unverified
-        })
-        .map(|m| m.pod.as_str())
+    // Every claim the plan gives a migrated member (one its status lacks is unverified).
+    let mut unverified: Vec<String> = claims::request_claims(&cx.status)
+        .into_iter()
+        .filter(|c| c.status.step == MemberStep::Done && c.status.first_claim.verified.is_none())
+        .map(|c| c.pod().to_string())
         .collect();
+    unverified.dedup();
     if !unverified.is_empty() {
         return Err(Failure::Unverified {
             pods: unverified.join(", "),

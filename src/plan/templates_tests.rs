@@ -362,3 +362,40 @@ fn with_no_template_named_a_template_already_there_is_left_out() {
     assert_eq!(reason, DenialReason::SameStorageClass, "{message}");
     assert!(message.contains("volumeClaimTemplate wal, are already on StorageClass fast"));
 }
+
+/// The final check of a `Generic` request covers every claim the plan gives a member: a further
+/// claim with no verification on record (here its status is missing altogether) fails it, and
+/// no old volume gets back a policy that can delete it.
+#[test]
+fn the_final_check_wants_every_planned_claim_verified() {
+    let mut sim = Sim::new(with_wal(spec_class_change("fast")));
+    for _ in 0..400 {
+        let d = decide(&sim.o, &SETTINGS);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+        if sim.status().stage == Stage::Finalizing {
+            break;
+        }
+    }
+    assert_eq!(sim.status().stage, Stage::Finalizing);
+    let ms = &mut sim.o.request.status.as_mut().expect("a status").members[1];
+    assert_eq!(ms.further_claims.len(), 1, "{ms:?}");
+    ms.further_claims.clear();
+    let pod = ms.pod.clone();
+    sim.run(100);
+    let s = sim.status();
+    assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+    let failure = s.failure.unwrap_or_default();
+    assert!(
+        failure.contains(&format!("no verification on record for members {pod}")),
+        "{failure}"
+    );
+    let old_volume = |v: &str| v.starts_with("pv-old-") || v.starts_with("pv-wal-");
+    let restored = |a: &Action| {
+        matches!(a, Action::PatchReclaimPolicy { volume, policy }
+            if policy != "Retain" && old_volume(volume))
+    };
+    assert!(!sim.log.iter().any(restored), "{:?}", sim.log);
+}
