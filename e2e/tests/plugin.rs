@@ -332,7 +332,9 @@ async fn orphans_lists_a_volume_no_claim_refers_to_and_deletes_it_on_request() {
     let command = format!("  kubectl delete persistentvolume {name}");
     assert!(run.stdout.lines().any(|l| l == command), "{run:?}");
 
-    let refused = smr(&["orphans", "--delete"], Duration::from_secs(60)).await;
+    // Every --delete names the volume this test made: the suite may run against a cluster whose
+    // other Released volumes an administrator keeps on purpose.
+    let refused = smr(&["orphans", "--delete", &name], Duration::from_secs(60)).await;
     assert_eq!(refused.code, 1, "{refused:?}");
     assert!(refused.stderr.contains("needs a terminal"), "{refused:?}");
     assert!(
@@ -340,7 +342,11 @@ async fn orphans_lists_a_volume_no_claim_refers_to_and_deletes_it_on_request() {
         "deleted without --yes"
     );
 
-    let deleted = smr(&["orphans", "--delete", "--yes"], Duration::from_secs(60)).await;
+    let deleted = smr(
+        &["orphans", "--delete", "--yes", &name],
+        Duration::from_secs(60),
+    )
+    .await;
     assert_eq!(deleted.code, 0, "{deleted:?}");
     assert!(
         deleted
@@ -348,6 +354,10 @@ async fn orphans_lists_a_volume_no_claim_refers_to_and_deletes_it_on_request() {
             .contains(&format!("persistentvolume/{name} deleted")),
         "{deleted:?}"
     );
+    let others = (deleted.stdout.lines())
+        .filter(|l| l.ends_with(" deleted") && !l.contains(&name))
+        .count();
+    assert_eq!(others, 0, "deleted beyond its scope: {deleted:?}");
     let gone = async {
         while pvs.get_opt(&name).await.unwrap().is_some() {
             tokio::time::sleep(Duration::from_millis(500)).await;
