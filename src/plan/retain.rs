@@ -11,16 +11,19 @@
 //! volume's `resourceVersion`; from the second change of the same volume on, condition
 //! `ReclaimPolicy` names it and says that something else keeps changing it. Each delete checks
 //! its own claim's volume once more ([`delete_allowed`]), and [`unsafe_claim_delete`] is the
-//! same rule over a whole decision, the last word before it is carried out.
+//! same rule over a whole decision, the last word before it is carried out. Until the final
+//! check, the volumes of members already swapped are kept on `Retain` the same way
+//! ([`keep_swapped`]).
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt;
 
+use super::claims::{self, VolumeRole};
 use super::member::{Member, SWAP_POLL};
 use super::runbook;
 use super::{Action, Ctx, EventType, Kind, Observed, claim_volume, volume_policy};
 use crate::api::conditions;
-use crate::api::{PolicyReset, StorageMigrationRequestStatus};
+use crate::api::{MemberStep, PolicyReset, StorageMigrationRequestStatus};
 
 /// The only reclaim policy under which a claim of the swap may be deleted.
 pub const RETAIN: &str = "Retain";
@@ -40,20 +43,11 @@ impl ReclaimPolicyReason {
     }
 }
 
-/// Which of a claim's two volumes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
-    Old,
-    New,
-}
-
-impl Role {
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::Old => "old",
-            Role::New => "new",
-        }
-    }
+/// The claim a volume belongs to: member `i` of the status, its claim `slot`, the claim's name.
+struct Owner {
+    i: usize,
+    slot: usize,
+    claim: String,
 }
 
 /// What a look at a volume's policy found that was not `Retain`.
@@ -70,9 +64,14 @@ enum Change {
 /// not on `Retain`, recording the change. True when one was not: the step does nothing else
 /// in this decision (no delete), and looks again soon.
 pub(super) fn hold_swap(cx: &mut Ctx, mb: &Member) -> bool {
+    let owner = Owner {
+        i: mb.i,
+        slot: mb.slot,
+        claim: mb.m.claim.clone(),
+    };
     let volumes = [
-        (Role::Old, Some(mb.m.old_volume.clone())),
-        (Role::New, mb.ms.first_claim.new_volume.clone()),
+        (VolumeRole::Old, Some(mb.m.old_volume.clone())),
+        (VolumeRole::New, mb.ms.first_claim.new_volume.clone()),
     ];
     let mut held = false;
     for (role, name) in volumes {
@@ -80,7 +79,7 @@ pub(super) fn hold_swap(cx: &mut Ctx, mb: &Member) -> bool {
             continue;
         };
         if volume_policy(pv) != RETAIN {
-            restore(cx, mb, role, pv);
+            restore(cx, &owner, role, pv);
             held = true;
         }
     }
@@ -90,12 +89,44 @@ pub(super) fn hold_swap(cx: &mut Ctx, mb: &Member) -> bool {
     held
 }
 
+/// While the members are migrated and the StatefulSet recreated, the volumes of each member
+/// whose swap has finished (`Done`) stay on `Retain` too: its old volume is `Released`, and the
+/// PV controller deletes a released volume on `Delete`, before the final check that alone may
+/// give it such a policy. One found changed is patched back and recorded as in the swap; no
+/// step waits for it.
+pub(crate) fn keep_swapped(cx: &mut Ctx) {
+    let mut changed: Vec<(Owner, VolumeRole, PersistentVolume)> = Vec::new();
+    for c in claims::request_claims(&cx.status) {
+        let member = cx.status.members.iter().position(|m| m.pod == c.pod());
+        let Some(i) = member.filter(|_| c.status.step == MemberStep::Done) else {
+            continue;
+        };
+        for (role, name) in c.volumes() {
+            let Some(pv) = cx.o.volumes.get(name) else {
+                continue;
+            };
+            if volume_policy(pv) != RETAIN {
+                let claim = c.claim().to_string();
+                let owner = Owner {
+                    i,
+                    slot: c.slot,
+                    claim,
+                };
+                changed.push((owner, role, pv.clone()));
+            }
+        }
+    }
+    for (owner, role, pv) in &changed {
+        restore(cx, owner, *role, pv);
+    }
+}
+
 /// Patches `pv` back to `Retain`, records the change on the claim's status, says so (an Event
 /// for each new change, the condition from the second on).
-fn restore(cx: &mut Ctx, mb: &Member, role: Role, pv: &PersistentVolume) {
+fn restore(cx: &mut Ctx, owner: &Owner, role: VolumeRole, pv: &PersistentVolume) {
     let volume = pv.name_any();
     let policy = volume_policy(pv);
-    let change = record(cx, mb, &volume, &policy, pv.resource_version());
+    let change = record(cx, owner, &volume, &policy, pv.resource_version());
     cx.act(Action::PatchReclaimPolicy {
         volume: volume.clone(),
         policy: RETAIN.to_string(),
@@ -106,19 +137,19 @@ fn restore(cx: &mut Ctx, mb: &Member, role: Role, pv: &PersistentVolume) {
     let what = format!(
         "volume {volume} ({} volume of claim {}) is on reclaim policy {policy}",
         role.as_str(),
-        mb.m.claim
+        owner.claim
     );
     cx.event(
         EventType::Warning,
         "ReclaimPolicyRestored",
         format!(
-            "{what} during the claim swap, after the operator had set it to Retain: set back to \
+            "{what}, after the operator had set it to Retain for the migration: set back to \
              Retain; no claim of it is deleted until it stays Retain"
         ),
     );
     if times >= 2 {
         let message = format!(
-            "{what} again ({times} times during the claim swap): something else keeps changing \
+            "{what} again ({times} times during the request): something else keeps changing \
              its reclaim policy. The operator sets it back to Retain each time and deletes no \
              claim of it while it is not; stop whatever changes it{}",
             runbook::pointer(runbook::Section::ReclaimPolicyChanged)
@@ -134,15 +165,15 @@ fn restore(cx: &mut Ctx, mb: &Member, role: Role, pv: &PersistentVolume) {
 /// `resourceVersion` is not the one recorded (or either is unknown).
 fn record(
     cx: &mut Ctx,
-    mb: &Member,
+    owner: &Owner,
     volume: &str,
     policy: &str,
     version: Option<String>,
 ) -> Change {
-    let Some(ms) = cx.status.members.get_mut(mb.i) else {
+    let Some(ms) = cx.status.members.get_mut(owner.i) else {
         return Change::New { times: 1 };
     };
-    let mut c = ms.claim_status(mb.slot);
+    let mut c = ms.claim_status(owner.slot);
     let change = next_change(&c.policy_resets, volume, version.as_deref());
     let times = match change {
         Change::New { times } | Change::Seen { times } => times,
@@ -154,7 +185,7 @@ fn record(
         times,
         resource_version: version,
     });
-    ms.set_claim_status(mb.slot, c);
+    ms.set_claim_status(owner.slot, c);
     change
 }
 

@@ -266,3 +266,53 @@ fn the_planner_refuses_a_claim_delete_whose_volume_is_not_retain() {
         None
     );
 }
+
+/// A member whose swap has finished keeps both volumes on `Retain` until the final check: its
+/// old volume, `Released`, reset to `Delete` while the next member migrates, is patched back
+/// (the PV controller would delete it), recorded on its status; reset again, the condition.
+#[test]
+fn a_migrated_members_old_volume_reset_while_the_next_migrates_is_patched_back() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    for _ in 0..400 {
+        let status = sim.status();
+        if status
+            .members
+            .first()
+            .is_some_and(|m| m.step == MemberStep::Done)
+        {
+            break;
+        }
+        let d = decide(&sim.o, &SETTINGS);
+        apply(&mut sim, &d);
+        sim.settle();
+    }
+    let done = member0(&sim);
+    assert_eq!(done.step, MemberStep::Done);
+    assert_eq!(sim.status().stage, Stage::Migrating);
+    let old = sim
+        .status()
+        .plan
+        .unwrap_or_default()
+        .members
+        .iter()
+        .find(|m| m.pod == done.pod)
+        .map(|m| m.old_volume.clone())
+        .unwrap_or_default();
+    for times in 1..=2 {
+        sim.set_reclaim_policy(&old, "Delete");
+        let d = decide(&sim.o, &SETTINGS);
+        assert_eq!(patches_to_retain(&d), vec![old.clone()], "{:?}", d.actions);
+        apply(&mut sim, &d);
+        let resets = member0(&sim).first_claim.policy_resets;
+        assert_eq!(resets.iter().map(|r| r.times).collect::<Vec<_>>(), [times]);
+    }
+    let c = reclaim_condition(&sim).expect("condition ReclaimPolicy");
+    assert!(
+        c.message
+            .contains(&format!("volume {old} (old volume of claim")),
+        "{}",
+        c.message
+    );
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+}

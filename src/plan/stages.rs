@@ -158,6 +158,7 @@ fn protect_claim(cx: &mut Ctx, set: &str, m: &PlannedMember) {
 
 /// One member at a time, the member in flight first, then the engine's choice.
 pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
+    super::retain::keep_swapped(cx);
     if let Some(i) = in_flight(&cx.status) {
         return member::forward(cx, i);
     }
@@ -321,6 +322,7 @@ fn recreate_stateful_set(
 /// adopted its pods, at most `--stage-timeout`: then the request rolls back
 /// ([`Failure::StageTimedOut`], naming what it waited for).
 pub(crate) fn recreating_stateful_set(cx: &mut Ctx) -> Result<(), Failure> {
+    super::retain::keep_swapped(cx);
     recreate_and_wait(cx)?;
     if cx.status.stage == Stage::RecreatingStatefulSet && stage_expired(cx) {
         let plan = plan(cx)?;
@@ -546,6 +548,7 @@ pub(crate) fn finalizing(cx: &mut Ctx) -> Result<(), Failure> {
     let (note, restore_old) = match final_check(cx)? {
         FinalCheck::Passed { note, restore_old } => (note, restore_old),
         FinalCheck::Pending(reason) => {
+            super::retain::keep_swapped(cx);
             wait_for_final_check(cx, &reason);
             return Ok(());
         }
