@@ -202,23 +202,37 @@ fn next_change(recorded: &[PolicyReset], volume: &str, version: Option<&str>) ->
     }
 }
 
+/// Why a claim may not be deleted in this decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotRetained {
+    #[error("claim {claim}'s volume {volume} is on reclaim policy {policy}, not Retain")]
+    Policy {
+        claim: String,
+        volume: String,
+        policy: String,
+    },
+    #[error("claim {claim}'s volume {volume} was not found, so it cannot be seen on Retain")]
+    Unseen { claim: String, volume: String },
+}
+
 /// Whether `claim` may be deleted in this decision: it is bound to no volume, or to one the
-/// snapshot shows on `Retain`. Otherwise why not (`claim c's volume v is ...`).
-pub(super) fn delete_allowed(o: &Observed, claim: &PersistentVolumeClaim) -> Result<(), String> {
+/// snapshot shows on `Retain`.
+pub(super) fn delete_allowed(
+    o: &Observed,
+    claim: &PersistentVolumeClaim,
+) -> Result<(), NotRetained> {
     let Some(volume) = claim_volume(claim) else {
         return Ok(());
     };
-    match o.volumes.get(volume) {
+    let (claim, volume) = (claim.name_any(), volume.to_string());
+    match o.volumes.get(&volume) {
         Some(pv) if volume_policy(pv) == RETAIN => Ok(()),
-        Some(pv) => Err(format!(
-            "claim {}'s volume {volume} is on reclaim policy {}, not Retain",
-            claim.name_any(),
-            volume_policy(pv)
-        )),
-        None => Err(format!(
-            "claim {}'s volume {volume} was not found, so it cannot be seen on Retain",
-            claim.name_any()
-        )),
+        Some(pv) => Err(NotRetained::Policy {
+            claim,
+            volume,
+            policy: volume_policy(pv),
+        }),
+        None => Err(NotRetained::Unseen { claim, volume }),
     }
 }
 
@@ -230,7 +244,7 @@ pub(crate) fn unsafe_claim_delete(
     o: &Observed,
     status: &StorageMigrationRequestStatus,
     actions: &[Action],
-) -> Option<String> {
+) -> Option<NotRetained> {
     // A member without a status yet is `Pending`: its swap has not begun.
     let claims = super::claims::request_claims(status);
     let guarded = |name: &str| {

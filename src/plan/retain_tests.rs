@@ -4,7 +4,7 @@
 //! `ReclaimPolicy` names it.
 
 use super::fixtures::*;
-use super::retain::{ReclaimPolicyReason, unsafe_claim_delete};
+use super::retain::{NotRetained, ReclaimPolicyReason, unsafe_claim_delete};
 use super::*;
 use crate::api::conditions;
 use crate::api::{MemberStatus, Phase, PlannedMember};
@@ -247,10 +247,13 @@ fn the_planner_refuses_a_claim_delete_whose_volume_is_not_retain() {
     );
     sim.set_reclaim_policy(&old, "Delete");
     let why = unsafe_claim_delete(&sim.o, &status, &[delete("data-etcd-0")]);
-    assert!(
-        why.as_deref()
-            .is_some_and(|w| w.contains(&old) && w.contains("Delete")),
-        "{why:?}"
+    assert_eq!(
+        why,
+        Some(NotRetained::Policy {
+            claim: "data-etcd-0".into(),
+            volume: old.clone(),
+            policy: "Delete".into()
+        })
     );
     // The temporary claim is guarded once the swap has begun.
     sim.set_reclaim_policy(&old, "Retain");
