@@ -118,8 +118,39 @@ pub enum Verdict {
     /// Another request names it (in progress, denied, or a successful one's volume it did not
     /// release): left out.
     Named(Naming),
-    /// A claim refers to it, or it is not Released or Available (`Bound`, `Pending`, ...).
-    InUse(String),
+    /// Not Released or Available (`Bound`, `Pending`, ...): its phase.
+    NotReleased(String),
+    /// A claim (`namespace/name`) refers to it.
+    Claimed(String),
+}
+
+/// Why `--delete` refuses a volume the scope names (then nothing is deleted).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Refusal {
+    #[error("{0}: no such PersistentVolume in scope")]
+    Unknown(String),
+    #[error("{volume}: kept by failed request {} ({})", naming.request, naming.describe(volume))]
+    KeptByFailed { volume: String, naming: Naming },
+    #[error("{volume}: named by request {} ({:?}): {}", naming.request, naming.phase, naming.describe(volume))]
+    Named { volume: String, naming: Naming },
+    #[error("{volume}: not an orphan: it is {phase}")]
+    NotReleased { volume: String, phase: String },
+    #[error("{volume}: not an orphan: claim {claim} refers to it")]
+    Claimed { volume: String, claim: String },
+}
+
+impl Refusal {
+    /// Why `verdict` keeps `volume` from being deleted; `None` for an orphan.
+    fn of(volume: &str, verdict: &Verdict) -> Option<Refusal> {
+        let volume = volume.to_string();
+        Some(match verdict.clone() {
+            Verdict::Orphan => return None,
+            Verdict::KeptByFailed(naming) => Refusal::KeptByFailed { volume, naming },
+            Verdict::Named(naming) => Refusal::Named { volume, naming },
+            Verdict::NotReleased(phase) => Refusal::NotReleased { volume, phase },
+            Verdict::Claimed(claim) => Refusal::Claimed { volume, claim },
+        })
+    }
 }
 
 /// Which volumes `orphans` looks at: all, or those a label selector (applied by the API server
@@ -220,10 +251,10 @@ fn verdict(
 ) -> Verdict {
     let phase = phase(pv);
     if !matches!(phase.as_str(), "Released" | "Available") {
-        return Verdict::InUse(format!("it is {phase}"));
+        return Verdict::NotReleased(phase);
     }
     if let Some(claim) = claimed(pv, live) {
-        return Verdict::InUse(format!("claim {claim} refers to it"));
+        return Verdict::Claimed(claim);
     }
     if let Some(n) = namings.iter().find(|n| !n.phase.is_final()) {
         return Verdict::Named(n.clone());
@@ -290,30 +321,12 @@ fn orphan(pv: &PersistentVolume, now: Timestamp) -> Orphan {
 
 /// What `--delete` deletes: the orphans in scope. When the scope names volumes, each must be an
 /// orphan: otherwise nothing is deleted, and the error says why each one is not.
-pub fn to_delete(survey: &Survey, scope: &Scope) -> Result<Vec<Orphan>, Vec<String>> {
-    let mut refused: Vec<String> = (survey.unknown.iter())
-        .map(|n| format!("{n}: no such PersistentVolume in scope"))
-        .collect();
-    for (o, v) in &survey.volumes {
-        let why = match v {
-            Verdict::Orphan => continue,
-            Verdict::KeptByFailed(n) => format!(
-                "kept by failed request {} ({})",
-                n.request,
-                n.describe(&o.name)
-            ),
-            Verdict::Named(n) => format!(
-                "named by request {} ({:?}): {}",
-                n.request,
-                n.phase,
-                n.describe(&o.name)
-            ),
-            Verdict::InUse(why) => format!("not an orphan: {why}"),
-        };
-        if scope.names.contains(&o.name) {
-            refused.push(format!("{}: {why}", o.name));
-        }
-    }
+pub fn to_delete(survey: &Survey, scope: &Scope) -> Result<Vec<Orphan>, Vec<Refusal>> {
+    let unknown = (survey.unknown.iter()).map(|n| Refusal::Unknown(n.clone()));
+    let named = (survey.volumes.iter())
+        .filter(|(o, _)| scope.names.contains(&o.name))
+        .filter_map(|(o, v)| Refusal::of(&o.name, v));
+    let refused: Vec<Refusal> = unknown.chain(named).collect();
     if refused.is_empty() {
         Ok(survey.orphans())
     } else {
@@ -732,7 +745,9 @@ mod tests {
         let refused = to_delete(&s, &scope).unwrap_err();
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert!(
-            refused[0].starts_with("old: kept by failed request db/gave-up"),
+            refused[0]
+                .to_string()
+                .starts_with("old: kept by failed request db/gave-up"),
             "{refused:?}"
         );
     }
@@ -762,7 +777,11 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(all(&named(&["b"])).unwrap(), ["b"]);
-        let refused = all(&named(&["b", "bound", "nope"])).unwrap_err();
+        let refused: Vec<String> = all(&named(&["b", "bound", "nope"]))
+            .unwrap_err()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(
             refused,
             [
