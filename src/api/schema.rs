@@ -1,15 +1,19 @@
-//! What the API server checks at admission, beyond the types: the patterns of `spec.timeout` and
-//! `spec.shrink.size`, and the rule that the type's block is given (and the other type's is not).
+//! What the API server checks at admission, beyond the types: the values of single fields (the
+//! patterns of `spec.timeout` and `spec.shrink.size`, enums, minimums: field attributes of the
+//! derived schema in `super`), and the rules across fields of `spec` ([`spec_rules`]): the type's
+//! block is given and the other type's is not; `volumeClaimTemplate` and `volumeClaimTemplates`
+//! are not both set.
 //!
-//! Kubernetes 1.20 has no CEL; a structural schema may still carry value validations: `pattern`,
-//! `enum`, `minimum`, `minLength`, and `oneOf`/`not` whose branches hold only value validations
-//! (no `type`, no `description`). The patterns are used by the derived schema (field attributes in
-//! `super`); the `oneOf` is added by [`crd`] after derivation, because kube's schema rewriter
-//! hoists the properties of `oneOf` branches into the parent (made for tagged enums) and would
-//! turn `{properties: {type: {enum: [Shrink]}}}` into a conflicting definition of `type`.
+//! The rules across fields are CEL (`x-kubernetes-validations`, GA since Kubernetes 1.29; the
+//! operator supports 1.30 and newer), each with a message and the field it is about
+//! (`fieldPath`, `reason`), so the API server's refusal names that field and says the rule
+//! (`spec.shrink: Required value: type Shrink requires spec.shrink`). [`crd`] adds them to `spec`
+//! after derivation; they are not on `status.acceptedSpec` (the operator writes it, and copies
+//! only accepted specs). Preflight checks the same rules again (`InvalidSpec`), for requests
+//! stored before the CRD had them.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
-    CustomResourceDefinition, JSON, JSONSchemaProps, JSONSchemaPropsOrBool,
+    CustomResourceDefinition, JSONSchemaProps, JSONSchemaPropsOrBool, ValidationRule,
 };
 use kube::CustomResourceExt;
 
@@ -33,8 +37,8 @@ pub const TIMEOUT_MAX_LENGTH: usize = 32;
 /// pattern and is denied at preflight (`InvalidSpec`).
 pub const SIZE_PATTERN: &str = r"^\+?([0-9]*[1-9][0-9]*(\.[0-9]*)?|[0-9]*\.[0-9]*[1-9][0-9]*)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]+)?$";
 
-/// The CRD (`storage-migrator crd`, `crds/`): the derived one, with the per-type rule added to
-/// `spec` (see [`type_block_rule`]) and the input checks taken off `status.acceptedSpec`.
+/// The CRD (`storage-migrator crd`, `crds/`): the derived one, with the rules across fields added
+/// to `spec` ([`spec_rules`]) and the input checks taken off `status.acceptedSpec`.
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = StorageMigrationRequest::crd();
     for version in &mut crd.spec.versions {
@@ -45,7 +49,7 @@ pub fn crd() -> CustomResourceDefinition {
             .and_then(|root| root.properties.as_mut())
             .and_then(|props| props.get_mut("spec"));
         if let Some(spec) = spec {
-            spec.all_of = Some(type_block_rule());
+            spec.x_kubernetes_validations = Some(spec_rules());
         }
         let accepted = version
             .schema
@@ -80,51 +84,69 @@ fn drop_input_checks(schema: &mut JSONSchemaProps) {
     }
 }
 
-/// `spec` must hold the block of its type and not the other type's block: for each type, "the
-/// block is there, or the type is another" and "the other block is absent, or the type is
-/// another". Value validations only, as structural schemas require. Written as `allOf` of
-/// `anyOf`s with the block's own check first because the 1.20 API server then names the field in
-/// its refusal (`spec.shrink: Required value`, `"spec.storageClassChange" must not validate the
-/// schema (not)`); a `oneOf` over the types reports the checks of the wrong branch instead. (Not
-/// on `status.acceptedSpec`: the operator writes it, and copies only accepted specs.)
-pub fn type_block_rule() -> Vec<JSONSchemaProps> {
-    let props = |name: &str, schema: JSONSchemaProps| JSONSchemaProps {
-        properties: Some([(name.to_string(), schema)].into()),
-        ..Default::default()
+/// How a broken rule is reported: the `reason` of its field error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reason {
+    /// `<field>: Required value: <message>`.
+    Required,
+    /// `<field>: Forbidden: <message>`.
+    Forbidden,
+}
+
+/// One rule across fields of `spec`: `rule` (CEL, `self` is `spec`) holds, else the API server
+/// refuses the request with `message`, reported on `field` (relative to `spec`, e.g.
+/// `.shrink`) for `reason`.
+fn rule(rule: &str, message: &str, field: &str, reason: Reason) -> ValidationRule {
+    let reason = match reason {
+        Reason::Required => "FieldValueRequired",
+        Reason::Forbidden => "FieldValueForbidden",
     };
-    let type_is_not = |type_: &str| JSONSchemaProps {
-        not: Some(Box::new(props(
-            "type",
-            JSONSchemaProps {
-                enum_: Some(vec![JSON(serde_json::Value::String(type_.to_string()))]),
-                ..Default::default()
-            },
-        ))),
+    ValidationRule {
+        rule: rule.to_string(),
+        message: Some(message.to_string()),
+        field_path: Some(field.to_string()),
+        reason: Some(reason.to_string()),
         ..Default::default()
+    }
+}
+
+/// The rules across fields of `spec` (CEL, `x-kubernetes-validations`): `spec` holds the block
+/// of its type and not the other type's block; `volumeClaimTemplate` and
+/// `volumeClaimTemplates` are not both set (an empty list counts as unset, as in preflight). A
+/// field set to `null` counts as absent (CEL's `has`), as it does for the operator. Each is
+/// reported on the field it is about, so a refusal names it: `spec.shrink: Required value: type
+/// Shrink requires spec.shrink`, `spec.storageClassChange: Forbidden: type Shrink does not take
+/// spec.storageClassChange`.
+pub fn spec_rules() -> Vec<ValidationRule> {
+    let requires = |type_: &str, block: &str| {
+        rule(
+            &format!("self.type != '{type_}' || has(self.{block})"),
+            &format!("type {type_} requires spec.{block}"),
+            &format!(".{block}"),
+            Reason::Required,
+        )
     };
-    let either = |first: JSONSchemaProps, type_: &str| JSONSchemaProps {
-        any_of: Some(vec![first, type_is_not(type_)]),
-        ..Default::default()
-    };
-    let required = |block: &str| JSONSchemaProps {
-        required: Some(vec![block.to_string()]),
-        ..Default::default()
-    };
-    // `not: {}` refuses any value: the property must be absent.
-    let absent = |block: &str| {
-        props(
-            block,
-            JSONSchemaProps {
-                not: Some(Box::default()),
-                ..Default::default()
-            },
+    let refuses = |type_: &str, block: &str| {
+        rule(
+            &format!("self.type != '{type_}' || !has(self.{block})"),
+            &format!("type {type_} does not take spec.{block}"),
+            &format!(".{block}"),
+            Reason::Forbidden,
         )
     };
     vec![
-        either(required("storageClassChange"), "StorageClassChange"),
-        either(required("shrink"), "Shrink"),
-        either(absent("shrink"), "StorageClassChange"),
-        either(absent("storageClassChange"), "Shrink"),
+        requires("StorageClassChange", "storageClassChange"),
+        requires("Shrink", "shrink"),
+        refuses("StorageClassChange", "shrink"),
+        refuses("Shrink", "storageClassChange"),
+        rule(
+            "!has(self.volumeClaimTemplate) || !has(self.volumeClaimTemplates) \
+             || size(self.volumeClaimTemplates) == 0",
+            "spec.volumeClaimTemplate and spec.volumeClaimTemplates are exclusive: name one \
+             template, or list several",
+            ".volumeClaimTemplates",
+            Reason::Forbidden,
+        ),
     ]
 }
 
@@ -260,18 +282,9 @@ mod tests {
         assert_eq!(sizes["x-kubernetes-int-or-string"], true);
         assert_eq!(size["minimum"], 1.0);
         assert_eq!(size["x-kubernetes-int-or-string"], true);
-        let rule = serde_json::to_value(type_block_rule()).unwrap();
-        assert_eq!(spec["allOf"], rule);
         assert_eq!(
-            rule[1],
-            serde_json::json!({"anyOf": [
-                {"required": ["shrink"]},
-                {"not": {"properties": {"type": {"enum": ["Shrink"]}}}},
-            ]})
-        );
-        assert_eq!(
-            rule[3]["anyOf"][0],
-            serde_json::json!({"properties": {"storageClassChange": {"not": {}}}})
+            spec["x-kubernetes-validations"],
+            serde_json::to_value(spec_rules()).unwrap()
         );
         fn keys(node: &Value, out: &mut Vec<String>) {
             for (k, v) in node.as_object().into_iter().flatten() {
@@ -284,11 +297,83 @@ mod tests {
             &s["properties"]["status"]["properties"]["acceptedSpec"],
             &mut accepted,
         );
-        for check in ["pattern", "minimum", "minLength", "maxLength", "allOf"] {
+        for check in [
+            "pattern",
+            "minimum",
+            "minLength",
+            "maxLength",
+            "allOf",
+            "x-kubernetes-validations",
+        ] {
             assert!(
                 !accepted.iter().any(|k| k == check),
                 "acceptedSpec has {check}"
             );
+        }
+    }
+
+    /// The rules across fields are CEL, each reported on the field it is about (which `spec`
+    /// has) with a message naming that field; no structural `allOf`/`anyOf`/`oneOf`/`not`
+    /// stands in for them any more.
+    #[test]
+    fn rules_across_fields_are_cel_naming_their_field() {
+        let s = schema();
+        let spec = &s["properties"]["spec"];
+        let rules = spec["x-kubernetes-validations"].clone();
+        let required = "FieldValueRequired";
+        let forbidden = "FieldValueForbidden";
+        assert_eq!(
+            rules,
+            serde_json::json!([
+                {
+                    "rule": "self.type != 'StorageClassChange' || has(self.storageClassChange)",
+                    "message": "type StorageClassChange requires spec.storageClassChange",
+                    "fieldPath": ".storageClassChange",
+                    "reason": required,
+                },
+                {
+                    "rule": "self.type != 'Shrink' || has(self.shrink)",
+                    "message": "type Shrink requires spec.shrink",
+                    "fieldPath": ".shrink",
+                    "reason": required,
+                },
+                {
+                    "rule": "self.type != 'StorageClassChange' || !has(self.shrink)",
+                    "message": "type StorageClassChange does not take spec.shrink",
+                    "fieldPath": ".shrink",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "self.type != 'Shrink' || !has(self.storageClassChange)",
+                    "message": "type Shrink does not take spec.storageClassChange",
+                    "fieldPath": ".storageClassChange",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "!has(self.volumeClaimTemplate) || !has(self.volumeClaimTemplates) \
+                             || size(self.volumeClaimTemplates) == 0",
+                    "message": "spec.volumeClaimTemplate and spec.volumeClaimTemplates are \
+                                exclusive: name one template, or list several",
+                    "fieldPath": ".volumeClaimTemplates",
+                    "reason": forbidden,
+                },
+            ])
+        );
+        let required_props = spec["required"].as_array().unwrap();
+        assert!(
+            required_props.contains(&serde_json::json!("type")),
+            "the rules read self.type without has()"
+        );
+        for r in rules.as_array().unwrap() {
+            let field = r["fieldPath"].as_str().unwrap();
+            let name = field.strip_prefix('.').unwrap();
+            assert!(spec["properties"].get(name).is_some(), "spec has {field}");
+            let message = r["message"].as_str().unwrap();
+            assert!(message.contains(&format!("spec{field}")), "{message}");
+            assert!(!message.contains('\n'), "one line: {message}");
+        }
+        for combinator in ["allOf", "anyOf", "oneOf", "not"] {
+            assert!(spec.get(combinator).is_none(), "spec has {combinator}");
         }
     }
 
