@@ -3,8 +3,8 @@
 #   - `helm lint --strict`;
 #   - `helm template` with the default values and with each variant below, every rendered
 #     manifest (and the chart's CRD) validated against the Kubernetes OpenAPI schemas of the
-#     oldest and newest versions kubernetes-validate carries (1.25 and 1.37), strictly (an
-#     unknown field fails);
+#     oldest supported version (1.30, the chart's kubeVersion) and the newest
+#     kubernetes-validate carries (1.37), strictly (an unknown field fails);
 #   - bad values are refused at the values schema, with the field named.
 # Usage: e2e/scripts/check-chart.sh
 set -euo pipefail
@@ -34,11 +34,11 @@ for v in "${variants[@]}"; do
   args=(${v#*|})
   "$HELM" template smr "$CHART" --namespace storage-migrator --include-crds "${args[@]}" \
     >"$OUT/$name.yaml" || fail "helm template ($name) failed"
-  for k in 1.25 1.37; do
+  for k in 1.30 1.37; do
     "$VALIDATE" --strict --quiet -k "$k" "$OUT/$name.yaml" \
       || fail "rendered manifests ($name) do not validate against Kubernetes $k"
   done
-  echo "check-chart: $name: $(grep -c '^kind:' "$OUT/$name.yaml") objects valid against 1.25 and 1.37"
+  echo "check-chart: $name: $(grep -c '^kind:' "$OUT/$name.yaml") objects valid against 1.30 and 1.37"
 done
 
 # With watchNamespaces the ClusterRole keeps only cluster-scoped objects; each namespace gets a

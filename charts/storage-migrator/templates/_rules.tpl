@@ -94,7 +94,7 @@ watched namespace. */}}
   resources: ["namespaces"]
   verbs: ["get"]
 # A member is not stopped while a PodDisruptionBudget that selects it allows no disruption
-# (policy/v1, or policy/v1beta1 on clusters before 1.21; the same rule covers both).
+# (policy/v1).
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["list"]
