@@ -1,7 +1,9 @@
 //! End-to-end check of validation at admission, against the cluster `KUBECONFIG` points at
-//! (Kubernetes 1.20's structural schemas: no CEL): the API server itself refuses a malformed
-//! request, with a message naming the field, before the operator ever sees it; well-formed ones
-//! are admitted. After acceptance, a spec edit is ignored with the condition `SpecChangeIgnored`
+//! (Kubernetes 1.30 or newer): the API server itself refuses a malformed request, with a message
+//! naming the field, before the operator ever sees it; well-formed ones are admitted. The
+//! cross-field rules are CEL (`x-kubernetes-validations`): their refusals name the field and the
+//! kind of error (`spec.shrink: Required value: ...`, `...: Forbidden: ...`), as the API server
+//! renders a rule's `fieldPath` and `reason`. After acceptance, a spec edit is ignored with the condition `SpecChangeIgnored`
 //! while `status.observedGeneration` follows `metadata.generation`.
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test admission`
@@ -109,14 +111,14 @@ async fn the_api_server_refuses_malformed_requests_naming_the_field() {
         ),
         (
             "bad-missing-shrink",
-            "spec.shrink",
+            "spec.shrink: Required value: type Shrink requires spec.shrink",
             Box::new(|s| {
                 s.as_object_mut().unwrap().remove("shrink");
             }),
         ),
         (
             "bad-missing-class",
-            "spec.storageClassChange",
+            "spec.storageClassChange: Required value",
             Box::new(|s| {
                 s["type"] = json!("StorageClassChange");
                 s.as_object_mut().unwrap().remove("shrink");
@@ -124,17 +126,25 @@ async fn the_api_server_refuses_malformed_requests_naming_the_field() {
         ),
         (
             "bad-both-blocks",
-            "spec.storageClassChange",
+            "spec.storageClassChange: Forbidden",
             Box::new(|s| {
                 s["storageClassChange"] = json!({"storageClassName": "fast"});
             }),
         ),
         (
             "bad-wrong-block",
-            "spec.shrink",
+            "spec.shrink: Required value",
             Box::new(|s| {
                 s.as_object_mut().unwrap().remove("shrink");
                 s["storageClassChange"] = json!({"storageClassName": "fast"});
+            }),
+        ),
+        (
+            "bad-both-template-fields",
+            "spec.volumeClaimTemplates: Forbidden",
+            Box::new(|s| {
+                s["volumeClaimTemplate"] = json!("data");
+                s["volumeClaimTemplates"] = json!(["data", "wal"]);
             }),
         ),
         (

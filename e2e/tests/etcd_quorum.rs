@@ -609,38 +609,26 @@ async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
 
 const BUDGET: &str = "etcd-pdb";
 
-/// The PodDisruptionBudget API version the cluster serves (`v1` from Kubernetes 1.21, else
-/// `v1beta1`).
-async fn budget_version(ns: &TestNamespace) -> &'static str {
-    let groups = ns.client().list_api_groups().await.expect("API groups");
-    let v1 = groups
-        .groups
-        .iter()
-        .filter(|g| g.name == "policy")
-        .any(|g| g.versions.iter().any(|v| v.version == "v1"));
-    if v1 { "v1" } else { "v1beta1" }
-}
-
 /// Applies the budget on the etcd members with `minAvailable`; waits until the disruption
 /// controller has computed its status for this spec; returns its `disruptionsAllowed`.
-async fn apply_budget(ns: &TestNamespace, version: &str, min_available: i32) -> i64 {
+async fn apply_budget(ns: &TestNamespace, min_available: i32) -> i64 {
     let rule = format!("minAvailable: {min_available}");
-    apply_budget_rule(ns, version, &rule, min_available.into()).await
+    apply_budget_rule(ns, &rule, min_available.into()).await
 }
 
 /// Applies the budget on the etcd members with `rule` (`minAvailable: N`, `maxUnavailable: N`);
 /// waits until the disruption controller has computed its status for this spec (`desired`
 /// pods must stay healthy); returns its `disruptionsAllowed`.
-async fn apply_budget_rule(ns: &TestNamespace, version: &str, rule: &str, desired: i64) -> i64 {
+async fn apply_budget_rule(ns: &TestNamespace, rule: &str, desired: i64) -> i64 {
     let yaml = format!(
-        "apiVersion: policy/{version}\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
+        "apiVersion: policy/v1\nkind: PodDisruptionBudget\nmetadata:\n  name: {BUDGET}\n\
          spec:\n  {rule}\n  selector:\n    matchLabels:\n      app: etcd\n"
     );
     ns.apply_yaml(&yaml).await.expect("apply the budget");
     let resource = kube::discovery::ApiResource {
         group: "policy".into(),
-        version: version.into(),
-        api_version: format!("policy/{version}"),
+        version: "v1".into(),
+        api_version: "policy/v1".into(),
         kind: "PodDisruptionBudget".into(),
         plural: "poddisruptionbudgets".into(),
     };
@@ -695,12 +683,7 @@ async fn member_uids(ns: &TestNamespace) -> BTreeMap<String, String> {
 async fn etcd_waits_while_a_disruption_budget_allows_none() {
     let _measuring = MEASURING.lock().await;
     let (cluster, ns, _operator) = setup("etcd-pdb", 3).await;
-    let version = budget_version(&ns).await;
-    assert_eq!(
-        apply_budget(&ns, version, 3).await,
-        0,
-        "minAvailable 3 of 3"
-    );
+    assert_eq!(apply_budget(&ns, 3).await, 0, "minAvailable 3 of 3");
     // `apply: IfReady` is denied at preflight, naming the budget.
     let denied = json!({
         "type": "StorageClassChange",
@@ -772,7 +755,7 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
     // The budget now allows one disruption, unless the operator, waiting on it, has already
     // taken it: a member pod deleted before this status was read leaves 2 pods, 2 healthy, 2
     // desired, so 0 allowed (the pods are orphaned: the controller counts the pods it finds).
-    let allowed = apply_budget(&ns, version, 2).await;
+    let allowed = apply_budget(&ns, 2).await;
     let taken = member_uids(&ns).await != before;
     assert!(
         allowed == 1 || (allowed == 0 && taken),
@@ -788,7 +771,7 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
         .filter(|e| e.starts_with("WaitingForDisruptionBudget:"))
         .collect();
     println!(
-        "NOTE etcd-pdb ({version}): held {waited:?} with no member pod deleted; then succeeded \
+        "NOTE etcd-pdb: held {waited:?} with no member pod deleted; then succeeded \
          after {:?}; {} WaitingForDisruptionBudget Event(s): {waits:?}; writes attempted {} \
          acknowledged {} failed {}; downtime {:?}",
         started.elapsed(),
@@ -821,8 +804,7 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
 async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned() {
     let _measuring = MEASURING.lock().await;
     let (cluster, ns, _operator) = setup("etcd-pdb-max", 3).await;
-    let version = budget_version(&ns).await;
-    let allowed = apply_budget_rule(&ns, version, "maxUnavailable: 1", 2).await;
+    let allowed = apply_budget_rule(&ns, "maxUnavailable: 1", 2).await;
     assert_eq!(allowed, 1, "maxUnavailable 1 of 3, the set owning its pods");
     let writer = Writer::start(&ns);
     create_request(&ns, &cluster.wffc_storage_class, "IfReady").await;
@@ -839,7 +821,7 @@ async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned
         .filter(|e| e.starts_with("WaitingForDisruptionBudget:"))
         .collect();
     println!(
-        "NOTE etcd-pdb-max ({version}): succeeded; the budget's own Events {controller:?}; \
+        "NOTE etcd-pdb-max: succeeded; the budget's own Events {controller:?}; \
          WaitingForDisruptionBudget {ours:?}; writes acknowledged {} failed {}; downtime {:?}",
         writes.acked.len(),
         writes.failed,
