@@ -63,9 +63,50 @@ export E2E_LOCALCLUSTER=1
 # No test may pass without running: a missing cluster, root or program fails it.
 export E2E_REQUIRE_ALL=1
 
-step "end-to-end tests"
-# shellcheck disable=SC2086
-cargo test -p e2e --all-features --no-fail-fast --test '*' -- --test-threads=2 ${E2E_ARGS:-}
+# The end-to-end test binaries, in two lanes that run side by side against the one cluster
+# (each test works in a namespace of its own), then the ones that disrupt the whole cluster (a
+# node down, the agent or the API server restarted, a second cluster), one after another.
+# Every file of e2e/tests/ is in exactly one list (checked below), so none is left out.
+LANE_A=(etcd_quorum admission claim_target cluster deployment engine_etcd images install plugin
+  queue retention)
+LANE_B=(finish_undo foreign lifecycle migration modern_pods mover_caps out_of_space owners quota
+  rbac_usage reclaim_race runtime security shared_claim templates faults_etcd)
+ALONE=(faults faults_agent faults_apiserver localcluster)
+listed="$(printf '%s\n' "${LANE_A[@]}" "${LANE_B[@]}" "${ALONE[@]}" | sort)"
+present="$(cd e2e/tests && ls -- *.rs | sed 's/\.rs$//' | sort)"
+if [ "$listed" != "$present" ]; then
+  echo "test-all.sh: the e2e lanes do not list exactly the files of e2e/tests:" >&2
+  diff <(echo "$listed") <(echo "$present") >&2 || true
+  exit 1
+fi
+e2e_tests() {
+  local args=()
+  for t in "$@"; do args+=(--test "$t"); done
+  # shellcheck disable=SC2086
+  cargo test -p e2e --all-features --no-fail-fast "${args[@]}" -- --test-threads=2 ${E2E_ARGS:-}
+}
+
+step "end-to-end tests: build"
+cargo test -p e2e --all-features --no-run --tests
+
+LANES="$STATE_DIR/lanes"
+mkdir -p "$LANES"
+step "end-to-end tests: two lanes side by side (${#LANE_A[@]} and ${#LANE_B[@]} binaries)"
+e2e_tests "${LANE_A[@]}" >"$LANES/a.log" 2>&1 & lane_a=$!
+e2e_tests "${LANE_B[@]}" >"$LANES/b.log" 2>&1 & lane_b=$!
+rc_a=0; wait "$lane_a" || rc_a=$?
+rc_b=0; wait "$lane_b" || rc_b=$?
+for lane in a b; do
+  step "end-to-end tests: lane $lane's output"
+  cat "$LANES/$lane.log"
+done
+step "end-to-end tests: the ones that disrupt the whole cluster, one at a time"
+rc_alone=0
+e2e_tests "${ALONE[@]}" || rc_alone=$?
+if [ "$rc_a" != 0 ] || [ "$rc_b" != 0 ] || [ "$rc_alone" != 0 ]; then
+  echo "end-to-end tests failed: lane a exit $rc_a, lane b exit $rc_b, alone exit $rc_alone" >&2
+  exit 1
+fi
 
 # Every operator above ran as a ServiceAccount under the chart's RBAC; the API server's audit
 # log now shows whether each rule was used and whether any was missing. Only after the whole

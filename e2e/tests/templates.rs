@@ -7,7 +7,9 @@
 //!   (checksums compared), each member's pod is deleted exactly once (a pod watch started before
 //!   the request sees exactly two uids per member, before and after), the plan and the status
 //!   record both claims of every member, and the recreated set has both templates on the target
-//!   class;
+//!   class; `kubectl smr orphans`, run every second throughout, never offers to delete a volume
+//!   the request names while it runs (old, temporary or new, of either template), nor ever one
+//!   of its new volumes;
 //! - a Shrink of a two-member set with a size per template (`shrink.sizes`): each claim gets its
 //!   template's new size with its files, each member's pod is deleted once, and the recreated
 //!   set's templates ask for those sizes.
@@ -26,7 +28,9 @@
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test templates`
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
@@ -476,6 +480,88 @@ async fn assert_files_and_templates(
     );
 }
 
+/// The plugin binary (`KUBECTL_SMR_BIN`, else the workspace's debug build).
+fn plugin_bin() -> std::path::PathBuf {
+    std::env::var_os("KUBECTL_SMR_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/kubectl-smr")
+        })
+}
+
+/// One run of `kubectl smr orphans`: the volumes it offered to delete, and whether request
+/// `name` was still not final once the run had ended (then the run saw it in flight).
+struct OrphansRun {
+    offered: BTreeSet<String>,
+    in_flight: bool,
+}
+
+/// Runs `kubectl smr orphans` every second until `stop`.
+fn poll_orphans(
+    ns: &TestNamespace,
+    name: &str,
+    stop: Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<Vec<OrphansRun>> {
+    let requests: Api<StorageMigrationRequest> = ns.api();
+    let name = name.to_string();
+    tokio::spawn(async move {
+        let mut runs = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            let out = tokio::process::Command::new(plugin_bin())
+                .arg("orphans")
+                .stdin(std::process::Stdio::null())
+                .output()
+                .await
+                .expect("run kubectl-smr orphans");
+            assert!(out.status.success(), "kubectl-smr orphans: {out:?}");
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            // The orphans' own delete commands (a failed request's section indents deeper).
+            let offered = stdout
+                .lines()
+                .filter_map(|l| l.strip_prefix("  kubectl delete persistentvolume "))
+                .map(str::to_string)
+                .collect();
+            let phase = requests.get_opt(&name).await.ok().flatten();
+            let in_flight = phase
+                .and_then(|r| r.status)
+                .is_none_or(|s| !s.phase.is_final());
+            runs.push(OrphansRun { offered, in_flight });
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        runs
+    })
+}
+
+/// No run of `orphans` offered a volume request `req` names while it was in flight, nor ever
+/// one of its new volumes.
+fn assert_orphans_kept_off(runs: &[OrphansRun], req: &StorageMigrationRequest) {
+    let status = req.status.clone().unwrap_or_default();
+    let claims = storage_migrator::plan::claims::request_claims(&status);
+    let new: BTreeSet<String> = claims
+        .iter()
+        .filter_map(|c| c.new_volume().map(str::to_string))
+        .collect();
+    let all: BTreeSet<String> = claims
+        .iter()
+        .flat_map(|c| c.volumes().into_iter().map(|(_, v)| v.to_string()))
+        .collect();
+    assert!(all.len() >= 12, "3 members, 2 claims, old and new: {all:?}");
+    let in_flight = runs.iter().filter(|r| r.in_flight).count();
+    println!("orphans polled {} times, {in_flight} in flight", runs.len());
+    assert!(
+        in_flight >= 5,
+        "orphans ran only {in_flight} times while the request ran"
+    );
+    for (i, r) in runs.iter().enumerate() {
+        let named = if r.in_flight { &all } else { &new };
+        let wrong: Vec<&String> = r.offered.intersection(named).collect();
+        assert!(
+            wrong.is_empty(),
+            "orphans run {i} offered the request's {wrong:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_templates_move_in_one_request_and_each_member_is_stopped_once() {
     let (cluster, ns) = scenario("smr-templates").await;
@@ -492,7 +578,13 @@ async fn two_templates_move_in_one_request_and_each_member_is_stopped_once() {
         "timeout": "15m",
         "database": {"engine": "Generic"},
     });
+    // `kubectl smr orphans` every second throughout: it never offers a volume of the request.
+    let stop = Arc::new(AtomicBool::new(false));
+    let poller = poll_orphans(&ns, "all-templates", stop.clone());
     let (before, req) = migrate(&ns, 3, "all-templates", spec).await;
+    stop.store(true, Ordering::Relaxed);
+    let runs = poller.await.expect("the orphans poller");
+    assert_orphans_kept_off(&runs, &req);
 
     let claims_after = claim_states(&ns, 3).await;
     for (claim, (volume, class, size)) in &claims_after {
