@@ -50,20 +50,19 @@ spec:
     )
 }
 
-/// Waits until the default ServiceAccount of the namespace has its token Secret (the
-/// ServiceAccount admission plugin refuses pods until then).
-async fn wait_default_token(ns: &TestNamespace) {
+/// Waits until the namespace's default ServiceAccount exists (the ServiceAccount admission
+/// plugin refuses pods until then; their token comes from the TokenRequest API, bound to the
+/// pod, since Kubernetes 1.24 has no token Secrets).
+async fn wait_default_service_account(ns: &TestNamespace) {
     let api: Api<ServiceAccount> = ns.api();
-    let cond = |sa: Option<&ServiceAccount>| {
-        sa.is_some_and(|s| s.secrets.as_ref().is_some_and(|v| !v.is_empty()))
-    };
+    let cond = |sa: Option<&ServiceAccount>| sa.is_some();
     ns.wait_for(
         api,
         "default",
-        "default service account token",
+        "default service account",
         Duration::from_secs(60),
         cond,
-        |sa| format!("{:?}", sa.secrets),
+        |sa| format!("{:?}", sa.metadata.name),
     )
     .await
     .unwrap_or_else(|e| panic!("{e}"));
@@ -122,7 +121,7 @@ async fn capabilities_read_only_root_and_no_new_privs_are_enforced() {
         return;
     }
     let (_cluster, ns) = scenario("security-caps").await;
-    wait_default_token(&ns).await;
+    wait_default_service_account(&ns).await;
     let scratch = "  volumes:\n  - name: scratch\n    emptyDir: {}";
     let cases = [
         ("defaults", "{}", probe("/tmp"), ""),
@@ -254,7 +253,7 @@ async fn run_as_non_root_refuses_uid_zero() {
         return;
     }
     let (_cluster, ns) = scenario("security-nonroot").await;
-    wait_default_token(&ns).await;
+    wait_default_service_account(&ns).await;
     let cases = [
         (
             "explicit-root",
@@ -346,7 +345,7 @@ async fn pods_reach_the_api_server_with_their_service_account() {
     let (_cluster, ns) = scenario("security-api").await;
     let state = TestCluster::local_state().expect("a local cluster's kubeconfig");
     let service_ip = state.kubernetes_service_ip().to_string();
-    wait_default_token(&ns).await;
+    wait_default_service_account(&ns).await;
 
     // No RBAC for the default service account: authenticated as it, but forbidden.
     let sec = "{runAsUser: 65532, runAsNonRoot: true, allowPrivilegeEscalation: false}";
@@ -421,7 +420,7 @@ async fn token_mount_follows_automount_and_the_operators_client_works_in_a_pod()
         return;
     }
     let (_cluster, ns) = scenario("security-client").await;
-    wait_default_token(&ns).await;
+    wait_default_service_account(&ns).await;
     let sec = "{runAsUser: 65532, runAsNonRoot: true, allowPrivilegeEscalation: false}";
     // automountServiceAccountToken: false: no token in the pod.
     let script = format!("if [ -e {SA_DIR} ]; then echo TOKEN-MOUNTED; else echo NO-TOKEN; fi");
