@@ -254,7 +254,7 @@ pub async fn reconcile(
             let observed = cluster.gather(current, &engine).await?;
             let decision = plan::decide(&observed, &ctx.settings);
             let gathered = round.elapsed();
-            record_status(&ctx.metrics, &key, &observed, &decision);
+            record_phase(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
                 debug!(
@@ -265,15 +265,16 @@ pub async fn reconcile(
                 break;
             }
             let member = in_flight_member(&decision).unwrap_or_default();
-            async {
-                for action in &decision.actions {
-                    cluster.execute(&observed, &engine, action).await?;
-                    failpoints::after_action(observed.request.status.as_ref(), action);
-                }
-                Ok::<(), ClusterError>(())
+            let acted = act(&cluster, &ctx.metrics, &observed, &engine, &decision)
+                .instrument(info_span!("member", member = %member))
+                .await;
+            if let Err(e @ ClusterError::StaleStatus { .. }) = acted {
+                // Decided on a view that is no longer current (another replica wrote, or the
+                // request was edited): nothing of this decision was done; read and decide again.
+                info!(reason = %e, "status write refused; deciding again on a fresh read");
+                continue;
             }
-            .instrument(info_span!("member", member = %member))
-            .await?;
+            acted?;
             debug!(
                 gather_ms = gathered.as_millis(),
                 act_ms = (round.elapsed() - gathered).as_millis(),
@@ -305,18 +306,36 @@ pub async fn reconcile(
     result
 }
 
-/// Feeds the metrics with the phase on record and the status about to be written.
-fn record_status(
+/// Carries out a decision's actions in order, stopping at the first error; a status once
+/// written feeds the metrics (a refused one does not: it is decided again).
+async fn act(
+    cluster: &Cluster,
+    metrics: &Metrics,
+    observed: &plan::Observed,
+    engine: &Result<crate::cluster::Engine, String>,
+    decision: &plan::Decision,
+) -> Result<(), ClusterError> {
+    let before = observed.request.status.as_ref();
+    for action in &decision.actions {
+        cluster.execute(observed, engine, action).await?;
+        if let Action::SetStatus(after) = action {
+            metrics.status_written(before, after);
+        }
+        failpoints::after_action(before, action);
+    }
+    Ok(())
+}
+
+/// Feeds the phase gauge with the phase on record, or the one the decision is about to write.
+fn record_phase(
     metrics: &Metrics,
     key: &str,
     observed: &plan::Observed,
     decision: &plan::Decision,
 ) {
-    let before = observed.request.status.as_ref();
-    let mut phase = before.map(|s| s.phase);
+    let mut phase = observed.request.status.as_ref().map(|s| s.phase);
     for action in &decision.actions {
         if let Action::SetStatus(after) = action {
-            metrics.status_written(before, after);
             phase = Some(after.phase);
         }
     }

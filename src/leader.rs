@@ -146,41 +146,60 @@ pub async fn connect(client: Client, cfg: &LeaseConfig) -> Result<LeaseManager, 
 }
 
 /// Runs `work` only while this replica holds the lease of `manager` (from [`connect`]);
-/// `on_role(true/false)` reports the role. Returns when `work` finishes (the lease is then
-/// released) or when leadership ends.
+/// `on_role(true/false)` reports the role. Returns when `work` finishes, when `shutdown`
+/// resolves (SIGTERM: the work is stopped) or when leadership ends; in every case the lease
+/// manager is stopped first, which releases the lease when this replica holds it, so a graceful
+/// restart hands over at once instead of after a full lease duration.
 pub async fn lead<W, F>(
     manager: LeaseManager,
     client: Client,
     cfg: &LeaseConfig,
     on_role: impl Fn(bool),
     work: W,
+    shutdown: impl Future<Output = ()>,
 ) -> Result<Term, LeaderError>
 where
     W: FnOnce() -> F,
     F: Future<Output = ()>,
 {
     let lease_err = |source| cfg.lease_error(source);
+    tokio::pin!(shutdown);
     let (mut leading, task) = manager.watch().await;
     on_role(false);
     info!(lease = %format!("{}/{}", cfg.namespace, cfg.name), identity = %cfg.identity,
         "waiting to become the leader");
     while !*leading.borrow_and_update() {
-        if leading.changed().await.is_err() {
-            return finish(task, Term::Lost).await.map_err(lease_err);
+        let stop = tokio::select! {
+            changed = leading.changed() => changed.is_err().then_some(Term::Lost),
+            () = &mut shutdown => Some(Term::Finished),
+        };
+        if let Some(term) = stop {
+            drop(leading);
+            return finish(task, term).await.map_err(lease_err);
         }
     }
     info!(identity = %cfg.identity, "became the leader");
     let leases: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-    let valid_until = match confirmed(&leases, cfg).await {
+    let confirmation = tokio::select! {
+        c = confirmed(&leases, cfg) => c.map_err(Term::Fenced),
+        () = &mut shutdown => Err(Term::Finished),
+    };
+    let valid_until = match confirmation {
         Ok(until) => until,
-        Err(reason) => {
+        Err(term) => {
             drop(leading);
-            return finish(task, Term::Fenced(reason)).await.map_err(lease_err);
+            return finish(task, term).await.map_err(lease_err);
         }
     };
     on_role(true);
+    // On shutdown the work is dropped where it awaits: every step of a request is on record
+    // before it is taken, so the next leader resumes it.
     let term = tokio::select! {
         () = work() => Term::Finished,
+        () = &mut shutdown => {
+            info!("shutting down: releasing the lease");
+            Term::Finished
+        }
         () = lost(&mut leading) => Term::Lost,
         reason = fenced(&leases, cfg, valid_until) => Term::Fenced(reason),
     };

@@ -202,10 +202,9 @@ async fn run(
         return Ok(());
     }
     let role = |leading| metrics.set_leader(leading);
-    let term = tokio::select! {
-        term = elect_and_lead(client, &cfg, role, work) => term?,
-        () = shutdown_signal() => Term::Finished,
-    };
+    // The signal goes to the election, not around it: dropping a leader's election here would
+    // exit without releasing the lease (a full lease duration of failover).
+    let term = elect_and_lead(client, &cfg, role, work, shutdown_signal()).await?;
     server.abort();
     match term {
         Term::Finished => Ok(()),
@@ -222,29 +221,40 @@ async fn run(
 
 /// Connects to the Lease, retrying (1 s doubling to 30 s) while the API server cannot be reached
 /// or refuses: the process stays up and not ready (`/readyz` says why) instead of crash-looping.
+/// `shutdown` ends it: at once before the lease manager runs, else through [`leader::lead`],
+/// which releases the lease.
 async fn elect_and_lead<W, F>(
     client: kube::Client,
     cfg: &LeaseConfig,
     role: impl Fn(bool),
     work: W,
+    shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<Term, leader::LeaderError>
 where
     W: FnOnce() -> F,
     F: std::future::Future<Output = ()>,
 {
+    tokio::pin!(shutdown);
     let mut delay = Duration::from_secs(1);
     let manager = loop {
-        match leader::connect(client.clone(), cfg).await {
+        let connected = tokio::select! {
+            c = leader::connect(client.clone(), cfg) => c,
+            () = &mut shutdown => return Ok(Term::Finished),
+        };
+        match connected {
             Ok(m) => break m,
             Err(e @ leader::LeaderError::Timing { .. }) => return Err(e),
             Err(e) => {
                 tracing::error!(error = %e, retry_in = ?delay, "cannot start leader election");
-                tokio::time::sleep(delay).await;
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = &mut shutdown => return Ok(Term::Finished),
+                }
                 delay = (delay * 2).min(Duration::from_secs(30));
             }
         }
     };
-    leader::lead(manager, client, cfg, role, work).await
+    leader::lead(manager, client, cfg, role, work, shutdown).await
 }
 
 /// SIGTERM or SIGINT (a follower has no controller to stop: it just exits).

@@ -11,13 +11,23 @@ use crate::api::{StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::labels;
 use crate::plan::EventType;
 
-/// The server-side apply body of a status write.
-pub fn status_body(status: &StorageMigrationRequestStatus) -> Value {
-    json!({
+/// The server-side apply body of a status write, carrying the `resourceVersion` of the request
+/// the decision was made from: the API server applies it only while the request is still at that
+/// version, and answers 409 Conflict when anything changed it since (another replica's status
+/// write, an edit of the spec or metadata), so a write decided on a stale view is refused.
+pub fn status_body(
+    status: &StorageMigrationRequestStatus,
+    resource_version: Option<&str>,
+) -> Value {
+    let mut body = json!({
         "apiVersion": "storagemigrator.io/v1alpha1",
         "kind": "StorageMigrationRequest",
         "status": status,
-    })
+    });
+    if let Some(rv) = resource_version {
+        body["metadata"] = json!({ "resourceVersion": rv });
+    }
+    body
 }
 
 /// The merge patch that adds (`present`) or removes the operator's finalizer of `current`,

@@ -19,6 +19,15 @@ pub enum ClusterError {
     NoNamespace(String),
     #[error("invalid value for {what}: {reason}")]
     Invalid { what: String, reason: String },
+    /// A status write refused because the request changed since the snapshot its decision was
+    /// made from (409 on the `resourceVersion` precondition): read again and decide again.
+    #[error(
+        "status of {request} not written: the request changed since resourceVersion {resource_version}"
+    )]
+    StaleStatus {
+        request: String,
+        resource_version: String,
+    },
 }
 
 /// Whether an error can go away by itself.
@@ -37,7 +46,7 @@ impl ClusterError {
         match self {
             ClusterError::Kube { source, .. } => kube_retry(source),
             ClusterError::Engine(EngineError::Config(_)) => Retry::Permanent,
-            ClusterError::Engine(_) => Retry::Transient,
+            ClusterError::Engine(_) | ClusterError::StaleStatus { .. } => Retry::Transient,
             ClusterError::Build(_)
             | ClusterError::NoNamespace(_)
             | ClusterError::Invalid { .. } => Retry::Permanent,

@@ -35,7 +35,10 @@ impl Cluster {
         let ns = namespace(req)?;
         let name = req.name_any();
         match action {
-            Action::SetStatus(status) => self.set_status(&ns, &name, status).await?,
+            Action::SetStatus(status) => {
+                let rv = req.metadata.resource_version.as_deref();
+                self.set_status(&ns, &name, status, rv).await?
+            }
             Action::AddFinalizer => self.set_finalizer(&ns, &name, true).await?,
             Action::RemoveFinalizer => self.set_finalizer(&ns, &name, false).await?,
             Action::Event {
@@ -99,21 +102,37 @@ impl Cluster {
         Ok(())
     }
 
+    /// Applies the status (server-side apply, forced, our field manager) on the condition that
+    /// the request is still at `resource_version`, the version the decision was made from; a 409
+    /// is [`ClusterError::StaleStatus`] (the caller reads again and decides again).
+    ///
+    /// Server-side apply, not a replace: the status fields another manager owns (none today, but
+    /// `kubectl` or a policy engine may add some) are kept, and a field we stop sending is
+    /// removed only when we owned it. `force`: no other manager's claim on a field we decide
+    /// (a manual `kubectl edit --subresource=status`) blocks the operator's own state.
     async fn set_status(
         &self,
         ns: &str,
         name: &str,
         status: &StorageMigrationRequestStatus,
+        resource_version: Option<&str>,
     ) -> Result<(), ClusterError> {
-        self.ns_api::<StorageMigrationRequest>(ns)
+        let result = self
+            .ns_api::<StorageMigrationRequest>(ns)
             .patch_status(
                 name,
                 &PatchParams::apply(labels::FIELD_MANAGER).force(),
-                &Patch::Apply(&bodies::status_body(status)),
+                &Patch::Apply(&bodies::status_body(status, resource_version)),
             )
-            .await
-            .map_err(kube_err(format!("write status of {ns}/{name}")))?;
-        Ok(())
+            .await;
+        match (result, resource_version) {
+            (Ok(_), _) => Ok(()),
+            (Err(e), Some(rv)) if is_status(&e, 409) => Err(ClusterError::StaleStatus {
+                request: format!("{ns}/{name}"),
+                resource_version: rv.to_string(),
+            }),
+            (Err(e), _) => Err(kube_err(format!("write status of {ns}/{name}"))(e)),
+        }
     }
 
     /// Adds (`present`) or removes the finalizer on the request as it is now.

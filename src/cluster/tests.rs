@@ -297,6 +297,52 @@ async fn set_status_applies_the_status_subresource_with_our_field_manager() {
     assert!(execute(o, action, vec![gone]).await.is_err());
 }
 
+/// A status write carries the resourceVersion the decision was made from; when the request
+/// changed since (a deposed leader deciding on an old view, after the new leader wrote), the
+/// API server refuses it with 409 and the write is `StaleStatus`: nothing written, decided again.
+#[tokio::test]
+async fn a_status_write_decided_on_a_stale_view_is_refused() {
+    let mut o = observed();
+    o.request.metadata.resource_version = Some("41".into());
+    let status = StorageMigrationRequestStatus {
+        phase: Phase::Progressing,
+        message: Some("stopping etcd-0".into()),
+        ..Default::default()
+    };
+    let action = Action::SetStatus(Box::new(status.clone()));
+    let write = || {
+        Exchange::new(Method::PATCH, &format!("{REQUESTS}/{REQ}/status"))
+            .query(&format!(
+                "&force=true&fieldManager={}",
+                labels::FIELD_MANAGER
+            ))
+            .apply_patch(json!({
+                "apiVersion": "storagemigrator.io/v1alpha1",
+                "kind": "StorageMigrationRequest",
+                "metadata": {"resourceVersion": "41"},
+                "status": json_of(&status),
+            }))
+    };
+    execute(
+        o.clone(),
+        action.clone(),
+        vec![write().returns(request_json(&o))],
+    )
+    .await
+    .unwrap();
+    let refused = execute(o, action, vec![write().fails(409, "Conflict")]).await;
+    match refused {
+        Err(ClusterError::StaleStatus {
+            request,
+            resource_version,
+        }) => {
+            assert_eq!(request, format!("demo/{REQ}"));
+            assert_eq!(resource_version, "41");
+        }
+        other => panic!("expected StaleStatus, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn add_finalizer_patches_the_request_as_read_with_its_resource_version() {
     let mut o = observed();
