@@ -57,6 +57,9 @@ type Key = ObjectRef<StorageMigrationRequest>;
 pub struct Context {
     pub client: Client,
     pub reporter: Reporter,
+    /// The one Event recorder of the operator, shared by every reconcile: its cache is what
+    /// turns a repeated Event into a series (a count on one Event) instead of a new object.
+    recorder: Recorder,
     pub metrics: Arc<Metrics>,
     /// The operator's configuration the planner needs (its image, `--allow-request-mover-image`,
     /// `--helper-start-timeout`).
@@ -72,12 +75,14 @@ impl Context {
         let instance = std::env::var("POD_NAME")
             .ok()
             .or_else(|| std::env::var("HOSTNAME").ok());
+        let reporter = Reporter {
+            controller: labels::EVENT_REPORTER.to_string(),
+            instance,
+        };
         Self {
+            recorder: Recorder::new(client.clone(), reporter.clone()),
             client,
-            reporter: Reporter {
-                controller: labels::EVENT_REPORTER.to_string(),
-                instance,
-            },
+            reporter,
             metrics,
             settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
@@ -109,11 +114,9 @@ impl Context {
         self.wakers().remove(key);
     }
 
+    /// The cluster layer for one reconcile, with the operator's one recorder.
     fn cluster(&self) -> Cluster {
-        Cluster::new(
-            self.client.clone(),
-            Recorder::new(self.client.clone(), self.reporter.clone()),
-        )
+        Cluster::new(self.client.clone(), self.recorder.clone())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
@@ -123,6 +126,14 @@ impl Context {
     /// Forgets a request's failures (it reconciled, or it is gone).
     fn forget(&self, obj: &Key) {
         self.failures().forget(obj);
+    }
+
+    /// Drops everything kept about a request that is gone: its failures, its waker, its entry
+    /// in the phase gauge.
+    fn gone(&self, obj: &Key) {
+        self.forget(obj);
+        self.drop_waker(obj);
+        self.metrics.request_phase(&phase_key(obj), None);
     }
 }
 
@@ -244,9 +255,7 @@ pub async fn reconcile(
         let mut requeue = plan::REQUEUE_PROGRESSING;
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
-                ctx.forget(&ObjectRef::from_obj(req.as_ref()));
-                ctx.drop_waker(&ObjectRef::from_obj(req.as_ref()));
-                ctx.metrics.request_phase(&key, None);
+                ctx.gone(&ObjectRef::from_obj(req.as_ref()));
                 return Ok(Requeue::await_change());
             };
             let round = Instant::now();
@@ -340,6 +349,15 @@ fn record_phase(
         }
     }
     metrics.request_phase(key, Some(phase.unwrap_or_default()));
+}
+
+/// The key of a request in the phase gauge (`namespace/name`).
+fn phase_key(obj: &Key) -> String {
+    format!(
+        "{}/{}",
+        obj.namespace.as_deref().unwrap_or_default(),
+        obj.name
+    )
 }
 
 fn changes_status(d: &plan::Decision) -> bool {
@@ -465,8 +483,7 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
                     Ok((obj, _)) => tracing::debug!(request = %obj, "reconciled"),
                     // A request deleted between being queued and reconciled: nothing to do.
                     Err(kube::runtime::controller::Error::ObjectNotFound(obj)) => {
-                        ctx.forget(&request_key(&obj));
-                        ctx.drop_waker(&request_key(&obj));
+                        ctx.gone(&request_key(&obj));
                         tracing::debug!(request = %obj, "request is gone")
                     }
                     Err(e) => error!(error = %e, "controller"),
@@ -625,6 +642,85 @@ mod tests {
         assert!(pause.is_err(), "one wake ends one pause");
         ctx.drop_waker(&key("a"));
         assert!(ctx.wakers().is_empty());
+    }
+
+    /// A request gone (deleted between being queued and reconciled, or found gone by the
+    /// reconcile) leaves nothing behind: no failures, no waker, no entry in the phase gauge.
+    #[tokio::test]
+    async fn a_request_gone_leaves_no_phase_gauge_entry() {
+        let ctx = Context::new(
+            kube::Client::try_from(kube::Config::new(
+                "http://127.0.0.1:1".parse().expect("uri"),
+            ))
+            .expect("client"),
+            crate::plan::fixtures::SETTINGS.clone(),
+            Arc::new(Metrics::new()),
+        );
+        let progressing = |m: &Metrics| {
+            m.encode()
+                .expect("metrics")
+                .lines()
+                .any(|l| l.contains("phase=\"Progressing\"") && l.ends_with(" 1"))
+        };
+        ctx.metrics
+            .request_phase(&phase_key(&key("a")), Some(crate::api::Phase::Progressing));
+        ctx.waker(&key("a"));
+        assert!(progressing(&ctx.metrics));
+        ctx.gone(&request_key(&key("a").erase()));
+        assert!(
+            !progressing(&ctx.metrics),
+            "the deleted request is not counted"
+        );
+        assert!(ctx.wakers().is_empty());
+    }
+
+    /// Every reconcile publishes through the operator's one recorder: the same Event published
+    /// by two reconciles is created once, then patched as a series (one recorder per reconcile
+    /// would create it again each time).
+    #[tokio::test]
+    async fn every_reconcile_shares_the_operators_one_recorder() {
+        use http::{Request, Response};
+        use kube::client::Body;
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let ctx = Context::new(
+            kube::Client::new(service, "default"),
+            crate::plan::fixtures::SETTINGS.clone(),
+            Arc::new(Metrics::default()),
+        );
+        let server = tokio::spawn(async move {
+            let mut methods = Vec::new();
+            while let Some((req, send)) = handle.next_request().await {
+                methods.push(req.method().clone());
+                let event = serde_json::json!({
+                    "apiVersion": "events.k8s.io/v1",
+                    "kind": "Event",
+                    "metadata": {"name": "move.1", "namespace": "demo"},
+                    "eventTime": "2026-01-01T00:00:00.000000Z",
+                });
+                let body = Body::from(serde_json::to_vec(&event).expect("json"));
+                send.send_response(Response::builder().body(body).expect("response"));
+            }
+            methods
+        });
+        let req = planned("demo", "move", "etcd-0", "data-etcd-0", Phase::Progressing);
+        let ev = kube::runtime::events::Event {
+            type_: kube::runtime::events::EventType::Normal,
+            reason: "Stopping".into(),
+            note: Some("stopping etcd-0".into()),
+            action: "Migrate".into(),
+            secondary: None,
+        };
+        for _ in 0..2 {
+            let cluster = ctx.cluster();
+            cluster
+                .recorder
+                .publish(&ev, &req.object_ref(&()))
+                .await
+                .expect("published");
+        }
+        drop(ctx);
+        let methods = server.await.expect("server");
+        assert_eq!(methods, [http::Method::POST, http::Method::PATCH]);
     }
 
     #[test]
