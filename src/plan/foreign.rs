@@ -317,14 +317,19 @@ pub(crate) fn hold_member(cx: &mut Ctx, i: usize) -> Result<bool, Failure> {
     let pod = foreign_pod(cx, &m, &ms);
     match ms.step {
         // The pod came back during the copy: the step itself fails (`PodCameBack`), or, with a
-        // foreign set there, this names what started it.
+        // foreign set there or named by the pod's controller reference, this names what
+        // started it. The set may be missing from a snapshot that has its pod: the set is read
+        // before the pods, and its controller creates the pod at once.
         MemberStep::Copying if cx.o.pods.contains_key(&m.pod) => {
             return match (&pod, &set) {
-                (Some(p @ Foreign::Pod { owner, .. }), Some(s)) => {
-                    let what = match owner {
-                        Some(_) => p.describe(),
-                        None => format!("{}, with {} there,", p.describe(), s.describe()),
-                    };
+                (Some(p @ Foreign::Pod { owner: Some(_), .. }), _) => {
+                    Err(Failure::ForeignPodDuringCopy {
+                        pod: m.pod,
+                        what: p.describe(),
+                    })
+                }
+                (Some(p @ Foreign::Pod { owner: None, .. }), Some(s)) => {
+                    let what = format!("{}, with {} there,", p.describe(), s.describe());
                     Err(Failure::ForeignPodDuringCopy { pod: m.pod, what })
                 }
                 _ => Ok(false),

@@ -428,6 +428,24 @@ fn a_pod_of_a_foreign_set_during_the_copy_rolls_the_member_back_naming_the_set()
     failed_message(&sim);
 }
 
+/// The set is read before the pods: a snapshot may hold the pod a foreign set just started but
+/// not the set. The pod's controller reference still names the set.
+#[test]
+fn a_pod_of_a_foreign_set_seen_before_its_set_still_names_the_set() {
+    let mut sim = Sim::at(MemberStep::Copying);
+    sim.o
+        .pods
+        .insert("etcd-0".into(), pod_of_foreign_set(0, "uid-back"));
+    let d = decide(&sim.o, &SETTINGS);
+    let s = first_status(&d);
+    assert_eq!(s.stage, Stage::RollingBack);
+    let failure = s.failure.clone().unwrap_or_default();
+    assert!(
+        failure.contains("controlled by StatefulSet etcd (uid uid-foreign)"),
+        "{failure}"
+    );
+}
+
 #[test]
 fn a_claim_someone_else_created_during_the_swap_ends_the_rollback_holding_the_member() {
     let mut sim = Sim::at(MemberStep::RecreatingClaim);
