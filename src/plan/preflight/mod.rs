@@ -171,7 +171,7 @@ fn measured(cx: &mut Ctx, mut plan: Plan) -> Verdict {
 
 /// Deletes the measure Jobs left by preflight.
 fn delete_measure_jobs(cx: &mut Ctx) {
-    let jobs: Vec<String> =
+    let jobs: Vec<(String, Option<String>)> =
         cx.o.jobs
             .iter()
             .filter(|(_, j)| {
@@ -181,14 +181,15 @@ fn delete_measure_jobs(cx: &mut Ctx) {
                     .map(String::as_str)
                     == Some(JobKind::Measure.as_str())
             })
-            .map(|(n, _)| n.clone())
+            .map(|(n, j)| (n.clone(), j.job.uid()))
             .collect();
-    for name in jobs {
+    // By uid: a Job of that name made since the snapshot (by a later request) is not deleted.
+    for (name, uid) in jobs {
         cx.act(Action::Delete {
             kind: Kind::Job,
             name,
             propagation: Propagation::Background,
-            uid: None,
+            uid,
             resource_version: None,
         });
     }

@@ -1343,3 +1343,35 @@ fn preflight_denies_a_shared_claim_before_anything_is_touched() {
         "status and Event only: {decision:?}"
     );
 }
+
+/// The measure Jobs are deleted by their uid: a Job of that name made since the snapshot is
+/// never deleted in their place.
+#[test]
+fn measure_jobs_are_deleted_by_their_uid() {
+    let mut o = observed(spec_class_change("no-such-class"));
+    let (name, job) = job(
+        "move-measure-etcd-0",
+        crate::build::JobKind::Measure.as_str(),
+        JobOutcome::Running,
+    );
+    o.jobs.insert(name.clone(), job);
+    let (d, status) = decided_status(&o);
+    assert_eq!(status.phase, crate::api::Phase::Denied, "{status:?}");
+    let deletes: Vec<_> = d
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            crate::plan::Action::Delete {
+                kind: crate::plan::Kind::Job,
+                name,
+                uid,
+                ..
+            } => Some((name.clone(), uid.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        deletes,
+        [(name, Some("uid-move-measure-etcd-0".to_string()))]
+    );
+}
