@@ -20,6 +20,12 @@ pub const DISRUPTION_BUDGET: &str = "DisruptionBudget";
 /// reclaim policy from `Retain` a second time during its claim swap: the message names the
 /// volume (see `plan::retain`).
 pub const RECLAIM_POLICY: &str = "ReclaimPolicy";
+/// `True` (reason `WaitingForLostNode`) while a member pod is stuck terminating on a node that
+/// is NotReady or Unknown and may not be force-deleted: the message names the node and says how
+/// to go on (taint it `node.kubernetes.io/out-of-service`, delete the Node object, or set
+/// `spec.forceDeleteOnLostNode`); `False` (reason `Resolved`) once the pod is gone or
+/// force-deleted (see `plan::helpers::LostPod`).
+pub const NODE_LOST: &str = "NodeLost";
 
 /// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
 /// not change. Returns true when anything changed.

@@ -91,6 +91,14 @@ pub struct StorageMigrationRequestSpec {
     /// owner (`ForeignOwner`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub owner_paused: bool,
+    /// `true` allows the operator to force-delete (grace period 0) a member pod stuck
+    /// terminating on a node that is NotReady or Unknown, without the Node being deleted or
+    /// tainted `node.kubernetes.io/out-of-service`: you declare that node really down (a
+    /// partitioned node may still run the pod and write to its volume). Off by default: such a
+    /// request waits (condition `NodeLost`). May be set while the request runs; it is read from
+    /// the current spec, not the accepted one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub force_delete_on_lost_node: bool,
 }
 
 /// What a request does with the volumes.

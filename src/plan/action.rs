@@ -170,7 +170,9 @@ pub enum Action {
     /// Force-delete a pod (grace period 0), as Kubernetes' pod garbage collector does for a pod
     /// whose node is gone and for a terminated pod: the planner asks for it only for a member pod
     /// that is already terminating past its grace period on a node that is NotReady, Unknown or
-    /// gone (see `plan::helpers::lost_pod`), and for our own helper pods that have finished
+    /// gone, and then only when the Node is gone, tainted `node.kubernetes.io/out-of-service`,
+    /// or the request sets `spec.forceDeleteOnLostNode` (see `plan::helpers::lost_pod` and
+    /// `LostPod::force`), for our own helper pods stuck the same way, and for those that have finished
     /// (`Succeeded`, `Failed`: every container has exited) and name a claim being swapped.
     ///
     /// - `uid`: sent as the delete's uid precondition, so that a successor of the same name is

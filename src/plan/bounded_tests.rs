@@ -1,6 +1,7 @@
 //! Every stage bounded: `--stage-timeout` on recreating the StatefulSet, the final cleanup and
-//! the rollback, and a member pod stuck terminating on a lost node (force-deleted, the member
-//! rolls back).
+//! the rollback, and a member pod stuck terminating on a lost node (force-deleted only when
+//! the Node is gone, tainted out-of-service or the request allows it, the member then rolls
+//! back; else the request waits, condition `NodeLost`).
 
 use std::collections::BTreeMap;
 
@@ -73,23 +74,84 @@ fn terminating(sim: &Sim, pod: &str) -> bool {
         .is_some_and(|p| p.typed().metadata.deletion_timestamp.is_some())
 }
 
+/// Runs exactly `rounds` decisions, with member pod `pod` hanging as in
+/// [`run_with_pod_hanging`].
+fn run_rounds(sim: &mut Sim, pod: &str, rounds: usize) {
+    let left = std::cell::Cell::new(rounds);
+    run_with_pod_hanging(sim, pod, rounds + 1, |_| {
+        let l = left.get();
+        left.set(l.saturating_sub(1));
+        l == 0
+    });
+}
+
+fn forced(sim: &Sim, pod: &str) -> usize {
+    (sim.log.iter())
+        .filter(|a| matches!(a, Action::ForceDeletePod { name, .. } if name == pod))
+        .count()
+}
+
+fn tainted_out_of_service(mut node: Node) -> Node {
+    node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+        taints: Some(vec![k8s_openapi::api::core::v1::Taint {
+            key: helpers::OUT_OF_SERVICE_TAINT.into(),
+            value: Some("nodeshutdown".into()),
+            effect: "NoExecute".into(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    });
+    node
+}
+
+/// The request waits on member pod `pod` stuck on a lost node: the condition `NodeLost`
+/// names the node and says how to go on, one Event, and nothing is force-deleted.
+fn assert_waits_for_the_node(sim: &Sim, pod: &str) {
+    assert!(!sim.phase().is_final(), "{:?}", sim.status().message);
+    assert_eq!(forced(sim, pod), 0, "{:?}", sim.log);
+    let s = sim.status();
+    let c = crate::api::conditions::get(&s.conditions, crate::api::conditions::NODE_LOST)
+        .expect("condition NodeLost");
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("True", "WaitingForLostNode")
+    );
+    for part in [
+        &format!("member pod {pod} is stuck terminating on node node-a"),
+        "kubectl taint nodes node-a node.kubernetes.io/out-of-service=nodeshutdown:NoExecute",
+        "kubectl delete node node-a",
+        "spec.forceDeleteOnLostNode: true",
+    ] {
+        assert!(c.message.contains(part), "{part:?} not in {}", c.message);
+    }
+    let waiting = sim
+        .reasons()
+        .iter()
+        .filter(|r| **r == "WaitingForLostNode")
+        .count();
+    assert_eq!(waiting, 1, "one Event: {:?}", sim.reasons());
+}
+
 #[test]
-fn a_pod_stopping_on_a_lost_node_is_force_deleted_and_its_member_rolls_back() {
+fn a_pod_stopping_on_an_unreachable_node_waits_until_the_node_is_tainted_out_of_service() {
     let mut sim = Sim::at(MemberStep::StoppingPod);
     run_with_pod_hanging(&mut sim, "etcd-0", 20, |s| terminating(s, "etcd-0"));
     let bound = sim.settings.helper_start_timeout.as_secs();
     // Its node still Ready: its kubelet will finish; nothing is forced, however long.
     sim.o.nodes = BTreeMap::from([("node-a".to_string(), Some(node("node-a", "True")))]);
     sim.o.now = later(sim.o.now, 30 + bound + 100);
-    run_with_pod_hanging(&mut sim, "etcd-0", 5, |_| false.then_some(()).is_none());
+    run_rounds(&mut sim, "etcd-0", 5);
     assert_eq!(sim.step_of("etcd-0"), MemberStep::StoppingPod);
-    assert!(
-        !sim.log
-            .iter()
-            .any(|a| matches!(a, Action::ForceDeletePod { .. }))
-    );
-    // The node stops heartbeating: Ready Unknown.
+    assert_eq!(forced(&sim, "etcd-0"), 0);
+    // The node stops heartbeating (Ready Unknown): it may only be partitioned, so the request
+    // waits, however long, within its timeout.
     sim.o.nodes = BTreeMap::from([("node-a".to_string(), Some(node("node-a", "Unknown")))]);
+    run_rounds(&mut sim, "etcd-0", 30);
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::StoppingPod);
+    assert_waits_for_the_node(&sim, "etcd-0");
+    // Once tainted out-of-service (non-graceful node shutdown), it is force-deleted.
+    let down = tainted_out_of_service(node("node-a", "Unknown"));
+    sim.o.nodes = BTreeMap::from([("node-a".to_string(), Some(down))]);
     run_with_pod_hanging(&mut sim, "etcd-0", 400, |s| s.phase().is_final());
     let s = sim.status();
     assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
@@ -100,11 +162,17 @@ fn a_pod_stopping_on_a_lost_node_is_force_deleted_and_its_member_rolls_back() {
             && failure.contains("failed-a-members-node-was-lost-while-its-pod-stopped"),
         "{failure}"
     );
-    let forced: Vec<&Action> = (sim.log.iter())
-        .filter(|a| matches!(a, Action::ForceDeletePod { name, .. } if name == "etcd-0"))
-        .collect();
-    assert_eq!(forced.len(), 1, "{forced:?}");
+    assert_eq!(forced(&sim, "etcd-0"), 1, "{:?}", sim.log);
     assert!(sim.reasons().contains(&"PodForceDeleted"));
+    let (_, why) = (sim.events.iter())
+        .find(|(r, _)| r == "PodForceDeleted")
+        .unwrap();
+    assert!(why.contains("node.kubernetes.io/out-of-service"), "{why}");
+    let c = crate::api::conditions::get(&s.conditions, crate::api::conditions::NODE_LOST).unwrap();
+    assert_eq!(
+        (c.status.as_str(), c.reason.as_str()),
+        ("False", "Resolved")
+    );
     assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
     let message = s.message.clone().unwrap();
     assert!(
@@ -114,6 +182,71 @@ fn a_pod_stopping_on_a_lost_node_is_force_deleted_and_its_member_rolls_back() {
     assert!(sim.o.stateful_set.is_some(), "StatefulSet recreated");
     assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
     assert!(sim.o.jobs.is_empty());
+}
+
+#[test]
+fn a_pod_on_a_not_ready_node_is_forced_only_when_the_node_is_gone_tainted_or_the_request_allows_it()
+{
+    // (node as observed, spec.forceDeleteOnLostNode, forced)
+    let cases: [(Option<Node>, bool, bool); 5] = [
+        (Some(node("node-a", "False")), false, false),
+        (Some(node("node-a", "Unknown")), false, false),
+        (
+            Some(tainted_out_of_service(node("node-a", "False"))),
+            false,
+            true,
+        ),
+        (None, false, true),
+        (Some(node("node-a", "False")), true, true),
+    ];
+    for (n, allow, want) in cases {
+        let mut sim = Sim::at(MemberStep::StoppingPod);
+        run_with_pod_hanging(&mut sim, "etcd-0", 20, |s| terminating(s, "etcd-0"));
+        // Set while the request runs: read from the current spec.
+        sim.o.request.spec.force_delete_on_lost_node = allow;
+        sim.o.nodes = BTreeMap::from([("node-a".to_string(), n.clone())]);
+        sim.o.now = later(
+            sim.o.now,
+            30 + sim.settings.helper_start_timeout.as_secs() + 1,
+        );
+        if want {
+            run_with_pod_hanging(&mut sim, "etcd-0", 400, |s| s.phase().is_final());
+            assert_eq!(forced(&sim, "etcd-0"), 1, "{n:?} {allow}");
+            assert_eq!(
+                sim.step_of("etcd-0"),
+                MemberStep::RolledBack,
+                "{n:?} {allow}"
+            );
+        } else {
+            run_rounds(&mut sim, "etcd-0", 30);
+            assert_eq!(sim.step_of("etcd-0"), MemberStep::StoppingPod, "{n:?}");
+            assert_waits_for_the_node(&sim, "etcd-0");
+        }
+    }
+}
+
+#[test]
+fn the_rollback_does_not_force_delete_a_pod_on_an_unreachable_node_until_the_node_is_gone() {
+    let mut sim = Sim::at(MemberStep::StoppingPod);
+    run_with_pod_hanging(&mut sim, "etcd-0", 20, |s| terminating(s, "etcd-0"));
+    sim.o.nodes = BTreeMap::from([("node-a".to_string(), Some(node("node-a", "False")))]);
+    sim.o
+        .request
+        .annotations_mut()
+        .insert(crate::labels::ABORT_ANNOTATION.into(), "true".into());
+    sim.o.now = later(
+        sim.o.now,
+        30 + sim.settings.helper_start_timeout.as_secs() + 1,
+    );
+    run_rounds(&mut sim, "etcd-0", 30);
+    assert_eq!(sim.status().stage, Stage::RollingBack);
+    assert_waits_for_the_node(&sim, "etcd-0");
+    // The Node object deleted: the pod garbage collector's own case.
+    sim.o.nodes = BTreeMap::from([("node-a".to_string(), None)]);
+    run_with_pod_hanging(&mut sim, "etcd-0", 400, |s| s.phase().is_final());
+    assert_eq!(sim.phase(), Phase::Failed);
+    assert_eq!(forced(&sim, "etcd-0"), 1, "{:?}", sim.log);
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
 }
 
 #[test]
@@ -359,5 +492,32 @@ fn a_copy_pod_stuck_terminating_on_a_lost_node_is_force_deleted_by_the_rollback(
                 && uid.as_deref() == Some("uid-copy"))),
         "{:?}",
         d.actions
+    );
+}
+
+#[test]
+fn setting_force_delete_on_lost_node_while_running_is_not_an_ignored_spec_change() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.run(5);
+    sim.o.request.spec.force_delete_on_lost_node = true;
+    sim.o.request.metadata.generation = Some(2);
+    let d = decide(&sim.o, &sim.settings);
+    let s = first_status(&d);
+    assert!(
+        crate::api::conditions::get(&s.conditions, "SpecChangeIgnored").is_none(),
+        "{:?}",
+        s.conditions
+    );
+    // With another change, only that one is named.
+    sim.o.request.spec.storage_class_change = spec_class_change("slow").storage_class_change;
+    sim.o.request.metadata.generation = Some(3);
+    let d = decide(&sim.o, &sim.settings);
+    let s = first_status(&d);
+    let c = crate::api::conditions::get(&s.conditions, "SpecChangeIgnored").unwrap();
+    assert!(
+        c.message.contains(": spec.storageClassChange differ from")
+            && !c.message.contains("forceDeleteOnLostNode"),
+        "{}",
+        c.message
     );
 }

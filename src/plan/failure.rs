@@ -47,8 +47,10 @@ pub enum Failure {
         waiting: String,
     },
     /// A member's pod was being stopped when its node became unreachable: it stayed
-    /// Terminating past its grace period and `--helper-start-timeout`, so it is force-deleted
-    /// (as Kubernetes' pod garbage collector would) and the member rolls back on its old claim.
+    /// Terminating past its grace period and `--helper-start-timeout`, and the Node is gone,
+    /// tainted `node.kubernetes.io/out-of-service`, or the request sets
+    /// `spec.forceDeleteOnLostNode` (otherwise the request waits, condition `NodeLost`); so it
+    /// is force-deleted and the member rolls back on its old claim.
     #[error(
         "member pod {pod} was still terminating {waited}s after its grace period ended and its node {node} is {node_state}: it is force-deleted and the member rolls back; its data stays on its old claim and volume"
     )]

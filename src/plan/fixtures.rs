@@ -92,6 +92,7 @@ pub fn spec_class_change(to: &str) -> StorageMigrationRequestSpec {
         copy: Default::default(),
         database: Default::default(),
         owner_paused: false,
+        force_delete_on_lost_node: false,
     }
 }
 

@@ -14,8 +14,12 @@
 //! - a pod that ended `Failed` with reason `Evicted` (the kubelet evicted it under node
 //!   pressure): transient; the caller replaces it, at most `--max-evictions` times per member;
 //! - a member pod (not a helper) still terminating a timeout after its grace period ended on a
-//!   node that is NotReady, Unknown or gone ([`lost_pod`]): force-deleted, as the pod garbage
-//!   collector would, and its member rolls back (`Failure::NodeLost`);
+//!   node that is NotReady, Unknown or gone ([`lost_pod`]): force-deleted only when the Node
+//!   object is gone (what the pod garbage collector waits for), the node carries the taint
+//!   `node.kubernetes.io/out-of-service` (non-graceful node shutdown), or the request sets
+//!   `spec.forceDeleteOnLostNode` ([`LostPod::force`]); its member then rolls back
+//!   (`Failure::NodeLost`). Otherwise the request waits (condition `NodeLost`): a node that is
+//!   only partitioned may still run the pod and write to its volume;
 //! - a Job with no pod a timeout after its creation (its pods are refused at admission: a quota,
 //!   a Pod Security or policy webhook; the Job controller reports it only as `FailedCreate`
 //!   Events): the member fails saying so.
@@ -117,6 +121,10 @@ pub fn pod_trouble(pod: &Pod, now: Timestamp, timeout: Duration) -> Option<Troub
     )))
 }
 
+/// The taint of non-graceful node shutdown: an administrator's word that the node is really
+/// down (any effect).
+pub const OUT_OF_SERVICE_TAINT: &str = "node.kubernetes.io/out-of-service";
+
 /// A member pod stuck terminating on a lost node (see [`lost_pod`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LostPod {
@@ -125,6 +133,60 @@ pub struct LostPod {
     pub node_state: String,
     /// Seconds since its grace period ended.
     pub waited: i64,
+    /// What the Node itself says about force-deleting its pods (`None`: nothing).
+    pub node_says: Option<ForceReason>,
+}
+
+/// Why a member pod stuck terminating on a lost node may be force-deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceReason {
+    /// The Node object is gone: the pod garbage collector's own case.
+    NodeGone,
+    /// The node carries the taint `node.kubernetes.io/out-of-service`.
+    OutOfService,
+    /// The request sets `spec.forceDeleteOnLostNode`.
+    RequestAllows,
+}
+
+impl std::fmt::Display for ForceReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ForceReason::NodeGone => "its Node object is gone",
+            ForceReason::OutOfService => "its node is tainted node.kubernetes.io/out-of-service",
+            ForceReason::RequestAllows => "the request sets spec.forceDeleteOnLostNode",
+        })
+    }
+}
+
+impl LostPod {
+    /// Why the pod may be force-deleted, `None` when it may not: its node is only NotReady or
+    /// Unknown, so it may be partitioned and still run the pod and write to its volume.
+    pub fn force(&self, request_allows: bool) -> Option<ForceReason> {
+        self.node_says
+            .or(request_allows.then_some(ForceReason::RequestAllows))
+    }
+
+    /// The message of the condition `NodeLost` while the request waits for the node: what to
+    /// do to go on.
+    pub fn waiting_message(&self, pod: &str) -> String {
+        let node = &self.node;
+        format!(
+            "member pod {pod} is stuck terminating on node {node}, which is {}; it is not \
+             force-deleted while the node may still run it and write to its volume. Once node \
+             {node} is really down, taint it out-of-service (kubectl taint nodes {node} \
+             {OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute), or delete the Node object \
+             (kubectl delete node {node}), or set spec.forceDeleteOnLostNode: true on this \
+             request; until then the request waits, within its timeout",
+            self.node_state
+        )
+    }
+}
+
+/// Whether the node carries the out-of-service taint.
+fn out_of_service(node: &Node) -> bool {
+    (node.spec.as_ref())
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|ts| ts.iter().any(|t| t.key == OUT_OF_SERVICE_TAINT))
 }
 
 /// The state of a Node that is not Ready (its `Ready` condition `False` or `Unknown`, or the
@@ -148,9 +210,9 @@ pub fn node_not_ready(node: Option<&Node>) -> Option<String> {
 /// A pod that is still terminating `bound` after its grace period ended, on a node that is
 /// NotReady, Unknown or gone (`nodes`: what was observed of the terminating member pods'
 /// nodes; a node not observed is not judged). Kubernetes' pod garbage collector force-deletes
-/// such a pod once its node is deleted; the operator does it for its member pods so that the
-/// stop (or the rollback's undo) ends. A pod on a Ready node is never judged lost: its kubelet
-/// will finish the deletion.
+/// such a pod only once its Node object is deleted, and the non-graceful node shutdown once
+/// the node is tainted out-of-service: [`LostPod::force`] says whether the operator may. A pod
+/// on a Ready node is never judged lost: its kubelet will finish the deletion.
 pub fn lost_pod(
     pod: &Pod,
     nodes: &BTreeMap<String, Option<Node>>,
@@ -164,11 +226,18 @@ pub fn lost_pod(
         return None;
     }
     let node = pod.spec.as_ref()?.node_name.clone()?;
-    let node_state = node_not_ready(nodes.get(&node)?.as_ref())?;
+    let observed = nodes.get(&node)?.as_ref();
+    let node_state = node_not_ready(observed)?;
+    let node_says = match observed {
+        None => Some(ForceReason::NodeGone),
+        Some(n) if out_of_service(n) => Some(ForceReason::OutOfService),
+        Some(_) => None,
+    };
     Some(LostPod {
         node,
         node_state,
         waited,
+        node_says,
     })
 }
 
@@ -411,7 +480,8 @@ mod tests {
             Some(LostPod {
                 node: "node-a".into(),
                 node_state: "Unknown".into(),
-                waited: 181
+                waited: 181,
+                node_says: None,
             })
         );
         for (n, state) in [
@@ -426,6 +496,34 @@ mod tests {
         let ready = nodes(Some(node(Some("True"))));
         assert_eq!(lost_pod(&p, &ready, t(10_000), TIMEOUT), None);
         assert_eq!(lost_pod(&p, &BTreeMap::new(), t(10_000), TIMEOUT), None);
+    }
+
+    #[test]
+    fn only_a_gone_node_an_out_of_service_taint_or_the_request_allows_a_force_delete() {
+        use k8s_openapi::api::core::v1::{NodeSpec, Taint};
+        let mut p = pod(0, waiting("ContainerCreating", ""));
+        p.metadata.deletion_timestamp = Some(Time(t(100)));
+        let nodes = |n: Option<Node>| BTreeMap::from([("node-a".to_string(), n)]);
+        let mut tainted = node(Some("False"));
+        tainted.spec = Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: OUT_OF_SERVICE_TAINT.into(),
+                effect: "NoSchedule".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        for (n, says) in [
+            (Some(node(Some("False"))), None),
+            (Some(node(Some("Unknown"))), None),
+            (Some(tainted), Some(ForceReason::OutOfService)),
+            (None, Some(ForceReason::NodeGone)),
+        ] {
+            let lost = lost_pod(&p, &nodes(n), t(10_000), TIMEOUT).unwrap();
+            assert_eq!(lost.node_says, says);
+            assert_eq!(lost.force(false), says);
+            assert_eq!(lost.force(true), says.or(Some(ForceReason::RequestAllows)));
+        }
     }
 
     #[test]

@@ -15,7 +15,7 @@ use super::helpers::{self, Trouble};
 use super::machine;
 use super::observe::other_claim_users;
 use super::retain;
-use super::runbook::Stuck;
+use super::runbook::{self, Stuck};
 use super::scaled;
 use super::stash::{StashKey, stash};
 use super::{
@@ -810,7 +810,9 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         }
         Some(p) => {
             let bound = cx.settings.helper_start_timeout;
-            if let Some(lost) = helpers::lost_pod(p.typed(), &cx.o.nodes, cx.o.now, bound) {
+            if let Some(lost) = helpers::lost_pod(p.typed(), &cx.o.nodes, cx.o.now, bound)
+                && may_force(cx, &m.pod, &lost)
+            {
                 // The rollback's `undo` force-deletes it (this decision's actions are dropped).
                 return Err(Failure::NodeLost {
                     pod: m.pod.clone(),
@@ -822,6 +824,7 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             cx.wait(Duration::from_secs(1));
         }
         None => {
+            lost_node_over(cx, &format!("member pod {} is gone", m.pod));
             let now = cx.now.clone();
             if mb.ms.pod_deleted_at.is_none()
                 && let Some(ms) = ms_mut(cx, mb)
@@ -1488,28 +1491,68 @@ pub(super) fn finish_member(
     cx.requeue = Duration::ZERO;
 }
 
-/// A member or helper pod still terminating on a lost node ([`helpers::lost_pod`]) is
-/// force-deleted, with its uid as precondition, as Kubernetes' pod garbage collector would once
-/// the node is deleted; a member's data stays on its claim, and its stashed manifest brings it
-/// back.
-fn force_delete_if_lost(cx: &mut Ctx, pod: &Pod) {
+/// Whether member pod `pod`, stuck terminating on a lost node, may be force-deleted
+/// ([`helpers::LostPod::force`]). When it may not, the condition `NodeLost` names the node and
+/// says how to go on (one Event when it changes), and the decision looks again soon: the
+/// request waits, within its timeout (in a rollback, its `--stage-timeout`).
+pub(crate) fn may_force(cx: &mut Ctx, pod: &str, lost: &helpers::LostPod) -> bool {
+    if lost.force(cx.spec().force_delete_on_lost_node).is_some() {
+        return true;
+    }
+    let message = format!(
+        "{}{}",
+        lost.waiting_message(pod),
+        runbook::pointer(runbook::Section::NodeLostWaiting)
+    );
+    if cx.set_condition(conditions::NODE_LOST, true, NODE_LOST_WAITING, &message) {
+        cx.event(EventType::Warning, NODE_LOST_WAITING, message);
+    }
+    cx.wait(Duration::from_secs(5));
+    false
+}
+
+/// The reason of the condition `NodeLost` (and of its Event) while the request waits for a
+/// lost node.
+pub(crate) const NODE_LOST_WAITING: &str = "WaitingForLostNode";
+
+/// The condition `NodeLost`, when it is `True`, turns `False` saying why (`message`).
+pub(crate) fn lost_node_over(cx: &mut Ctx, message: &str) {
+    if conditions::get(&cx.status.conditions, conditions::NODE_LOST)
+        .is_some_and(|c| c.status == "True")
+    {
+        cx.set_condition(conditions::NODE_LOST, false, "Resolved", message);
+    }
+}
+
+/// A helper pod still terminating on a lost node ([`helpers::lost_pod`]) is force-deleted, with
+/// its uid as precondition; a member pod only when [`may_force`] allows it. A member's data
+/// stays on its claim, and its stashed manifest brings it back.
+fn force_delete_if_lost(cx: &mut Ctx, pod: &Pod, member: bool) {
     let bound = cx.settings.helper_start_timeout;
     let Some(lost) = helpers::lost_pod(pod, &cx.o.nodes, cx.o.now, bound) else {
         return;
     };
     let name = pod.name_any();
+    let why = match lost.force(cx.spec().force_delete_on_lost_node) {
+        _ if !member => "a helper pod of this request".to_string(),
+        Some(why) => why.to_string(),
+        None => {
+            may_force(cx, &name, &lost);
+            return;
+        }
+    };
     cx.act(Action::ForceDeletePod {
         name: name.clone(),
         uid: pod.uid(),
     });
-    cx.event(
-        EventType::Warning,
-        "PodForceDeleted",
-        format!(
-            "pod {name} was still terminating {}s after its grace period on node {} ({}): force-deleted, as the pod garbage collector would",
-            lost.waited, lost.node, lost.node_state
-        ),
+    let message = format!(
+        "pod {name} was still terminating {}s after its grace period on node {} ({}): force-deleted, because {why}",
+        lost.waited, lost.node, lost.node_state
     );
+    if member {
+        lost_node_over(cx, &message);
+    }
+    cx.event(EventType::Warning, "PodForceDeleted", message);
 }
 
 /// The member's Jobs and mounter pod deleted; its helper pods (its Jobs' pods, the mounter)
@@ -1535,7 +1578,7 @@ fn undo_helpers(cx: &mut Ctx, mb: &Member) -> bool {
         .cloned()
         .collect();
     for pod in &stuck_helpers {
-        force_delete_if_lost(cx, pod);
+        force_delete_if_lost(cx, pod, false);
     }
     pending
 }
@@ -1592,7 +1635,7 @@ fn bring_pod_back(cx: &mut Ctx, m: &PlannedMember) -> bool {
     match cx.o.pods.get(&m.pod) {
         Some(p) if is_terminating(p.typed()) => {
             pending = true;
-            force_delete_if_lost(cx, p.typed());
+            force_delete_if_lost(cx, p.typed(), true);
         }
         Some(_) => {}
         // A foreign set starts it on its untouched claim: no pod of ours is created over it.

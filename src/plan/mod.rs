@@ -152,8 +152,8 @@ pub struct Observed {
     /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
     pub final_hash: Option<Result<Option<String>, FinalHashError>>,
     /// The Nodes of the member and helper pods that are terminating, by name (`None`: no such
-    /// Node): a pod stuck terminating on a lost node is force-deleted (see
-    /// [`helpers::lost_pod`]).
+    /// Node): a pod stuck terminating on a lost node is force-deleted when the Node is gone or
+    /// tainted out-of-service, or the request allows it (see [`helpers::lost_pod`]).
     pub nodes: BTreeMap<String, Option<Node>>,
 }
 
@@ -765,6 +765,7 @@ fn changed_fields(
     keys.dedup();
     keys.into_iter()
         .filter(|k| a.get(*k) != c.get(*k))
+        .filter(|k| !observe::LIVE_SPEC_FIELDS.contains(&k.as_str()))
         .map(|k| format!("spec.{k}"))
         .collect()
 }

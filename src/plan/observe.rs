@@ -206,13 +206,21 @@ pub fn other_claim_users(
     (!others.is_empty()).then(|| others.join(", "))
 }
 
-/// The spec the request runs with: the accepted one once accepted, else the current one.
+/// The spec fields (as written in YAML) read from the current spec even once the request is
+/// accepted: they change nothing the plan follows from, and are meant to be set while it runs.
+pub const LIVE_SPEC_FIELDS: [&str; 1] = ["forceDeleteOnLostNode"];
+
+/// The spec the request runs with: the accepted one once accepted, else the current one; the
+/// [`LIVE_SPEC_FIELDS`] always from the current one.
 pub fn effective_spec(req: &StorageMigrationRequest) -> StorageMigrationRequestSpec {
-    req.status
+    let mut spec = req
+        .status
         .as_ref()
         .and_then(|s| s.accepted_spec.as_deref())
         .cloned()
-        .unwrap_or_else(|| req.spec.clone())
+        .unwrap_or_else(|| req.spec.clone());
+    spec.force_delete_on_lost_node = req.spec.force_delete_on_lost_node;
+    spec
 }
 
 /// The member pods the engine must see: the plan's, or before acceptance the set's ordinals.
@@ -657,6 +665,18 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(effective_spec(&req), accepted);
+    }
+
+    #[test]
+    fn force_delete_on_lost_node_is_read_from_the_current_spec() {
+        let mut req = fixtures::request(fixtures::spec_class_change("fast"));
+        req.status = Some(StorageMigrationRequestStatus {
+            accepted_spec: Some(Box::new(fixtures::spec_class_change("fast"))),
+            ..Default::default()
+        });
+        assert!(!effective_spec(&req).force_delete_on_lost_node);
+        req.spec.force_delete_on_lost_node = true;
+        assert!(effective_spec(&req).force_delete_on_lost_node);
     }
 
     fn pod_with_claims(name: &str, claims: &[&str], phase: &str) -> Pod {

@@ -71,6 +71,7 @@ sections! {
     StuckClaimNotOnNewVolume => "stuck-the-claim-is-not-bound-to-the-new-volume",
     StuckRollbackStep => "stuck-a-swap-cannot-be-carried-forward-in-the-rollback",
     ReclaimPolicyChanged => "reclaimpolicy-a-volumes-reclaim-policy-keeps-changing",
+    NodeLostWaiting => "nodelost-a-member-pod-is-stuck-on-an-unreachable-node",
 }
 
 /// Why a request reports itself stuck (status message `stuck: ...`, Event `Stuck`): something

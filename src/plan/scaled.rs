@@ -138,6 +138,7 @@ pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         let bound = cx.settings.helper_start_timeout;
         if is_terminating(pod)
             && let Some(lost) = helpers::lost_pod(pod, &cx.o.nodes, cx.o.now, bound)
+            && super::member::may_force(cx, &pod.name_any(), &lost)
         {
             return Err(Failure::NodeLost {
                 pod: pod.name_any(),
