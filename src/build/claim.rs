@@ -20,7 +20,10 @@ use crate::labels::{self, BINDING_ANNOTATIONS, GC_FINALIZERS, PVC_PROTECTION_FIN
 const SYSTEM_FINALIZERS: [&str; 3] = [PVC_PROTECTION_FINALIZER, GC_FINALIZERS[0], GC_FINALIZERS[1]];
 
 /// The temporary claim for `member`: target class and size, the original's access modes and
-/// volume mode, labelled [`super::member_labels`], named `member.temp_claim`.
+/// volume mode, labelled [`super::member_labels`] and [`labels::REQUEST_UID_LABEL`] (the
+/// request's uid: its name is derived from the request's name, so the uid is what tells this
+/// request's claim from one of the same name; see `plan::claims::temp_claim_is_ours`), named
+/// `member.temp_claim`.
 ///
 /// Why no ownerReferences: a claim owned by the request would be garbage-collected with it, and
 /// after the swap this claim's volume holds the member's only up-to-date data. Claims are never
@@ -37,8 +40,12 @@ pub fn temp_claim(
     original: &PersistentVolumeClaim,
 ) -> PersistentVolumeClaim {
     let original_spec = original.spec.clone().unwrap_or_default();
+    let mut metadata = member_meta(req, member.temp_claim.clone(), &member.pod, false);
+    if let (Some(uid), Some(l)) = (req.metadata.uid.clone(), metadata.labels.as_mut()) {
+        l.insert(labels::REQUEST_UID_LABEL.to_string(), uid);
+    }
     PersistentVolumeClaim {
-        metadata: member_meta(req, member.temp_claim.clone(), &member.pod, false),
+        metadata,
         spec: Some(PersistentVolumeClaimSpec {
             access_modes: original_spec.access_modes,
             volume_mode: original_spec.volume_mode,
@@ -240,6 +247,11 @@ mod tests {
         assert_eq!(labels["storagemigrator.io/member"], "etcd-1");
         assert_eq!(labels["storagemigrator.io/request"], "etcd-to-fast");
         assert_eq!(labels["app.kubernetes.io/managed-by"], "storage-migrator");
+        assert_eq!(
+            labels.get(labels::REQUEST_UID_LABEL),
+            req.metadata.uid.as_ref(),
+            "the request's uid tells its claim from one of the same name"
+        );
     }
 
     #[test]

@@ -7,7 +7,65 @@
 //! the rollback and the cleanup, the failure message's data locations, the volumes `gather`
 //! reads, the controller's wake-ups, and `kubectl smr orphans` (which volumes a request names).
 
-use crate::api::{MemberStatus, Plan, PlannedMember, StorageMigrationRequestStatus};
+use k8s_openapi::api::core::v1::PersistentVolumeClaim;
+use kube::ResourceExt;
+
+use crate::api::{
+    MemberStatus, Plan, PlannedMember, StorageMigrationRequest, StorageMigrationRequestStatus,
+};
+use crate::labels;
+
+/// Whether `claim`, found under one of `request`'s temporary claim names, is the one `request`
+/// made. The name is derived from the request's name, so a claim of that name may be another's
+/// (an earlier request of the same name, a person): it is the request's when its
+/// [`labels::REQUEST_UID_LABEL`] is the request's uid. A claim without that label (made by an
+/// operator before the label existed, for a request in flight across the upgrade) is the
+/// request's when its [`labels::REQUEST_LABEL`] names the request and it was created no earlier
+/// than the request: a claim of an earlier request of the same name is older than this one.
+pub fn temp_claim_is_ours(
+    claim: &PersistentVolumeClaim,
+    request: &StorageMigrationRequest,
+) -> bool {
+    let labels = claim.labels();
+    if let Some(uid) = labels.get(labels::REQUEST_UID_LABEL) {
+        return request.metadata.uid.as_ref() == Some(uid);
+    }
+    let named = labels.get(labels::REQUEST_LABEL).map(String::as_str)
+        == request.metadata.name.as_deref()
+        && labels.get(labels::MANAGED_BY_LABEL).map(String::as_str)
+            == Some(labels::MANAGED_BY_VALUE);
+    let created = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.creation_timestamp.as_ref().map(|t| t.0)
+    };
+    named
+        && matches!(
+            (created(&claim.metadata), created(&request.metadata)),
+            (Some(c), Some(r)) if c >= r
+        )
+}
+
+/// What a claim says about who made it, for messages: `request-uid <uid>`, `request <name>`, or
+/// `no request's labels`.
+pub fn claim_origin(claim: &PersistentVolumeClaim) -> String {
+    let labels = claim.labels();
+    match (
+        labels.get(labels::REQUEST_UID_LABEL),
+        labels.get(labels::REQUEST_LABEL),
+    ) {
+        (Some(uid), _) => format!(
+            "uid {}, labelled for request uid {uid}",
+            claim.uid().unwrap_or_default()
+        ),
+        (None, Some(name)) => format!(
+            "uid {}, labelled for request {name} without this request's uid",
+            claim.uid().unwrap_or_default()
+        ),
+        (None, None) => format!(
+            "uid {}, without a request's labels",
+            claim.uid().unwrap_or_default()
+        ),
+    }
+}
 
 /// Which of a claim's volumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -141,6 +199,61 @@ pub fn request_volumes(
 mod tests {
     use super::*;
     use crate::api::{ClaimStatus, PlannedClaim};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    /// A request `move` (uid `u-1`) created at `t`, and a claim labelled as `labels` says,
+    /// created at `created`.
+    fn claim_and_request(
+        labels: &[(&str, &str)],
+        created: i64,
+    ) -> (PersistentVolumeClaim, StorageMigrationRequest) {
+        let at = |s: i64| Some(Time(crate::plan::fixtures::t(s)));
+        let mut req = crate::plan::fixtures::request(crate::plan::fixtures::spec_class_change("f"));
+        req.metadata.name = Some("move".into());
+        req.metadata.uid = Some("u-1".into());
+        req.metadata.creation_timestamp = at(100);
+        let mut claim = PersistentVolumeClaim::default();
+        claim.metadata.creation_timestamp = at(created);
+        claim.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        (claim, req)
+    }
+
+    #[test]
+    fn a_temporary_claim_is_the_requests_by_its_uid_label_not_by_its_name() {
+        let ours = [
+            (labels::MANAGED_BY_LABEL, labels::MANAGED_BY_VALUE),
+            (labels::REQUEST_LABEL, "move"),
+            (labels::REQUEST_UID_LABEL, "u-1"),
+        ];
+        let (c, r) = claim_and_request(&ours, 50);
+        assert!(temp_claim_is_ours(&c, &r), "the uid decides, not the time");
+        // An earlier request of the same name made it: another uid.
+        let earlier = [
+            (labels::MANAGED_BY_LABEL, labels::MANAGED_BY_VALUE),
+            (labels::REQUEST_LABEL, "move"),
+            (labels::REQUEST_UID_LABEL, "u-0"),
+        ];
+        let (c, r) = claim_and_request(&earlier, 150);
+        assert!(!temp_claim_is_ours(&c, &r));
+        assert!(claim_origin(&c).contains("request uid u-0"));
+        // Someone else's claim of that name, without our labels.
+        let (c, r) = claim_and_request(&[], 150);
+        assert!(!temp_claim_is_ours(&c, &r));
+        // Made before the uid label existed: ours only if made since the request was.
+        let legacy = [
+            (labels::MANAGED_BY_LABEL, labels::MANAGED_BY_VALUE),
+            (labels::REQUEST_LABEL, "move"),
+        ];
+        let (c, r) = claim_and_request(&legacy, 150);
+        assert!(temp_claim_is_ours(&c, &r));
+        let (c, r) = claim_and_request(&legacy, 50);
+        assert!(!temp_claim_is_ours(&c, &r), "older than the request");
+    }
 
     fn status() -> StorageMigrationRequestStatus {
         let member = |pod: &str, further: bool| PlannedMember {

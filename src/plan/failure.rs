@@ -174,6 +174,17 @@ pub enum Failure {
     /// The temporary claim is `Lost`.
     #[error("temporary claim {claim} lost its volume")]
     TempClaimLost { claim: String },
+    /// A claim under the temporary claim's name that this request did not make (its
+    /// `storagemigrator.io/request-uid` label is not the request's uid): never adopted, never
+    /// deleted.
+    #[error(
+        "claim {claim} has the name of member {pod}'s temporary claim but was not made by this request ({found}); it is neither used nor deleted: move or delete it, then apply the request again"
+    )]
+    TempClaimNotOurs {
+        claim: String,
+        pod: String,
+        found: String,
+    },
     /// The new volume's node affinity excludes the member's node.
     #[error("new volume {volume} was provisioned where node {node} (member {pod}) cannot reach it")]
     VolumeUnreachable {

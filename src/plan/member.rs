@@ -481,6 +481,13 @@ fn creating_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     let Some(temp) = cx.o.claims.get(&m.temp_claim) else {
         return create_temp_claim(cx, mb, &plan, wffc);
     };
+    if !claims::temp_claim_is_ours(temp, &cx.o.request) {
+        return Err(Failure::TempClaimNotOurs {
+            claim: m.temp_claim.clone(),
+            pod: m.pod.clone(),
+            found: claims::claim_origin(temp),
+        });
+    }
     if is_terminating(temp) {
         cx.wait(Duration::from_secs(1));
         return Ok(());
@@ -1618,7 +1625,9 @@ fn member_on(cx: &Ctx, mb: &Member, slot: usize) -> Member {
 fn undo_claim(cx: &mut Ctx, mb: &Member) -> bool {
     let m = &mb.m;
     let mut pending = undo_helpers(cx, mb);
-    if let Some(temp) = cx.o.claims.get(&m.temp_claim) {
+    // A claim of that name that this request did not make is left alone.
+    let ours = |c: &&PersistentVolumeClaim| claims::temp_claim_is_ours(c, &cx.o.request);
+    if let Some(temp) = cx.o.claims.get(&m.temp_claim).filter(ours) {
         pending = true;
         if !is_terminating(temp) {
             let uid = temp.uid();

@@ -171,6 +171,7 @@ impl From<&Failure> for Section {
             | ClaimDisappeared { .. }
             | PodDisappeared { .. }
             | ClaimReplaced { .. }
+            | TempClaimNotOurs { .. }
             | TempClaimLost { .. } => Section::FailedObjectChanged,
             VolumeUnreachable { .. } => Section::FailedVolumeUnreachable,
             StageTimedOut { .. } => Section::FailedStageTimedOut,

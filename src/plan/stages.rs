@@ -506,8 +506,15 @@ fn clean_up(cx: &mut Ctx) -> bool {
             }
         }
         let held = c.status.held.is_some();
-        // A held member's copy stays on its temporary claim (see `foreign`).
-        if let Some(claim) = cx.o.claims.get(c.temp_claim()).filter(|_| !held) {
+        // A held member's copy stays on its temporary claim (see `foreign`); a claim of that
+        // name that this request did not make is left alone.
+        let ours = |claim: &&_| claims::temp_claim_is_ours(claim, &cx.o.request);
+        if let Some(claim) =
+            cx.o.claims
+                .get(c.temp_claim())
+                .filter(|_| !held)
+                .filter(ours)
+        {
             pending = true;
             if !is_terminating(claim) {
                 cx.actions.push(Action::Delete {

@@ -2967,3 +2967,41 @@ fn health_is_read_wherever_the_planner_uses_it() {
     }
     assert!(!reads_health(&sim.status()), "a final request reads none");
 }
+
+/// A claim found under a member's temporary claim name that this request did not make (an
+/// earlier request of the same name left it: another request uid) is never adopted: the request
+/// fails naming it, and the rollback and cleanup leave it alone.
+#[test]
+fn a_temporary_claim_of_another_request_is_neither_adopted_nor_deleted() {
+    let mut sim = Sim::at(MemberStep::CreatingClaim);
+    let plan = sim.status().plan.expect("a plan");
+    let temp = plan.members[0].temp_claim.clone();
+    assert!(!sim.o.claims.contains_key(&temp), "not created yet");
+    let mut foreign = bound_claim(&temp, "fast", "1Gi", "pv-theirs");
+    foreign.labels_mut().extend([
+        (
+            labels::MANAGED_BY_LABEL.to_string(),
+            labels::MANAGED_BY_VALUE.to_string(),
+        ),
+        (labels::REQUEST_LABEL.to_string(), sim.o.request.name_any()),
+        (
+            labels::REQUEST_UID_LABEL.to_string(),
+            "uid-of-an-earlier-request".to_string(),
+        ),
+    ]);
+    sim.o.claims.insert(temp.clone(), foreign);
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Failed);
+    let failure = sim.status().failure.unwrap_or_default();
+    assert!(
+        failure.contains(&temp) && failure.contains("not made by this request"),
+        "{failure}"
+    );
+    let left = &sim.o.claims[&temp];
+    assert_eq!(
+        left.uid(),
+        Some(format!("uid-{temp}")),
+        "the same claim, untouched"
+    );
+    assert!(left.metadata.deletion_timestamp.is_none());
+}
