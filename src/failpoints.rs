@@ -18,7 +18,7 @@ use kube::ResourceExt;
 
 use crate::api::StorageMigrationRequestStatus;
 use crate::build::JobKind;
-use crate::engine::FinalHashError;
+use crate::engine::{FinalHash, FinalHashError};
 use crate::labels;
 use crate::plan::Action;
 
@@ -82,8 +82,8 @@ pub fn before_create_job(job: &mut Job) {
 
 /// Hook on the gathered final hash: an inconsistency when `final-check-fails` is set.
 pub fn final_hash(
-    gathered: Result<Option<String>, FinalHashError>,
-) -> Result<Option<String>, FinalHashError> {
+    gathered: Result<Option<FinalHash>, FinalHashError>,
+) -> Result<Option<FinalHash>, FinalHashError> {
     if ENABLED && hit(FINAL_CHECK_FAILS) {
         tracing::warn!("failpoint final-check-fails: the final check reports an inconsistency");
         return Err(injected_inconsistency());
@@ -284,7 +284,11 @@ mod tests {
         let before = job.clone();
         before_create_job(&mut job);
         assert_eq!(job, before);
-        assert_eq!(final_hash(Ok(Some("7".into()))), Ok(Some("7".into())));
+        let hash = FinalHash {
+            hash: "7".into(),
+            members: vec!["etcd-0".into()],
+        };
+        assert_eq!(final_hash(Ok(Some(hash.clone()))), Ok(Some(hash)));
         after_action(None, &Action::SetStatus(Box::default()));
     }
 }

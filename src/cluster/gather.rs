@@ -493,7 +493,7 @@ async fn gather_final_hash(
     engine: &Result<Engine, String>,
     status: &StorageMigrationRequestStatus,
     member_pods: &[Pod],
-) -> Option<Result<Option<String>, FinalHashError>> {
+) -> Option<Result<Option<engine::FinalHash>, FinalHashError>> {
     match engine {
         Ok(engine)
             if status.stage == Stage::Finalizing

@@ -109,6 +109,26 @@ pub enum HealthUnavailable {
     Engine(String),
 }
 
+/// The final digest of the data, and the member pods whose answers it covers (each one's
+/// digest was the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FinalHash {
+    /// etcd: `"<hash>@<revision>"`.
+    pub hash: String,
+    /// The member pods that answered with that digest.
+    pub members: Vec<String>,
+}
+
+impl FinalHash {
+    /// The members of `planned` it does not cover (no pod, or no answer), in their order.
+    pub fn missing<'a>(&self, planned: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+        planned
+            .into_iter()
+            .filter(|p| !self.members.iter().any(|m| m == p))
+            .collect()
+    }
+}
+
 /// Why the final digest of the data is not known.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FinalHashError {
@@ -354,6 +374,21 @@ pub fn is_healthy_for_start(report: &HealthReport) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_final_hash_names_the_planned_members_it_does_not_cover() {
+        let h = FinalHash {
+            hash: "7@42".into(),
+            members: vec!["etcd-0".into(), "etcd-2".into()],
+        };
+        assert_eq!(h.missing(["etcd-0", "etcd-1", "etcd-2"]), ["etcd-1"]);
+        assert!(h.missing(["etcd-2", "etcd-0"]).is_empty());
+        let none = FinalHash {
+            hash: "7@42".into(),
+            members: Vec::new(),
+        };
+        assert_eq!(none.missing(["etcd-0"]), ["etcd-0"]);
+    }
 
     fn m(pod: &str, index: u64) -> MemberHealth {
         MemberHealth {

@@ -32,7 +32,7 @@ use crate::api::{
     StorageMigrationRequestStatus,
 };
 use crate::build::Manifest;
-use crate::engine::{FinalHashError, HealthReport, HealthUnavailable};
+use crate::engine::{FinalHash, FinalHashError, HealthReport, HealthUnavailable};
 use crate::image::ImageRef;
 use crate::labels;
 
@@ -149,8 +149,9 @@ pub struct Observed {
     pub budgets: Vec<disruption::Budget>,
     /// The database engine's view, or why it could not be had.
     pub health: Result<HealthReport, HealthUnavailable>,
-    /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`).
-    pub final_hash: Option<Result<Option<String>, FinalHashError>>,
+    /// `Some` in the Finalizing stage for engines that compute a final hash (etcd `hash_kv`),
+    /// with the member pods it covers.
+    pub final_hash: Option<Result<Option<FinalHash>, FinalHashError>>,
     /// The Nodes of the member and helper pods that are terminating, by name (`None`: no such
     /// Node): a pod stuck terminating on a lost node is force-deleted when the Node is gone or
     /// tainted out-of-service, or the request allows it (see [`helpers::lost_pod`]).

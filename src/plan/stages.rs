@@ -674,13 +674,16 @@ fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
         return Ok(passed(hash));
     }
     let reason = match &cx.o.final_hash {
-        Some(Ok(Some(hash))) => {
-            cx.status.final_hash = Some(hash.clone());
-            // The cleanup's `--stage-timeout` counts from here (the wait for the check is
-            // bounded by the request's timeout).
-            cx.status.stage_started = Some(cx.now.clone());
-            return Ok(passed(hash));
-        }
+        Some(Ok(Some(h))) => match uncovered(cx, h) {
+            Some(reason) => reason,
+            None => {
+                cx.status.final_hash = Some(h.hash.clone());
+                // The cleanup's `--stage-timeout` counts from here (the wait for the check is
+                // bounded by the request's timeout).
+                cx.status.stage_started = Some(cx.now.clone());
+                return Ok(passed(&h.hash));
+            }
+        },
         Some(Err(e @ FinalHashError::Inconsistent(_))) => {
             return Err(Failure::FinalCheckFailed {
                 reason: e.to_string(),
@@ -690,6 +693,33 @@ fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
         Some(Ok(None)) | None => "the database engine computed no hash".to_string(),
     };
     pending_until_timeout(cx, reason)
+}
+
+/// Why a hash that agrees does not pass yet: a planned member it does not cover (no pod, or
+/// no answer), so the check stays pending; `None` when it covers every one.
+fn uncovered(cx: &Ctx, h: &engine::FinalHash) -> Option<String> {
+    let plan = cx.status.plan.as_ref();
+    let planned = plan
+        .into_iter()
+        .flat_map(|p| &p.members)
+        .map(|m| m.pod.as_str());
+    let missing: Vec<String> = (h.missing(planned).into_iter())
+        .map(|pod| match cx.o.pods.contains_key(pod) {
+            true => format!("{pod} (no hash_kv)"),
+            false => format!("{pod} (no pod)"),
+        })
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "the agreed hash_kv does not cover every planned member: missing {}; covered: {}",
+        missing.join(", "),
+        match h.members.as_slice() {
+            [] => "none".to_string(),
+            m => m.join(", "),
+        }
+    ))
 }
 
 /// Generic: every migrated member's verification is on record (of each of its claims); with verification off nothing

@@ -2027,10 +2027,21 @@ fn assert_failed_with_old_volumes_kept(sim: &Sim, cause: &str) {
     );
 }
 
+/// A `hash_kv` every one of `members` agreed on.
+fn agreed(hash: &str, members: &[&str]) -> crate::engine::FinalHash {
+    crate::engine::FinalHash {
+        hash: hash.into(),
+        members: members.iter().map(|m| m.to_string()).collect(),
+    }
+}
+
 #[test]
 fn etcd_hash_agreement_succeeds_and_restores_old_policies_after_the_check() {
     let mut o = observed(etcd_spec());
-    o.final_hash = Some(Ok(Some("3735928559".into())));
+    o.final_hash = Some(Ok(Some(agreed(
+        "3735928559",
+        &["etcd-0", "etcd-1", "etcd-2"],
+    ))));
     let mut sim = Sim::new(o);
     sim.run(400);
     let s = status_of(&sim);
@@ -2143,7 +2154,65 @@ fn an_etcd_check_that_becomes_computable_succeeds() {
         sim.settle();
     }
     assert_eq!(status_of(&sim).stage, Stage::Finalizing);
-    sim.o.final_hash = Some(Ok(Some("42".into())));
+    sim.o.final_hash = Some(Ok(Some(agreed("42", &["etcd-0", "etcd-1", "etcd-2"]))));
+    sim.run(100);
+    let s = status_of(&sim);
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    assert_eq!(s.final_hash.as_deref(), Some("42"));
+}
+
+/// A planned member with no pod, or one that gave no hash, keeps the final check pending (not
+/// passed, not failed), until the request's timeout.
+#[test]
+fn a_planned_member_missing_from_the_final_check_keeps_it_pending() {
+    let mut o = observed(etcd_spec());
+    o.final_hash = None;
+    let mut sim = Sim::new(o);
+    run_to_finalizing(&mut sim);
+    // etcd-2 has no pod: the engine hashed the two that exist, and they agree.
+    let pod = sim.o.pods.remove("etcd-2").unwrap();
+    sim.o.final_hash = Some(Ok(Some(agreed("42", &["etcd-0", "etcd-1"]))));
+    for _ in 0..10 {
+        let d = decide(&sim.o, &SETTINGS);
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    let s = status_of(&sim);
+    assert_eq!(s.stage, Stage::Finalizing, "still waiting");
+    assert!(!s.phase.is_final(), "{:?}", s.message);
+    assert_eq!(s.final_hash, None, "not passed");
+    let c = conditions::get(&s.conditions, conditions::PROGRESSING).unwrap();
+    assert_eq!(c.reason, "FinalCheckPending");
+    assert!(
+        c.message
+            .contains("missing etcd-2 (no pod); covered: etcd-0, etcd-1"),
+        "{}",
+        c.message
+    );
+    for i in 0..3 {
+        assert_eq!(
+            volume_policy(&sim.o.volumes[&format!("pv-old-{i}")]),
+            "Retain"
+        );
+    }
+    // Its pod back but no hash from it: still pending.
+    sim.o.pods.insert("etcd-2".into(), pod);
+    let d = decide(&sim.o, &SETTINGS);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    let s = status_of(&sim);
+    assert_eq!((s.stage, s.final_hash.clone()), (Stage::Finalizing, None));
+    let c = conditions::get(&s.conditions, conditions::PROGRESSING).unwrap();
+    assert!(
+        c.message.contains("missing etcd-2 (no hash_kv)"),
+        "{}",
+        c.message
+    );
+    // Every planned member covered: it passes.
+    sim.o.final_hash = Some(Ok(Some(agreed("42", &["etcd-0", "etcd-1", "etcd-2"]))));
     sim.run(100);
     let s = status_of(&sim);
     assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);

@@ -21,7 +21,7 @@ use crate::engine::etcd::{
     AlarmInfo, MemberHash, MemberInfo, MemberView, PodInfo, StatusView, agreed_hash, assess,
     common_revision, hex,
 };
-use crate::engine::{HealthReport, MemberHealth};
+use crate::engine::{FinalHash, HealthReport, MemberHealth};
 
 /// Bound on establishing a connection to one member.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -374,7 +374,7 @@ impl EtcdClient {
     /// `hash_kv` at a common revision (the lowest current revision among the members) on
     /// every member: `"<hash>@<revision>"` when all agree, [`EngineError::Inconsistent`] when not.
     #[instrument(skip_all, fields(pods = pods.len()))]
-    pub async fn final_hash(&self, pods: &[Pod]) -> Result<String, EngineError> {
+    pub async fn final_hash(&self, pods: &[Pod]) -> Result<FinalHash, EngineError> {
         let infos = PodInfo::in_ordinal_order(pods);
         if infos.is_empty() {
             return Err(EngineError::Other("no member pod to hash".to_string()));
@@ -423,7 +423,10 @@ impl EtcdClient {
         match agreed_hash(&hashes, revision) {
             Ok(hash) => {
                 info!(hash, revision, "all members agree on hash_kv");
-                Ok(hash)
+                Ok(FinalHash {
+                    hash,
+                    members: hashes.into_iter().map(|h| h.pod).collect(),
+                })
             }
             Err(e) => {
                 warn!(revision, error = %e, "members differ on hash_kv");

@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{DatabaseEngine, DatabaseSpec};
 use crate::engine::generic::Generic;
-use crate::engine::{FinalHashError, HealthReport, InvalidSettings};
+use crate::engine::{FinalHash, FinalHashError, HealthReport, InvalidSettings};
 
 pub mod etcd;
 pub mod secrets;
@@ -127,7 +127,7 @@ impl Engine {
     /// A digest of the data all members agree on, once every member is migrated. Etcd:
     /// `hash_kv` at a common revision on every member, as `"<hash>@<revision>"`; an error when
     /// members differ. Generic: `None`.
-    pub async fn final_hash(&self, pods: &[Pod]) -> Result<Option<String>, EngineError> {
+    pub async fn final_hash(&self, pods: &[Pod]) -> Result<Option<FinalHash>, EngineError> {
         match self {
             Engine::Generic(_) => Ok(None),
             Engine::Etcd(e) => e.final_hash(pods).await.map(Some),
