@@ -25,7 +25,9 @@ pub enum VolumeError {
     ClaimNotBound(String),
     #[error("persistentvolume {0:?} (of claim {1:?}) not found")]
     VolumeNotFound(String, String),
-    #[error("persistentvolume {0:?} has neither spec.local.path nor spec.hostPath.path")]
+    #[error(
+        "persistentvolume {0:?} has neither spec.local.path, spec.hostPath.path nor a volume of the local CSI driver"
+    )]
     NoLocalPath(String),
     #[error("volume {0:?}: {1}")]
     Source(String, String),
@@ -334,8 +336,15 @@ pub async fn claim_path(
         .await?
         .ok_or_else(|| VolumeError::VolumeNotFound(pv_name.clone(), claim.to_string()))?;
     let spec = pv.spec.as_ref();
+    // A volume of the local provisioner's CSI driver (one with a VolumeAttributesClass) has
+    // its host path as its handle.
+    let ours_csi = spec
+        .and_then(|s| s.csi.as_ref())
+        .filter(|c| c.driver == crate::state::PROVISIONER)
+        .map(|c| c.volume_handle.clone());
     spec.and_then(|s| s.local.as_ref().map(|l| l.path.clone()))
         .or_else(|| spec.and_then(|s| s.host_path.as_ref().map(|h| h.path.clone())))
+        .or(ours_csi)
         .map(PathBuf::from)
         .ok_or(VolumeError::NoLocalPath(pv_name))
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, StorageClass};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::controller::Controller;
@@ -16,7 +16,7 @@ use tokio::sync::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::provisioner::host::{image_path, mount_dir, mount_image};
-use crate::provisioner::objects::{is_ours, storage_classes};
+use crate::provisioner::objects::{csi_driver, is_ours, storage_classes};
 use crate::provisioner::provision::{claim_error_policy, reconcile_claim};
 use crate::provisioner::reclaim::{reconcile_volume, volume_error_policy};
 use crate::provisioner::{LABEL_NODE, ProvisionerError, is_api_status};
@@ -30,9 +30,15 @@ pub(super) struct Ctx {
     pub(super) host: Mutex<()>,
 }
 
-/// Creates the StorageClasses `standard` (Immediate) and `fast` (WaitForFirstConsumer); existing
-/// classes are left as they are.
+/// Creates the StorageClasses `standard` (Immediate) and `fast` (WaitForFirstConsumer) and the
+/// driver's CSIDriver object; existing ones are left as they are.
 pub async fn ensure_storage_classes(client: &kube::Client) -> Result<(), ProvisionerError> {
+    let drivers: Api<CSIDriver> = Api::all(client.clone());
+    match drivers.create(&PostParams::default(), &csi_driver()).await {
+        Ok(_) => info!(driver = PROVISIONER, "created CSIDriver"),
+        Err(e) if is_api_status(&e, |s| s.is_already_exists()) => {}
+        Err(e) => return Err(e.into()),
+    }
     let api: Api<StorageClass> = Api::all(client.clone());
     for class in storage_classes() {
         let name = class.name_any();

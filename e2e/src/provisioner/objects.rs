@@ -4,10 +4,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use k8s_openapi::api::core::v1::{
-    LocalVolumeSource, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, ObjectReference,
-    PersistentVolume, PersistentVolumeClaim, PersistentVolumeSpec, VolumeNodeAffinity,
+    CSIPersistentVolumeSource, LocalVolumeSource, NodeSelector, NodeSelectorRequirement,
+    NodeSelectorTerm, ObjectReference, PersistentVolume, PersistentVolumeClaim,
+    PersistentVolumeSpec, VolumeNodeAffinity,
 };
-use k8s_openapi::api::storage::v1::StorageClass;
+use k8s_openapi::api::storage::v1::{CSIDriver, CSIDriverSpec, StorageClass};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
@@ -67,6 +68,10 @@ pub fn build_pv(
             claim: claim_id.clone(),
             reason: "claim has no uid".into(),
         })?;
+    let vac = claim
+        .spec
+        .as_ref()
+        .and_then(|s| s.volume_attributes_class_name.clone());
     let access_modes = claim
         .spec
         .as_ref()
@@ -95,13 +100,18 @@ pub fn build_pv(
             ),
             storage_class_name: Some(class.name_any()),
             // As an external provisioner does: the volume is made with the claim's
-            // VolumeAttributesClass, and a claim binds only a volume of its own.
-            volume_attributes_class_name: claim
-                .spec
-                .as_ref()
-                .and_then(|s| s.volume_attributes_class_name.clone()),
+            // VolumeAttributesClass, and a claim binds only a volume of its own. Kubernetes
+            // allows one only on a CSI volume: such a volume is published as one of the
+            // driver `PROVISIONER` (its handle is the same host path), every other as `local`.
+            volume_attributes_class_name: vac.clone(),
+            csi: vac.is_some().then(|| CSIPersistentVolumeSource {
+                driver: PROVISIONER.to_string(),
+                volume_handle: path.to_string_lossy().into_owned(),
+                fs_type: Some("ext4".into()),
+                ..Default::default()
+            }),
             mount_options: class.mount_options.clone(),
-            local: Some(LocalVolumeSource {
+            local: vac.is_none().then(|| LocalVolumeSource {
                 path: path.to_string_lossy().into_owned(),
                 fs_type: Some("ext4".into()),
             }),
@@ -130,6 +140,23 @@ pub fn build_pv(
         }),
         status: None,
     })
+}
+
+/// The CSIDriver object of `PROVISIONER`: its volumes need no attach (so the attach/detach
+/// controller makes no VolumeAttachment for them) and the agent mounts them itself.
+pub fn csi_driver() -> CSIDriver {
+    CSIDriver {
+        metadata: ObjectMeta {
+            name: Some(PROVISIONER.to_string()),
+            ..Default::default()
+        },
+        spec: CSIDriverSpec {
+            attach_required: Some(false),
+            pod_info_on_mount: Some(false),
+            volume_lifecycle_modes: Some(vec!["Persistent".into()]),
+            ..Default::default()
+        },
+    }
 }
 
 /// The two StorageClasses every local cluster offers.
@@ -234,6 +261,26 @@ mod tests {
         for b in [1u64 << 40, 5 << 20, 12 << 10, 7] {
             assert_eq!(quantity::parse_bytes(&format_bytes(b)).unwrap(), b);
         }
+    }
+
+    /// A claim of a VolumeAttributesClass gets a CSI volume of the local driver carrying the
+    /// class (Kubernetes allows the class only on CSI volumes); its handle is the host path.
+    #[test]
+    fn a_claim_of_a_volume_attributes_class_gets_a_csi_volume() {
+        let mut c = claim("32Mi", "standard");
+        if let Some(spec) = c.spec.as_mut() {
+            spec.volume_attributes_class_name = Some("gold".into());
+        }
+        let sc = class("standard", "Immediate");
+        let path = Path::new("/s/nodes/node-b/volumes/pvc-1234-abcd");
+        let pv = build_pv(&c, &sc, "node-b", path, Quantity("32Mi".into())).unwrap();
+        let spec = pv.spec.unwrap();
+        assert_eq!(spec.volume_attributes_class_name.as_deref(), Some("gold"));
+        assert!(spec.local.is_none());
+        let csi = spec.csi.unwrap();
+        assert_eq!(csi.driver, PROVISIONER);
+        assert_eq!(csi.volume_handle, "/s/nodes/node-b/volumes/pvc-1234-abcd");
+        assert_eq!(csi_driver().spec.attach_required, Some(false));
     }
 
     #[test]
