@@ -10,14 +10,18 @@
 //!   its own (`one_member_per_node`: a required anti-affinity), so the node goes down while
 //!   the pod is `Terminating` and etcd still serves, with no race. The etcd member dies with
 //!   its node: the other two keep the quorum and the writer goes on. The pod stays
-//!   `Terminating`; once its grace period plus `--helper-start-timeout` is over the operator
-//!   force-deletes it and the request ends `Failed` within a bounded time, the member's data on
-//!   its old claim and volume, the StatefulSet recreated, no other member pod ever deleted, no
-//!   temporary claim, Job or helper pod left; the node then comes back, every member runs again
-//!   with its old etcd member id, and no acknowledged write is lost.
+//!   `Terminating`; once its grace period plus `--helper-start-timeout` is over the request waits
+//!   with the condition `NodeLost` naming the node and how to proceed, and forces nothing: a node
+//!   that is only unreachable may still run the pod. Then the test taints the node
+//!   `node.kubernetes.io/out-of-service`, as an administrator does once it is really down: the
+//!   operator force-deletes the pod and the request ends `Failed` within a bounded time, the
+//!   member's data on its old claim and volume, the StatefulSet recreated, no other member pod
+//!   ever deleted, no temporary claim, Job or helper pod left; the node then comes back (taint
+//!   removed), every member runs again with its old etcd member id, and no acknowledged write is
+//!   lost.
 //!
 //! Only on the local cluster (the fault needs `localcluster`'s node agent); on another cluster
-//! the test says so and passes without running.
+//! it fails under CI (`testing::require`) and prints NOT RUN by hand.
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test faults -- --test-threads=2`
 
@@ -154,17 +158,49 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
     let lost_at = Instant::now();
     eprintln!("NOTE node {node} down while member {member} stops");
 
+    // A node that is only unreachable may still run the pod: the request waits, naming the
+    // node, and forces nothing (the pod stays Terminating).
+    let waiting = wait_node_lost_condition(ns, name, &node).await;
+    let waited = lost_at.elapsed();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pods: Api<Pod> = ns.api();
+    let still = pods
+        .get(&member)
+        .await
+        .expect("the member pod is still there");
+    assert!(
+        still.metadata.deletion_timestamp.is_some(),
+        "{member} terminating"
+    );
+    let events = ns.events_for(name).await.unwrap_or_default();
+    assert!(
+        !events.iter().any(|e| e.starts_with("PodForceDeleted:")),
+        "force-deleted without the taint: {events:?}"
+    );
+    // The administrator declares the node down (non-graceful node shutdown): now it goes on.
+    taint_out_of_service(cluster, &node).await;
+    let tainted_at = Instant::now();
     let req = wait_final(ns, name, MINUTE * 5).await.unwrap();
-    let took = lost_at.elapsed();
+    let took = tainted_at.elapsed();
     assert_failed_cleanly(ns, &req, &member, &node, &before).await;
-    // Grace period plus the bound, then the rollback: far below the request's 20 m.
+    // Grace period plus the bound before the wait: far below the request's 20 m.
     let limit = Duration::from_secs(GRACE_SECONDS + BOUND_SECONDS + 90);
-    assert!(took < limit, "Failed {took:?} after the node went down");
+    assert!(
+        waited < limit,
+        "NodeLost {waited:?} after the node went down"
+    );
+    assert!(
+        took < Duration::from_secs(90),
+        "Failed {took:?} after the taint"
+    );
+    eprintln!("NOTE node lost: waiting ({waiting}); Failed {took:?} after the taint");
     quorum_of_two(ns, &member).await;
 
-    // The node comes back: the member's recreated pod starts on its untouched claim and rejoins
-    // with its old member id; the other two were never stopped.
+    // The node comes back (its out-of-service taint removed, as after a repair): the member's
+    // recreated pod starts on its untouched claim and rejoins with its old member id; the other
+    // two were never stopped.
     let up_at = Instant::now();
+    untaint(cluster, &node).await;
     down.up(cluster, MINUTE).await.unwrap();
     ns.wait_statefulset_ready(ETCD_SET, 3, MINUTE * 3)
         .await
@@ -193,6 +229,68 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
         written.failures,
         written.attempts
     );
+}
+
+const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
+
+/// Waits until the request has the condition `NodeLost` (True) naming `node`; its message.
+async fn wait_node_lost_condition(ns: &TestNamespace, name: &str, node: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(GRACE_SECONDS + BOUND_SECONDS + 90);
+    loop {
+        let req: StorageMigrationRequest = ns.api().get(name).await.unwrap();
+        let status = req.status.clone().unwrap_or_default();
+        assert!(
+            !status.phase.is_final(),
+            "ended without the taint: {}",
+            summary(&req)
+        );
+        let c = status.conditions.iter().find(|c| c.type_ == "NodeLost");
+        if let Some(c) = c.filter(|c| c.status == "True" && c.message.contains(node)) {
+            assert!(c.message.contains(OUT_OF_SERVICE), "{}", c.message);
+            return c.message.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no NodeLost condition: {}",
+            summary(&req)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Puts the `out-of-service` taint on `node`, as an administrator does once it is really down.
+async fn taint_out_of_service(cluster: &e2e::testing::TestCluster, node: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client.clone());
+    let n = nodes.get(node).await.unwrap();
+    let mut taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: OUT_OF_SERVICE.into(),
+        value: Some("nodeshutdown".into()),
+        effect: "NoExecute".into(),
+        time_added: None,
+    });
+    let patch = serde_json::json!({"spec": {"taints": taints}});
+    let pp = kube::api::PatchParams::default();
+    nodes
+        .patch(node, &pp, &kube::api::Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+/// Removes the `out-of-service` taint from `node`.
+async fn untaint(cluster: &e2e::testing::TestCluster, node: &str) {
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client.clone());
+    let n = nodes.get(node).await.unwrap();
+    let taints: Vec<_> = (n.spec.and_then(|s| s.taints).unwrap_or_default())
+        .into_iter()
+        .filter(|t| t.key != OUT_OF_SERVICE)
+        .collect();
+    let patch = serde_json::json!({"spec": {"taints": taints}});
+    let pp = kube::api::PatchParams::default();
+    nodes
+        .patch(node, &pp, &kube::api::Patch::Merge(&patch))
+        .await
+        .unwrap();
 }
 
 /// The request ended `Failed` naming pod and node, the member rolled back onto its original

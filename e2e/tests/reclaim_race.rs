@@ -7,8 +7,9 @@
 //! and again each time the operator puts it back on `Retain`, twice in all. The operator is started
 //! again: it must never delete a claim whose volume is not `Retain` (a watch on claims and on the
 //! volume checks each claim deletion against the policy the volume had then), it must say which
-//! volume keeps being changed (condition `ReclaimPolicy`, reason `ChangedAgain`), and in the end
-//! every old volume still exists, the request succeeds, and no acknowledged write is lost.
+//! volume keeps being changed (condition `ReclaimPolicy`, reason `ChangedAgain`); the old volume
+//! outlives the swap and goes (its original policy back) only after the request's final check;
+//! the request succeeds, and no acknowledged write is lost.
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --all-features --test reclaim_race` (the
 //! operator binary needs the `failpoints` feature).
@@ -37,6 +38,8 @@ struct Seen {
     policy: Option<String>,
     resets: usize,
     claim_deletions: Vec<(String, Option<String>)>,
+    /// When the volume was deleted: whether the request's final check had passed by then.
+    volume_deleted: Option<bool>,
 }
 
 type Shared = Arc<Mutex<Seen>>;
@@ -46,12 +49,25 @@ fn lock(s: &Shared) -> std::sync::MutexGuard<'_, Seen> {
 }
 
 /// Sets `pv` to `Delete` whenever it is `Retain`, `RESETS` times in all, recording the policy
-/// it sees.
-fn fight(pvs: Api<PersistentVolume>, pv: String, seen: Shared) -> tokio::task::JoinHandle<()> {
+/// it sees, and whether the request's final check had passed when the volume was deleted.
+fn fight(
+    pvs: Api<PersistentVolume>,
+    requests: Api<StorageMigrationRequest>,
+    pv: String,
+    seen: Shared,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let config = watcher::Config::default().fields(&format!("metadata.name={pv}"));
         let mut stream = watcher::watcher(pvs.clone(), config).boxed();
         while let Some(event) = stream.next().await {
+            if let Ok(watcher::Event::Delete(_)) = event {
+                let req = requests.get(REQUEST).await.ok();
+                let checked = req
+                    .and_then(|r| r.status)
+                    .is_some_and(|s| s.final_hash.is_some() || s.phase == Phase::Successful);
+                lock(&seen).volume_deleted = Some(checked);
+                continue;
+            }
             let (Ok(watcher::Event::Apply(v)) | Ok(watcher::Event::InitApply(v))) = event else {
                 continue;
             };
@@ -134,7 +150,7 @@ async fn a_reclaim_policy_reset_mid_swap_never_turns_a_claim_delete_into_a_volum
 
     let seen = Shared::default();
     let pvs: Api<PersistentVolume> = Api::all(run.cluster.client.clone());
-    let fighter = fight(pvs.clone(), volume.clone(), seen.clone());
+    let fighter = fight(pvs.clone(), ns.api(), volume.clone(), seen.clone());
     let deletions = watch_claim(ns.api(), claim.clone(), seen.clone());
     let deadline = Instant::now() + Duration::from_secs(30);
     while lock(&seen).resets == 0 {
@@ -193,8 +209,13 @@ async fn a_reclaim_policy_reset_mid_swap_never_turns_a_claim_delete_into_a_volum
             "{claim} ({uid}) deleted while {volume} was {policy:?}"
         );
     }
+    // The old volume outlived the swap; it may go (its original policy back) only once the
+    // whole request was verified.
+    assert_ne!(
+        seen.volume_deleted,
+        Some(false),
+        "the old volume {volume} was deleted before the request's final check"
+    );
     drop(seen);
-    let old = pvs.get_opt(&volume).await.expect("get the old volume");
-    assert!(old.is_some(), "the old volume {volume} is gone");
     run.finish().await;
 }
