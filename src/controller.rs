@@ -260,7 +260,9 @@ pub async fn reconcile(
             };
             let round = Instant::now();
             let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
-            let observed = cluster.gather(current, &engine).await?;
+            let Some(observed) = observe(&cluster, current, &engine).await? else {
+                continue;
+            };
             let decision = plan::decide(&observed, &ctx.settings);
             let gathered = round.elapsed();
             record_phase(&ctx.metrics, &key, &observed, &decision);
@@ -349,6 +351,113 @@ fn record_phase(
         }
     }
     metrics.request_phase(key, Some(phase.unwrap_or_default()));
+}
+
+/// The snapshot of `current` to decide on; `None` after the controller wrote the request's
+/// status itself (`ReadFailing` cleared: the reads succeed again), so that it is read again. A
+/// read that fails is an error, and past the request's timeout its status says so.
+async fn observe(
+    cluster: &Cluster,
+    current: StorageMigrationRequest,
+    engine: &Result<crate::cluster::Engine, String>,
+) -> Result<Option<plan::Observed>, ClusterError> {
+    let observed = match cluster.gather(current.clone(), engine).await {
+        Ok(o) => o,
+        Err(e) => {
+            report_read_failure(cluster, &current, &e).await;
+            return Err(e);
+        }
+    };
+    let Some(status) = read_recovered(&observed.request, observed.now) else {
+        return Ok(Some(observed));
+    };
+    match cluster.write_status(&observed.request, &status).await {
+        Ok(()) | Err(ClusterError::StaleStatus { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Says in the request's status (condition `ReadFailing`) that reading what it needs keeps
+/// failing, once its timeout has expired: the planner, and so the timeout's rollback, cannot run
+/// until the reads succeed. Best effort: the write may fail for the same reason.
+async fn report_read_failure(
+    cluster: &Cluster,
+    req: &StorageMigrationRequest,
+    error: &ClusterError,
+) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let Some(status) = read_failing(req, &error.to_string(), now) else {
+        return;
+    };
+    match cluster.write_status(req, &status).await {
+        Ok(()) => {
+            warn!(error = %error, "reads keep failing past the request's timeout; said so in its status")
+        }
+        Err(e) => debug!(error = %e, "cannot record that the reads keep failing"),
+    }
+}
+
+/// The status that says (condition `ReadFailing` True, reason `Failing`) that reading what the
+/// request needs fails with `error`, when the request is in flight and its timeout (from its
+/// start, or from its creation before it started) expired by `now`; `None` otherwise, or when
+/// the status already says exactly that. Pure.
+pub fn read_failing(
+    req: &StorageMigrationRequest,
+    error: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<crate::api::StorageMigrationRequestStatus> {
+    let mut status = req.status.clone().unwrap_or_default();
+    if status.phase.is_final() {
+        return None;
+    }
+    let timeout = plan::observe::effective_spec(req).timeout;
+    let seconds = plan::timeout_seconds(&timeout).ok()?;
+    let since = (status.start_time.as_ref())
+        .or(req.metadata.creation_timestamp.as_ref())?
+        .0;
+    if now.as_second() - since.as_second() <= seconds {
+        return None;
+    }
+    let message = format!(
+        "reading what the request needs keeps failing ({error}); its timeout of {timeout} has          expired, and it rolls back as soon as the reads succeed again"
+    );
+    let time = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now);
+    let generation = req.metadata.generation;
+    let changed = crate::api::conditions::set(
+        &mut status.conditions,
+        crate::api::conditions::READ_FAILING,
+        true,
+        "Failing",
+        &message,
+        generation,
+        &time,
+    );
+    changed.then_some(status)
+}
+
+/// The status that clears `ReadFailing` (False, reason `Recovered`) when it is True: the reads
+/// succeeded. Pure.
+pub fn read_recovered(
+    req: &StorageMigrationRequest,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<crate::api::StorageMigrationRequestStatus> {
+    let mut status = req.status.clone()?;
+    let failing =
+        crate::api::conditions::get(&status.conditions, crate::api::conditions::READ_FAILING)
+            .is_some_and(|c| c.status == "True");
+    if !failing {
+        return None;
+    }
+    crate::api::conditions::set(
+        &mut status.conditions,
+        crate::api::conditions::READ_FAILING,
+        false,
+        "Recovered",
+        "the reads succeed again",
+        req.metadata.generation,
+        &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+    );
+    Some(status)
 }
 
 /// The key of a request in the phase gauge (`namespace/name`).
@@ -721,6 +830,61 @@ mod tests {
         drop(ctx);
         let methods = server.await.expect("server");
         assert_eq!(methods, [http::Method::POST, http::Method::PATCH]);
+    }
+
+    /// A request whose reads keep failing past its timeout says so (condition `ReadFailing`,
+    /// naming the error) once, and the condition is cleared when the reads succeed again; before
+    /// the timeout, or once the request ended, nothing is written.
+    #[test]
+    fn reads_failing_past_the_timeout_are_recorded_then_cleared() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let t = crate::plan::fixtures::t;
+        let mut req = planned("demo", "a", "etcd-0", "data-etcd-0", Phase::Progressing);
+        let r = Arc::make_mut(&mut req);
+        r.spec.timeout = "10m".into();
+        if let Some(s) = r.status.as_mut() {
+            s.start_time = Some(Time(t(1000)));
+        }
+        let error = "get StatefulSet etcd: 403 forbidden";
+        assert!(
+            read_failing(r, error, t(1000 + 599)).is_none(),
+            "within the timeout"
+        );
+        let failing = read_failing(r, error, t(1000 + 601)).expect("past the timeout");
+        let c =
+            crate::api::conditions::get(&failing.conditions, crate::api::conditions::READ_FAILING)
+                .expect("condition");
+        assert_eq!((c.status.as_str(), c.reason.as_str()), ("True", "Failing"));
+        assert!(
+            c.message.contains(error) && c.message.contains("10m"),
+            "{}",
+            c.message
+        );
+        assert_eq!(failing.phase, Phase::Progressing, "nothing else changes");
+        r.status = Some(failing);
+        assert!(read_failing(r, error, t(1000 + 700)).is_none(), "said once");
+        let recovered = read_recovered(r, t(1000 + 800)).expect("cleared");
+        let c = crate::api::conditions::get(
+            &recovered.conditions,
+            crate::api::conditions::READ_FAILING,
+        )
+        .expect("condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "Recovered")
+        );
+        r.status = Some(recovered);
+        assert!(
+            read_recovered(r, t(1000 + 900)).is_none(),
+            "nothing to clear"
+        );
+        if let Some(s) = r.status.as_mut() {
+            s.phase = Phase::Failed;
+        }
+        assert!(
+            read_failing(r, error, t(1000 + 999)).is_none(),
+            "an ended request"
+        );
     }
 
     #[test]

@@ -26,6 +26,11 @@ pub const RECLAIM_POLICY: &str = "ReclaimPolicy";
 /// `spec.forceDeleteOnLostNode`); `False` (reason `Resolved`) once the pod is gone or
 /// force-deleted (see `plan::helpers::LostPod`).
 pub const NODE_LOST: &str = "NodeLost";
+/// `True` (reason `Failing`) once reading what a request needs has kept failing past its
+/// timeout, so that the planner cannot run (nor its timeout's rollback): the message names the
+/// read that fails; `False` (reason `Recovered`) once the reads succeed again, when the planner
+/// rolls the request back if its timeout expired (written by `controller`, not the planner).
+pub const READ_FAILING: &str = "ReadFailing";
 
 /// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
 /// not change. Returns true when anything changed.

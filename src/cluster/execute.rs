@@ -102,6 +102,18 @@ impl Cluster {
         Ok(())
     }
 
+    /// Writes `status` as the status of `req`, on the condition that the request is still as
+    /// read (its `resourceVersion`): for the controller's own status writes, outside a decision.
+    pub async fn write_status(
+        &self,
+        req: &StorageMigrationRequest,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<(), ClusterError> {
+        let ns = namespace(req)?;
+        let rv = req.metadata.resource_version.as_deref();
+        self.set_status(&ns, &req.name_any(), status, rv).await
+    }
+
     /// Applies the status (server-side apply, forced, our field manager) on the condition that
     /// the request is still at `resource_version`, the version the decision was made from; a 409
     /// is [`ClusterError::StaleStatus`] (the caller reads again and decides again).
