@@ -887,6 +887,41 @@ mod tests {
         );
     }
 
+    /// A status write refused as stale (409 on its resourceVersion) stops the decision before
+    /// anything else of it is done (here: no finalizer read or write follows), and is told apart
+    /// as `StaleStatus`, on which the reconcile reads again and decides again.
+    #[tokio::test]
+    async fn a_refused_status_write_stops_the_decision_for_a_fresh_read() {
+        use crate::cluster::mock::{Exchange, verify};
+        let mut o =
+            crate::plan::fixtures::observed(crate::plan::fixtures::spec_class_change("fast"));
+        o.request.metadata.resource_version = Some("41".into());
+        let decision = plan::Decision {
+            actions: vec![Action::SetStatus(Box::default()), Action::AddFinalizer],
+            requeue: Duration::ZERO,
+        };
+        let path = format!(
+            "/apis/storagemigrator.io/v1alpha1/namespaces/{}/storagemigrationrequests/{}/status",
+            crate::plan::fixtures::NS,
+            crate::plan::fixtures::REQ
+        );
+        let refused = Exchange::new(http::Method::PATCH, &path)
+            .query(&format!(
+                "&force=true&fieldManager={}",
+                labels::FIELD_MANAGER
+            ))
+            .fails(409, "Conflict");
+        let acted = verify(vec![refused], move |cluster| async move {
+            let engine: Result<crate::cluster::Engine, String> = Err("none".into());
+            act(&cluster, &Metrics::default(), &o, &engine, &decision).await
+        })
+        .await;
+        assert!(
+            matches!(acted, Err(ClusterError::StaleStatus { .. })),
+            "{acted:?}"
+        );
+    }
+
     #[test]
     fn transient_failures_back_off_exponentially_to_a_cap() {
         let secs: Vec<u64> = (1..=9).map(|n| backoff_delay(n).as_secs()).collect();

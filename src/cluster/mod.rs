@@ -27,7 +27,7 @@ pub mod raw;
 pub mod stash;
 
 #[cfg(test)]
-mod mock;
+pub(crate) mod mock;
 #[cfg(test)]
 mod tests;
 
