@@ -24,6 +24,10 @@ pub const NODE_NAMES: [&str; 3] = ["node-a", "node-b", "node-c"];
 pub const NODE_ZONES: [&str; 3] = ["zone-a", "zone-b", "zone-c"];
 /// Provisioner name of the local volume provisioner.
 pub const PROVISIONER: &str = "local.e2e/ext4";
+/// The CSI driver name of the provisioner's volumes that carry a VolumeAttributesClass
+/// (Kubernetes allows the class only on CSI volumes; a CSI driver name is a DNS subdomain, which
+/// [`PROVISIONER`] is not).
+pub const CSI_DRIVER: &str = "ext4.local.e2e";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {

@@ -180,8 +180,16 @@ async fn etcd_engine_against_a_real_cluster() {
 
     // hash_kv agrees.
     let hash = engine.final_hash(&pods).await.unwrap().unwrap();
-    println!("final hash {hash}");
-    assert!(hash.contains('@'));
+    println!("final hash {} over {:?}", hash.hash, hash.members);
+    assert!(hash.hash.contains('@'));
+    // It covers every member pod: the final check passes only when each planned member agrees.
+    let names: Vec<String> = pods.iter().map(kube::ResourceExt::name_any).collect();
+    let planned: Vec<&str> = names.iter().map(String::as_str).collect();
+    assert!(
+        hash.missing(planned).is_empty(),
+        "{:?} of {names:?}",
+        hash.members
+    );
 
     ns.delete_and_wait(NAMESPACE_GONE).await.unwrap();
 }

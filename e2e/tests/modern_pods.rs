@@ -240,7 +240,7 @@ async fn sidecars_gates_and_volume_attributes_come_back_as_they_were() {
         .expect("delete the VolumeAttributesClass");
 }
 
-/// The local cluster's provisioner (the volumes' CSI-style driver name).
+/// The local cluster's CSI driver (of its volumes that carry a VolumeAttributesClass).
 fn storage_migrator_e2e_provisioner() -> &'static str {
-    e2e::state::PROVISIONER
+    e2e::state::CSI_DRIVER
 }

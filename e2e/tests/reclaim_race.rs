@@ -188,21 +188,20 @@ async fn a_reclaim_policy_reset_mid_swap_never_turns_a_claim_delete_into_a_volum
         "{}",
         summary(&done)
     );
-    let seen = lock(&seen);
+    let (resets, claim_deletions, volume_deleted) = {
+        let s = lock(&seen);
+        (s.resets, s.claim_deletions.clone(), s.volume_deleted)
+    };
     assert_eq!(
-        seen.resets, RESETS,
-        "the fighter reset the volume {} times",
-        seen.resets
+        resets, RESETS,
+        "the fighter reset the volume {resets} times"
     );
     assert!(
         named.is_some(),
         "no condition named {volume} as changed again"
     );
-    assert!(
-        !seen.claim_deletions.is_empty(),
-        "{claim} was never swapped"
-    );
-    for (uid, policy) in &seen.claim_deletions {
+    assert!(!claim_deletions.is_empty(), "{claim} was never swapped");
+    for (uid, policy) in &claim_deletions {
         assert_eq!(
             policy.as_deref(),
             Some("Retain"),
@@ -212,10 +211,9 @@ async fn a_reclaim_policy_reset_mid_swap_never_turns_a_claim_delete_into_a_volum
     // The old volume outlived the swap; it may go (its original policy back) only once the
     // whole request was verified.
     assert_ne!(
-        seen.volume_deleted,
+        volume_deleted,
         Some(false),
         "the old volume {volume} was deleted before the request's final check"
     );
-    drop(seen);
     run.finish().await;
 }

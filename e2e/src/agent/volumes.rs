@@ -340,7 +340,7 @@ pub async fn claim_path(
     // its host path as its handle.
     let ours_csi = spec
         .and_then(|s| s.csi.as_ref())
-        .filter(|c| c.driver == crate::state::PROVISIONER)
+        .filter(|c| c.driver == crate::state::CSI_DRIVER)
         .map(|c| c.volume_handle.clone());
     spec.and_then(|s| s.local.as_ref().map(|l| l.path.clone()))
         .or_else(|| spec.and_then(|s| s.host_path.as_ref().map(|h| h.path.clone())))

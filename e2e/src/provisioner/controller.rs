@@ -20,7 +20,7 @@ use crate::provisioner::objects::{csi_driver, is_ours, storage_classes};
 use crate::provisioner::provision::{claim_error_policy, reconcile_claim};
 use crate::provisioner::reclaim::{reconcile_volume, volume_error_policy};
 use crate::provisioner::{LABEL_NODE, ProvisionerError, is_api_status};
-use crate::state::{ClusterState, NODE_NAMES, PROVISIONER};
+use crate::state::{CSI_DRIVER, ClusterState, NODE_NAMES, PROVISIONER};
 
 pub(super) struct Ctx {
     pub(super) client: kube::Client,
@@ -35,7 +35,7 @@ pub(super) struct Ctx {
 pub async fn ensure_storage_classes(client: &kube::Client) -> Result<(), ProvisionerError> {
     let drivers: Api<CSIDriver> = Api::all(client.clone());
     match drivers.create(&PostParams::default(), &csi_driver()).await {
-        Ok(_) => info!(driver = PROVISIONER, "created CSIDriver"),
+        Ok(_) => info!(driver = CSI_DRIVER, "created CSIDriver"),
         Err(e) if is_api_status(&e, |s| s.is_already_exists()) => {}
         Err(e) => return Err(e.into()),
     }

@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use crate::provisioner::claims::ProvisionRequest;
 use crate::provisioner::host::image_size;
 use crate::provisioner::{ANN_PROVISIONED_BY, LABEL_HOSTNAME, LABEL_NODE, ProvisionerError};
-use crate::state::PROVISIONER;
+use crate::state::{CSI_DRIVER, PROVISIONER};
 
 /// Name of the PV provisioned for a claim.
 pub fn pv_name(claim_uid: &str) -> String {
@@ -102,10 +102,10 @@ pub fn build_pv(
             // As an external provisioner does: the volume is made with the claim's
             // VolumeAttributesClass, and a claim binds only a volume of its own. Kubernetes
             // allows one only on a CSI volume: such a volume is published as one of the
-            // driver `PROVISIONER` (its handle is the same host path), every other as `local`.
+            // driver `CSI_DRIVER` (its handle is the same host path), every other as `local`.
             volume_attributes_class_name: vac.clone(),
             csi: vac.is_some().then(|| CSIPersistentVolumeSource {
-                driver: PROVISIONER.to_string(),
+                driver: CSI_DRIVER.to_string(),
                 volume_handle: path.to_string_lossy().into_owned(),
                 fs_type: Some("ext4".into()),
                 ..Default::default()
@@ -142,12 +142,12 @@ pub fn build_pv(
     })
 }
 
-/// The CSIDriver object of `PROVISIONER`: its volumes need no attach (so the attach/detach
+/// The CSIDriver object of [`CSI_DRIVER`]: its volumes need no attach (so the attach/detach
 /// controller makes no VolumeAttachment for them) and the agent mounts them itself.
 pub fn csi_driver() -> CSIDriver {
     CSIDriver {
         metadata: ObjectMeta {
-            name: Some(PROVISIONER.to_string()),
+            name: Some(CSI_DRIVER.to_string()),
             ..Default::default()
         },
         spec: CSIDriverSpec {
@@ -191,7 +191,7 @@ mod tests {
     use crate::provisioner::test_support::{claim, class};
     use crate::provisioner::{ANN_PROVISIONED_BY, LABEL_HOSTNAME, LABEL_NODE};
     use crate::quantity;
-    use crate::state::PROVISIONER;
+    use crate::state::{CSI_DRIVER, PROVISIONER};
 
     #[test]
     fn builds_pv_bound_to_claim() {
@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(spec.volume_attributes_class_name.as_deref(), Some("gold"));
         assert!(spec.local.is_none());
         let csi = spec.csi.unwrap();
-        assert_eq!(csi.driver, PROVISIONER);
+        assert_eq!(csi.driver, CSI_DRIVER);
         assert_eq!(csi.volume_handle, "/s/nodes/node-b/volumes/pvc-1234-abcd");
         assert_eq!(csi_driver().spec.attach_required, Some(false));
     }
