@@ -178,7 +178,7 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
         "force-deleted without the taint: {events:?}"
     );
     // The administrator declares the node down (non-graceful node shutdown): now it goes on.
-    taint_out_of_service(cluster, &node).await;
+    set_out_of_service(cluster, &node, true).await;
     let tainted_at = Instant::now();
     let req = wait_final(ns, name, MINUTE * 5).await.unwrap();
     let took = tainted_at.elapsed();
@@ -200,7 +200,7 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
     // recreated pod starts on its untouched claim and rejoins with its old member id; the other
     // two were never stopped.
     let up_at = Instant::now();
-    untaint(cluster, &node).await;
+    set_out_of_service(cluster, &node, false).await;
     down.up(cluster, MINUTE).await.unwrap();
     ns.wait_statefulset_ready(ETCD_SET, 3, MINUTE * 3)
         .await
@@ -258,33 +258,23 @@ async fn wait_node_lost_condition(ns: &TestNamespace, name: &str, node: &str) ->
     }
 }
 
-/// Puts the `out-of-service` taint on `node`, as an administrator does once it is really down.
-async fn taint_out_of_service(cluster: &e2e::testing::TestCluster, node: &str) {
+/// Puts the `out-of-service` taint on `node` (`on`), as an administrator does once it is really
+/// down, or takes it off again.
+async fn set_out_of_service(cluster: &e2e::testing::TestCluster, node: &str, on: bool) {
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client.clone());
     let n = nodes.get(node).await.unwrap();
-    let mut taints = n.spec.and_then(|s| s.taints).unwrap_or_default();
-    taints.push(k8s_openapi::api::core::v1::Taint {
-        key: OUT_OF_SERVICE.into(),
-        value: Some("nodeshutdown".into()),
-        effect: "NoExecute".into(),
-        time_added: None,
-    });
-    let patch = serde_json::json!({"spec": {"taints": taints}});
-    let pp = kube::api::PatchParams::default();
-    nodes
-        .patch(node, &pp, &kube::api::Patch::Merge(&patch))
-        .await
-        .unwrap();
-}
-
-/// Removes the `out-of-service` taint from `node`.
-async fn untaint(cluster: &e2e::testing::TestCluster, node: &str) {
-    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client.clone());
-    let n = nodes.get(node).await.unwrap();
-    let taints: Vec<_> = (n.spec.and_then(|s| s.taints).unwrap_or_default())
+    let mut taints: Vec<_> = (n.spec.and_then(|s| s.taints).unwrap_or_default())
         .into_iter()
         .filter(|t| t.key != OUT_OF_SERVICE)
         .collect();
+    if on {
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: OUT_OF_SERVICE.into(),
+            value: Some("nodeshutdown".into()),
+            effect: "NoExecute".into(),
+            time_added: None,
+        });
+    }
     let patch = serde_json::json!({"spec": {"taints": taints}});
     let pp = kube::api::PatchParams::default();
     nodes
