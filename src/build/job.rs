@@ -1254,11 +1254,19 @@ mod tests {
             if have("rsync") {
                 return true;
             }
-            let set = |var: &str, value: &str| std::env::var(var).is_ok_and(|v| v == value);
-            let must = set("CI", "true") || set("E2E_REQUIRE_ALL", "1");
-            assert!(!must, "{test}: rsync is not installed (CI refuses to skip)");
+            assert!(
+                !must_run(),
+                "{test}: rsync is not installed (CI refuses to skip)"
+            );
             eprintln!("NOT RUN {test}: rsync is not installed");
             false
+        }
+
+        /// Whether a check that cannot run here fails the test (under CI or the README's
+        /// command) instead of being left out.
+        fn must_run() -> bool {
+            let set = |var: &str, value: &str| std::env::var(var).is_ok_and(|v| v == value);
+            set("CI", "true") || set("E2E_REQUIRE_ALL", "1")
         }
 
         /// A temporary dir with empty `source` and `target` trees; None (the test does not run)
@@ -1679,7 +1687,11 @@ mod tests {
                     .unwrap();
                 assert_eq!(String::from_utf8_lossy(&out.stdout), "kept", "xattr kept");
             } else {
-                eprintln!("no user xattrs on the temporary filesystem: xattr check skipped");
+                assert!(
+                    !must_run(),
+                    "setfattr failed: no user xattrs on the temporary filesystem (CI refuses to skip the xattr check)"
+                );
+                eprintln!("NOT RUN xattr check: no user xattrs on the temporary filesystem");
             }
             let sparse = std::fs::metadata(dst.join("sparse")).unwrap();
             assert_eq!(sparse.len(), 8 << 20);

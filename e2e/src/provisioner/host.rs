@@ -269,15 +269,10 @@ mod tests {
         assert_eq!(image_size(MIN_IMAGE_BYTES + 1), MIN_IMAGE_BYTES + 4096);
     }
 
-    fn is_root() -> bool {
-        nix::unistd::geteuid().is_root()
-    }
-
     /// Root only: a real image, loop-mounted, filled until ENOSPC, then freed.
     #[test]
     fn provisions_mounts_fills_and_frees_an_image() {
-        if !is_root() {
-            eprintln!("skipped: needs root (loop devices, mount)");
+        if !crate::testing::require::root("provisions, mounts, fills and frees an image") {
             return;
         }
         let base = std::env::temp_dir().join(format!("sm-prov-test-{}", std::process::id()));
