@@ -164,34 +164,31 @@ async fn sidecar_started(ctx: &RunCtx, i: usize) -> bool {
 
 /// Runs regular init container `i` until it succeeds; false when the pod stopped or failed.
 async fn run_init_container(ctx: &Arc<RunCtx>, i: usize, c: &Container, policy: &str) -> bool {
-    {
-        let mut attempt = 0;
-        let mut backoff_n = 0;
-        loop {
-            match run_container(ctx, Slot::Init(i), c, attempt, None).await {
-                Outcome::Stopped => return false,
-                Outcome::Exited(0) => break,
-                Outcome::Exited(code) => {
-                    if !status::should_restart_init(policy, code) {
-                        ctx.shared
-                            .update(|r| r.terminal_phase = Some("Failed".into()));
-                        return false;
-                    }
-                    attempt += 1;
-                    if crash_backoff(ctx, Slot::Init(i), &c.name, backoff_n).await {
-                        return false;
-                    }
-                    backoff_n += 1;
+    let mut attempt = 0;
+    let mut backoff_n = 0;
+    loop {
+        match run_container(ctx, Slot::Init(i), c, attempt, None).await {
+            Outcome::Stopped => return false,
+            Outcome::Exited(0) => return true,
+            Outcome::Exited(code) => {
+                if !status::should_restart_init(policy, code) {
+                    ctx.shared
+                        .update(|r| r.terminal_phase = Some("Failed".into()));
+                    return false;
                 }
-                Outcome::Waiting => {
-                    if sleep_or_stop(&ctx.stop, Duration::from_secs(5)).await {
-                        return false;
-                    }
+                attempt += 1;
+                if crash_backoff(ctx, Slot::Init(i), &c.name, backoff_n).await {
+                    return false;
+                }
+                backoff_n += 1;
+            }
+            Outcome::Waiting => {
+                if sleep_or_stop(&ctx.stop, Duration::from_secs(5)).await {
+                    return false;
                 }
             }
         }
     }
-    true
 }
 
 /// Runs every main container under its own supervisor until all have finished (taking over
