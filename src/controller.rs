@@ -328,7 +328,13 @@ async fn act(
 ) -> Result<(), ClusterError> {
     let before = observed.request.status.as_ref();
     for action in &decision.actions {
-        cluster.execute(observed, engine, action).await?;
+        let done = cluster.execute(observed, engine, action).await;
+        if let (Action::TransferLeadership { .. }, Err(e @ ClusterError::Engine(_))) =
+            (action, &done)
+        {
+            report_handover_refused(cluster, &observed.request, e).await;
+        }
+        done?;
         if let Action::SetStatus(after) = action {
             metrics.status_written(before, after);
         }
@@ -395,6 +401,52 @@ async fn report_read_failure(
         }
         Err(e) => debug!(error = %e, "cannot record that the reads keep failing"),
     }
+}
+
+/// Says in the request's status (condition `HealthGate` False, reason `HandoverRefused`) that
+/// the leader's handover failed: the leader is not stopped, and the handover is asked again.
+/// Best effort.
+async fn report_handover_refused(
+    cluster: &Cluster,
+    req: &StorageMigrationRequest,
+    error: &ClusterError,
+) {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let Some(status) = handover_refused(req, &error.to_string(), now) else {
+        return;
+    };
+    match cluster.write_status(req, &status).await {
+        Ok(()) => warn!(error = %error, "leader handover refused; said so in the status"),
+        Err(e) => debug!(error = %e, "cannot record the refused handover"),
+    }
+}
+
+/// The status that says (condition `HealthGate` False, reason `HandoverRefused`) that handing
+/// leadership over failed with `error`; `None` when the status already says exactly that.
+/// Pure.
+pub fn handover_refused(
+    req: &StorageMigrationRequest,
+    error: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Option<crate::api::StorageMigrationRequestStatus> {
+    let mut status = req.status.clone()?;
+    if status.phase.is_final() {
+        return None;
+    }
+    let message = format!(
+        "the leader is not stopped: {error}; the handover is asked again until the request's \
+         timeout"
+    );
+    let changed = crate::api::conditions::set(
+        &mut status.conditions,
+        crate::api::conditions::HEALTH_GATE,
+        false,
+        "HandoverRefused",
+        &message,
+        req.metadata.generation,
+        &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now),
+    );
+    changed.then_some(status)
 }
 
 /// The status that says (condition `ReadFailing` True, reason `Failing`) that reading what the
@@ -883,6 +935,41 @@ mod tests {
         }
         assert!(
             read_failing(r, error, t(1000 + 999)).is_none(),
+            "an ended request"
+        );
+    }
+
+    /// A refused handover says so in the `HealthGate` condition (naming the error) once, and
+    /// nothing is written for an ended request.
+    #[test]
+    fn a_refused_handover_is_recorded_in_the_health_gate() {
+        let t = crate::plan::fixtures::t;
+        let mut req = planned("demo", "a", "pg-0", "data-pg-0", Phase::Progressing);
+        let r = Arc::make_mut(&mut req);
+        let error = "leadership transfer from pg-0 to pg-1 failed: Patroni refused the \
+                     switchover (HTTP 412 Precondition Failed): candidate name does not match";
+        let refused = handover_refused(r, error, t(1000)).expect("recorded");
+        let c =
+            crate::api::conditions::get(&refused.conditions, crate::api::conditions::HEALTH_GATE)
+                .expect("condition");
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            ("False", "HandoverRefused")
+        );
+        assert!(
+            c.message.starts_with("the leader is not stopped: "),
+            "{}",
+            c.message
+        );
+        assert!(c.message.contains("HTTP 412"), "{}", c.message);
+        assert_eq!(refused.phase, Phase::Progressing, "nothing else changes");
+        r.status = Some(refused);
+        assert!(handover_refused(r, error, t(1001)).is_none(), "said once");
+        if let Some(s) = r.status.as_mut() {
+            s.phase = Phase::Failed;
+        }
+        assert!(
+            handover_refused(r, "other", t(1002)).is_none(),
             "an ended request"
         );
     }

@@ -29,7 +29,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use storage_migrator::api::{DatabaseEngine, DatabaseSpec, EtcdSpec};
 use storage_migrator::cluster::database::{Engine, EngineError};
-use storage_migrator::engine::{self, DEFAULT_MAX_LAG, Gate, HealthReport};
+use storage_migrator::engine::etcd::EtcdRules;
+use storage_migrator::engine::{Gate, HealthReport, Rules};
 
 const NAMESPACE_GONE: Duration = Duration::from_secs(120);
 
@@ -109,7 +110,7 @@ async fn etcd_engine_against_a_real_cluster() {
     assert_eq!(report.problems, Vec::<String>::new());
     assert_eq!(report.voting_members, Some(3));
     assert!(report.members.iter().all(|m| m.healthy));
-    assert_eq!(engine::is_healthy_for_start(&report), Ok(()));
+    assert_eq!(EtcdRules::default().healthy_for_start(&report), Ok(()));
     // Each member was asked at its own endpoint (its pod IP) and answered as itself.
     for m in &report.members {
         let pod = pods.iter().find(|p| p.name_any() == m.pod).unwrap();
@@ -127,29 +128,33 @@ async fn etcd_engine_against_a_real_cluster() {
     assert_eq!(names, ["etcd-0", "etcd-1", "etcd-2"]);
 
     // Order: followers first, leader last.
-    let first = engine::next_member(&report, &names).unwrap();
+    let first = EtcdRules::default().next_member(&report, &names).unwrap();
     assert_ne!(first, leader);
     assert_eq!(
-        engine::next_member(&report, std::slice::from_ref(&leader)).as_deref(),
+        EtcdRules::default()
+            .next_member(&report, std::slice::from_ref(&leader))
+            .as_deref(),
         Some(leader.as_str())
     );
     // Gates: a follower may stop, the leader must hand over first.
     assert_eq!(
-        engine::gate_before_stop(&report, &first, DEFAULT_MAX_LAG),
+        EtcdRules::default().gate_before_stop(&report, &first),
         Gate::Open
     );
     assert_eq!(
-        engine::gate_before_stop(&report, &leader, DEFAULT_MAX_LAG),
+        EtcdRules::default().gate_before_stop(&report, &leader),
         Gate::TransferLeadershipFirst
     );
     assert_eq!(
-        engine::gate_after_return(&report, &first, DEFAULT_MAX_LAG),
+        EtcdRules::default().gate_after_return(&report, &first),
         Gate::Open
     );
 
     // Transfer to a follower, preferring one "already migrated".
     let migrated = vec![first.clone()];
-    let to = engine::transfer_target(&report, &leader, &migrated).unwrap();
+    let to = EtcdRules::default()
+        .handover_target(&report, &leader, &migrated)
+        .unwrap();
     assert_eq!(to, first);
     let term_before = term(&report);
     let started = Instant::now();
@@ -171,7 +176,7 @@ async fn etcd_engine_against_a_real_cluster() {
     );
     // The old leader is now a follower and may stop.
     assert_eq!(
-        engine::gate_before_stop(&after, &leader, DEFAULT_MAX_LAG),
+        EtcdRules::default().gate_before_stop(&after, &leader),
         Gate::Open
     );
     // Idempotent: repeating the transfer with the stale report is Ok at once.
@@ -277,7 +282,7 @@ async fn etcd_engine_with_a_stopped_member() {
     let report = engine.observe(&two).await.unwrap();
     println!("with etcd-2 stopped: {:?}", report.problems);
     assert_eq!(report.voting_members, Some(3));
-    let err = engine::is_healthy_for_start(&report).unwrap_err();
+    let err = EtcdRules::default().healthy_for_start(&report).unwrap_err();
     assert!(err.contains("etcd-2"), "{err}");
     let follower = report
         .members
@@ -287,7 +292,7 @@ async fn etcd_engine_with_a_stopped_member() {
         .pod
         .clone();
     assert!(matches!(
-        engine::gate_before_stop(&report, &follower, DEFAULT_MAX_LAG),
+        EtcdRules::default().gate_before_stop(&report, &follower),
         Gate::Wait(w) if w.contains("etcd-2")
     ));
 
@@ -328,8 +333,8 @@ async fn etcd_engine_with_a_stopped_member() {
             return false;
         }
         let r = engine.observe(&all).await.unwrap();
-        engine::gate_after_return(&r, "etcd-2", DEFAULT_MAX_LAG) == Gate::Open
-            && engine::is_healthy_for_start(&r).is_ok()
+        EtcdRules::default().gate_after_return(&r, "etcd-2") == Gate::Open
+            && EtcdRules::default().healthy_for_start(&r).is_ok()
     })
     .await;
     println!(
@@ -620,7 +625,7 @@ async fn etcd_engine_with_tls_and_auth() {
     assert_eq!(report.members[0].endpoint.as_deref(), Some(url.as_str()));
     // A single member can never keep quorum while it stops.
     assert!(matches!(
-        engine::gate_before_stop(&report, "etcd-0", DEFAULT_MAX_LAG),
+        EtcdRules::default().gate_before_stop(&report, "etcd-0"),
         Gate::Wait(w) if w.contains("quorum")
     ));
     let hash = engine.final_hash(std::slice::from_ref(&pod)).await.unwrap();

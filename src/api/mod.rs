@@ -286,15 +286,25 @@ fn default_true() -> bool {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseSpec {
-    /// `Generic` (pod readiness; optional leader label) or `Etcd` (Raft-aware).
+    /// `Generic` (pod readiness; optional leader label), `Etcd` (Raft-aware) or `Patroni`
+    /// (PostgreSQL run by Patroni: replication-aware, switchover before the leader moves).
     #[serde(default)]
     pub engine: DatabaseEngine,
+    /// How far, in bytes of the replication stream, a member may trail the leader when a
+    /// member stops, comes back, or takes over (Patroni: WAL bytes; default 1048576, Patroni's
+    /// own `maximum_lag_on_failover`). Only for engines that measure lag in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub max_lag_bytes: Option<u64>,
     /// Settings of the `Generic` engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generic: Option<GenericSpec>,
     /// Settings of the `Etcd` engine: how the operator reaches each member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd: Option<EtcdSpec>,
+    /// Settings of the `Patroni` engine: how the operator reaches Patroni's REST API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patroni: Option<PatroniSpec>,
 }
 
 /// The health and leadership logic of a database.
@@ -303,6 +313,33 @@ pub enum DatabaseEngine {
     #[default]
     Generic,
     Etcd,
+    Patroni,
+}
+
+/// Settings of the `Patroni` engine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PatroniSpec {
+    /// Port of Patroni's REST API on every member. Default: the member container's port named
+    /// `patroni` or `restapi`, else the port of `PATRONI_RESTAPI_LISTEN` in its environment,
+    /// else 8008.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub api_port: Option<u16>,
+    /// Secret with `ca.crt` (and, for client certificates, `tls.crt` and `tls.key`): the API
+    /// is then reached over HTTPS, its certificate checked against `ca.crt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_secret_name: Option<String>,
+    /// Secret with `username` and `password` for the API's basic authentication
+    /// (`restapi.authentication`), sent with every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth_secret_name: Option<String>,
+    /// How long a switchover may take, from the request until the candidate leads (default
+    /// 60). A switchover that has not finished by then is reported, and the leader is not
+    /// stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub switchover_timeout_seconds: Option<u32>,
 }
 
 /// Settings of the `Generic` engine.

@@ -147,7 +147,22 @@ pub fn spec_rules() -> Vec<ValidationRule> {
             ".volumeClaimTemplates",
             Reason::Forbidden,
         ),
+        only_for_patroni("maxLagBytes", "engines that measure lag in bytes (Patroni)"),
+        only_for_patroni("patroni", "engine Patroni"),
     ]
+}
+
+/// `spec.database.<field>` is refused unless the engine is Patroni.
+fn only_for_patroni(field: &str, what: &str) -> ValidationRule {
+    rule(
+        &format!(
+            "!has(self.database) || !has(self.database.{field}) || \
+             (has(self.database.engine) && self.database.engine == 'Patroni')"
+        ),
+        &format!("spec.database.{field} is only for {what}"),
+        &format!(".database.{field}"),
+        Reason::Forbidden,
+    )
 }
 
 #[cfg(test)]
@@ -218,7 +233,7 @@ mod tests {
             (&spec["apply"], vec!["IfReady", "Always"]),
             (
                 &spec["database"]["properties"]["engine"],
-                vec!["Generic", "Etcd"],
+                vec!["Generic", "Etcd", "Patroni"],
             ),
             (
                 &status["phase"],
@@ -357,6 +372,21 @@ mod tests {
                     "fieldPath": ".volumeClaimTemplates",
                     "reason": forbidden,
                 },
+                {
+                    "rule": "!has(self.database) || !has(self.database.maxLagBytes) || \
+                             (has(self.database.engine) && self.database.engine == 'Patroni')",
+                    "message": "spec.database.maxLagBytes is only for engines that measure lag \
+                                in bytes (Patroni)",
+                    "fieldPath": ".database.maxLagBytes",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "!has(self.database) || !has(self.database.patroni) || \
+                             (has(self.database.engine) && self.database.engine == 'Patroni')",
+                    "message": "spec.database.patroni is only for engine Patroni",
+                    "fieldPath": ".database.patroni",
+                    "reason": forbidden,
+                },
             ])
         );
         let required_props = spec["required"].as_array().unwrap();
@@ -366,8 +396,11 @@ mod tests {
         );
         for r in rules.as_array().unwrap() {
             let field = r["fieldPath"].as_str().unwrap();
-            let name = field.strip_prefix('.').unwrap();
-            assert!(spec["properties"].get(name).is_some(), "spec has {field}");
+            let mut node = spec;
+            for name in field.strip_prefix('.').unwrap().split('.') {
+                node = &node["properties"][name];
+                assert!(node.is_object(), "spec has {field}");
+            }
             let message = r["message"].as_str().unwrap();
             assert!(message.contains(&format!("spec{field}")), "{message}");
             assert!(!message.contains('\n'), "one line: {message}");

@@ -2,12 +2,93 @@
 //! `alarm list`, recorded as plain data in [`MemberView`]s) into a [`HealthReport`]: member-to-pod
 //! mapping, leader agreement, raft index, alarms, learners and cluster-wide problems. The client
 //! that asks the members lives in the cluster layer; the logic here is tested on hand-built views.
+//!
+//! [`EtcdRules`]: followers first and the leader last; before a stop every member is healthy,
+//! a leader is agreed on, every applied index is within [`DEFAULT_MAX_LAG`] entries of the
+//! leader's and a voting quorum stays up; the leader moves its leadership (MoveLeader) to a
+//! caught-up member first; the final check is `hash_kv` agreed by every member.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{FinalHashError, HealthReport, MemberHealth, ordinal_key};
+use super::{
+    DEFAULT_MAX_LAG, FinalCheckKind, FinalHashError, Gate, HealthReport, MemberHealth, Rules,
+    caught_up_target, lag_gate, leader_agreed, member_lag_gate, members_gate,
+    members_healthy_with_leader, ordinal_key, quorum_gate, returned_gate,
+};
+use crate::api::DatabaseSpec;
+
+/// Lag is counted in raft log entries.
+const UNIT: &str = "raft entries";
+
+/// The rules of the `Etcd` engine (see the module doc).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdRules {
+    /// How many raft entries a member may trail the leader.
+    pub max_lag: u64,
+}
+
+impl Default for EtcdRules {
+    fn default() -> Self {
+        Self {
+            max_lag: DEFAULT_MAX_LAG,
+        }
+    }
+}
+
+/// The rules of a request with `engine: Etcd`.
+pub fn rules(_spec: &DatabaseSpec) -> Box<dyn Rules> {
+    Box::new(EtcdRules::default())
+}
+
+impl Rules for EtcdRules {
+    fn gate_before_stop(&self, report: &HealthReport, pod: &str) -> Gate {
+        if let Some(wait) = members_gate(report, pod) {
+            return wait;
+        }
+        let leader = match leader_agreed(report) {
+            Ok(leader) => leader,
+            Err(wait) => return wait,
+        };
+        if let Some(wait) =
+            lag_gate(report, self.max_lag, UNIT).or_else(|| quorum_gate(report, pod))
+        {
+            return wait;
+        }
+        if leader == pod {
+            return Gate::TransferLeadershipFirst;
+        }
+        Gate::Open
+    }
+
+    fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {
+        if let Some(wait) = returned_gate(report, pod) {
+            return wait;
+        }
+        if let Err(wait) = leader_agreed(report) {
+            return wait;
+        }
+        member_lag_gate(report, pod, self.max_lag, UNIT).unwrap_or(Gate::Open)
+    }
+
+    fn handover_target(
+        &self,
+        report: &HealthReport,
+        stopping: &str,
+        migrated: &[String],
+    ) -> Option<String> {
+        caught_up_target(report, stopping, migrated, self.max_lag)
+    }
+
+    fn healthy_for_start(&self, report: &HealthReport) -> Result<(), String> {
+        members_healthy_with_leader(report)
+    }
+
+    fn final_check(&self) -> FinalCheckKind {
+        FinalCheckKind::Agreement { what: "hash_kv" }
+    }
+}
 
 /// One member's answer to `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -295,7 +376,7 @@ pub fn assess(pods: &[PodInfo], views: &[MemberView]) -> HealthReport {
         leader,
         problems,
         voting_members: listed.then_some(voting),
-        quorum_based: true,
+        replicas_for_writes: 0,
     }
 }
 
@@ -431,9 +512,10 @@ fn member_health(pod: &PodInfo, view: &MemberView, cx: &MemberContext<'_>) -> Me
         pod: pod.name.clone(),
         healthy: why.is_empty(),
         leader: cx.leader == Some(pod.name.as_str()),
-        raft_index: status.map(applied_index),
-        raft_term: status.map(|s| s.raft_term),
+        position: status.map(applied_index),
+        term: status.map(|s| s.raft_term),
         member_id: cx.id.map(hex),
+        synchronous: false,
         problem: (!why.is_empty()).then(|| why.join("; ")),
         endpoint: view.endpoint.clone(),
     }
@@ -504,7 +586,7 @@ pub fn agreed_hash(hashes: &[MemberHash], revision: i64) -> Result<String, Final
 
 #[cfg(test)]
 mod tests {
-    use super::super::{DEFAULT_MAX_LAG, Gate, gate_before_stop, next_member};
+    use super::super::{Gate, Rules};
     use super::*;
 
     const CLUSTER: u64 = 0xc1;
@@ -580,7 +662,6 @@ mod tests {
         assert_eq!(r.problems, Vec::<String>::new());
         assert_eq!(r.leader.as_deref(), Some("etcd-1"));
         assert_eq!(r.voting_members, Some(3));
-        assert!(r.quorum_based);
         assert!(r.members.iter().all(|m| m.healthy));
         assert_eq!(r.members[1].member_id.as_deref(), Some("1001"));
         assert!(r.members[1].leader && !r.members[0].leader);
@@ -588,10 +669,16 @@ mod tests {
             r.members[2].endpoint.as_deref(),
             Some("http://198.18.0.12:2379")
         );
-        assert_eq!(r.members[0].raft_index, Some(100));
-        assert_eq!(gate_before_stop(&r, "etcd-0", DEFAULT_MAX_LAG), Gate::Open);
+        assert_eq!(r.members[0].position, Some(100));
+        assert_eq!(
+            EtcdRules::default().gate_before_stop(&r, "etcd-0"),
+            Gate::Open
+        );
         let all: Vec<String> = (0..3).map(|i| format!("etcd-{i}")).collect();
-        assert_eq!(next_member(&r, &all).as_deref(), Some("etcd-0"));
+        assert_eq!(
+            EtcdRules::default().next_member(&r, &all).as_deref(),
+            Some("etcd-0")
+        );
     }
 
     #[test]
@@ -608,7 +695,7 @@ mod tests {
         // The member is known and mapped: no cluster-wide problem, but the gates wait.
         assert!(r.problems.is_empty(), "{:?}", r.problems);
         assert!(
-            matches!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("etcd-2: cannot be queried"))
+            matches!(EtcdRules::default().gate_before_stop(&r, "etcd-1"), Gate::Wait(w) if w.contains("etcd-2: cannot be queried"))
         );
     }
 
@@ -694,7 +781,7 @@ mod tests {
                     .unwrap()
                     .contains("not in the etcd member list")
         );
-        assert!(super::super::is_healthy_for_start(&r).is_err());
+        assert!(EtcdRules::default().healthy_for_start(&r).is_err());
     }
 
     #[test]
@@ -829,9 +916,9 @@ mod tests {
             s.raft_applied_index = 0; // an etcd that does not report it
         }
         let r = assess(&pods, &views);
-        assert_eq!(r.members[1].raft_index, Some(4999));
+        assert_eq!(r.members[1].position, Some(4999));
         assert!(
-            matches!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("etcd-2 is 2000 raft entries behind"))
+            matches!(EtcdRules::default().gate_before_stop(&r, "etcd-1"), Gate::Wait(w) if w.contains("etcd-2 is 2000 raft entries behind"))
         );
     }
 
@@ -916,13 +1003,13 @@ mod tests {
         let mut quorum_only = r.clone();
         quorum_only.problems.clear();
         assert_eq!(
-            gate_before_stop(&quorum_only, "etcd-1", DEFAULT_MAX_LAG),
+            EtcdRules::default().gate_before_stop(&quorum_only, "etcd-1"),
             Gate::Wait(
                 "stopping etcd-1 would leave 1 of 3 voting members up; quorum needs 2".to_string()
             )
         );
         assert!(
-            matches!(gate_before_stop(&r, "etcd-1", DEFAULT_MAX_LAG), Gate::Wait(w) if w.contains("matches no pod"))
+            matches!(EtcdRules::default().gate_before_stop(&r, "etcd-1"), Gate::Wait(w) if w.contains("matches no pod"))
         );
     }
 
@@ -949,7 +1036,7 @@ mod tests {
         assert_eq!(r.members[2].role(), super::super::Role::Leader);
         assert_eq!(r.members[0].role(), super::super::Role::Follower);
         assert_eq!(
-            gate_before_stop(&r, "etcd-2", DEFAULT_MAX_LAG),
+            EtcdRules::default().gate_before_stop(&r, "etcd-2"),
             Gate::TransferLeadershipFirst
         );
     }
@@ -996,7 +1083,7 @@ mod tests {
         let h = member_health(&pod(0), &v, &cx);
         assert!(!h.healthy);
         assert_eq!(h.problem.as_deref(), Some("pod has no IP (not running)"));
-        assert_eq!(h.raft_index, None);
+        assert_eq!(h.position, None);
         assert_eq!(h.member_id.as_deref(), Some("1000"));
     }
 }

@@ -4,8 +4,36 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use super::{HealthReport, InvalidSettings, MemberHealth, ordinal_key};
-use crate::api::GenericSpec;
+use super::{
+    FinalCheckKind, Gate, HealthReport, InvalidSettings, MemberHealth, Rules, members_gate,
+    ordinal_key, returned_gate,
+};
+use crate::api::{DatabaseSpec, GenericSpec};
+
+/// The rules of the `Generic` engine: every member healthy before a stop, the member healthy
+/// after its return; the label-marked leader only goes last (no handover); the final check is
+/// each copy's verification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GenericRules;
+
+/// The rules of a request with `engine: Generic`.
+pub fn rules(_spec: &DatabaseSpec) -> Box<dyn Rules> {
+    Box::new(GenericRules)
+}
+
+impl Rules for GenericRules {
+    fn gate_before_stop(&self, report: &HealthReport, pod: &str) -> Gate {
+        members_gate(report, pod).unwrap_or(Gate::Open)
+    }
+
+    fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {
+        returned_gate(report, pod).unwrap_or(Gate::Open)
+    }
+
+    fn final_check(&self) -> FinalCheckKind {
+        FinalCheckKind::CopiesVerified
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Generic {
@@ -64,7 +92,7 @@ impl Generic {
             leader,
             problems,
             voting_members: None,
-            quorum_based: false,
+            replicas_for_writes: 0,
         }
     }
 
@@ -162,7 +190,7 @@ mod tests {
             Some("pod is not Ready (phase Running)")
         );
         assert_eq!(r.leader, None);
-        assert!(!r.quorum_based);
+        assert_eq!(GenericRules.handover_target(&r, "db-0", &[]), None);
         assert!(r.problems.is_empty());
     }
 
@@ -188,12 +216,15 @@ mod tests {
         assert_eq!(r.leader.as_deref(), Some("db-1"));
         assert!(r.members[1].leader);
         assert_eq!(
-            super::super::next_member(&r, &["db-0".into(), "db-1".into(), "db-2".into()])
+            GenericRules
+                .next_member(&r, &["db-0".into(), "db-1".into(), "db-2".into()])
                 .as_deref(),
             Some("db-0")
         );
         assert_eq!(
-            super::super::next_member(&r, &["db-1".into(), "db-2".into()]).as_deref(),
+            GenericRules
+                .next_member(&r, &["db-1".into(), "db-2".into()])
+                .as_deref(),
             Some("db-2")
         );
     }

@@ -262,14 +262,15 @@ fn a_request_back_to_the_source_class_moves_only_the_migrated_member() {
 #[test]
 fn the_leader_still_goes_last_among_the_members_that_need_work() {
     let mut sim = partly_failed();
-    next_request(&mut sim, "finish", spec_class_change("fast"));
+    let mut spec = spec_class_change("fast");
+    spec.database.engine = crate::api::DatabaseEngine::Etcd;
+    next_request(&mut sim, "finish", spec);
     if let Ok(h) = sim.o.health.as_mut() {
-        h.quorum_based = true;
         h.leader = Some("etcd-1".into());
         h.voting_members = Some(3);
         for m in &mut h.members {
             m.member_id = Some(m.pod.clone());
-            m.raft_index = Some(100);
+            m.position = Some(100);
             m.leader = m.pod == "etcd-1";
         }
     }

@@ -30,7 +30,7 @@ use crate::api::{
     StorageMigrationRequestSpec, TargetKind, TargetRef,
 };
 use crate::build::{self, Manifest};
-use crate::engine::{HealthReport, MemberHealth};
+use crate::engine::{FinalCheckKind, HealthReport, MemberHealth};
 use crate::labels;
 
 pub const NS: &str = "demo";
@@ -691,7 +691,8 @@ impl Sim {
                     "stash deleted with members not done"
                 );
                 let spec = super::observe::effective_spec(&self.o.request);
-                if spec.database.engine == crate::api::DatabaseEngine::Etcd {
+                let rules = crate::engine::rules(&spec.database);
+                if matches!(rules.final_check(), FinalCheckKind::Agreement { .. }) {
                     assert!(
                         status.final_hash.is_some(),
                         "stash deleted before the final check"
@@ -709,9 +710,9 @@ impl Sim {
                     "{volume} to {policy}"
                 );
                 let spec = super::observe::effective_spec(&self.o.request);
-                let checked = match spec.database.engine {
-                    crate::api::DatabaseEngine::Etcd => status.final_hash.is_some(),
-                    crate::api::DatabaseEngine::Generic => {
+                let checked = match crate::engine::rules(&spec.database).final_check() {
+                    FinalCheckKind::Agreement { .. } => status.final_hash.is_some(),
+                    FinalCheckKind::CopiesVerified => {
                         // Members left alone were not copied by this request.
                         spec.copy.verify
                             && (status.members.iter())
@@ -1131,13 +1132,17 @@ impl Sim {
             });
         }
         let leader = self.o.health.as_ref().ok().and_then(|h| h.leader.clone());
-        let quorum = self.o.health.as_ref().is_ok_and(|h| h.quorum_based);
+        // A database with a quorum (member ids and positions) keeps one as pods come and go.
+        let quorum = self
+            .o
+            .health
+            .as_ref()
+            .is_ok_and(|h| h.voting_members.is_some());
         let mut report = generic_report(&self.o.pods);
-        report.quorum_based = quorum;
         if quorum {
             for m in &mut report.members {
                 m.member_id = Some(m.pod.clone());
-                m.raft_index = Some(100);
+                m.position = Some(100);
                 m.leader = leader.as_deref() == Some(m.pod.as_str());
             }
             report.leader = leader.filter(|l| self.o.pods.contains_key(l));

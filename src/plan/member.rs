@@ -670,7 +670,7 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         waiting_for_health(cx, &reason);
         return Ok(());
     }
-    match engine::gate_before_stop(&report, &pod, engine::DEFAULT_MAX_LAG) {
+    match engine::rules(&cx.spec().database).gate_before_stop(&report, &pod) {
         Gate::Open => {
             cx.set_condition(
                 conditions::HEALTH_GATE,
@@ -695,7 +695,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
         .filter(|m| m.step.settled())
         .map(|m| m.pod.clone())
         .collect();
-    match engine::transfer_target(report, pod, &migrated) {
+    match engine::rules(&cx.spec().database).handover_target(report, pod, &migrated) {
         Some(to) => {
             cx.event(
                 EventType::Normal,
@@ -741,7 +741,7 @@ fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
         waiting_for_health(cx, &format!("member pod {pod} is not deleted: {reason}"));
         return false;
     }
-    match engine::gate_before_stop(&report, pod, engine::DEFAULT_MAX_LAG) {
+    match engine::rules(&cx.spec().database).gate_before_stop(&report, pod) {
         Gate::Open => {
             cx.set_condition(
                 conditions::HEALTH_GATE,
@@ -1444,7 +1444,7 @@ fn recreating_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             return Ok(());
         }
     };
-    match engine::gate_after_return(&report, &m.pod, engine::DEFAULT_MAX_LAG) {
+    match engine::rules(&cx.spec().database).gate_after_return(&report, &m.pod) {
         Gate::Open => finish_member(cx, mb, pod_ready_since(&pod)),
         closed => waiting_for_health(cx, &closed.to_string()),
     }

@@ -36,6 +36,7 @@ sections! {
     DeniedInvalidSpec => "denied-invalidspec",
     DeniedTarget => "denied-targetnotfound-claimunused-unsupportedowner-templatenotfound-nomembers",
     DeniedForeignOwner => "denied-foreignowner",
+    DeniedEngineRefuses => "denied-enginerefuses",
     DeniedClaims => "denied-unsupportedvolumemode-claimnotfound-claimnotbound-volumenotfound-invalidclaim",
     DeniedMembers => "denied-membermissing-membernotscheduled-nothealthy-disruptionbudget",
     DeniedClaimShared => "denied-claimshared",
@@ -123,6 +124,7 @@ impl From<DenialReason> for Section {
                 Section::DeniedTarget
             }
             ForeignOwner => Section::DeniedForeignOwner,
+            EngineRefuses => Section::DeniedEngineRefuses,
             UnsupportedVolumeMode
             | ClaimNotFound
             | ClaimNotBound

@@ -22,11 +22,11 @@ use super::{
 };
 use crate::api::conditions;
 use crate::api::{
-    DataLocation, DataState, DatabaseEngine, MemberStatus, MemberStep, OldPvReclaimPolicy, Phase,
-    Plan, PlannedMember, Stage,
+    DataLocation, DataState, MemberStatus, MemberStep, OldPvReclaimPolicy, Phase, Plan,
+    PlannedMember, Stage,
 };
 use crate::build::{self, Manifest};
-use crate::engine::{self, FinalHashError};
+use crate::engine::{self, FinalCheckKind, FinalHashError};
 use crate::labels;
 
 /// The retention policy that cannot delete claims (JSON of the policy object).
@@ -194,7 +194,7 @@ pub(crate) fn migrating(cx: &mut Ctx) -> Result<(), Failure> {
         return Ok(());
     }
     let next = match &cx.o.health {
-        Ok(report) => engine::next_member(report, &remaining),
+        Ok(report) => engine::rules(&cx.spec().database).next_member(report, &remaining),
         Err(_) => None,
     }
     .filter(|p| remaining.contains(p))
@@ -657,24 +657,25 @@ const UNVERIFIED_NOTE: &str = "; the copies were not verified (spec.copy.verify 
 
 /// The final consistency check of the engine the request names.
 fn final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
-    match cx.spec().database.engine {
-        DatabaseEngine::Etcd => etcd_final_check(cx),
-        DatabaseEngine::Generic => generic_final_check(cx),
+    match engine::rules(&cx.spec().database).final_check() {
+        FinalCheckKind::Agreement { what } => agreement_final_check(cx, what),
+        FinalCheckKind::CopiesVerified => generic_final_check(cx),
     }
 }
 
-/// Etcd: every member's `hash_kv` agrees at a common revision; the hash is recorded in
+/// An engine that agrees on a digest (etcd: every member's `hash_kv` at a common revision;
+/// Patroni: every member replayed the leader's WAL position): the digest is recorded in
 /// `status.finalHash` before any old volume's policy is touched.
-fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
+fn agreement_final_check(cx: &mut Ctx, what: &str) -> Result<FinalCheck, Failure> {
     let passed = |hash: &str| FinalCheck::Passed {
-        note: format!("; every member's hash_kv is {hash}"),
+        note: format!("; every member's {what} is {hash}"),
         restore_old: true,
     };
     if let Some(hash) = &cx.status.final_hash {
         return Ok(passed(hash));
     }
     let reason = match &cx.o.final_hash {
-        Some(Ok(Some(h))) => match uncovered(cx, h) {
+        Some(Ok(Some(h))) => match uncovered(cx, h, what) {
             Some(reason) => reason,
             None => {
                 cx.status.final_hash = Some(h.hash.clone());
@@ -690,14 +691,14 @@ fn etcd_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
             });
         }
         Some(Err(e @ FinalHashError::Engine(_))) => e.to_string(),
-        Some(Ok(None)) | None => "the database engine computed no hash".to_string(),
+        Some(Ok(None)) | None => format!("the database engine computed no {what}"),
     };
     pending_until_timeout(cx, reason)
 }
 
 /// Why a hash that agrees does not pass yet: a planned member it does not cover (no pod, or
 /// no answer), so the check stays pending; `None` when it covers every one.
-fn uncovered(cx: &Ctx, h: &engine::FinalHash) -> Option<String> {
+fn uncovered(cx: &Ctx, h: &engine::FinalHash, what: &str) -> Option<String> {
     let plan = cx.status.plan.as_ref();
     let planned = plan
         .into_iter()
@@ -705,7 +706,7 @@ fn uncovered(cx: &Ctx, h: &engine::FinalHash) -> Option<String> {
         .map(|m| m.pod.as_str());
     let missing: Vec<String> = (h.missing(planned).into_iter())
         .map(|pod| match cx.o.pods.contains_key(pod) {
-            true => format!("{pod} (no hash_kv)"),
+            true => format!("{pod} (no {what})"),
             false => format!("{pod} (no pod)"),
         })
         .collect();
@@ -713,7 +714,7 @@ fn uncovered(cx: &Ctx, h: &engine::FinalHash) -> Option<String> {
         return None;
     }
     Some(format!(
-        "the agreed hash_kv does not cover every planned member: missing {}; covered: {}",
+        "the agreed {what} does not cover every planned member: missing {}; covered: {}",
         missing.join(", "),
         match h.members.as_slice() {
             [] => "none".to_string(),

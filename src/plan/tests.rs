@@ -1031,16 +1031,19 @@ fn spec_change_reverted_clears_the_condition_and_denied_requests_say_so() {
     assert_eq!(s.phase, Phase::Denied, "still denied");
 }
 
-/// A class change of the 3-member set whose health says: quorum-based, etcd-0 the leader.
+/// A class change of the 3-member etcd set whose health says: etcd-0 the leader.
 fn quorum_observed() -> Observed {
-    let mut o = observed(spec_class_change("fast"));
+    let mut spec = spec_class_change("fast");
+    spec.database.engine = crate::api::DatabaseEngine::Etcd;
+    let mut o = observed(spec);
+    // The engine's final check agrees whenever it is asked.
+    o.final_hash = Some(Ok(Some(agreed("7@42", &["etcd-0", "etcd-1", "etcd-2"]))));
     if let Ok(h) = o.health.as_mut() {
-        h.quorum_based = true;
         h.leader = Some("etcd-0".into());
         h.voting_members = Some(3);
         for m in &mut h.members {
             m.member_id = Some(m.pod.clone());
-            m.raft_index = Some(100);
+            m.position = Some(100);
             m.leader = m.pod == "etcd-0";
         }
     }
@@ -1975,6 +1978,22 @@ fn etcd_spec() -> crate::api::StorageMigrationRequestSpec {
     spec
 }
 
+/// `observed(spec)` with the health of an etcd cluster that etcd-0 leads (member ids, raft
+/// indexes, three voters).
+fn etcd_observed(spec: crate::api::StorageMigrationRequestSpec) -> Observed {
+    let mut o = observed(spec);
+    if let Ok(h) = o.health.as_mut() {
+        h.leader = Some("etcd-0".into());
+        h.voting_members = Some(3);
+        for m in &mut h.members {
+            m.member_id = Some(m.pod.clone());
+            m.position = Some(100);
+            m.leader = m.pod == "etcd-0";
+        }
+    }
+    o
+}
+
 /// Runs the simulator until the request has just entered `Finalizing` (nothing of that stage
 /// done yet).
 fn run_to_finalizing(sim: &mut Sim) {
@@ -2037,7 +2056,7 @@ fn agreed(hash: &str, members: &[&str]) -> crate::engine::FinalHash {
 
 #[test]
 fn etcd_hash_agreement_succeeds_and_restores_old_policies_after_the_check() {
-    let mut o = observed(etcd_spec());
+    let mut o = etcd_observed(etcd_spec());
     o.final_hash = Some(Ok(Some(agreed(
         "3735928559",
         &["etcd-0", "etcd-1", "etcd-2"],
@@ -2077,7 +2096,7 @@ fn etcd_hash_agreement_succeeds_and_restores_old_policies_after_the_check() {
 
 #[test]
 fn etcd_inconsistent_hashes_fail_and_keep_old_volumes() {
-    let mut o = observed(etcd_spec());
+    let mut o = etcd_observed(etcd_spec());
     o.final_hash = Some(Err(FinalHashError::Inconsistent(
         "hash_kv at revision 4 differs".into(),
     )));
@@ -2099,7 +2118,7 @@ fn etcd_inconsistent_hashes_fail_and_keep_old_volumes() {
 
 #[test]
 fn an_etcd_check_that_cannot_be_computed_waits_then_fails_at_the_timeout() {
-    let mut o = observed(etcd_spec());
+    let mut o = etcd_observed(etcd_spec());
     o.final_hash = Some(Err(FinalHashError::Engine("etcd-1 is unreachable".into())));
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
@@ -2142,7 +2161,7 @@ fn an_etcd_check_that_cannot_be_computed_waits_then_fails_at_the_timeout() {
 
 #[test]
 fn an_etcd_check_that_becomes_computable_succeeds() {
-    let mut o = observed(etcd_spec());
+    let mut o = etcd_observed(etcd_spec());
     o.final_hash = None;
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);
@@ -2165,7 +2184,7 @@ fn an_etcd_check_that_becomes_computable_succeeds() {
 /// passed, not failed), until the request's timeout.
 #[test]
 fn a_planned_member_missing_from_the_final_check_keeps_it_pending() {
-    let mut o = observed(etcd_spec());
+    let mut o = etcd_observed(etcd_spec());
     o.final_hash = None;
     let mut sim = Sim::new(o);
     run_to_finalizing(&mut sim);

@@ -15,8 +15,10 @@ use etcd_client::{
 use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info, instrument, warn};
 
+use super::Client as DatabaseClient;
 use super::EngineError;
-use super::secrets::EtcdCredentials;
+use super::secrets::{self, Credentials};
+use crate::api::DatabaseSpec;
 use crate::engine::etcd::{
     AlarmInfo, MemberHash, MemberInfo, MemberView, PodInfo, StatusView, agreed_hash, assess,
     common_revision, hex,
@@ -37,7 +39,7 @@ const LEADER_POLLS: usize = 75;
 #[derive(Clone)]
 pub struct EtcdClient {
     client_port: u16,
-    credentials: EtcdCredentials,
+    credentials: Credentials,
     /// Endpoint URL → name the member's server certificate is checked against (TLS), learned
     /// by `observe`, so later calls given only a report's endpoints verify the same name.
     tls_names: Arc<Mutex<BTreeMap<String, String>>>,
@@ -138,12 +140,30 @@ fn alarm_infos(r: &etcd_client::AlarmResponse) -> Vec<AlarmInfo> {
 impl EtcdClient {
     /// A client of the members on `client_port`, with the TLS and auth material read from the
     /// request's Secrets.
-    pub fn new(client_port: u16, credentials: EtcdCredentials) -> Self {
+    pub fn new(client_port: u16, credentials: Credentials) -> Self {
         Self {
             client_port,
             credentials,
             tls_names: Arc::default(),
         }
+    }
+
+    /// The client of a request's `spec.database.etcd`: reads the TLS Secret (`ca.crt`,
+    /// `tls.crt`, `tls.key`) and the auth Secret (`username`, `password`) when they are named.
+    pub async fn from_spec(
+        client: &kube::Client,
+        namespace: &str,
+        spec: &DatabaseSpec,
+    ) -> Result<Self, EngineError> {
+        let etcd = spec.etcd.clone().unwrap_or_default();
+        let credentials = secrets::credentials(
+            client,
+            namespace,
+            etcd.tls_secret_name.as_deref(),
+            etcd.auth_secret_name.as_deref(),
+        )
+        .await?;
+        Ok(Self::new(etcd.client_port, credentials))
     }
 
     /// The member's endpoint (see [`endpoint`]); with TLS, remembers the name its certificate
@@ -467,6 +487,35 @@ pub fn tls_server_name(pod: &PodInfo) -> Option<String> {
     })
 }
 
+impl DatabaseClient for EtcdClient {
+    fn name(&self) -> &'static str {
+        "Etcd"
+    }
+
+    fn observe<'a>(
+        &'a self,
+        pods: &'a [Pod],
+    ) -> futures::future::BoxFuture<'a, Result<HealthReport, EngineError>> {
+        Box::pin(async move { Ok(EtcdClient::observe(self, pods).await) })
+    }
+
+    fn hand_over<'a>(
+        &'a self,
+        report: &'a HealthReport,
+        from: &'a str,
+        to: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(self.transfer_leadership(report, from, to))
+    }
+
+    fn final_hash<'a>(
+        &'a self,
+        pods: &'a [Pod],
+    ) -> futures::future::BoxFuture<'a, Result<Option<FinalHash>, EngineError>> {
+        Box::pin(async move { EtcdClient::final_hash(self, pods).await.map(Some) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::secrets::TlsMaterial;
@@ -485,13 +534,13 @@ mod tests {
 
     #[test]
     fn endpoints_and_tls_names() {
-        let e = EtcdClient::new(2379, EtcdCredentials::default());
+        let e = EtcdClient::new(2379, Credentials::default());
         let t = e.target(&pod(1)).unwrap();
         assert_eq!(t.url, "http://198.18.0.11:2379");
         assert!(e.target(&PodInfo::default()).is_none());
         let e = EtcdClient::new(
             12379,
-            EtcdCredentials {
+            Credentials {
                 tls: Some(TlsMaterial {
                     ca: vec![],
                     identity: None,

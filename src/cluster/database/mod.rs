@@ -1,12 +1,16 @@
-//! The database clients: the I/O half of the engines. [`Engine`] is chosen by
-//! `spec.database.engine`; it reads the Secrets the spec names, asks the members, and hands the
-//! answers to the pure assessment in [`crate::engine`].
+//! The database clients: the I/O half of the engines. Each engine's client implements
+//! [`Client`]: it reads the Secrets the spec names, asks the members, and hands the answers to
+//! its pure assessment in [`crate::engine`] (which decides on them). [`Engine::from_spec`] is
+//! the one list of clients.
 //!
-//! - Generic: lists nothing itself; health is a pure function of the member pods.
+//! - Generic: asks nothing; health is a pure function of the member pods.
 //! - [`etcd`]: one client per member endpoint (`status`, `member list`, `alarm list`,
 //!   MoveLeader, `hash_kv`).
-//! - [`secrets`]: the TLS and auth Secrets of an etcd request, read with the API server's client.
+//! - [`patroni`]: Patroni's REST API on each member (`/patroni`, `/cluster`, `/config`,
+//!   `POST /switchover`).
+//! - [`secrets`]: the TLS and auth Secrets a request names, read with the API server's client.
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::api::{DatabaseEngine, DatabaseSpec};
@@ -14,9 +18,11 @@ use crate::engine::generic::Generic;
 use crate::engine::{FinalHash, FinalHashError, HealthReport, InvalidSettings};
 
 pub mod etcd;
+pub mod patroni;
 pub mod secrets;
 
 pub use etcd::EtcdClient;
+pub use patroni::PatroniClient;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -63,75 +69,100 @@ impl From<EngineError> for FinalHashError {
     }
 }
 
-/// The database logic a request uses, chosen by `spec.database.engine`.
-#[derive(Debug)]
-pub enum Engine {
-    Generic(Generic),
-    Etcd(EtcdClient),
+/// The I/O half of an engine (see the module doc). Members that do not answer are reported
+/// unhealthy in the report, not as an error: an error means the client itself could not work.
+pub trait Client: std::fmt::Debug + Send + Sync {
+    /// Short name for logs and Events.
+    fn name(&self) -> &'static str;
+
+    /// Looks at every member pod.
+    fn observe<'a>(&'a self, pods: &'a [Pod]) -> BoxFuture<'a, Result<HealthReport, EngineError>>;
+
+    /// Hands leadership from `from` (the current leader) to `to`, and waits (bounded) until `to`
+    /// leads. Idempotent: Ok when `to` already leads. Default: an error (an engine whose rules
+    /// never ask for a handover).
+    fn hand_over<'a>(
+        &'a self,
+        _report: &'a HealthReport,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<(), EngineError>> {
+        let name = self.name();
+        Box::pin(async move {
+            Err(EngineError::LeaderTransfer {
+                from: from.to_string(),
+                to: to.to_string(),
+                message: format!("the {name} engine cannot hand leadership over"),
+            })
+        })
+    }
+
+    /// A digest of the data all members agree on, once every member is migrated, for the
+    /// engines whose final check is an agreement; `None` for the others (default).
+    fn final_hash<'a>(
+        &'a self,
+        _pods: &'a [Pod],
+    ) -> BoxFuture<'a, Result<Option<FinalHash>, EngineError>> {
+        Box::pin(async { Ok(None) })
+    }
 }
 
+/// The database client a request uses, chosen by `spec.database.engine`.
+#[derive(Debug)]
+pub struct Engine(Box<dyn Client>);
+
 impl Engine {
-    /// Builds the engine of a request. Etcd: reads the TLS Secret (`ca.crt`, `tls.crt`,
-    /// `tls.key`) and the auth Secret (`username`, `password`) when they are named.
+    /// Builds the client of a request's engine, reading the Secrets its settings name: the
+    /// only list of clients.
     pub async fn from_spec(
         client: &kube::Client,
         namespace: &str,
         spec: &DatabaseSpec,
     ) -> Result<Engine, EngineError> {
-        match spec.engine {
-            DatabaseEngine::Generic => Ok(Engine::Generic(Generic::new(spec.generic.as_ref())?)),
-            DatabaseEngine::Etcd => {
-                let etcd = spec.etcd.clone().unwrap_or_default();
-                let credentials = secrets::etcd_credentials(client, namespace, &etcd).await?;
-                Ok(Engine::Etcd(EtcdClient::new(etcd.client_port, credentials)))
+        Ok(Engine(match spec.engine {
+            DatabaseEngine::Generic => Box::new(Generic::new(spec.generic.as_ref())?),
+            DatabaseEngine::Etcd => Box::new(EtcdClient::from_spec(client, namespace, spec).await?),
+            DatabaseEngine::Patroni => {
+                Box::new(PatroniClient::from_spec(client, namespace, spec).await?)
             }
-        }
+        }))
     }
 
     /// Short name for logs and Events.
     pub fn name(&self) -> &'static str {
-        match self {
-            Engine::Generic(_) => "Generic",
-            Engine::Etcd(_) => "Etcd",
-        }
+        self.0.name()
     }
 
-    /// Looks at every member pod. Members that do not answer are reported unhealthy in the
-    /// report (not as an error); an error means the engine itself could not work.
+    /// See [`Client::observe`].
     pub async fn observe(&self, pods: &[Pod]) -> Result<HealthReport, EngineError> {
-        match self {
-            Engine::Generic(g) => Ok(g.observe(pods)),
-            Engine::Etcd(e) => Ok(e.observe(pods).await),
-        }
+        self.0.observe(pods).await
     }
 
-    /// Hands leadership from `from` (the current leader) to `to`, and waits until every member
-    /// reports the new leader. Idempotent: Ok when `to` already leads. Generic: an error (a
-    /// label-marked leader cannot be moved by us; the generic gates never ask for it).
+    /// See [`Client::hand_over`].
     pub async fn transfer_leadership(
         &self,
         report: &HealthReport,
         from: &str,
         to: &str,
     ) -> Result<(), EngineError> {
-        match self {
-            Engine::Generic(_) => Err(EngineError::LeaderTransfer {
-                from: from.to_string(),
-                to: to.to_string(),
-                message: "the Generic engine cannot transfer leadership".to_string(),
-            }),
-            Engine::Etcd(e) => e.transfer_leadership(report, from, to).await,
-        }
+        self.0.hand_over(report, from, to).await
     }
 
-    /// A digest of the data all members agree on, once every member is migrated. Etcd:
-    /// `hash_kv` at a common revision on every member, as `"<hash>@<revision>"`; an error when
-    /// members differ. Generic: `None`.
+    /// See [`Client::final_hash`].
     pub async fn final_hash(&self, pods: &[Pod]) -> Result<Option<FinalHash>, EngineError> {
-        match self {
-            Engine::Generic(_) => Ok(None),
-            Engine::Etcd(e) => e.final_hash(pods).await.map(Some),
-        }
+        self.0.final_hash(pods).await
+    }
+}
+
+/// The Generic engine asks nothing: its health is a pure function of the pods.
+impl Client for Generic {
+    fn name(&self) -> &'static str {
+        "Generic"
+    }
+
+    fn observe<'a>(&'a self, pods: &'a [Pod]) -> BoxFuture<'a, Result<HealthReport, EngineError>> {
+        let report = Generic::observe(self, pods);
+        Box::pin(async move { Ok(report) })
     }
 }
 

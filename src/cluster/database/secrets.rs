@@ -1,6 +1,6 @@
-//! The Secrets an etcd request names, read in the request's namespace and turned into the bytes
-//! the client builder takes: TLS `ca.crt` (required) with `tls.crt` + `tls.key` (both or
-//! neither); auth `username` + `password` (UTF-8).
+//! The Secrets an engine's settings name (etcd, Patroni), read in the request's namespace and
+//! turned into the bytes the client builders take: TLS `ca.crt` (required) with `tls.crt` +
+//! `tls.key` (both or neither); auth `username` + `password` (UTF-8).
 
 use std::fmt;
 
@@ -8,7 +8,6 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 
 use super::EngineError;
-use crate::api::EtcdSpec;
 
 /// Client TLS material (PEM) read from the request's TLS Secret.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -40,38 +39,39 @@ impl fmt::Debug for Auth {
     }
 }
 
-/// What the etcd client needs from Secrets; `None` where the spec names no Secret.
+/// What a database client needs from Secrets; `None` where the spec names no Secret.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub struct EtcdCredentials {
+pub struct Credentials {
     pub tls: Option<TlsMaterial>,
     pub auth: Option<Auth>,
 }
 
-impl fmt::Debug for EtcdCredentials {
+impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EtcdCredentials")
+        f.debug_struct("Credentials")
             .field("tls", &self.tls.is_some())
             .field("auth_user", &self.auth.as_ref().map(|a| &a.user))
             .finish()
     }
 }
 
-/// Reads the Secrets `spec` names in `namespace`.
-pub async fn etcd_credentials(
+/// Reads the TLS and auth Secrets named (either may be `None`) in `namespace`.
+pub async fn credentials(
     client: &kube::Client,
     namespace: &str,
-    spec: &EtcdSpec,
-) -> Result<EtcdCredentials, EngineError> {
+    tls_secret: Option<&str>,
+    auth_secret: Option<&str>,
+) -> Result<Credentials, EngineError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let tls = match &spec.tls_secret_name {
+    let tls = match tls_secret {
         None => None,
         Some(name) => Some(tls_material(name, &read(&secrets, name).await?)?),
     };
-    let auth = match &spec.auth_secret_name {
+    let auth = match auth_secret {
         None => None,
         Some(name) => Some(auth(name, &read(&secrets, name).await?)?),
     };
-    Ok(EtcdCredentials { tls, auth })
+    Ok(Credentials { tls, auth })
 }
 
 async fn read(secrets: &Api<Secret>, name: &str) -> Result<Secret, EngineError> {

@@ -17,6 +17,7 @@ use crate::api::{
     ApplyPolicy, MigrationType, Plan, PlannedClaim, PlannedMember, PlannedWork, TargetKind,
     TemplateSize,
 };
+use crate::engine;
 use crate::plan::observe::{self, Workload};
 use crate::plan::{
     Ctx, Observed, Settings, claim_class, claim_request, claim_volume, quantity, volume_class,
@@ -133,7 +134,12 @@ pub(super) fn checks(cx: &Ctx, c: &mut Checks) -> Option<Plan> {
     health::assign_roles(&o.health, &mut members);
     check!(
         c,
-        health::check_engine_health(spec.apply, &o.health, &members)
+        health::check_engine_health(
+            spec.apply,
+            engine::rules(&spec.database).as_ref(),
+            &o.health,
+            &members
+        )
     );
     check!(
         c,

@@ -113,6 +113,10 @@ denial_reasons! {
     /// A HorizontalPodAutoscaler scales the target Deployment and `spec.ownerPaused` is not
     /// `true` (the message names it).
     Autoscaler,
+    /// The database engine refuses the database whatever `apply` says (Patroni: its REST API
+    /// cannot be read, it is paused, it has no leader, it is a standby cluster, or a member is
+    /// not running or does not stream on the leader's timeline; the message names which).
+    EngineRefuses,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
     NotHealthy,
@@ -258,6 +262,7 @@ mod tests {
                 "ClaimShared",
                 "ReplicasShareClaim",
                 "Autoscaler",
+                "EngineRefuses",
                 "NotHealthy",
                 "DisruptionBudget",
                 "CannotMeasure",

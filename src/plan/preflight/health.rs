@@ -12,7 +12,7 @@ use kube::ResourceExt;
 
 use crate::api::{ApplyPolicy, PlannedMember, PlannedWork};
 use crate::build::Manifest;
-use crate::engine::{self, HealthReport, HealthUnavailable};
+use crate::engine::{self, HealthReport, HealthUnavailable, Rules};
 use crate::plan::disruption::{self, Budget};
 
 /// Marks each member `leader` or `follower` as the engine reports it (members the report does
@@ -31,13 +31,18 @@ pub(super) fn assign_roles(
     }
 }
 
-/// `apply: IfReady`: the health can be read and every member is healthy (a member missing from
+/// What the engine denies whatever `apply` says ([`Rules::preflight`]); then, for
+/// `apply: IfReady`, the health can be read and every member is healthy (a member missing from
 /// the report counts as unhealthy). `apply: Always` passes.
 pub(super) fn check_engine_health(
     apply: ApplyPolicy,
+    rules: &dyn Rules,
     health: &Result<HealthReport, HealthUnavailable>,
     members: &[PlannedMember],
 ) -> Result<(), Denial> {
+    rules
+        .preflight(health)
+        .map_err(|why| Denial::new(DenialReason::EngineRefuses, why))?;
     if apply != ApplyPolicy::IfReady {
         return Ok(());
     }
@@ -46,7 +51,7 @@ pub(super) fn check_engine_health(
             let mut report = report.clone();
             let pods: Vec<String> = members.iter().map(|m| m.pod.clone()).collect();
             engine::note_missing_pods(&mut report, &pods);
-            engine::is_healthy_for_start(&report).map_err(|problems| {
+            rules.healthy_for_start(&report).map_err(|problems| {
                 Denial::new(
                     DenialReason::NotHealthy,
                     format!("apply is IfReady and the database is not healthy: {problems}"),

@@ -10,6 +10,7 @@ use kube::ResourceExt;
 
 use super::*;
 use crate::api::{ApplyPolicy, PlannedMember, PlannedWork, Role};
+use crate::engine::generic::GenericRules;
 use crate::engine::{HealthUnavailable, MemberHealth};
 use crate::plan::fixtures::*;
 use crate::plan::{JobOutcome, Observed, ObservedJob, OtherRequest};
@@ -990,11 +991,12 @@ fn roles_come_from_the_report() {
 fn if_ready_needs_every_member_healthy() {
     let ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
     let good = health(&[("etcd-0", true, false), ("etcd-1", true, true)]);
-    assert!(health::check_engine_health(ApplyPolicy::IfReady, &good, &ms).is_ok());
+    assert!(health::check_engine_health(ApplyPolicy::IfReady, &GenericRules, &good, &ms).is_ok());
 
     let sick = health(&[("etcd-0", true, false), ("etcd-1", false, true)]);
     let d = denied(health::check_engine_health(
         ApplyPolicy::IfReady,
+        &GenericRules,
         &sick,
         &ms,
     ));
@@ -1010,6 +1012,7 @@ fn if_ready_needs_every_member_healthy() {
     let missing = health(&[("etcd-0", true, false)]);
     let d = denied(health::check_engine_health(
         ApplyPolicy::IfReady,
+        &GenericRules,
         &missing,
         &ms,
     ));
@@ -1018,6 +1021,7 @@ fn if_ready_needs_every_member_healthy() {
     let unreadable = Err(HealthUnavailable::Engine("connection refused".to_string()));
     let d = denied(health::check_engine_health(
         ApplyPolicy::IfReady,
+        &GenericRules,
         &unreadable,
         &ms,
     ));
@@ -1032,9 +1036,11 @@ fn if_ready_needs_every_member_healthy() {
 fn always_starts_whatever_the_health() {
     let ms: Vec<PlannedMember> = (0..2).map(|i| planned(i, "1Gi")).collect();
     let sick = health(&[("etcd-0", false, false)]);
-    assert!(health::check_engine_health(ApplyPolicy::Always, &sick, &ms).is_ok());
+    assert!(health::check_engine_health(ApplyPolicy::Always, &GenericRules, &sick, &ms).is_ok());
     let unreadable = Err(HealthUnavailable::Engine("connection refused".to_string()));
-    assert!(health::check_engine_health(ApplyPolicy::Always, &unreadable, &ms).is_ok());
+    assert!(
+        health::check_engine_health(ApplyPolicy::Always, &GenericRules, &unreadable, &ms).is_ok()
+    );
 }
 
 // ---- measuring -----------------------------------------------------------------------------
