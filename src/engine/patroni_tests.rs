@@ -383,3 +383,94 @@ fn the_registry_gives_each_engine_its_rules() {
     );
     assert!(format!("{r:?}").contains("max_lag: 5"), "{r:?}");
 }
+
+/// Patroni 3.0.2's own answers (`testdata/patroni/README.md`), assessed.
+mod recorded {
+    use super::*;
+
+    fn json<T: serde::de::DeserializeOwned>(text: &str) -> T {
+        serde_json::from_str(text).unwrap()
+    }
+
+    fn pods() -> Vec<PodInfo> {
+        (0..3)
+            .map(|i| PodInfo {
+                name: format!("patroni-{i}"),
+                ip: Some(format!("198.18.3.{}", 3 + i)),
+                terminating: false,
+            })
+            .collect()
+    }
+
+    fn views(statuses: [&str; 3]) -> Vec<MemberView> {
+        (0..3)
+            .map(|i| MemberView {
+                pod: format!("patroni-{i}"),
+                endpoint: Some(format!("http://198.18.3.{}:8008", 3 + i)),
+                status: Ok(json(statuses[i])),
+            })
+            .collect()
+    }
+
+    const LEADER: &str = include_str!("testdata/patroni/patroni-leader.json");
+    const REPLICA: &str = include_str!("testdata/patroni/patroni-replica.json");
+
+    #[test]
+    fn a_healthy_asynchronous_cluster() {
+        let o = Observed {
+            cluster: Ok(json(include_str!("testdata/patroni/cluster-async.json"))),
+            config: Some(json(include_str!("testdata/patroni/config.json"))),
+            views: views([LEADER, REPLICA, REPLICA]),
+        };
+        let r = assess(&pods(), &o);
+        assert_eq!(r.problems, Vec::<String>::new());
+        assert_eq!(r.leader.as_deref(), Some("patroni-0"));
+        assert!(r.members.iter().all(|m| m.healthy), "{:?}", r.members);
+        assert_eq!(r.members[0].position, Some(67_108_960));
+        assert_eq!(r.members[1].position, Some(67_108_960));
+        assert!(r.members.iter().all(|m| !m.synchronous));
+        assert_eq!(rules().gate_before_stop(&r, "patroni-1"), Gate::Open);
+        assert_eq!(
+            rules().gate_before_stop(&r, "patroni-0"),
+            Gate::TransferLeadershipFirst
+        );
+    }
+
+    #[test]
+    fn a_synchronous_cluster_names_its_standby() {
+        let o = Observed {
+            cluster: Ok(json(include_str!("testdata/patroni/cluster-sync.json"))),
+            config: Some(json(include_str!("testdata/patroni/config-sync.json"))),
+            views: views([
+                REPLICA,
+                include_str!("testdata/patroni/patroni-leader-sync.json"),
+                include_str!("testdata/patroni/patroni-sync-standby.json"),
+            ]),
+        };
+        let r = assess(&pods(), &o);
+        assert_eq!(r.leader.as_deref(), Some("patroni-1"));
+        let sync: Vec<&str> = (r.members.iter())
+            .filter(|m| m.synchronous)
+            .map(|m| m.pod.as_str())
+            .collect();
+        assert_eq!(sync, ["patroni-2"]);
+        let all = names(&["patroni-0", "patroni-1", "patroni-2"]);
+        assert_eq!(rules().next_member(&r, &all).as_deref(), Some("patroni-0"));
+    }
+
+    #[test]
+    fn a_paused_cluster_is_refused() {
+        let o = Observed {
+            cluster: Ok(json(include_str!("testdata/patroni/cluster-paused.json"))),
+            config: None,
+            views: views([
+                include_str!("testdata/patroni/patroni-leader-paused.json"),
+                REPLICA,
+                REPLICA,
+            ]),
+        };
+        let r = assess(&pods(), &o);
+        let denied = rules().preflight(&Ok(r)).unwrap_err();
+        assert!(denied.contains("paused"), "{denied}");
+    }
+}
