@@ -47,12 +47,7 @@ async fn pods(ns: &TestNamespace) -> Vec<Pod> {
 }
 
 fn term(report: &HealthReport) -> u64 {
-    report
-        .members
-        .iter()
-        .filter_map(|m| m.raft_term)
-        .max()
-        .unwrap()
+    report.members.iter().filter_map(|m| m.term).max().unwrap()
 }
 
 /// Polls `f` every 500 ms until it is true, at most `secs` seconds.
@@ -96,6 +91,7 @@ async fn etcd_engine_against_a_real_cluster() {
         engine: DatabaseEngine::Etcd,
         generic: None,
         etcd: Some(EtcdSpec::default()),
+        ..DatabaseSpec::default()
     };
     let engine = Engine::from_spec(&cluster.client, &ns.name, &spec)
         .await
@@ -256,6 +252,7 @@ async fn etcd_engine_with_a_stopped_member() {
         engine: DatabaseEngine::Etcd,
         generic: None,
         etcd: None,
+        ..DatabaseSpec::default()
     };
     let engine = Engine::from_spec(&cluster.client, &ns.name, &spec)
         .await
@@ -612,6 +609,7 @@ async fn etcd_engine_with_tls_and_auth() {
             tls_secret_name: Some(tls_name.to_string()),
             auth_secret_name: Some(auth.to_string()),
         }),
+        ..DatabaseSpec::default()
     };
     let engine = Engine::from_spec(&client, &ns.name, &spec(auth_name))
         .await
