@@ -22,8 +22,15 @@
 #              both import python-etcd; etcd3 talks to the v3 gRPC gateway with urllib3).
 #              No cluster is created by the package (PGDATA comes from Patroni's config); no
 #              /run/postgresql in a container: set unix_socket_directories (e.g. /tmp).
-#   To add one (redis, zookeeper): a define_NAME function setting what define_patroni sets,
-#   and a smoke_NAME function; nothing else changes.
+#   redis      storage-migrator.test/redis:7.0-bookworm; redis; /usr/bin/redis-server (no
+#              config file: Redis' defaults, so protected mode is on: pass e.g.
+#              `--protected-mode no` or a config). redis-sentinel and redis-cli are there too
+#              (command: redis-sentinel CONF, with CONF writable: Sentinel rewrites it).
+#   zookeeper  storage-migrator.test/zookeeper:3.8-bookworm; zookeeper; java ... QuorumPeerMain,
+#              Cmd /etc/zookeeper/conf/zoo.cfg (Debian's example: standalone, dataDir
+#              /tmp/zookeeper): args: [CONFIG] for another. ZooKeeper 3.8.0 and OpenJDK 17.
+#   To add one: a define_NAME function setting what define_patroni sets, a smoke_NAME
+#   function, and NAME in NAMES; nothing else changes.
 #
 # Needs root (mmdebstrap --mode=root, buildah's storage). Installs buildah, mmdebstrap and jq
 # with apt when missing. Builds hold a lock (one at a time; a buildah storage of their own under
@@ -44,7 +51,7 @@ IMAGE_REV="r1"
 # shellcheck source=lib/debian-root.sh
 . "$HERE/lib/debian-root.sh"
 
-NAMES=(patroni)
+NAMES=(patroni redis zookeeper)
 REPO_PREFIX="storage-migrator.test"
 BASE_PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -95,6 +102,61 @@ smoke_patroni() {
   [ -x "$root/usr/lib/postgresql/15/bin/initdb" ] || die "no /usr/lib/postgresql/15/bin/initdb"
 }
 
+define_redis() {
+  TAG="7.0-bookworm"
+  PKGS=(redis-server redis-sentinel)
+  RUN_USER="redis"
+  ENTRYPOINT=(/usr/bin/redis-server)
+  CMD=()
+  WORKDIR="/var/lib/redis"
+  ENV_VARS=("PATH=$BASE_PATH" "LANG=C.UTF-8")
+  HOOKS=()
+}
+
+smoke_redis() {
+  local root="$1" user="$2" v p
+  for p in redis-server redis-sentinel redis-cli; do
+    v="$(in_root "$root" "$user" "$p" --version)" || die "$p --version failed in the image"
+    log "smoke: $v"
+  done
+  v="$(in_root "$root" "$user" redis-server --version)"
+  LABEL_VERSION="$(printf '%s\n' "$v" | sed -n 's/.* v=\([^ ]*\).*/\1/p')"
+}
+
+define_zookeeper() {
+  TAG="3.8-bookworm"
+  PKGS=(zookeeper default-jre-headless)
+  RUN_USER="zookeeper"
+  # The JVM straight away, not zkServer.sh: Debian's zkEnv.sh (its /etc/zookeeper/conf/environment)
+  # sets ZOOCFG and file logging whatever the environment says, and its class path has no SLF4J
+  # binding (nothing is logged). Here log4j 1.2 logs to the console (Debian's log4j.properties)
+  # and the config file is the argument (Cmd: Debian's example, standalone, dataDir
+  # /tmp/zookeeper). Four-letter words: only `srvr` is allowed by default (4lw.commands.whitelist).
+  ENTRYPOINT=(/usr/bin/java -Xmx512m -XX:+ExitOnOutOfMemoryError
+    -Dzookeeper.root.logger=INFO,CONSOLE -Dzookeeper.log.dir=/tmp
+    -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar
+    org.apache.zookeeper.server.quorum.QuorumPeerMain)
+  CMD=(/etc/zookeeper/conf/zoo.cfg)
+  WORKDIR="/var/lib/zookeeper"
+  ENV_VARS=("PATH=$BASE_PATH" "LANG=C.UTF-8")
+  # The JRE's postinst links its man pages with update-alternatives, which fails when
+  # /usr/share/man/man1 is missing (man pages are left out): the directory exists first.
+  HOOKS=('--essential-hook=mkdir -p "$1/usr/share/man/man1"')
+}
+
+smoke_zookeeper() {
+  local root="$1" user="$2" v
+  v="$(in_root "$root" "$user" java -version 2>&1)" || die "java -version failed in the image"
+  log "smoke: $(printf '%s\n' "$v" | head -n1)"
+  [ -x "$root/usr/share/zookeeper/bin/zkServer.sh" ] || die "no /usr/share/zookeeper/bin/zkServer.sh"
+  v="$(in_root "$root" "$user" sh -c 'java -cp "/usr/share/java/*" org.apache.zookeeper.version.VersionInfoMain')" \
+    || die "ZooKeeper's classes do not load in the image"
+  log "smoke: zookeeper $v"
+  in_root "$root" "$user" test -r /usr/share/java/slf4j-log4j12.jar -a -r /usr/share/java/log4j-1.2.jar \
+    || die "no SLF4J binding for log4j 1.2 in the image (ZooKeeper would log nothing)"
+  LABEL_VERSION="$(printf '%s\n' "$v" | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p')"
+}
+
 # --- building ----------------------------------------------------------------------------------
 
 # Runs "$@" in the root $1 as the user $2 (uid:gid) with the image's PATH and nothing else of
@@ -110,6 +172,10 @@ in_root() {
       'root="$1"; user="$2"; shift 2; mount -t proc proc "$root/proc" && exec chroot --userspec="$user" "$root" "$@"' \
       in_root "$root" "$user" "$@"
 }
+
+# "$@" (no newlines in them) as a JSON array of strings (jq 1.6's --args would take words that
+# start with - as options).
+json_array() { printf '%s\n' "$@" | jq -cRn '[inputs]'; }
 
 # mmdebstrap's options apart from the sources; part of the cache key.
 mmdebstrap_opts() {
@@ -149,7 +215,8 @@ build_archive() {
   mapfile -t opts < <(mmdebstrap_opts)
   log "making the root with mmdebstrap ($SUITE, essential + ${PKGS[*]})"
   t0="$(now)"
-  mmdebstrap --quiet "${opts[@]}" "$SUITE" "$work/rootfs.tar" "$sources" >&2
+  # Not --quiet: that would hide apt's and dpkg's own error messages.
+  mmdebstrap "${opts[@]}" "$SUITE" "$work/rootfs.tar" "$sources" >&2
   log "root made in $(took "$t0") ($(du -h "$work/rootfs.tar" | cut -f1))"
 
   t0="$(now)"
@@ -167,7 +234,7 @@ build_archive() {
   buildah_ umount "$ctr" >/dev/null
 
   local cfg=(--user "$ids" --workingdir "$WORKDIR"
-    --entrypoint "$(jq -cn '$ARGS.positional' --args "${ENTRYPOINT[@]}")"
+    --entrypoint "$(json_array "${ENTRYPOINT[@]}")"
     --label "org.opencontainers.image.title=$NAME"
     --label "org.opencontainers.image.version=$LABEL_VERSION"
     --label "org.opencontainers.image.description=storage-migrator test image $NAME ($SUITE)"
@@ -175,16 +242,18 @@ build_archive() {
     --os linux --arch amd64)
   local e
   for e in "${ENV_VARS[@]}"; do cfg+=(--env "$e"); done
-  [ ${#CMD[@]} -eq 0 ] || cfg+=(--cmd "$(jq -cn '$ARGS.positional' --args "${CMD[@]}")")
+  [ ${#CMD[@]} -eq 0 ] || cfg+=(--cmd "$(json_array "${CMD[@]}")")
   buildah_ config "${cfg[@]}" "$ctr"
   img="localhost/storage-migrator-test-$NAME:$KEY"
   buildah_ commit --quiet --rm "$ctr" "$img" >/dev/null
   CTR=""
   rm -f "$out.tmp"
+  OUT_TMP="$out.tmp"
   buildah_ push --quiet "$img" "oci-archive:$out.tmp:$ref" >&2
   buildah_ rmi "$img" >/dev/null
   check_archive "$out.tmp" "$ref"
   mv "$out.tmp" "$out"
+  OUT_TMP=""
   log "image committed and archived in $(took "$t0")"
   rm -rf "$work"
   WORK=""
@@ -195,6 +264,7 @@ build_archive() {
 check_archive() {
   local archive="$1" ref="$2" d refs manifest config
   d="$(mktemp -d "$CACHE_DIR/check.XXXXXX")"
+  CHECK_DIR="$d"
   tar -C "$d" -xf "$archive" oci-layout index.json
   refs="$(jq -r '.manifests[].annotations["org.opencontainers.image.ref.name"]' "$d/index.json")"
   [ "$refs" = "$ref" ] || die "the archive's index names [$refs], expected $ref"
@@ -205,9 +275,10 @@ check_archive() {
   config="$(jq -r '.config.digest | sub(":"; "/")' "$d/blobs/$manifest")"
   tar -C "$d" -xf "$archive" "blobs/$config"
   log "config: $(jq -c '{User: .config.User, Entrypoint: .config.Entrypoint, Cmd: .config.Cmd, WorkingDir: .config.WorkingDir}' "$d/blobs/$config")"
-  [ "$(jq -c '.config.Entrypoint' "$d/blobs/$config")" = "$(jq -cn '$ARGS.positional' --args "${ENTRYPOINT[@]}")" ] \
+  [ "$(jq -c '.config.Entrypoint' "$d/blobs/$config")" = "$(json_array "${ENTRYPOINT[@]}")" ] \
     || die "the archive's Entrypoint is not ${ENTRYPOINT[*]}"
   rm -rf "$d"
+  CHECK_DIR=""
 }
 
 usage() {
@@ -218,9 +289,13 @@ usage() {
 WORK=""
 CTR=""
 SOURCES=""
+CHECK_DIR=""
+OUT_TMP=""
 cleanup() {
   [ -z "$CTR" ] || buildah_ rm "$CTR" >/dev/null 2>&1 || true
   [ -z "$WORK" ] || rm -rf "$WORK"
+  [ -z "$CHECK_DIR" ] || rm -rf "$CHECK_DIR"
+  [ -z "$OUT_TMP" ] || rm -f "$OUT_TMP"
   [ -z "$SOURCES" ] || rm -f "$SOURCES"
 }
 
@@ -271,8 +346,10 @@ main() {
   install_tools buildah mmdebstrap jq
   build_archive "$out" "$ref" "$SOURCES"
   local old
-  for old in "$CACHE_DIR/$NAME"-*.oci.tar; do
-    [ "$old" = "$out" ] || { log "removing the older archive $old"; rm -f "$old"; }
+  for old in "$CACHE_DIR/$NAME"-*.oci.tar "$CACHE_DIR/$NAME"-*.oci.tar.tmp; do
+    [ -e "$old" ] && [ "$old" != "$out" ] || continue
+    log "removing the older archive $old"
+    rm -f "$old"
   done
   log "done in $(took "$start"): $out ($ref, $(du -h "$out" | cut -f1))"
   echo "$out"
