@@ -404,8 +404,8 @@ async fn report_read_failure(
 }
 
 /// Says in the request's status (condition `HealthGate` False, reason `HandoverRefused`) that
-/// the leader's handover failed: the leader is not stopped, and the handover is asked again.
-/// Best effort.
+/// the leader's handover failed or was not answered in time: the operator does not stop a
+/// member that still leads, and asks again. Also a Warning Event. Best effort.
 async fn report_handover_refused(
     cluster: &Cluster,
     req: &StorageMigrationRequest,
@@ -415,6 +415,9 @@ async fn report_handover_refused(
     let Some(status) = handover_refused(req, &error.to_string(), now) else {
         return;
     };
+    cluster
+        .warning_event(req, "HandoverRefused", &error.to_string())
+        .await;
     match cluster.write_status(req, &status).await {
         Ok(()) => warn!(error = %error, "leader handover refused; said so in the status"),
         Err(e) => debug!(error = %e, "cannot record the refused handover"),
@@ -434,8 +437,9 @@ pub fn handover_refused(
         return None;
     }
     let message = format!(
-        "the leader is not stopped: {error}; the handover is asked again until the request's \
-         timeout"
+        "the leader's handover did not complete: {error}; the operator does not stop a member \
+         that still leads: it looks again and, while the member leads, asks again until the \
+         request's timeout"
     );
     let changed = crate::api::conditions::set(
         &mut status.conditions,
@@ -957,7 +961,8 @@ mod tests {
             ("False", "HandoverRefused")
         );
         assert!(
-            c.message.starts_with("the leader is not stopped: "),
+            c.message
+                .starts_with("the leader's handover did not complete: "),
             "{}",
             c.message
         );

@@ -334,9 +334,10 @@ pub struct PatroniSpec {
     /// (`restapi.authentication`), sent with every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth_secret_name: Option<String>,
-    /// How long a switchover may take, from the request until the candidate leads (default
-    /// 60). A switchover that has not finished by then is reported, and the leader is not
-    /// stopped.
+    /// How long Patroni may take to answer `POST /switchover`, which it answers once the
+    /// candidate leads (default 60). An answer that does not come in time is reported
+    /// (`HandoverRefused`); Patroni may still complete the switchover, and the operator stops
+    /// the old leader only once a later look shows another member leading.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub switchover_timeout_seconds: Option<u32>,

@@ -166,6 +166,12 @@ impl Cluster {
         }
     }
 
+    /// Publishes a Warning Event on the request, outside a decision (best effort).
+    pub async fn warning_event(&self, req: &StorageMigrationRequest, reason: &str, message: &str) {
+        self.publish_event(req, EventType::Warning, reason, message)
+            .await;
+    }
+
     async fn publish_event(
         &self,
         req: &StorageMigrationRequest,

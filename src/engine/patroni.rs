@@ -285,6 +285,7 @@ pub fn assess(pods: &[PodInfo], o: &Observed) -> HealthReport {
         .unwrap_or_default();
     let cx = MemberContext {
         cluster,
+        live: leader_status.is_some(),
         leader,
         leader_timeline: leader_status
             .and_then(|s| s.timeline)
@@ -312,6 +313,9 @@ pub fn assess(pods: &[PodInfo], o: &Observed) -> HealthReport {
 
 struct MemberContext<'a> {
     cluster: &'a ClusterView,
+    /// The leader's own `/patroni` was read: its `pg_stat_replication` says who is synchronous
+    /// now (`/cluster` is rewritten only once per Patroni loop).
+    live: bool,
     leader: Option<&'a ClusterMember>,
     leader_timeline: Option<u64>,
     streaming: BTreeMap<&'a str, &'a Replication>,
@@ -353,11 +357,12 @@ fn member_health(pod: &PodInfo, view: &MemberView, cx: &MemberContext<'_>) -> Me
         position,
         term: status.and_then(|s| s.timeline).or(listed.timeline),
         member_id: Some(listed.name.clone()),
-        synchronous: is_sync_role(&listed.role)
-            || cx
-                .streaming
-                .get(listed.name.as_str())
-                .is_some_and(|r| r.sync_state == "sync"),
+        synchronous: match cx.live {
+            true => {
+                (cx.streaming.get(listed.name.as_str())).is_some_and(|r| r.sync_state == "sync")
+            }
+            false => is_sync_role(&listed.role),
+        },
         problem: (!why.is_empty()).then(|| why.join("; ")),
         endpoint: view.endpoint.clone(),
     }

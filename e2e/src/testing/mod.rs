@@ -7,6 +7,7 @@
 //!   one-off mover pods and Jobs.
 //! - [`etcd`]: one etcd client per member endpoint, member list, leader, put/get.
 //! - [`operator`]: the operator as a child process, the CRD, creating and awaiting requests.
+//! - [`patroni`]: the Patroni fixture, its REST API, and a PostgreSQL writer.
 //! - [`faults`]: faults injected into the local cluster (a node taken down).
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
@@ -24,6 +25,7 @@ pub mod helm;
 mod namespace;
 mod objects;
 pub mod operator;
+pub mod patroni;
 mod pods;
 pub mod procs;
 pub mod rbac;

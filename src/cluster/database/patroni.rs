@@ -209,8 +209,11 @@ impl PatroniClient {
         Ok((infos, targets))
     }
 
-    /// `POST /switchover` on the leader `from` naming `to` as candidate, then a bounded wait
-    /// until `to` leads. Ok at once when `to` already leads.
+    /// `POST /switchover` on the leader `from` naming `to` as candidate. Patroni answers once
+    /// the candidate holds the leader lock; no wait follows (the gate waits for the old leader
+    /// to stream again). Ok at once when `to` already leads. A refusal (not 2xx) and an answer
+    /// that does not come within the switchover timeout are errors; after a timeout Patroni may
+    /// still complete the switchover, which the next observation shows.
     #[instrument(skip(self, report))]
     pub async fn switchover(
         &self,
@@ -244,8 +247,16 @@ impl PatroniClient {
             .post(format!("{endpoint}/switchover"))
             .timeout(self.switchover_timeout)
             .json(&body);
-        let response = (self.authorized(request).send().await)
-            .map_err(|e| fail(format!("POST /switchover: {}", describe(&e))))?;
+        let response = self.authorized(request).send().await.map_err(|e| {
+            fail(match e.is_timeout() {
+                true => format!(
+                    "Patroni did not answer POST /switchover within {} s (it may still switch \
+                     over; the next look at the cluster shows whether it did)",
+                    self.switchover_timeout.as_secs()
+                ),
+                false => format!("POST /switchover: {}", describe(&e)),
+            })
+        })?;
         let status = response.status();
         let text = response.text().await.unwrap_or_default();
         if !status.is_success() {
