@@ -116,6 +116,12 @@ async fn plan_accepts_and_lists_every_denial() {
         assert!(run.stdout.contains(member), "{member} missing: {run:?}");
     }
     assert!(run.stdout.contains("1Gi -> 1Gi"), "{run:?}");
+    // The etcd leader goes last, after MoveLeader.
+    assert!(
+        run.stdout.lines().any(|l| l.starts_with("Leader: etcd-")
+            && l.contains("goes last; before it stops, its Raft leadership moved (MoveLeader)")),
+        "{run:?}"
+    );
     // How long each stop lasts: nothing ran in this namespace before.
     assert!(
         run.stdout

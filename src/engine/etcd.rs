@@ -81,6 +81,10 @@ impl Rules for EtcdRules {
         caught_up_target(report, stopping, migrated, self.max_lag)
     }
 
+    fn handover(&self) -> Option<&'static str> {
+        Some("its Raft leadership moved (MoveLeader) to a caught-up member, already migrated")
+    }
+
     fn healthy_for_start(&self, report: &HealthReport) -> Result<(), String> {
         members_healthy_with_leader(report)
     }

@@ -68,6 +68,12 @@ pub trait Rules: fmt::Debug + Send + Sync {
         None
     }
 
+    /// How the leader hands over, in words for `kubectl smr plan` ("a MoveLeader"); `None`
+    /// when it does not (default).
+    fn handover(&self) -> Option<&'static str> {
+        None
+    }
+
     /// For `apply: IfReady`: Ok when the database may be migrated now; Err names what is wrong.
     fn healthy_for_start(&self, report: &HealthReport) -> Result<(), String> {
         members_healthy(report)

@@ -549,6 +549,14 @@ impl Rules for PatroniRules {
         caught_up_target(&eligible, stopping, migrated, self.max_lag)
     }
 
+    fn handover(&self) -> Option<&'static str> {
+        Some(
+            "a Patroni switchover (POST /switchover) to a replica within maxLagBytes, already \
+             migrated (the synchronous standby in synchronous mode); it stops once it streams \
+             from the new leader",
+        )
+    }
+
     fn healthy_for_start(&self, report: &HealthReport) -> Result<(), String> {
         members_healthy_with_leader(report)
     }

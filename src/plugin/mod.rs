@@ -205,6 +205,12 @@ async fn plan(
     let plan = preflight::dry_run(&observed, &settings).map_err(|d| anyhow::anyhow!("{d}"))?;
     println!("Would be accepted. Members in migration order:");
     print_lines(&render::plan_lines(&plan));
+    let rules = crate::engine::rules(&observed.request.spec.database);
+    print_lines(
+        &render::handover_line(&plan, rules.handover())
+            .into_iter()
+            .collect::<Vec<_>>(),
+    );
     if observed.request.spec.type_ == MigrationType::Shrink {
         print_lines(&render::shrink_measurement_lines(&plan));
     }

@@ -240,6 +240,21 @@ fn planned_member_line(n: usize, m: &PlannedMember) -> String {
     )
 }
 
+/// The leader's handover, for `plan`: the member the plan moves last when it is the leader,
+/// and how the engine hands over (`None` without a leader in the plan).
+pub fn handover_line(plan: &Plan, handover: Option<&str>) -> Option<String> {
+    let leader = (plan.members.iter())
+        .filter(|m| m.work == PlannedWork::Migrate)
+        .find(|m| m.role == Some(Role::Leader))?;
+    Some(match handover {
+        Some(how) => format!("Leader: {} goes last; before it stops, {how}.", leader.pod),
+        None => format!(
+            "Leader: {} goes last; this engine does not hand leadership over (it stops as it is).",
+            leader.pod
+        ),
+    })
+}
+
 /// What a Shrink's preflight measures, for `plan` (the dry run does not measure).
 pub fn shrink_measurement_lines(plan: &Plan) -> Vec<String> {
     let mut lines = vec![
@@ -704,5 +719,31 @@ mod tests {
                 "    downtime     2.0s"
             ]
         );
+    }
+
+    #[test]
+    fn the_plan_says_how_the_leader_hands_over() {
+        let mut plan = Plan {
+            members: vec![planned()],
+            ..Plan::default()
+        };
+        let patroni = crate::api::DatabaseSpec {
+            engine: crate::api::DatabaseEngine::Patroni,
+            ..Default::default()
+        };
+        let how = crate::engine::rules(&patroni).handover();
+        let line = handover_line(&plan, how).unwrap();
+        assert!(
+            line.starts_with("Leader: etcd-0 goes last; before it stops, a Patroni switchover"),
+            "{line}"
+        );
+        let generic = crate::engine::rules(&crate::api::DatabaseSpec::default()).handover();
+        assert!(
+            handover_line(&plan, generic)
+                .unwrap()
+                .contains("does not hand leadership over")
+        );
+        plan.members[0].role = Some(Role::Follower);
+        assert_eq!(handover_line(&plan, how), None);
     }
 }
