@@ -54,6 +54,17 @@ async fn setup(
     (cluster, ns, operator, state)
 }
 
+/// A `StorageClassChange` of the set to the cluster's second class, with `database`.
+fn class_change(cluster: &TestCluster, database: Value) -> Value {
+    json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": patroni::SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "20m",
+        "database": database,
+    })
+}
+
 async fn create_request(ns: &TestNamespace, spec: Value) {
     operator::create_request(ns, REQUEST, spec)
         .await
@@ -79,24 +90,6 @@ fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
     (status["conditions"].as_array()?)
         .iter()
         .find(|c| c["type"] == type_)
-}
-
-fn order(status: &Value) -> Vec<String> {
-    (status["members"].as_array().into_iter().flatten())
-        .filter_map(|m| m["pod"].as_str().map(str::to_string))
-        .collect()
-}
-
-fn downtimes(status: &Value) -> Vec<String> {
-    (status["members"].as_array().into_iter().flatten())
-        .map(|m| {
-            format!(
-                "{} {}s",
-                m["pod"].as_str().unwrap_or("?"),
-                m["downtimeSeconds"]
-            )
-        })
-        .collect()
 }
 
 /// Every acknowledged id is on every member (each given up to 30 s to replay).
@@ -167,17 +160,17 @@ async fn check_switched_over_once(
         writes.failed,
         writes.longest_gap.as_millis(),
         writes.longest_gap_ended,
-        downtimes(status),
+        operator::member_downtimes(status),
         before.timeline,
         after.timeline,
-        order(status),
+        operator::member_order(status),
         status["finalHash"],
         writes.errors,
     );
     no_acknowledged_row_lost(ns, writes).await;
     let old_leader = before.leader.clone().expect("a leader before");
     assert_eq!(
-        order(status).last(),
+        operator::member_order(status).last(),
         Some(&old_leader),
         "the leader moves last"
     );
@@ -222,13 +215,7 @@ async fn an_asynchronous_cluster_changes_class_with_one_switchover_and_no_lost_r
     let _one = ONE_AT_A_TIME.lock().await;
     let test = "patroni-async";
     let (cluster, ns, _operator, before) = setup(test, |_| {}).await;
-    let spec = json!({
-        "type": "StorageClassChange",
-        "target": {"kind": "StatefulSet", "name": patroni::SET},
-        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-        "timeout": "20m",
-        "database": {"engine": "Patroni"},
-    });
+    let spec = class_change(&cluster, json!({"engine": "Patroni"}));
     let outcome = migrate_while_writing(&ns, &before, spec).await;
     check_switched_over_once(test, &ns, &before, &outcome).await;
 }
@@ -267,7 +254,7 @@ async fn a_synchronous_cluster_shrinks_with_one_switchover_and_no_lost_row() {
         .next()
         .cloned()
         .expect("a standby");
-    let used = order(&outcome.0);
+    let used = operator::member_order(&outcome.0);
     assert_eq!(
         used.get(1),
         Some(&sync),
@@ -306,17 +293,8 @@ async fn a_lagging_replica_holds_the_gate_naming_itself_until_it_catches_up() {
         before.leader_ip.as_deref().expect("leader IP"),
     )
     .await;
-    create_request(
-        &ns,
-        json!({
-            "type": "StorageClassChange",
-            "target": {"kind": "StatefulSet", "name": patroni::SET},
-            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-            "timeout": "20m",
-            "database": {"engine": "Patroni", "maxLagBytes": 65536},
-        }),
-    )
-    .await;
+    let database = json!({"engine": "Patroni", "maxLagBytes": 65536});
+    create_request(&ns, class_change(&cluster, database)).await;
     let deadline = Instant::now() + Duration::from_secs(240);
     let held = loop {
         let s = status(&ns).await;
@@ -344,11 +322,15 @@ async fn a_lagging_replica_holds_the_gate_naming_itself_until_it_catches_up() {
         .expect("resume replay");
     let done = wait_final(&ns).await;
     assert_eq!(done["phase"], "Successful", "{done:#}");
-    assert_eq!(order(&done).last(), Some(&leader), "the leader moves last");
+    assert_eq!(
+        operator::member_order(&done).last(),
+        Some(&leader),
+        "the leader moves last"
+    );
     println!(
         "NOTE patroni-lag: held with {:?}; downtime {:?}",
         condition(&held, "HealthGate").map(|c| &c["message"]),
-        downtimes(&done)
+        operator::member_downtimes(&done)
     );
 }
 
@@ -382,17 +364,7 @@ async fn a_refused_switchover_leaves_the_leader_running_and_says_why() {
     let leader = before.leader.clone().expect("leader");
     let pods: Api<Pod> = ns.api();
     let uid = pods.get(&leader).await.expect("leader pod").uid();
-    create_request(
-        &ns,
-        json!({
-            "type": "StorageClassChange",
-            "target": {"kind": "StatefulSet", "name": patroni::SET},
-            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-            "timeout": "20m",
-            "database": {"engine": "Patroni"},
-        }),
-    )
-    .await;
+    create_request(&ns, class_change(&cluster, json!({"engine": "Patroni"}))).await;
     let deadline = Instant::now() + Duration::from_secs(300);
     let refused = loop {
         let s = status(&ns).await;

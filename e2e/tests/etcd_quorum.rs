@@ -64,35 +64,6 @@ async fn wait_final(ns: &TestNamespace, timeout: Duration) -> Value {
     serde_json::to_value(req.status).expect("status as JSON")
 }
 
-/// Pod names of the members in the order the operator migrated them.
-fn order(status: &Value) -> Vec<String> {
-    status["members"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .filter_map(|m| m["pod"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn downtimes(status: &Value) -> Vec<String> {
-    status["members"]
-        .as_array()
-        .map(|ms| {
-            ms.iter()
-                .map(|m| {
-                    format!(
-                        "{} {}s",
-                        m["pod"].as_str().unwrap_or("?"),
-                        m["downtimeSeconds"]
-                    )
-                })
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// `pod → http://<ip>:2379` of the set's running pods.
 async fn endpoints(ns: &TestNamespace) -> BTreeMap<String, String> {
     let pods: Api<Pod> = ns.api();
@@ -281,7 +252,7 @@ async fn migrate_while_writing(test: &str, n: usize) {
     assert_eq!(phase(&status), "Successful", "{status:#}");
     let after = wait_etcd(&ns, n).await;
     let handed = handovers(&ns).await;
-    let used = order(&status);
+    let used = operator::member_order(&status);
     println!(
         "NOTE {test}: {n} members in {took:?}; order {used:?} (leader before: {leader}); writes \
          attempted {} acknowledged {} retried {} failed {}; longest gap between acknowledged \
@@ -291,7 +262,7 @@ async fn migrate_while_writing(test: &str, n: usize) {
         writes.retried,
         writes.failed,
         writes.longest_gap.as_millis(),
-        downtimes(&status),
+        operator::member_downtimes(&status),
         before.term,
         after.term,
         status["finalHash"],
@@ -433,13 +404,13 @@ async fn etcd_order_adapts_when_leadership_moves_between_members() {
     assert_eq!(phase(&status), "Successful", "{status:#}");
     let after = wait_etcd(&ns, 3).await;
     let handed = handovers(&ns).await;
-    let used = order(&status);
+    let used = operator::member_order(&status);
     println!(
         "NOTE etcd-quorum-moved: leader {leader} moved to {other} by the test; order {used:?}; \
          term {} -> {} (1 move by the test, {handed} handover(s) by the operator); downtime {:?}",
         before.term,
         after.term,
-        downtimes(&status)
+        operator::member_downtimes(&status)
     );
     assert_eq!(used, vec![first, leader, other.clone()]);
     assert_eq!(after.term, before.term + 1 + handed);
@@ -565,7 +536,7 @@ async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
     stop.store(true, Ordering::Relaxed);
     let (most_down, seen) = down.await.expect("monitor");
     let writes = writer.finish().await.expect("writer task");
-    let used = order(&status);
+    let used = operator::member_order(&status);
     let first = used.first().cloned().unwrap_or_default();
     let first_stopped = status["members"]
         .as_array()
@@ -585,7 +556,7 @@ async fn etcd_a_member_in_a_crash_loop_holds_the_gate_until_it_is_stable() {
         writes.acked.len(),
         writes.failed,
         writes.longest_gap.as_millis(),
-        downtimes(&status),
+        operator::member_downtimes(&status),
     );
     assert_eq!(phase(&status), "Successful", "{status:#}");
     assert!(
@@ -779,7 +750,7 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
         writes.attempted,
         writes.acked.len(),
         writes.failed,
-        downtimes(&status),
+        operator::member_downtimes(&status),
     );
     assert!(!waits.is_empty(), "{events:?}");
     assert_eq!(
@@ -825,7 +796,7 @@ async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned
          WaitingForDisruptionBudget {ours:?}; writes acknowledged {} failed {}; downtime {:?}",
         writes.acked.len(),
         writes.failed,
-        downtimes(&status),
+        operator::member_downtimes(&status),
     );
     assert!(
         controller.iter().any(|e| e.starts_with("UnmanagedPods:")),

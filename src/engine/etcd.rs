@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::{
     DEFAULT_MAX_LAG, FinalCheckKind, FinalHashError, Gate, HealthReport, MemberHealth, Rules,
-    caught_up_target, lag_gate, leader_agreed, member_lag_gate, members_gate,
-    members_healthy_with_leader, ordinal_key, quorum_gate, returned_gate,
+    caught_up_gate, caught_up_target, members_healthy_with_leader, ordinal_key, quorum_gate,
+    replicated_gate,
 };
 use crate::api::DatabaseSpec;
 
@@ -44,16 +44,11 @@ pub fn rules(_spec: &DatabaseSpec) -> Box<dyn Rules> {
 
 impl Rules for EtcdRules {
     fn gate_before_stop(&self, report: &HealthReport, pod: &str) -> Gate {
-        if let Some(wait) = members_gate(report, pod) {
-            return wait;
-        }
-        let leader = match leader_agreed(report) {
+        let leader = match replicated_gate(report, pod, self.max_lag, UNIT) {
             Ok(leader) => leader,
             Err(wait) => return wait,
         };
-        if let Some(wait) =
-            lag_gate(report, self.max_lag, UNIT).or_else(|| quorum_gate(report, pod))
-        {
+        if let Some(wait) = quorum_gate(report, pod) {
             return wait;
         }
         if leader == pod {
@@ -63,13 +58,7 @@ impl Rules for EtcdRules {
     }
 
     fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {
-        if let Some(wait) = returned_gate(report, pod) {
-            return wait;
-        }
-        if let Err(wait) = leader_agreed(report) {
-            return wait;
-        }
-        member_lag_gate(report, pod, self.max_lag, UNIT).unwrap_or(Gate::Open)
+        caught_up_gate(report, pod, self.max_lag, UNIT)
     }
 
     fn handover_target(

@@ -361,6 +361,36 @@ pub fn member_lag_gate(report: &HealthReport, pod: &str, max_lag: u64, unit: &st
     }
 }
 
+/// The common start of a replicated database's gate before `pod` stops: [`members_gate`], a
+/// leader agreed on, every member within `max_lag` `unit`s ([`lag_gate`]); Ok names the leader.
+pub fn replicated_gate<'a>(
+    report: &'a HealthReport,
+    pod: &str,
+    max_lag: u64,
+    unit: &str,
+) -> Result<&'a str, Gate> {
+    if let Some(wait) = members_gate(report, pod) {
+        return Err(wait);
+    }
+    let leader = leader_agreed(report)?;
+    match lag_gate(report, max_lag, unit) {
+        Some(wait) => Err(wait),
+        None => Ok(leader),
+    }
+}
+
+/// A replicated database's gate after `pod` returns: [`returned_gate`], a leader agreed on,
+/// `pod` within `max_lag` `unit`s of it.
+pub fn caught_up_gate(report: &HealthReport, pod: &str, max_lag: u64, unit: &str) -> Gate {
+    if let Some(wait) = returned_gate(report, pod) {
+        return wait;
+    }
+    if let Err(wait) = leader_agreed(report) {
+        return wait;
+    }
+    member_lag_gate(report, pod, max_lag, unit).unwrap_or(Gate::Open)
+}
+
 /// A voting quorum (a majority of `voting_members`, else of the report's members) of healthy
 /// members with a member id is still up once `pod` stops; else a Wait.
 pub fn quorum_gate(report: &HealthReport, pod: &str) -> Option<Gate> {

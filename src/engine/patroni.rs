@@ -30,8 +30,7 @@ use serde::Deserialize;
 
 use super::{
     FinalCheckKind, FinalHash, Gate, HealthReport, HealthUnavailable, MemberHealth, Rules,
-    caught_up_target, lag_gate, leader_agreed, member_lag_gate, members_gate,
-    members_healthy_with_leader, ordinal_key, returned_gate,
+    caught_up_gate, caught_up_target, members_healthy_with_leader, ordinal_key, replicated_gate,
 };
 use crate::api::DatabaseSpec;
 
@@ -505,16 +504,10 @@ impl Rules for PatroniRules {
     }
 
     fn gate_before_stop(&self, report: &HealthReport, pod: &str) -> Gate {
-        if let Some(wait) = members_gate(report, pod) {
-            return wait;
-        }
-        let leader = match leader_agreed(report) {
+        let leader = match replicated_gate(report, pod, self.max_lag, UNIT) {
             Ok(leader) => leader,
             Err(wait) => return wait,
         };
-        if let Some(wait) = lag_gate(report, self.max_lag, UNIT) {
-            return wait;
-        }
         if leader == pod {
             return Gate::TransferLeadershipFirst;
         }
@@ -522,13 +515,7 @@ impl Rules for PatroniRules {
     }
 
     fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {
-        if let Some(wait) = returned_gate(report, pod) {
-            return wait;
-        }
-        if let Err(wait) = leader_agreed(report) {
-            return wait;
-        }
-        member_lag_gate(report, pod, self.max_lag, UNIT).unwrap_or(Gate::Open)
+        caught_up_gate(report, pod, self.max_lag, UNIT)
     }
 
     fn handover_target(

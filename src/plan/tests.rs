@@ -1033,20 +1033,9 @@ fn spec_change_reverted_clears_the_condition_and_denied_requests_say_so() {
 
 /// A class change of the 3-member etcd set whose health says: etcd-0 the leader.
 fn quorum_observed() -> Observed {
-    let mut spec = spec_class_change("fast");
-    spec.database.engine = crate::api::DatabaseEngine::Etcd;
-    let mut o = observed(spec);
+    let mut o = etcd_observed(etcd_spec());
     // The engine's final check agrees whenever it is asked.
     o.final_hash = Some(Ok(Some(agreed("7@42", &["etcd-0", "etcd-1", "etcd-2"]))));
-    if let Ok(h) = o.health.as_mut() {
-        h.leader = Some("etcd-0".into());
-        h.voting_members = Some(3);
-        for m in &mut h.members {
-            m.member_id = Some(m.pod.clone());
-            m.position = Some(100);
-            m.leader = m.pod == "etcd-0";
-        }
-    }
     o
 }
 

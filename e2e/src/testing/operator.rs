@@ -606,6 +606,27 @@ fn vm_hwm_bytes(status: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Pod names of a request's members in the order the operator migrated them (its status as
+/// JSON).
+pub fn member_order(status: &serde_json::Value) -> Vec<String> {
+    (status["members"].as_array().into_iter().flatten())
+        .filter_map(|m| m["pod"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Each member's downtime from a request's status as JSON, as `pod Ns`.
+pub fn member_downtimes(status: &serde_json::Value) -> Vec<String> {
+    (status["members"].as_array().into_iter().flatten())
+        .map(|m| {
+            format!(
+                "{} {}s",
+                m["pod"].as_str().unwrap_or("?"),
+                m["downtimeSeconds"]
+            )
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -68,22 +68,10 @@ struct Target {
 /// innermost cause (e.g. `tcp connect error (Unavailable): deadline has elapsed`).
 fn describe(e: &etcd_client::Error) -> String {
     match e {
-        etcd_client::Error::GRpcStatus(status) => {
-            let mut text = format!("{} ({:?})", status.message(), status.code());
-            let mut cause = std::error::Error::source(status);
-            let mut innermost = None;
-            while let Some(c) = cause {
-                innermost = Some(c);
-                cause = c.source();
-            }
-            if let Some(c) = innermost {
-                let c = c.to_string();
-                if !c.is_empty() && !text.contains(&c) {
-                    text = format!("{text}: {c}");
-                }
-            }
-            text
-        }
+        etcd_client::Error::GRpcStatus(status) => super::with_innermost_cause(
+            format!("{} ({:?})", status.message(), status.code()),
+            status,
+        ),
         other => other.to_string(),
     }
 }

@@ -69,6 +69,22 @@ impl From<EngineError> for FinalHashError {
     }
 }
 
+/// `text`, then `": <cause>"` with the innermost cause of `e` (its last `source()`), when that
+/// says something `text` does not (a client library's error often hides the cause that
+/// matters, e.g. `connection refused`).
+pub(crate) fn with_innermost_cause(text: String, e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e.source();
+    let mut innermost = None;
+    while let Some(c) = cause {
+        innermost = Some(c);
+        cause = c.source();
+    }
+    match innermost.map(|c| c.to_string()) {
+        Some(c) if !c.is_empty() && !text.contains(&c) => format!("{text}: {c}"),
+        _ => text,
+    }
+}
+
 /// The I/O half of an engine (see the module doc). Members that do not answer are reported
 /// unhealthy in the report, not as an error: an error means the client itself could not work.
 pub trait Client: std::fmt::Debug + Send + Sync {

@@ -362,20 +362,7 @@ impl DatabaseClient for PatroniClient {
 
 /// An HTTP client error in one line, with its innermost cause.
 fn describe(e: &reqwest::Error) -> String {
-    let mut text = e.to_string();
-    let mut cause = std::error::Error::source(e);
-    let mut innermost = None;
-    while let Some(c) = cause {
-        innermost = Some(c);
-        cause = c.source();
-    }
-    if let Some(c) = innermost {
-        let c = c.to_string();
-        if !c.is_empty() && !text.contains(&c) {
-            text = format!("{text}: {c}");
-        }
-    }
-    text
+    super::with_innermost_cause(e.to_string(), e)
 }
 
 fn first_line(body: &str) -> String {
