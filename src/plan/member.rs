@@ -32,6 +32,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Seconds between two nudges of a recreated claim that stays Pending.
 pub const BIND_NUDGE_AFTER_SECONDS: i64 = 1;
+/// Seconds after its creation before a recreated claim whose volume already carries its uid is
+/// nudged (the PV controller's lost race, before Kubernetes 1.36).
+pub const BIND_NUDGE_LOST_RACE_SECONDS: i64 = 1;
 /// Seconds after its creation (by its `creationTimestamp`, whole seconds) a recreated claim is
 /// nudged even when its volume does not show the PV controller's half of the binding.
 pub const BIND_NUDGE_FALLBACK_SECONDS: i64 = 2;
@@ -1149,9 +1152,11 @@ fn deleting_old_claim(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
 /// Force-deletes (grace period 0, by uid) our finished helper pods, a copy or verify Job's pod
 /// that `Succeeded` or `Failed`, whose volumes name the member's claim or temporary claim, as
 /// Kubernetes' pod garbage collector deletes terminated pods: their containers have exited, so
-/// nothing is cut short, but claim protection on some clusters (the local cluster's 1.20) keeps
-/// a deleted claim while such a pod object exists, and the swap would wait for the Job's garbage
-/// collection to remove it. A pod still running is never touched here.
+/// nothing is cut short, but claim protection keeps a deleted claim while such a pod object
+/// exists (every version: its deletion check counts a scheduled pod whatever its phase; only
+/// the `Unused` condition of 1.36+ ignores finished pods; measured on 1.37: held 60 s, gone
+/// 0.15 s after the pod), and the swap would wait for the Job's garbage collection to remove
+/// it. A pod still running is never touched here.
 fn remove_finished_users(cx: &mut Ctx, mb: &Member) {
     let names = [mb.m.claim.as_str(), mb.m.temp_claim.as_str()];
     let finished: Vec<(String, Option<String>)> =
@@ -1186,8 +1191,9 @@ fn delete_temp_claim(cx: &mut Ctx, mb: &Member) {
 }
 
 /// The first pod (member or helper, terminating or not) whose volumes name `claim`, unless it
-/// has finished (`Succeeded`, `Failed`): as for the control plane's own claim protection, a
-/// finished pod (e.g. the pod of a deleted copy Job) no longer uses it.
+/// has finished (`Succeeded`, `Failed`): a finished pod (e.g. the pod of a deleted copy Job) no
+/// longer uses it, as the claim's `Unused` condition says; claim protection still waits for
+/// such a pod object to go, which [`remove_finished_users`] sees to.
 fn pod_using_claim(cx: &Ctx, claim: &str) -> Option<String> {
     let uses = |pod: &Pod| claims_held(pod).any(|c| c == claim);
     let members = cx.o.pods.values().map(|p| p.typed());
@@ -1262,15 +1268,22 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     };
     let ns = cx.o.request.namespace().unwrap_or_default();
     let claim_ref = pv.spec.as_ref().and_then(|s| s.claim_ref.as_ref());
+    let live_uid = cx.o.claims.get(&m.claim).and_then(|c| c.uid());
     let points_at_claim = claim_ref.is_some_and(|r| {
         r.name.as_deref() == Some(m.claim.as_str())
             && r.namespace.as_deref() == Some(ns.as_str())
-            && (r.uid.is_none() || cx.o.claims.get(&m.claim).is_some_and(|c| c.uid() == r.uid))
+            && (r.uid.is_none() || r.uid == live_uid)
     });
-    // Wait until the PV controller has seen the new claimRef (Released → Available): a claim
-    // created before that meets a stale cache and binds only at the next periodic sync (~15 s).
+    // Wait until the PV controller has seen the new claimRef: it writes `Available` once it
+    // has (and keeps that in its own cache). A volume still `Bound` is the controller's old
+    // view (bound to the temporary claim): a claim created then meets that stale cache, is
+    // left Pending with no retry, and binds only at the periodic sync (~15 s; measured on
+    // 1.37: 8% of swaps). `Bound` is ready only to the live claim's uid (a resumed swap).
     let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-    if points_at_claim && matches!(phase, Some("Available") | Some("Bound")) {
+    let bound_to_live = phase == Some("Bound")
+        && live_uid.is_some()
+        && claim_ref.and_then(|r| r.uid.clone()) == live_uid;
+    if points_at_claim && (phase == Some("Available") || bound_to_live) {
         advance(cx, mb, MemberStep::RecreatingClaim);
     } else if points_at_claim {
         cx.wait(SWAP_POLL);
@@ -1284,14 +1297,16 @@ fn releasing_new_volume(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Waits for a pre-bound claim to bind. The PV controller binds one at once, unless its first
-/// attempt lost a race: its claim worker binds the volume, its volume worker sees that update
-/// and sets the volume's phase, and the claim worker's own phase update then conflicts (seen in
-/// the controller-manager's log at `-v=5`); only its periodic sync (~15 s) would look again. An
-/// update of the claim makes it look again now. The lost race shows as a volume whose claimRef
-/// carries the claim's uid while the claim is still Pending: such a claim is nudged at once;
-/// one whose volume shows no binding yet only [`BIND_NUDGE_FALLBACK_SECONDS`] after its creation
-/// (the controller is still at work); then once every [`BIND_NUDGE_AFTER_SECONDS`].
+/// Waits for a pre-bound claim to bind. The PV controller binds one at once (0.24 s median on
+/// 1.37), unless its first attempt lost a race: its claim worker binds the volume, its volume
+/// worker sees that update and sets the volume's phase, and the claim worker's own update then
+/// conflicts. Kubernetes 1.36 and later retry that at once (kubernetes#135402); before 1.36 only
+/// the periodic sync (~15 s) looks again, and an update of the claim makes it look again now.
+/// The lost race shows as a volume whose claimRef carries the claim's uid while the claim is
+/// still Pending: such a claim is nudged [`BIND_NUDGE_LOST_RACE_SECONDS`] after its creation;
+/// one whose volume shows no binding [`BIND_NUDGE_FALLBACK_SECONDS`] after it; then once every
+/// [`BIND_NUDGE_AFTER_SECONDS`]. On 1.36+ a claim binds before either (no nudge in 600
+/// measured swaps once `swapping` waits for `Available`).
 fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim, volume: &str) {
     let now = cx.o.now.as_second();
     let last_nudge = c
@@ -1308,7 +1323,10 @@ fn nudge_binding(cx: &mut Ctx, claim: &str, c: &PersistentVolumeClaim, volume: &
         .map_or(i64::MAX, |t| now - t.0.as_second());
     let due = match last_nudge {
         Some(last) => now - last >= BIND_NUDGE_AFTER_SECONDS,
-        None => volume_side_bound || age >= BIND_NUDGE_FALLBACK_SECONDS,
+        None => {
+            (volume_side_bound && age >= BIND_NUDGE_LOST_RACE_SECONDS)
+                || age >= BIND_NUDGE_FALLBACK_SECONDS
+        }
     };
     if due {
         cx.act(Action::AnnotateClaim {

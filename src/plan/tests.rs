@@ -10,7 +10,7 @@ use kube::ResourceExt;
 use std::collections::BTreeSet;
 
 use super::fixtures::*;
-use super::member::{BIND_NUDGE_FALLBACK_SECONDS, SWAP_POLL};
+use super::member::{BIND_NUDGE_FALLBACK_SECONDS, BIND_NUDGE_LOST_RACE_SECONDS, SWAP_POLL};
 use super::*;
 use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
 use crate::build::{self, JobKind};
@@ -1601,6 +1601,51 @@ fn quantities_and_timeouts() {
     assert!(timeout_seconds("soon").is_err());
 }
 
+/// The claim is recreated only once the PV controller has seen the new claimRef: `Available`
+/// (a volume still `Bound` is its view from before the patch; a claim created then waits for its
+/// periodic sync), or `Bound` to the live claim's uid (a swap resumed after the claim was made).
+#[test]
+fn the_claim_is_recreated_only_once_the_volume_is_available_to_it() {
+    let mut sim = Sim::at(MemberStep::ReleasingNewVolume);
+    let status = sim.o.request.status.clone().unwrap();
+    let volume = status.members[0].first_claim.new_volume.clone().unwrap();
+    let set = |sim: &mut Sim, phase: &str, uid: Option<&str>| {
+        let pv = sim.o.volumes.get_mut(&volume).unwrap();
+        let r = pv
+            .spec
+            .as_mut()
+            .unwrap()
+            .claim_ref
+            .get_or_insert_with(Default::default);
+        r.name = Some("data-etcd-0".into());
+        r.namespace = Some(sim.o.request.namespace().unwrap());
+        r.uid = uid.map(str::to_string);
+        pv.status.get_or_insert_with(Default::default).phase = Some(phase.into());
+    };
+    sim.o.claims.remove("data-etcd-0");
+    set(&mut sim, "Bound", None);
+    let d = decide(&sim.o, &SETTINGS);
+    assert!(d.actions.is_empty(), "a stale Bound waits: {:?}", d.actions);
+    set(&mut sim, "Available", None);
+    assert_eq!(
+        member0(&decide(&sim.o, &SETTINGS)).step,
+        MemberStep::RecreatingClaim
+    );
+    // Resumed: the claim exists, the volume bound to it.
+    let mut claim = bound_claim("data-etcd-0", "fast", "1Gi", &volume);
+    claim.metadata.uid = Some("uid-live".into());
+    sim.o.claims.insert("data-etcd-0".into(), claim);
+    set(&mut sim, "Bound", Some("uid-live"));
+    let step = member0(&decide(&sim.o, &SETTINGS)).step;
+    assert!(
+        matches!(
+            step,
+            MemberStep::RecreatingClaim | MemberStep::RecreatingPod
+        ),
+        "{step:?}"
+    );
+}
+
 #[test]
 fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let o = at_step(MemberStep::RecreatingClaim);
@@ -1627,6 +1672,12 @@ fn a_recreated_claim_left_pending_is_nudged_then_cleaned() {
     let pv = sim.o.volumes.get_mut(&volume).unwrap();
     let claim_ref = pv.spec.as_mut().unwrap().claim_ref.as_mut().unwrap();
     claim_ref.uid = Some("uid-recreated".into());
+    // Binding in flight takes well under a second: no nudge yet.
+    assert!(decide(&sim.o, &SETTINGS).actions.is_empty());
+    sim.o.now = k8s_openapi::jiff::Timestamp::from_second(
+        sim.o.now.as_second() + BIND_NUDGE_LOST_RACE_SECONDS,
+    )
+    .unwrap();
     let d = decide(&sim.o, &SETTINGS);
     assert!(nudge(&d), "{:?}", d.actions);
     sim.apply(&d.actions[0]);
