@@ -3,7 +3,7 @@
 //! by `e2e/scripts/build-test-image.sh patroni` and loaded by `test-all.sh`), with a client
 //! inserting a row every 20 ms into the current leader:
 //!
-//! - a `StorageClassChange` with asynchronous replication and a `Shrink` with
+//! - a `StorageClassChange` and a `Shrink`, each with asynchronous replication and with
 //!   `synchronous_mode: true`: no acknowledged row lost on any member, exactly one leader change
 //!   and it happened before the old leader's pod was deleted (a switchover, not a failover), the
 //!   leader moved last, every replica streaming at the end;
@@ -210,56 +210,84 @@ async fn check_switched_over_once(
     );
 }
 
+/// Which migration a test runs.
+#[derive(Clone, Copy)]
+enum Kind {
+    ClassChange,
+    Shrink,
+}
+
+/// The request of `kind` for the whole set, engine Patroni.
+fn request_of(cluster: &TestCluster, kind: Kind) -> Value {
+    match kind {
+        Kind::ClassChange => class_change(cluster, json!({"engine": "Patroni"})),
+        Kind::Shrink => json!({
+            "type": "Shrink",
+            "target": {"kind": "StatefulSet", "name": patroni::SET},
+            "shrink": {"size": "512Mi"},
+            "timeout": "20m",
+            "database": {"engine": "Patroni"},
+        }),
+    }
+}
+
+/// Turns on `synchronous_mode` and waits until Patroni names one synchronous standby.
+async fn synchronous(ns: &TestNamespace) -> State {
+    assert!(
+        patroni::patch_config(ns, &json!({"synchronous_mode": true})).await,
+        "PATCH /config synchronous_mode"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = patroni::state(ns).await;
+        if s.healthy(3) && s.synchronous.len() == 1 {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "no synchronous standby: {s:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A migration of `kind` while writing, with asynchronous replication or (`sync`)
+/// `synchronous_mode: true`; checks what every migration must show, and in synchronous mode
+/// that the asynchronous replica goes first and the synchronous standby second.
+async fn migrate(test: &str, kind: Kind, sync: bool) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (cluster, ns, _operator, before) = setup(test, |_| {}).await;
+    let before = match sync {
+        true => synchronous(&ns).await,
+        false => before,
+    };
+    let outcome = migrate_while_writing(&ns, &before, request_of(&cluster, kind)).await;
+    check_switched_over_once(test, &ns, &before, &outcome).await;
+    if let Some(standby) = before.synchronous.iter().next().filter(|_| sync) {
+        let used = operator::member_order(&outcome.0);
+        assert_eq!(
+            used.get(1),
+            Some(standby),
+            "the synchronous standby second: {used:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_asynchronous_cluster_changes_class_with_one_switchover_and_no_lost_row() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let test = "patroni-async";
-    let (cluster, ns, _operator, before) = setup(test, |_| {}).await;
-    let spec = class_change(&cluster, json!({"engine": "Patroni"}));
-    let outcome = migrate_while_writing(&ns, &before, spec).await;
-    check_switched_over_once(test, &ns, &before, &outcome).await;
+    migrate("patroni-async-class", Kind::ClassChange, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_asynchronous_cluster_shrinks_with_one_switchover_and_no_lost_row() {
+    migrate("patroni-async-shrink", Kind::Shrink, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_synchronous_cluster_changes_class_with_one_switchover_and_no_lost_row() {
+    migrate("patroni-sync-class", Kind::ClassChange, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_synchronous_cluster_shrinks_with_one_switchover_and_no_lost_row() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let test = "patroni-sync";
-    let (_cluster, ns, _operator, _) = setup(test, |_| {}).await;
-    assert!(
-        patroni::patch_config(&ns, &json!({"synchronous_mode": true})).await,
-        "PATCH /config synchronous_mode"
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let before = loop {
-        let s = patroni::state(&ns).await;
-        if s.healthy(3) && s.synchronous.len() == 1 {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "no synchronous standby: {s:?}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
-    let spec = json!({
-        "type": "Shrink",
-        "target": {"kind": "StatefulSet", "name": patroni::SET},
-        "shrink": {"size": "512Mi"},
-        "timeout": "20m",
-        "database": {"engine": "Patroni"},
-    });
-    let outcome = migrate_while_writing(&ns, &before, spec).await;
-    check_switched_over_once(test, &ns, &before, &outcome).await;
-    // Asynchronous replicas first, then the synchronous standby, the leader last.
-    let sync = before
-        .synchronous
-        .iter()
-        .next()
-        .cloned()
-        .expect("a standby");
-    let used = operator::member_order(&outcome.0);
-    assert_eq!(
-        used.get(1),
-        Some(&sync),
-        "the synchronous standby second: {used:?}"
-    );
+    migrate("patroni-sync-shrink", Kind::Shrink, true).await;
 }
 
 /// Pauses WAL replay on `pod` (it keeps receiving, its replayed position stops) and writes a
