@@ -359,6 +359,46 @@ fn replica_problems(r: &Replication, master: Option<&PodInfo>) -> Vec<String> {
     why
 }
 
+/// Does a Sentinel's `SENTINEL REPLICAS <name>` (each replica's fields as pairs) show the
+/// steering the handover needs: `target` listed, up, with a non-zero `slave-priority`, and every
+/// other listed replica that is one of `others` at priority 0? Sentinel reads priorities from
+/// its replicas' `INFO` only every 10 s, so the handover waits for this before it pauses writes.
+pub fn steered(
+    replicas: &[BTreeMap<String, String>],
+    target: &PodInfo,
+    others: &[PodInfo],
+) -> Result<(), String> {
+    let field = |r: &BTreeMap<String, String>, k: &str| r.get(k).cloned().unwrap_or_default();
+    let listed = |p: &PodInfo| {
+        (replicas.iter())
+            .filter(|r| p.is(&field(r, "ip")))
+            .collect::<Vec<_>>()
+    };
+    let t = listed(target);
+    let usable = t.iter().any(|r| {
+        field(r, "slave-priority") != "0"
+            && !field(r, "flags").contains("s_down")
+            && !field(r, "flags").contains("disconnected")
+    });
+    if !usable {
+        return Err(format!(
+            "the Sentinel does not list {} as a usable replica yet",
+            target.name
+        ));
+    }
+    let unsteered: Vec<&str> = (others.iter())
+        .filter(|o| listed(o).iter().any(|r| field(r, "slave-priority") != "0"))
+        .map(|o| o.name.as_str())
+        .collect();
+    match unsteered.is_empty() {
+        true => Ok(()),
+        false => Err(format!(
+            "the Sentinel does not see replica-priority 0 on {} yet",
+            unsteered.join(", ")
+        )),
+    }
+}
+
 /// What one member answered at the final check: its offset and key counts.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Snapshot {

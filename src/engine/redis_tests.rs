@@ -456,9 +456,11 @@ fn the_final_check_wants_every_offset_and_key_count_at_a_quiet_moment() {
 
 #[test]
 fn the_registry_gives_redis_sentinel_its_rules() {
-    let mut spec = DatabaseSpec::default();
-    spec.engine = crate::api::DatabaseEngine::RedisSentinel;
-    spec.max_lag_bytes = Some(7);
+    let spec = DatabaseSpec {
+        engine: crate::api::DatabaseEngine::RedisSentinel,
+        max_lag_bytes: Some(7),
+        ..DatabaseSpec::default()
+    };
     let r = super::super::rules(&spec);
     assert_eq!(
         r.final_check(),
@@ -471,5 +473,44 @@ fn the_registry_gives_redis_sentinel_its_rules() {
         rules()
             .preflight(&Err(HealthUnavailable::Engine("no answer".into())))
             .is_err_and(|e| e.contains("cannot be read: no answer"))
+    );
+}
+
+fn listed(ip: &str, priority: &str, flags: &str) -> BTreeMap<String, String> {
+    [("ip", ip), ("slave-priority", priority), ("flags", flags)]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn the_handover_waits_until_the_sentinel_sees_the_steering() {
+    let (target, other) = (pod(2), pod(1));
+    let others = [other.clone()];
+    let seen = [
+        listed("198.18.4.11", "0", "slave"),
+        listed("198.18.4.12", "100", "slave"),
+    ];
+    assert_eq!(steered(&seen, &target, &others), Ok(()));
+    // the other replica's priority not read yet
+    let stale = [
+        listed("198.18.4.11", "100", "slave"),
+        listed("198.18.4.12", "100", "slave"),
+    ];
+    let e = steered(&stale, &target, &others).unwrap_err();
+    assert!(e.contains("replica-priority 0 on redis-1"), "{e}");
+    // the target unknown, down, or itself at priority 0
+    for bad in [
+        vec![listed("198.18.4.11", "0", "slave")],
+        vec![listed("198.18.4.12", "100", "s_down,slave,disconnected")],
+        vec![listed("198.18.4.12", "0", "slave")],
+    ] {
+        let e = steered(&bad, &target, &others).unwrap_err();
+        assert!(e.contains("redis-2 as a usable replica"), "{e}");
+    }
+    // a replica the Sentinel does not list cannot be chosen: no need to wait for it
+    assert_eq!(
+        steered(&[listed("198.18.4.12", "100", "slave")], &target, &others),
+        Ok(())
     );
 }

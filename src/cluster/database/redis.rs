@@ -6,6 +6,7 @@
 //! check, every member at the master's offset and key counts at a quiet moment. Every call is
 //! bounded ([`CALL`]).
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ::redis::aio::MultiplexedConnection;
@@ -200,6 +201,29 @@ fn sorted(pods: &[Pod]) -> Vec<PodInfo> {
     infos
 }
 
+/// The members' IPs, from the endpoints `observe` reached.
+fn member_ips(report: &HealthReport) -> Vec<String> {
+    (report.members.iter())
+        .filter_map(|m| m.endpoint.as_deref()?.rsplit_once(':'))
+        .map(|(ip, _)| ip.to_string())
+        .collect()
+}
+
+/// The IP of `pod`'s endpoint in the report.
+fn member_ips_of(report: &HealthReport, pod: &str) -> Option<String> {
+    (report.members.iter())
+        .find(|m| m.pod == pod)
+        .and_then(|m| m.endpoint.as_deref()?.rsplit_once(':'))
+        .map(|(ip, _)| ip.to_string())
+}
+
+/// A flat `[k1, v1, k2, v2, ...]` answer as a map.
+fn as_map(flat: &[String]) -> BTreeMap<String, String> {
+    flat.chunks(2)
+        .filter_map(|kv| Some((kv.first()?.clone(), kv.get(1)?.clone())))
+        .collect()
+}
+
 /// Runs one command, bounded; an error (a refusal included) in words.
 async fn run<T: FromRedisValue>(con: &mut MultiplexedConnection, cmd: &::redis::Cmd) -> Answer<T> {
     timeout(CALL, cmd.query_async::<T>(con))
@@ -229,6 +253,12 @@ async fn snapshot(pod: &str, con: Option<&mut MultiplexedConnection>) -> Snapsho
 /// A member the handover talks to: its pod and its Redis.
 struct Member {
     pod: String,
+    ip: String,
+    con: MultiplexedConnection,
+}
+
+/// The Sentinel a handover talks to.
+struct Sentinel {
     ip: String,
     con: MultiplexedConnection,
 }
@@ -348,8 +378,26 @@ impl RedisClient {
         }
         let mut master = self.member(report, from).await.map_err(fail)?;
         let mut target = self.member(report, to).await.map_err(fail)?;
+        if let Some(m) = report.members.iter().find(|m| m.pod == to && !m.healthy) {
+            return Err(fail(format!(
+                "{to} is not healthy: {}",
+                m.problem.as_deref().unwrap_or("no reason given")
+            )));
+        }
+        let deadline = Instant::now() + self.handover_timeout;
+        let mut sentinel = self.any_sentinel(report).await.map_err(fail)?;
         let steered = self.steer(report, from, to).await.map_err(fail)?;
-        let outcome = self.switch(report, &mut master, &mut target).await;
+        let outcome = match self
+            .await_steering(&mut sentinel, report, from, to, deadline)
+            .await
+        {
+            Ok(()) => {
+                let mut members = (&mut master, &mut target);
+                self.switch(&mut sentinel, report, &mut members, deadline)
+                    .await
+            }
+            Err(why) => Switch::Failed(why),
+        };
         restore(steered).await;
         match outcome {
             Switch::Failed(why) => Err(fail(why)),
@@ -360,16 +408,70 @@ impl RedisClient {
         }
     }
 
+    /// The first member's Sentinel that names a master for the group.
+    async fn any_sentinel(&self, report: &HealthReport) -> Answer<Sentinel> {
+        let mut why = Vec::new();
+        for ip in member_ips(report) {
+            match self.sentinel(&ip).await {
+                Ok(mut con) => match self.master_addr(&mut con).await {
+                    Ok(Some(_)) => return Ok(Sentinel { ip, con }),
+                    Ok(None) => why.push(format!("{ip}: does not monitor {}", self.master_name)),
+                    Err(e) => why.push(format!("{ip}: {e}")),
+                },
+                Err(e) => why.push(format!("{ip}: {e}")),
+            }
+        }
+        Err(format!("no Sentinel to fail over with: {}", why.join("; ")))
+    }
+
+    /// Waits until `sentinel` sees the replicas' priorities as steered (it reads them from
+    /// their `INFO` every 10 s), before writes are paused.
+    async fn await_steering(
+        &self,
+        sentinel: &mut Sentinel,
+        report: &HealthReport,
+        from: &str,
+        to: &str,
+        deadline: Instant,
+    ) -> Answer<()> {
+        let info = |pod: &str| PodInfo {
+            name: pod.to_string(),
+            ip: member_ips_of(report, pod),
+            terminating: false,
+        };
+        let target = info(to);
+        let others: Vec<PodInfo> = (report.members.iter())
+            .filter(|m| m.pod != from && m.pod != to)
+            .map(|m| info(&m.pod))
+            .collect();
+        let replicas = ::redis::cmd("SENTINEL")
+            .arg("REPLICAS")
+            .arg(&self.master_name)
+            .clone();
+        loop {
+            let listed: Vec<Vec<String>> = run(&mut sentinel.con, &replicas).await?;
+            let maps: Vec<BTreeMap<String, String>> = listed.iter().map(|r| as_map(r)).collect();
+            let why = match redis::steered(&maps, &target, &others) {
+                Ok(()) => return Ok(()),
+                Err(why) => why,
+            };
+            if Instant::now() >= deadline {
+                return Err(format!("{why} (Sentinel at {})", sentinel.ip));
+            }
+            sleep(POLL * 4).await;
+        }
+    }
+
     /// Pauses writes on the master and has Sentinel fail over to the target (see
     /// [`RedisClient::hand_over`]).
     async fn switch(
         &self,
+        sentinel: &mut Sentinel,
         report: &HealthReport,
-        master: &mut Member,
-        target: &mut Member,
+        (master, target): &mut (&mut Member, &mut Member),
+        deadline: Instant,
     ) -> Switch {
-        let deadline = Instant::now() + self.handover_timeout;
-        // Paused a little longer than we wait: the pause must outlast a failover in flight.
+        // Paused longer than the handover may take: the pause must outlast a failover in flight.
         let pause_ms = (self.handover_timeout + Duration::from_secs(10)).as_millis();
         let pause = ::redis::cmd("CLIENT")
             .arg("PAUSE")
@@ -381,12 +483,12 @@ impl RedisClient {
         }
         info!(master = %master.pod, target = %target.pod, "writes paused; waiting for the target");
         let step = match self.caught_up(master, target, deadline).await {
-            Ok(()) => self.sentinel_failover(report, target, deadline).await,
+            Ok(()) => self.sentinel_failover(sentinel, target, deadline).await,
             Err(e) => Err(e),
         };
         match step {
             Ok(addr) => self.demote(master, &addr).await,
-            Err(why) => self.abort(master, target, why).await,
+            Err(why) => self.abort(report, master, target, why).await,
         }
     }
 
@@ -415,11 +517,11 @@ impl RedisClient {
         }
     }
 
-    /// `SENTINEL FAILOVER` on the first Sentinel that accepts it, then waits until that Sentinel
-    /// names the target; the address it names.
+    /// `SENTINEL FAILOVER` on `sentinel`, then waits until it names the target; the address it
+    /// names.
     async fn sentinel_failover(
         &self,
-        report: &HealthReport,
+        sentinel: &mut Sentinel,
         target: &Member,
         deadline: Instant,
     ) -> Answer<(String, u16)> {
@@ -427,32 +529,15 @@ impl RedisClient {
             .arg("FAILOVER")
             .arg(&self.master_name)
             .clone();
-        let mut refusals = Vec::new();
-        let ips = (report.members.iter()).filter_map(|m| {
-            m.endpoint
-                .as_deref()?
-                .rsplit_once(':')
-                .map(|(ip, _)| ip.to_string())
-        });
-        for ip in ips.collect::<Vec<_>>() {
-            let mut con = match self.sentinel(&ip).await {
-                Ok(c) => c,
-                Err(e) => {
-                    refusals.push(format!("{ip}: {e}"));
-                    continue;
-                }
-            };
-            if let Err(e) = run::<()>(&mut con, &failover).await {
-                refusals.push(format!("{ip}: {e}"));
-                continue;
-            }
-            info!(sentinel = %ip, "Sentinel accepted the failover");
-            return self.await_sentinel(&mut con, target, deadline).await;
-        }
-        Err(format!(
-            "no Sentinel accepted SENTINEL FAILOVER: {}",
-            refusals.join("; ")
-        ))
+        run::<()>(&mut sentinel.con, &failover).await.map_err(|e| {
+            format!(
+                "the Sentinel at {} refused SENTINEL FAILOVER: {e}",
+                sentinel.ip
+            )
+        })?;
+        info!(sentinel = %sentinel.ip, "Sentinel accepted the failover");
+        self.await_sentinel(&mut sentinel.con, target, deadline)
+            .await
     }
 
     async fn await_sentinel(
@@ -505,20 +590,49 @@ impl RedisClient {
         Switch::Done
     }
 
-    /// The handover did not finish in time: if the target was promoted anyway, the old master
-    /// is demoted (nothing it acknowledged is lost: it was paused since before); else writes
-    /// resume on it.
-    async fn abort(&self, master: &mut Member, target: &mut Member, why: String) -> Switch {
-        if let Ok(r) = replication(&mut target.con).await
-            && r.role == RedisRole::Master
-        {
-            warn!(%why, "the target was promoted after all: demoting the old master");
-            return self
-                .demote(master, &(target.ip.clone(), self.redis_port))
-                .await;
+    /// The handover did not finish in time: if a Sentinel names the target after all, the old
+    /// master is demoted (nothing it acknowledged is lost: it was paused since before); else
+    /// writes resume on it.
+    async fn abort(
+        &self,
+        report: &HealthReport,
+        master: &mut Member,
+        target: &Member,
+        why: String,
+    ) -> Switch {
+        if let Some(addr) = self.named_by_a_sentinel(report, target).await {
+            warn!(%why, "Sentinel named the target after all: demoting the old master");
+            return self.demote(master, &addr).await;
         }
-        let _ = run::<()>(&mut master.con, ::redis::cmd("CLIENT").arg("UNPAUSE")).await;
+        let unpause = ::redis::cmd("CLIENT").arg("UNPAUSE").clone();
+        if let Err(e) = run::<()>(&mut master.con, &unpause).await {
+            warn!(pod = %master.pod, error = %e, "CLIENT UNPAUSE failed; the pause runs out");
+        }
         Switch::Failed(why)
+    }
+
+    /// The address a member's Sentinel names as master, when it is `target`'s.
+    async fn named_by_a_sentinel(
+        &self,
+        report: &HealthReport,
+        target: &Member,
+    ) -> Option<(String, u16)> {
+        let who = PodInfo {
+            name: target.pod.clone(),
+            ip: Some(target.ip.clone()),
+            terminating: false,
+        };
+        for ip in member_ips(report) {
+            let Ok(mut con) = self.sentinel(&ip).await else {
+                continue;
+            };
+            if let Ok(Some(addr)) = self.master_addr(&mut con).await
+                && who.is(&addr.0)
+            {
+                return Some(addr);
+            }
+        }
+        None
     }
 
     /// Waits (bounded) until the old master reports its link to the new master up; only
@@ -613,3 +727,7 @@ impl DatabaseClient for RedisClient {
         Box::pin(async move { RedisClient::final_hash(self, pods).await.map(Some) })
     }
 }
+
+#[cfg(test)]
+#[path = "redis_local_tests.rs"]
+mod local_tests;
