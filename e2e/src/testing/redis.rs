@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use ::redis::aio::MultiplexedConnection;
+use ::redis::{AsyncConnectionConfig, FromRedisValue};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use ::redis::aio::MultiplexedConnection;
-use ::redis::{AsyncConnectionConfig, FromRedisValue};
 
 use super::{TestError, TestNamespace, fixture_path, set_template_class};
 

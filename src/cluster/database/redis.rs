@@ -347,8 +347,8 @@ async fn restore(steered: Vec<Steered>) {
 
 /// How a handover ended once writes were paused.
 enum Switch {
-    /// Sentinel names the target; the old master is demoted.
-    Done,
+    /// Sentinel names the target (at this address); the old master is demoted.
+    Done((String, u16)),
     /// Not done; the old master still leads and takes writes again.
     Failed(String),
 }
@@ -401,7 +401,8 @@ impl RedisClient {
         restore(steered).await;
         match outcome {
             Switch::Failed(why) => Err(fail(why)),
-            Switch::Done => {
+            Switch::Done(addr) => {
+                self.repoint(report, from, to, &addr).await;
                 self.await_rejoin(&mut master, &target.ip).await;
                 Ok(())
             }
@@ -587,7 +588,7 @@ impl RedisClient {
             ),
         }
         info!(old = %master.pod, new = %format!("{}:{}", addr.0, addr.1), "Sentinel names the new master");
-        Switch::Done
+        Switch::Done(addr.clone())
     }
 
     /// The handover did not finish in time: if a Sentinel names the target after all, the old
@@ -633,6 +634,37 @@ impl RedisClient {
             }
         }
         None
+    }
+
+    /// Sentinel reconfigures only the replicas it has discovered (from the master's `INFO`,
+    /// every 10 s): a member recreated shortly before can still replicate from the old master.
+    /// Those are pointed at the new master here (best effort: logged; the gate waits for them).
+    async fn repoint(&self, report: &HealthReport, from: &str, to: &str, addr: &(String, u16)) {
+        let new = PodInfo {
+            name: to.to_string(),
+            ip: member_ips_of(report, to),
+            terminating: false,
+        };
+        let others = report
+            .members
+            .iter()
+            .filter(|m| m.pod != from && m.pod != to);
+        for pod in others.map(|m| m.pod.clone()).collect::<Vec<_>>() {
+            let Ok(mut m) = self.member(report, &pod).await else {
+                continue;
+            };
+            let Ok(r) = replication(&mut m.con).await else {
+                continue;
+            };
+            if r.role == RedisRole::Master || r.master_host.as_deref().is_some_and(|h| new.is(h)) {
+                continue;
+            }
+            let replicaof = ::redis::cmd("REPLICAOF").arg(&addr.0).arg(addr.1).clone();
+            match run::<()>(&mut m.con, &replicaof).await {
+                Ok(()) => info!(%pod, "pointed at the new master (Sentinel had not discovered it)"),
+                Err(e) => warn!(%pod, error = %e, "cannot point it at the new master"),
+            }
+        }
     }
 
     /// Waits (bounded) until the old master reports its link to the new master up; only
