@@ -3,13 +3,13 @@
 //! built by `e2e/scripts/build-test-image.sh redis` and loaded by `test-all.sh`), with a client
 //! writing a key every 20 ms on the master the Sentinels name:
 //!
-//! - a `StorageClassChange`: Successful; no acknowledged write lost on any member; the replicas
-//!   first and the master last; exactly one master change (the Sentinels' config-epoch one
-//!   higher), made before the old master's pod was deleted (the operator's handover, not a
-//!   failover after the pod went); the Sentinels name the new master at the end, every replica
-//!   in sync.
+//! - a `StorageClassChange` and a `Shrink`, each: Successful; no acknowledged write lost on any
+//!   member; the replicas first and the master last; exactly one master change (the Sentinels'
+//!   config-epoch one higher), made before the old master's pod was deleted (the operator's
+//!   handover, not a failover after the pod went); the Sentinels name the new master at the end,
+//!   every replica in sync.
 //!
-//! It prints a `NOTE` line: the longest gap between acknowledged writes and each member's
+//! Each prints a `NOTE` line: the longest gap between acknowledged writes and each member's
 //! downtime. Needs a cluster in `KUBECONFIG` with the image loaded (test-all.sh).
 
 use std::time::{Duration, Instant};
@@ -87,26 +87,49 @@ async fn no_acknowledged_write_lost(ns: &TestNamespace, writes: &Writes) {
     }
 }
 
+/// One Redis group at a time: two side by side, with writers and copies, on a 2-core machine
+/// measure the machine, not the operator.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sentinel_group_changes_class_with_one_handover_and_no_lost_write() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let test = "redis-class";
     let (cluster, ns, _operator, before) = setup(test).await;
-    let writer = Writer::start(&ns);
+    let spec = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": redis::SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "20m",
+        "database": {"engine": "RedisSentinel", "redisSentinel": {"masterName": "mymaster"}},
+    });
+    migrate_with_one_handover(test, &ns, &before, spec).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_group_shrinks_with_one_handover_and_no_lost_write() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "redis-shrink";
+    let (_cluster, ns, _operator, before) = setup(test).await;
+    let spec = json!({
+        "type": "Shrink",
+        "target": {"kind": "StatefulSet", "name": redis::SET},
+        "shrink": {"size": "512Mi"},
+        "timeout": "20m",
+        "database": {"engine": "RedisSentinel", "maxLagBytes": 1048576},
+    });
+    migrate_with_one_handover(test, &ns, &before, spec).await;
+}
+
+/// Migrates the whole group while the writer runs, and checks what every migration must show
+/// (see the module doc).
+async fn migrate_with_one_handover(test: &str, ns: &TestNamespace, before: &State, spec: Value) {
+    let writer = Writer::start(ns);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    operator::create_request(
-        &ns,
-        REQUEST,
-        json!({
-            "type": "StorageClassChange",
-            "target": {"kind": "StatefulSet", "name": redis::SET},
-            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-            "timeout": "20m",
-            "database": {"engine": "RedisSentinel", "redisSentinel": {"masterName": "mymaster"}},
-        }),
-    )
-    .await
-    .expect("create the request");
-    let done = operator::wait_final(&ns, REQUEST, Duration::from_secs(900))
+    operator::create_request(ns, REQUEST, spec)
+        .await
+        .expect("create the request");
+    let done = operator::wait_final(ns, REQUEST, Duration::from_secs(900))
         .await
         .expect("request final");
     let status = serde_json::to_value(done.status).expect("status as JSON");
@@ -128,14 +151,14 @@ async fn a_sentinel_group_changes_class_with_one_handover_and_no_lost_write() {
         writes.errors,
     );
     assert_eq!(status["phase"], "Successful", "{status:#}");
-    no_acknowledged_write_lost(&ns, &writes).await;
+    no_acknowledged_write_lost(ns, &writes).await;
     let old_master = before.master.clone().expect("a master before");
     assert_eq!(
         order(&status).last(),
         Some(&old_master),
         "replicas first, the master last"
     );
-    let after = redis::wait_healthy(&ns, Duration::from_secs(120)).await;
+    let after = redis::wait_healthy(ns, Duration::from_secs(120)).await;
     assert!(
         after.master.is_some() && after.master != before.master,
         "the Sentinels name a new master: {after:?}"
