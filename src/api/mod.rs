@@ -286,13 +286,17 @@ fn default_true() -> bool {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseSpec {
-    /// `Generic` (pod readiness; optional leader label), `Etcd` (Raft-aware) or `Patroni`
-    /// (PostgreSQL run by Patroni: replication-aware, switchover before the leader moves).
+    /// `Generic` (pod readiness; optional leader label), `Etcd` (Raft-aware), `Patroni`
+    /// (PostgreSQL run by Patroni: replication-aware, switchover before the leader moves) or
+    /// `RedisSentinel` (Redis replicas managed by Sentinel: replication offsets, a Sentinel
+    /// failover steered to a migrated replica, with writes paused, before the master moves).
     #[serde(default)]
     pub engine: DatabaseEngine,
     /// How far, in bytes of the replication stream, a member may trail the leader when a
     /// member stops, comes back, or takes over (Patroni: WAL bytes; default 1048576, Patroni's
-    /// own `maximum_lag_on_failover`). Only for engines that measure lag in bytes.
+    /// own `maximum_lag_on_failover`. RedisSentinel: replication offset bytes; default 1048576,
+    /// Redis's default `repl-backlog-size`). Only for engines that measure lag in bytes
+    /// (Patroni, RedisSentinel).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub max_lag_bytes: Option<u64>,
@@ -305,6 +309,10 @@ pub struct DatabaseSpec {
     /// Settings of the `Patroni` engine: how the operator reaches Patroni's REST API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patroni: Option<PatroniSpec>,
+    /// Settings of the `RedisSentinel` engine: the master group and how the operator reaches
+    /// Redis and the Sentinels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redis_sentinel: Option<RedisSentinelSpec>,
 }
 
 /// The health and leadership logic of a database.
@@ -314,6 +322,41 @@ pub enum DatabaseEngine {
     Generic,
     Etcd,
     Patroni,
+    RedisSentinel,
+}
+
+/// Settings of the `RedisSentinel` engine. The Sentinels run beside each member, in the member
+/// pod (the layout of the Bitnami chart): the operator reaches Redis and Sentinel at each
+/// member pod's IP (no cluster DNS, no Service lookup).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RedisSentinelSpec {
+    /// The master group's name as the Sentinels monitor it (`sentinel monitor <name> ...`;
+    /// default `mymaster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub master_name: Option<String>,
+    /// Redis's port on every member pod (default 6379).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub redis_port: Option<u16>,
+    /// Sentinel's port on every member pod (default 26379).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub sentinel_port: Option<u16>,
+    /// Secret whose key `password` is Redis's password (`requirepass`), sent with `AUTH`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_secret_name: Option<String>,
+    /// Secret whose key `password` is the Sentinels' password (`requirepass` in their
+    /// configuration), when they have one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sentinel_password_secret_name: Option<String>,
+    /// How long the handover may take, from pausing writes on the master to Sentinel naming
+    /// the new master (default 30). Writes stay paused on the old master until it replicates
+    /// from the new one; a handover not done in time is reported (`HandoverRefused`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub handover_timeout_seconds: Option<u32>,
 }
 
 /// Settings of the `Patroni` engine.

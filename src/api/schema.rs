@@ -147,17 +147,27 @@ pub fn spec_rules() -> Vec<ValidationRule> {
             ".volumeClaimTemplates",
             Reason::Forbidden,
         ),
-        only_for_patroni("maxLagBytes", "engines that measure lag in bytes (Patroni)"),
-        only_for_patroni("patroni", "engine Patroni"),
+        only_for_engines(
+            "maxLagBytes",
+            &["Patroni", "RedisSentinel"],
+            "engines that measure lag in bytes (Patroni, RedisSentinel)",
+        ),
+        only_for_engines("patroni", &["Patroni"], "engine Patroni"),
+        only_for_engines("redisSentinel", &["RedisSentinel"], "engine RedisSentinel"),
     ]
 }
 
-/// `spec.database.<field>` is refused unless the engine is Patroni.
-fn only_for_patroni(field: &str, what: &str) -> ValidationRule {
+/// `spec.database.<field>` is refused unless the engine is one of `engines`.
+fn only_for_engines(field: &str, engines: &[&str], what: &str) -> ValidationRule {
+    let allowed = engines
+        .iter()
+        .map(|e| format!("self.database.engine == '{e}'"))
+        .collect::<Vec<_>>()
+        .join(" || ");
     rule(
         &format!(
             "!has(self.database) || !has(self.database.{field}) || \
-             (has(self.database.engine) && self.database.engine == 'Patroni')"
+             (has(self.database.engine) && ({allowed}))"
         ),
         &format!("spec.database.{field} is only for {what}"),
         &format!(".database.{field}"),
@@ -233,7 +243,7 @@ mod tests {
             (&spec["apply"], vec!["IfReady", "Always"]),
             (
                 &spec["database"]["properties"]["engine"],
-                vec!["Generic", "Etcd", "Patroni"],
+                vec!["Generic", "Etcd", "Patroni", "RedisSentinel"],
             ),
             (
                 &status["phase"],
@@ -374,17 +384,26 @@ mod tests {
                 },
                 {
                     "rule": "!has(self.database) || !has(self.database.maxLagBytes) || \
-                             (has(self.database.engine) && self.database.engine == 'Patroni')",
+                             (has(self.database.engine) && (self.database.engine == 'Patroni' \
+                             || self.database.engine == 'RedisSentinel'))",
                     "message": "spec.database.maxLagBytes is only for engines that measure lag \
-                                in bytes (Patroni)",
+                                in bytes (Patroni, RedisSentinel)",
                     "fieldPath": ".database.maxLagBytes",
                     "reason": forbidden,
                 },
                 {
                     "rule": "!has(self.database) || !has(self.database.patroni) || \
-                             (has(self.database.engine) && self.database.engine == 'Patroni')",
+                             (has(self.database.engine) && (self.database.engine == 'Patroni'))",
                     "message": "spec.database.patroni is only for engine Patroni",
                     "fieldPath": ".database.patroni",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "!has(self.database) || !has(self.database.redisSentinel) || \
+                             (has(self.database.engine) && \
+                             (self.database.engine == 'RedisSentinel'))",
+                    "message": "spec.database.redisSentinel is only for engine RedisSentinel",
+                    "fieldPath": ".database.redisSentinel",
                     "reason": forbidden,
                 },
             ])

@@ -737,6 +737,17 @@ mod tests {
             line.starts_with("Leader: etcd-0 goes last; before it stops, a Patroni switchover"),
             "{line}"
         );
+        let redis = crate::api::DatabaseSpec {
+            engine: crate::api::DatabaseEngine::RedisSentinel,
+            ..Default::default()
+        };
+        let how = crate::engine::rules(&redis).handover();
+        let line = handover_line(&plan, how).unwrap();
+        assert!(
+            line.starts_with("Leader: etcd-0 goes last; before it stops, a Sentinel failover")
+                && line.contains("writes paused on the master"),
+            "{line}"
+        );
         let generic = crate::engine::rules(&crate::api::DatabaseSpec::default()).handover();
         assert!(
             handover_line(&plan, generic)

@@ -8,6 +8,7 @@
 //! - [`etcd`]: one etcd client per member endpoint, member list, leader, put/get.
 //! - [`operator`]: the operator as a child process, the CRD, creating and awaiting requests.
 //! - [`patroni`]: the Patroni fixture, its REST API, and a PostgreSQL writer.
+//! - [`redis`]: the Redis Sentinel fixture, what members and Sentinels say, and a writer.
 //! - [`faults`]: faults injected into the local cluster (a node taken down).
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
@@ -29,6 +30,7 @@ pub mod patroni;
 mod pods;
 pub mod procs;
 pub mod rbac;
+pub mod redis;
 pub mod require;
 mod waits;
 

@@ -8,6 +8,8 @@
 //!   MoveLeader, `hash_kv`).
 //! - [`patroni`]: Patroni's REST API on each member (`/patroni`, `/cluster`, `/config`,
 //!   `POST /switchover`).
+//! - [`redis`]: Redis and Sentinel on each member pod (`INFO replication`, `SENTINEL
+//!   get-master-addr-by-name`, `SENTINEL CKQUORUM`; a Sentinel failover with writes paused).
 //! - [`secrets`]: the TLS and auth Secrets a request names, read with the API server's client.
 
 use futures::future::BoxFuture;
@@ -19,10 +21,12 @@ use crate::engine::{FinalHash, FinalHashError, HealthReport, InvalidSettings};
 
 pub mod etcd;
 pub mod patroni;
+pub mod redis;
 pub mod secrets;
 
 pub use etcd::EtcdClient;
 pub use patroni::PatroniClient;
+pub use redis::RedisClient;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -140,6 +144,9 @@ impl Engine {
             DatabaseEngine::Etcd => Box::new(EtcdClient::from_spec(client, namespace, spec).await?),
             DatabaseEngine::Patroni => {
                 Box::new(PatroniClient::from_spec(client, namespace, spec).await?)
+            }
+            DatabaseEngine::RedisSentinel => {
+                Box::new(RedisClient::from_spec(client, namespace, spec).await?)
             }
         }))
     }

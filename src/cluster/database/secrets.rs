@@ -1,6 +1,7 @@
-//! The Secrets an engine's settings name (etcd, Patroni), read in the request's namespace and
-//! turned into the bytes the client builders take: TLS `ca.crt` (required) with `tls.crt` +
-//! `tls.key` (both or neither); auth `username` + `password` (UTF-8).
+//! The Secrets an engine's settings name (etcd, Patroni, RedisSentinel), read in the request's
+//! namespace and turned into the bytes the client builders take: TLS `ca.crt` (required) with
+//! `tls.crt` + `tls.key` (both or neither); auth `username` + `password` (UTF-8); a lone
+//! `password` (UTF-8, Redis's and Sentinel's `requirepass`).
 
 use std::fmt;
 
@@ -129,6 +130,27 @@ pub fn auth(name: &str, secret: &Secret) -> Result<Auth, EngineError> {
     })
 }
 
+/// The Secret `name`'s key `password` (UTF-8), when a name is given.
+pub async fn password(
+    client: &kube::Client,
+    namespace: &str,
+    name: Option<&str>,
+) -> Result<Option<String>, EngineError> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    password_of(name, &read(&secrets, name).await?).map(Some)
+}
+
+/// `password`, required and UTF-8.
+pub fn password_of(name: &str, secret: &Secret) -> Result<String, EngineError> {
+    String::from_utf8(required(secret, name, "password")?).map_err(|_| EngineError::Secret {
+        name: name.to_string(),
+        message: "key password is not UTF-8".to_string(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -185,5 +207,17 @@ mod tests {
         assert_eq!(message(err), "a: key username is not UTF-8");
         let err = auth("a", &Secret::default()).unwrap_err();
         assert_eq!(message(err), "a: key username is missing");
+    }
+
+    #[test]
+    fn a_password_alone_is_utf8() {
+        assert_eq!(
+            password_of("p", &secret(&[("password", b"pw")])).unwrap(),
+            "pw"
+        );
+        let err = password_of("p", &secret(&[("username", b"x")])).unwrap_err();
+        assert_eq!(message(err), "p: key password is missing");
+        let err = password_of("p", &secret(&[("password", &[0xff])])).unwrap_err();
+        assert_eq!(message(err), "p: key password is not UTF-8");
     }
 }

@@ -115,7 +115,10 @@ denial_reasons! {
     Autoscaler,
     /// The database engine refuses the database whatever `apply` says (Patroni: its REST API
     /// cannot be read, it is paused, it has no leader, it is a standby cluster, or a member is
-    /// not running or does not stream on the leader's timeline; the message names which).
+    /// not running or does not stream on the leader's timeline; RedisSentinel: no Sentinel
+    /// answers, the Sentinels do not know the master group or disagree on its master, no
+    /// Sentinel reaches its quorum, or a member does not replicate from the master with its
+    /// link up; the message names which).
     EngineRefuses,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
