@@ -286,8 +286,10 @@ fn default_true() -> bool {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DatabaseSpec {
-    /// `Generic` (pod readiness; optional leader label), `Etcd` (Raft-aware) or `Patroni`
-    /// (PostgreSQL run by Patroni: replication-aware, switchover before the leader moves).
+    /// `Generic` (pod readiness; optional leader label), `Etcd` (Raft-aware), `Patroni`
+    /// (PostgreSQL run by Patroni: replication-aware, switchover before the leader moves) or
+    /// `ZooKeeper` (an ensemble read through its four-letter words: synced followers, quorum;
+    /// the leader stops last).
     #[serde(default)]
     pub engine: DatabaseEngine,
     /// How far, in bytes of the replication stream, a member may trail the leader when a
@@ -305,6 +307,9 @@ pub struct DatabaseSpec {
     /// Settings of the `Patroni` engine: how the operator reaches Patroni's REST API.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub patroni: Option<PatroniSpec>,
+    /// Settings of the `ZooKeeper` engine: how the operator reaches each member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zookeeper: Option<ZooKeeperSpec>,
 }
 
 /// The health and leadership logic of a database.
@@ -314,6 +319,30 @@ pub enum DatabaseEngine {
     Generic,
     Etcd,
     Patroni,
+    ZooKeeper,
+}
+
+/// Settings of the `ZooKeeper` engine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ZooKeeperSpec {
+    /// Client port of every member (default 2181), where the four-letter words `srvr` and
+    /// `mntr` are asked (zoo.cfg must list them in `4lw.commands.whitelist`).
+    #[serde(default = "default_zookeeper_port")]
+    #[schemars(range(min = 1))]
+    pub client_port: u16,
+}
+
+impl Default for ZooKeeperSpec {
+    fn default() -> Self {
+        Self {
+            client_port: default_zookeeper_port(),
+        }
+    }
+}
+
+fn default_zookeeper_port() -> u16 {
+    2181
 }
 
 /// Settings of the `Patroni` engine.

@@ -147,17 +147,22 @@ pub fn spec_rules() -> Vec<ValidationRule> {
             ".volumeClaimTemplates",
             Reason::Forbidden,
         ),
-        only_for_patroni("maxLagBytes", "engines that measure lag in bytes (Patroni)"),
-        only_for_patroni("patroni", "engine Patroni"),
+        only_for_engine(
+            "Patroni",
+            "maxLagBytes",
+            "engines that measure lag in bytes (Patroni)",
+        ),
+        only_for_engine("Patroni", "patroni", "engine Patroni"),
+        only_for_engine("ZooKeeper", "zookeeper", "engine ZooKeeper"),
     ]
 }
 
-/// `spec.database.<field>` is refused unless the engine is Patroni.
-fn only_for_patroni(field: &str, what: &str) -> ValidationRule {
+/// `spec.database.<field>` is refused unless the engine is `engine`.
+fn only_for_engine(engine: &str, field: &str, what: &str) -> ValidationRule {
     rule(
         &format!(
             "!has(self.database) || !has(self.database.{field}) || \
-             (has(self.database.engine) && self.database.engine == 'Patroni')"
+             (has(self.database.engine) && self.database.engine == '{engine}')"
         ),
         &format!("spec.database.{field} is only for {what}"),
         &format!(".database.{field}"),
@@ -233,7 +238,7 @@ mod tests {
             (&spec["apply"], vec!["IfReady", "Always"]),
             (
                 &spec["database"]["properties"]["engine"],
-                vec!["Generic", "Etcd", "Patroni"],
+                vec!["Generic", "Etcd", "Patroni", "ZooKeeper"],
             ),
             (
                 &status["phase"],
@@ -385,6 +390,13 @@ mod tests {
                              (has(self.database.engine) && self.database.engine == 'Patroni')",
                     "message": "spec.database.patroni is only for engine Patroni",
                     "fieldPath": ".database.patroni",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "!has(self.database) || !has(self.database.zookeeper) || \
+                             (has(self.database.engine) && self.database.engine == 'ZooKeeper')",
+                    "message": "spec.database.zookeeper is only for engine ZooKeeper",
+                    "fieldPath": ".database.zookeeper",
                     "reason": forbidden,
                 },
             ])

@@ -14,6 +14,8 @@
 //!   member-to-pod mapping); leadership moved with MoveLeader.
 //! - [`patroni`]: PostgreSQL run by Patroni (roles, timelines, WAL positions; a switchover
 //!   before the leader stops).
+//! - [`zookeeper`]: a ZooKeeper ensemble through its four-letter words (modes, zxids, the
+//!   leader's synced followers; the leader stops last, no handover).
 
 use std::fmt;
 
@@ -27,6 +29,7 @@ pub mod generic;
 pub mod patroni;
 #[cfg(test)]
 mod purity;
+pub mod zookeeper;
 
 /// Default bound on how far (in Raft log entries) a member's applied index may trail the
 /// leader's before an etcd gate waits.
@@ -38,6 +41,7 @@ pub fn rules(spec: &DatabaseSpec) -> Box<dyn Rules> {
         DatabaseEngine::Generic => generic::rules(spec),
         DatabaseEngine::Etcd => etcd::rules(spec),
         DatabaseEngine::Patroni => patroni::rules(spec),
+        DatabaseEngine::ZooKeeper => zookeeper::rules(spec),
     }
 }
 

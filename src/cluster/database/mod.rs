@@ -8,6 +8,7 @@
 //!   MoveLeader, `hash_kv`).
 //! - [`patroni`]: Patroni's REST API on each member (`/patroni`, `/cluster`, `/config`,
 //!   `POST /switchover`).
+//! - [`zookeeper`]: the four-letter words `srvr` and `mntr` on each member's client port.
 //! - [`secrets`]: the TLS and auth Secrets a request names, read with the API server's client.
 
 use futures::future::BoxFuture;
@@ -20,9 +21,11 @@ use crate::engine::{FinalHash, FinalHashError, HealthReport, InvalidSettings};
 pub mod etcd;
 pub mod patroni;
 pub mod secrets;
+pub mod zookeeper;
 
 pub use etcd::EtcdClient;
 pub use patroni::PatroniClient;
+pub use zookeeper::ZooKeeperClient;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -125,6 +128,7 @@ impl Engine {
             DatabaseEngine::Patroni => {
                 Box::new(PatroniClient::from_spec(client, namespace, spec).await?)
             }
+            DatabaseEngine::ZooKeeper => Box::new(ZooKeeperClient::from_spec(spec)),
         }))
     }
 
