@@ -24,9 +24,10 @@
 //! - **Rejoin**: the member answers as a synced follower (or leader) and the leader counts
 //!   every other voting member synced again.
 //! - **Final check**: every member serves the same last zxid and znode count
-//!   ([`agreed_state`]); a leader whose epoch has no transaction yet (zxid `0xE00000000`) is
-//!   compared by its znode count only, since its zxid names no transaction the others could have
-//!   applied.
+//!   ([`agreed_state`]). A zxid whose counter is 0 (`epoch << 32`: a member that joined a new
+//!   epoch in which nothing was written yet, e.g. every member right after an election) names no
+//!   transaction: such a member must be in a later epoch than the last transaction the others
+//!   show, and serve the same znode count.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -42,6 +43,7 @@ use crate::api::DatabaseSpec;
 pub const DEFAULT_CLIENT_PORT: u16 = 2181;
 /// The zoo.cfg setting that must list the words the engine asks.
 pub const WHITELIST_SETTING: &str = "4lw.commands.whitelist=srvr,mntr,ruok";
+const STANDALONE: &str = "runs standalone";
 /// `zk_peer_state` of a learner that has synced with its leader.
 const BROADCAST: &str = "broadcast";
 
@@ -343,10 +345,9 @@ fn role_problems(v: &MemberView, s: &Srvr) -> Vec<String> {
         Mode::Leader => return Vec::new(),
         Mode::Follower | Mode::Observer => {}
         Mode::Standalone => {
-            return vec![
-                "runs standalone, not in an ensemble: nothing would serve while it moves"
-                    .to_string(),
-            ];
+            return vec![format!(
+                "{STANDALONE}, not in an ensemble: nothing would serve while it moves"
+            )];
         }
         other => {
             return vec![format!(
@@ -366,25 +367,26 @@ fn role_problems(v: &MemberView, s: &Srvr) -> Vec<String> {
     why
 }
 
-/// One member's answer for the final check: its last zxid, its znode count, and whether it
-/// leads.
+/// One member's answer for the final check: its last zxid and its znode count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ServedState {
     pub zxid: u64,
     pub znodes: u64,
-    pub leader: bool,
 }
 
 impl ServedState {
-    /// The zxid to compare: none for a leader whose epoch has no transaction yet (its zxid,
-    /// `epoch << 32`, names nothing a follower applied).
-    fn comparable_zxid(&self) -> Option<u64> {
-        (!self.leader || self.zxid & 0xffff_ffff != 0).then_some(self.zxid)
+    /// The zxid names a transaction; `epoch << 32` (counter 0) only says the member has joined
+    /// that epoch, in which nothing has been written yet (its last transaction is in an earlier
+    /// epoch, and `srvr` does not say which).
+    fn names_a_transaction(&self) -> bool {
+        self.zxid & 0xffff_ffff != 0
     }
 }
 
-/// The final check: every member's state read at one moment. Ok when all serve the same last
-/// zxid and znode count; otherwise why not (the client reads again).
+/// The final check: every member's state read at one moment. Ok when all serve the same znode
+/// count, every zxid that names a transaction is the same one, and every member showing only an
+/// epoch (counter 0) is in a later epoch than that transaction; otherwise why not (the client
+/// reads again).
 pub fn agreed_state(
     answers: &[(String, Result<ServedState, String>)],
 ) -> Result<FinalHash, String> {
@@ -397,42 +399,41 @@ pub fn agreed_state(
     let states: Vec<(&str, ServedState)> = (answers.iter())
         .filter_map(|(pod, a)| a.as_ref().ok().map(|s| (pod.as_str(), *s)))
         .collect();
-    let zxids: BTreeMap<u64, Vec<&str>> = group(&states, |s| s.comparable_zxid());
-    let counts: BTreeMap<u64, Vec<&str>> = group(&states, |s| Some(s.znodes));
-    match (zxids.len(), counts.len()) {
-        (_, 0) => Err("no member pod to compare".to_string()),
-        (0 | 1, 1) => {
-            let zxid = (states.iter())
-                .filter_map(|(_, s)| s.comparable_zxid())
-                .next();
-            let count = counts.keys().next().copied().unwrap_or_default();
-            Ok(FinalHash {
-                hash: format!("zxid {}, {count} znodes", zxid.map_or("(none)".into(), hex)),
-                members: states.iter().map(|(p, _)| p.to_string()).collect(),
-            })
-        }
-        _ => Err(format!(
+    let Some((_, first)) = states.first() else {
+        return Err("no member pod to compare".to_string());
+    };
+    let last_txn = (states.iter())
+        .filter(|(_, s)| s.names_a_transaction())
+        .map(|(_, s)| s.zxid)
+        .max();
+    let agreed = states.iter().all(|(_, s)| {
+        s.znodes == first.znodes
+            && match (s.names_a_transaction(), last_txn) {
+                (true, txn) => Some(s.zxid) == txn,
+                (false, Some(txn)) => epoch(s.zxid) > epoch(txn),
+                (false, None) => true,
+            }
+    });
+    if !agreed {
+        return Err(format!(
             "the members do not serve the same state yet: {}",
-            states
-                .iter()
+            (states.iter())
                 .map(|(p, s)| format!("{p} at zxid {}, {} znodes", hex(s.zxid), s.znodes))
                 .collect::<Vec<_>>()
                 .join("; ")
-        )),
+        ));
     }
-}
-
-fn group<'a>(
-    states: &[(&'a str, ServedState)],
-    key: impl Fn(&ServedState) -> Option<u64>,
-) -> BTreeMap<u64, Vec<&'a str>> {
-    let mut groups: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
-    for (pod, s) in states {
-        if let Some(k) = key(s) {
-            groups.entry(k).or_default().push(pod);
-        }
-    }
-    groups
+    let at = match last_txn {
+        Some(txn) => format!("zxid {}", hex(txn)),
+        None => format!(
+            "epoch {}",
+            states.iter().map(|(_, s)| epoch(s.zxid)).max().unwrap_or(0)
+        ),
+    };
+    Ok(FinalHash {
+        hash: format!("{at}, {} znodes", first.znodes),
+        members: states.iter().map(|(p, _)| p.to_string()).collect(),
+    })
 }
 
 /// The rules of the `ZooKeeper` engine (see the module doc).
@@ -480,12 +481,25 @@ impl Rules for ZooKeeperRules {
         members_healthy_with_leader(report)
     }
 
+    /// Denied whatever `apply` says: the members cannot be read, a member refuses the words
+    /// (the whitelist), or runs standalone. A member out of sync only waits (`apply: Always`)
+    /// or is refused by `apply: IfReady` ([`Rules::healthy_for_start`]).
     fn preflight(&self, health: &Result<HealthReport, HealthUnavailable>) -> Result<(), String> {
-        match health {
-            Err(e) => Err(format!("the ZooKeeper members cannot be read: {e}")),
-            Ok(report) => members_healthy_with_leader(report).map_err(|wrong| {
-                format!("the ZooKeeper ensemble is not ready to migrate: {wrong}")
-            }),
+        let report = match health {
+            Err(e) => return Err(format!("the ZooKeeper members cannot be read: {e}")),
+            Ok(report) => report,
+        };
+        let refused: Vec<String> = (report.members.iter())
+            .filter_map(|m| Some((m, m.problem.as_deref()?)))
+            .filter(|(_, p)| p.contains(WHITELIST_SETTING) || p.contains(STANDALONE))
+            .map(|(m, p)| format!("{}: {p}", m.pod))
+            .collect();
+        match refused.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "the ZooKeeper ensemble cannot be migrated as it is: {}",
+                refused.join("; ")
+            )),
         }
     }
 

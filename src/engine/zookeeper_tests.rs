@@ -261,7 +261,16 @@ fn after_the_leader_stops_the_gate_waits_for_the_election() {
     assert!(r.problems[0].contains("no member answers as leader"));
     let why = wait(ZooKeeperRules.gate_after_return(&r, "zk-1"));
     assert!(why.contains("zk-1 is not healthy yet"), "{why}");
-    assert!(ZooKeeperRules.preflight(&Ok(r)).is_err());
+    // Not ready (IfReady refuses), but no reason to deny whatever `apply` says.
+    assert!(ZooKeeperRules.healthy_for_start(&r).is_err());
+    assert_eq!(ZooKeeperRules.preflight(&Ok(r)), Ok(()));
+    let unread = Err(HealthUnavailable::Engine("boom".into()));
+    assert!(
+        ZooKeeperRules
+            .preflight(&unread)
+            .unwrap_err()
+            .contains("cannot be read: boom")
+    );
     // A new leader (zk-2, epoch 4) with zk-0 synced and the old leader back as follower.
     let z = 0x4_0000_0001;
     let r = assess(&[
@@ -297,6 +306,10 @@ fn a_word_missing_from_the_whitelist_is_named_with_the_setting() {
     assert!(p.contains("refuses the four-letter word mntr"), "{p}");
     assert!(p.contains("4lw.commands.whitelist=srvr,mntr,ruok"), "{p}");
     let denied = ZooKeeperRules.preflight(&Ok(r)).unwrap_err();
+    assert!(
+        denied.contains("zk-0: its sync state is unknown: it refuses the four-letter word mntr"),
+        "{denied}"
+    );
     assert!(denied.contains("4lw.commands.whitelist"), "{denied}");
 }
 
@@ -365,28 +378,24 @@ fn a_terminating_pod_is_not_healthy() {
     );
 }
 
-fn served(zxid: u64, znodes: u64, leader: bool) -> Result<ServedState, String> {
-    Ok(ServedState {
-        zxid,
-        znodes,
-        leader,
-    })
+fn served(zxid: u64, znodes: u64) -> Result<ServedState, String> {
+    Ok(ServedState { zxid, znodes })
 }
 
 #[test]
 fn agreement_needs_the_same_zxid_and_znode_count_everywhere() {
     let h = agreed_state(&[
-        ("zk-0".into(), served(ZXID, 105, false)),
-        ("zk-1".into(), served(ZXID, 105, true)),
-        ("zk-2".into(), served(ZXID, 105, false)),
+        ("zk-0".into(), served(ZXID, 105)),
+        ("zk-1".into(), served(ZXID, 105)),
+        ("zk-2".into(), served(ZXID, 105)),
     ])
     .unwrap();
     assert_eq!(h.hash, "zxid 0x300000042, 105 znodes");
     assert_eq!(h.members, ["zk-0", "zk-1", "zk-2"]);
     let e = agreed_state(&[
-        ("zk-0".into(), served(ZXID, 105, false)),
-        ("zk-1".into(), served(ZXID + 1, 106, true)),
-        ("zk-2".into(), served(ZXID, 105, false)),
+        ("zk-0".into(), served(ZXID, 105)),
+        ("zk-1".into(), served(ZXID + 1, 106)),
+        ("zk-2".into(), served(ZXID, 105)),
     ])
     .unwrap_err();
     assert!(e.contains("zk-0 at zxid 0x300000042, 105 znodes"), "{e}");
@@ -394,13 +403,13 @@ fn agreement_needs_the_same_zxid_and_znode_count_everywhere() {
     // Same zxid, different znode counts: not agreed either.
     assert!(
         agreed_state(&[
-            ("zk-0".into(), served(ZXID, 104, false)),
-            ("zk-1".into(), served(ZXID, 105, true)),
+            ("zk-0".into(), served(ZXID, 104)),
+            ("zk-1".into(), served(ZXID, 105)),
         ])
         .is_err()
     );
     let e = agreed_state(&[
-        ("zk-0".into(), served(ZXID, 105, false)),
+        ("zk-0".into(), served(ZXID, 105)),
         ("zk-1".into(), Err("refused".into())),
     ])
     .unwrap_err();
@@ -415,22 +424,38 @@ fn agreement_needs_the_same_zxid_and_znode_count_everywhere() {
 }
 
 #[test]
-fn a_leader_without_a_transaction_in_its_epoch_is_compared_by_znodes() {
-    // After an election and before the next write, the leader shows epoch << 32 and the
-    // followers the last transaction of the previous epoch (as recorded in testdata).
+fn members_at_the_start_of_a_later_epoch_agree_by_znode_count() {
+    // After an election and before the next write, the leader (and a follower that synced
+    // with it) show epoch << 32; another follower the last transaction of the previous epoch.
     let h = agreed_state(&[
-        ("zk-0".into(), served(0x2_0000_01f4, 600, false)),
-        ("zk-1".into(), served(0x2_0000_01f4, 600, false)),
-        ("zk-2".into(), served(0x3_0000_0000, 600, true)),
+        ("zk-0".into(), served(0x2_0000_01f4, 600)),
+        ("zk-1".into(), served(0x3_0000_0000, 600)),
+        ("zk-2".into(), served(0x3_0000_0000, 600)),
     ])
     .unwrap();
     assert_eq!(h.hash, "zxid 0x2000001f4, 600 znodes");
-    // but a follower that has not applied it still differs from the other
+    // Seen on the local cluster: nothing ever written, members at epochs 1 and 2.
+    let h = agreed_state(&[
+        ("zk-0".into(), served(0x1_0000_0000, 5)),
+        ("zk-1".into(), served(0x2_0000_0000, 5)),
+        ("zk-2".into(), served(0x2_0000_0000, 5)),
+    ])
+    .unwrap();
+    assert_eq!(h.hash, "epoch 2, 5 znodes");
+    // A follower behind the last transaction still differs.
     assert!(
         agreed_state(&[
-            ("zk-0".into(), served(0x2_0000_01f3, 599, false)),
-            ("zk-1".into(), served(0x2_0000_01f4, 600, false)),
-            ("zk-2".into(), served(0x3_0000_0000, 600, true)),
+            ("zk-0".into(), served(0x2_0000_01f3, 599)),
+            ("zk-1".into(), served(0x2_0000_01f4, 600)),
+            ("zk-2".into(), served(0x3_0000_0000, 600)),
+        ])
+        .is_err()
+    );
+    // A member at the start of the transaction's own (or an older) epoch has not applied it.
+    assert!(
+        agreed_state(&[
+            ("zk-0".into(), served(0x2_0000_0000, 600)),
+            ("zk-1".into(), served(0x2_0000_01f4, 600)),
         ])
         .is_err()
     );

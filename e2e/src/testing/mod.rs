@@ -8,6 +8,7 @@
 //! - [`etcd`]: one etcd client per member endpoint, member list, leader, put/get.
 //! - [`operator`]: the operator as a child process, the CRD, creating and awaiting requests.
 //! - [`patroni`]: the Patroni fixture, its REST API, and a PostgreSQL writer.
+//! - [`zookeeper`]: the ZooKeeper fixture, its four-letter words, and a znode writer.
 //! - [`faults`]: faults injected into the local cluster (a node taken down).
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
@@ -31,6 +32,7 @@ pub mod procs;
 pub mod rbac;
 pub mod require;
 mod waits;
+pub mod zookeeper;
 
 pub use cluster::TestCluster;
 pub use namespace::TestNamespace;

@@ -16,9 +16,7 @@ use tracing::{debug, instrument};
 
 use super::{Client as DatabaseClient, EngineError};
 use crate::api::DatabaseSpec;
-use crate::engine::zookeeper::{
-    self, MemberView, Mode, PodInfo, Refusal, ServedState, agreed_state,
-};
+use crate::engine::zookeeper::{self, MemberView, PodInfo, Refusal, ServedState, agreed_state};
 use crate::engine::{FinalHash, HealthReport, pod_ordinal};
 
 /// Bound on one word: connecting, writing, and reading the whole answer.
@@ -132,7 +130,6 @@ impl ZooKeeperClient {
                 Some(znodes) => Ok(ServedState {
                     zxid: s.zxid,
                     znodes,
-                    leader: s.mode == Mode::Leader,
                 }),
                 None => Err("srvr gives no node count".to_string()),
             });
