@@ -103,10 +103,11 @@ pub async fn state(ns: &TestNamespace) -> State {
                 s.leader_zxid = Some(srvr.zxid);
                 s.leader_counts_synced = mntr.and_then(|m| m.synced_followers());
             }
-            Mode::Follower => {
-                if mntr.is_some_and(|m| m.peer_state().is_some_and(|p| p.ends_with("broadcast"))) {
-                    s.synced_followers.insert(pod);
-                }
+            Mode::Follower
+                if mntr
+                    .is_some_and(|m| m.peer_state().is_some_and(|p| p.ends_with("broadcast"))) =>
+            {
+                s.synced_followers.insert(pod);
             }
             _ => {}
         }

@@ -115,7 +115,9 @@ denial_reasons! {
     Autoscaler,
     /// The database engine refuses the database whatever `apply` says (Patroni: its REST API
     /// cannot be read, it is paused, it has no leader, it is a standby cluster, or a member is
-    /// not running or does not stream on the leader's timeline; the message names which).
+    /// not running or does not stream on the leader's timeline; ZooKeeper: the members cannot be
+    /// read, a member refuses a four-letter word missing from `4lw.commands.whitelist`, or runs
+    /// standalone; the message names which).
     EngineRefuses,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).
