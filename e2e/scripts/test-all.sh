@@ -27,9 +27,10 @@ cargo build --workspace --all-features --bins
 step "image (operator release build, OCI archive, checked; base root cached)"
 IMAGE_ARCHIVE="$(bash e2e/scripts/build-image.sh)"
 
-step "test database images (Debian's packages; cached): patroni, redis"
+step "test database images (Debian's packages; cached): patroni, redis, zookeeper"
 PATRONI_ARCHIVE="$(bash e2e/scripts/build-test-image.sh patroni)"
 REDIS_ARCHIVE="$(bash e2e/scripts/build-test-image.sh redis)"
+ZK_ARCHIVE="$(bash e2e/scripts/build-test-image.sh zookeeper)"
 
 step "CRD is generated from the Rust types"
 CRDGEN_BIN="$ROOT/target/debug/storage-migrator" bash .ci/check-crd.sh
@@ -64,6 +65,7 @@ step "load the operator's image and the test databases' into the local cluster's
 "$LC" image load --state-dir "$STATE_DIR" "$IMAGE_ARCHIVE"
 "$LC" image load --state-dir "$STATE_DIR" "$PATRONI_ARCHIVE"
 "$LC" image load --state-dir "$STATE_DIR" "$REDIS_ARCHIVE"
+"$LC" image load --state-dir "$STATE_DIR" "$ZK_ARCHIVE"
 export STORAGE_MIGRATOR_BIN="$ROOT/target/debug/storage-migrator"
 export E2E_LOCALCLUSTER=1
 # No test may pass without running: a missing cluster, root or program fails it.
@@ -74,7 +76,7 @@ export E2E_REQUIRE_ALL=1
 # node down, the agent or the API server restarted, a second cluster), one after another.
 # Every file of e2e/tests/ is in exactly one list (checked below), so none is left out.
 LANE_A=(etcd_quorum admission claim_target cluster deployment engine_etcd images install plugin
-  queue retention)
+  queue retention engine_zookeeper)
 LANE_B=(finish_undo foreign lifecycle migration modern_pods mover_caps out_of_space owners quota
   rbac_usage reclaim_race runtime security shared_claim templates faults_etcd engine_patroni
   engine_redis)

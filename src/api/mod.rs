@@ -290,6 +290,8 @@ pub struct DatabaseSpec {
     /// (PostgreSQL run by Patroni: replication-aware, switchover before the leader moves) or
     /// `RedisSentinel` (Redis replicas managed by Sentinel: replication offsets, a Sentinel
     /// failover steered to a migrated replica, with writes paused, before the master moves).
+    /// `ZooKeeper` (an ensemble read through its four-letter words: synced followers, quorum;
+    /// the leader stops last).
     #[serde(default)]
     pub engine: DatabaseEngine,
     /// How far, in bytes of the replication stream, a member may trail the leader when a
@@ -313,6 +315,9 @@ pub struct DatabaseSpec {
     /// Redis and the Sentinels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub redis_sentinel: Option<RedisSentinelSpec>,
+    /// Settings of the `ZooKeeper` engine: how the operator reaches each member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zookeeper: Option<ZooKeeperSpec>,
 }
 
 /// The health and leadership logic of a database.
@@ -323,6 +328,7 @@ pub enum DatabaseEngine {
     Etcd,
     Patroni,
     RedisSentinel,
+    ZooKeeper,
 }
 
 /// Settings of the `RedisSentinel` engine. The Sentinels run beside each member, in the member
@@ -357,6 +363,29 @@ pub struct RedisSentinelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub handover_timeout_seconds: Option<u32>,
+}
+
+/// Settings of the `ZooKeeper` engine.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ZooKeeperSpec {
+    /// Client port of every member (default 2181), where the four-letter words `srvr` and
+    /// `mntr` are asked (zoo.cfg must list them in `4lw.commands.whitelist`).
+    #[serde(default = "default_zookeeper_port")]
+    #[schemars(range(min = 1))]
+    pub client_port: u16,
+}
+
+impl Default for ZooKeeperSpec {
+    fn default() -> Self {
+        Self {
+            client_port: default_zookeeper_port(),
+        }
+    }
+}
+
+fn default_zookeeper_port() -> u16 {
+    2181
 }
 
 /// Settings of the `Patroni` engine.

@@ -154,6 +154,7 @@ pub fn spec_rules() -> Vec<ValidationRule> {
         ),
         only_for_engines("patroni", &["Patroni"], "engine Patroni"),
         only_for_engines("redisSentinel", &["RedisSentinel"], "engine RedisSentinel"),
+        only_for_engines("zookeeper", &["ZooKeeper"], "engine ZooKeeper"),
     ]
 }
 
@@ -243,7 +244,7 @@ mod tests {
             (&spec["apply"], vec!["IfReady", "Always"]),
             (
                 &spec["database"]["properties"]["engine"],
-                vec!["Generic", "Etcd", "Patroni", "RedisSentinel"],
+                vec!["Generic", "Etcd", "Patroni", "RedisSentinel", "ZooKeeper"],
             ),
             (
                 &status["phase"],
@@ -404,6 +405,14 @@ mod tests {
                              (self.database.engine == 'RedisSentinel'))",
                     "message": "spec.database.redisSentinel is only for engine RedisSentinel",
                     "fieldPath": ".database.redisSentinel",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "!has(self.database) || !has(self.database.zookeeper) || \
+                             (has(self.database.engine) && \
+                             (self.database.engine == 'ZooKeeper'))",
+                    "message": "spec.database.zookeeper is only for engine ZooKeeper",
+                    "fieldPath": ".database.zookeeper",
                     "reason": forbidden,
                 },
             ])

@@ -16,6 +16,8 @@
 //!   before the leader stops).
 //! - [`redis`]: Redis replicas managed by Sentinel (roles, replication offsets, Sentinel's
 //!   master and quorum; a steered Sentinel failover with writes paused before the master stops).
+//! - [`zookeeper`]: a ZooKeeper ensemble through its four-letter words (modes, zxids, the
+//!   leader's synced followers; the leader stops last, no handover).
 
 use std::fmt;
 
@@ -30,6 +32,7 @@ pub mod patroni;
 #[cfg(test)]
 mod purity;
 pub mod redis;
+pub mod zookeeper;
 
 /// Default bound on how far (in Raft log entries) a member's applied index may trail the
 /// leader's before an etcd gate waits.
@@ -42,6 +45,7 @@ pub fn rules(spec: &DatabaseSpec) -> Box<dyn Rules> {
         DatabaseEngine::Etcd => etcd::rules(spec),
         DatabaseEngine::Patroni => patroni::rules(spec),
         DatabaseEngine::RedisSentinel => redis::rules(spec),
+        DatabaseEngine::ZooKeeper => zookeeper::rules(spec),
     }
 }
 

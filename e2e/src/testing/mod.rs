@@ -9,6 +9,7 @@
 //! - [`operator`]: the operator as a child process, the CRD, creating and awaiting requests.
 //! - [`patroni`]: the Patroni fixture, its REST API, and a PostgreSQL writer.
 //! - [`redis`]: the Redis Sentinel fixture, what members and Sentinels say, and a writer.
+//! - [`zookeeper`]: the ZooKeeper fixture, its four-letter words, and a znode writer.
 //! - [`faults`]: faults injected into the local cluster (a node taken down).
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
@@ -33,6 +34,7 @@ pub mod rbac;
 pub mod redis;
 pub mod require;
 mod waits;
+pub mod zookeeper;
 
 pub use cluster::TestCluster;
 pub use namespace::TestNamespace;

@@ -1,7 +1,8 @@
 //! The processes of a pod's containers on the local cluster, where pods are host processes
 //! (docs/local-cluster.md), for faults a test injects: a database member's process killed as if
-//! it crashed. Only processes whose command line names the test's own pod and namespace are
-//! found, so a test never signals anything it did not start.
+//! it crashed, or cut off from a peer. Only processes whose command line (or, for ZooKeeper's JVM, whose
+//! environment) names the test's own pod and namespace are found, so a test never signals
+//! anything it did not start.
 
 use std::path::Path;
 
@@ -64,6 +65,62 @@ pub fn etcd_members_running(ns: &str) -> std::collections::BTreeSet<String> {
         .iter()
         .filter_map(|(_, args)| etcd_member_of(ns, args))
         .collect()
+}
+
+/// The environment of process `pid` as `NAME=value` strings (empty when unreadable).
+fn environ(pid: i32) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .map(|raw| {
+            raw.split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pids of the ZooKeeper JVMs (`java ... QuorumPeerMain`) of member pod `pod` of namespace
+/// `ns`: the fixture sets `POD_NAME` and `NAMESPACE` in the container's environment.
+pub fn zookeeper_member(ns: &str, pod: &str) -> Vec<i32> {
+    let (want_pod, want_ns) = (format!("POD_NAME={pod}"), format!("NAMESPACE={ns}"));
+    processes("java")
+        .into_iter()
+        .filter(|(_, args)| args.iter().any(|a| a.ends_with("QuorumPeerMain")))
+        .filter(|(pid, _)| {
+            let env = environ(*pid);
+            env.contains(&want_pod) && env.contains(&want_ns)
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Runs `ip ARGS` in the network namespace of process `pid` (a pod's, on the local cluster).
+fn ip_in_netns_of(pid: i32, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/proc/{pid}/ns/net"))
+        .arg("ip")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("nsenter: {e}"))?;
+    match out.status.success() {
+        true => Ok(()),
+        false => Err(format!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )),
+    }
+}
+
+/// Cuts the pod of process `pid` off from `peer` (an IP): a blackhole route in its network
+/// namespace, so nothing it sends to `peer` (nor any answer to `peer`) leaves.
+pub fn cut_off(pid: i32, peer: &str) -> Result<(), String> {
+    ip_in_netns_of(pid, &["route", "add", "blackhole", &format!("{peer}/32")])
+}
+
+/// Removes what [`cut_off`] added.
+pub fn reconnect(pid: i32, peer: &str) -> Result<(), String> {
+    ip_in_netns_of(pid, &["route", "del", "blackhole", &format!("{peer}/32")])
 }
 
 /// Sends SIGKILL to `pid`, as a crash would end it. False when it was already gone.

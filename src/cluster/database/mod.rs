@@ -10,6 +10,7 @@
 //!   `POST /switchover`).
 //! - [`redis`]: Redis and Sentinel on each member pod (`INFO replication`, `SENTINEL
 //!   get-master-addr-by-name`, `SENTINEL CKQUORUM`; a Sentinel failover with writes paused).
+//! - [`zookeeper`]: the four-letter words `srvr` and `mntr` on each member's client port.
 //! - [`secrets`]: the TLS and auth Secrets a request names, read with the API server's client.
 
 use futures::future::BoxFuture;
@@ -23,10 +24,12 @@ pub mod etcd;
 pub mod patroni;
 pub mod redis;
 pub mod secrets;
+pub mod zookeeper;
 
 pub use etcd::EtcdClient;
 pub use patroni::PatroniClient;
 pub use redis::RedisClient;
+pub use zookeeper::ZooKeeperClient;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -148,6 +151,7 @@ impl Engine {
             DatabaseEngine::RedisSentinel => {
                 Box::new(RedisClient::from_spec(client, namespace, spec).await?)
             }
+            DatabaseEngine::ZooKeeper => Box::new(ZooKeeperClient::from_spec(spec)),
         }))
     }
 

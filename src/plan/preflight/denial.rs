@@ -118,7 +118,8 @@ denial_reasons! {
     /// not running or does not stream on the leader's timeline; RedisSentinel: no Sentinel
     /// answers, the Sentinels do not know the master group or disagree on its master, no
     /// Sentinel reaches its quorum, or a member does not replicate from the master with its
-    /// link up; the message names which).
+    /// link up; ZooKeeper: the members cannot be read, a member refuses a four-letter word
+    /// missing from `4lw.commands.whitelist`, or runs standalone; the message names which).
     EngineRefuses,
     /// `apply: IfReady` and a member is unhealthy or missing, or the database's health cannot
     /// be read (the message names the member and why).

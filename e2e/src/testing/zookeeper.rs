@@ -1,0 +1,255 @@
+//! A ZooKeeper ensemble for the tests (`fixtures/zookeeper.yaml`: 3 members of Debian's
+//! ZooKeeper 3.8), what its members answer to the four-letter words (read with the operator's
+//! own client and parser), and a client creating a znode every 20 ms through any member that
+//! records each create the ensemble acknowledged.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, DynamicObject, ListParams};
+use storage_migrator::cluster::database::zookeeper::four_letter_word;
+use storage_migrator::engine::zookeeper::{Mode, parse_mntr, parse_srvr};
+use zookeeper_client as zk;
+
+use super::{TestError, TestNamespace, fixture_path, set_template_class};
+
+/// The fixture's StatefulSet.
+pub const SET: &str = "zk";
+/// The test image `e2e/scripts/build-test-image.sh zookeeper` builds.
+pub const IMAGE: &str = "storage-migrator.test/zookeeper:3.8-bookworm";
+/// The parent of the writer's znodes.
+pub const PARENT: &str = "/smr-writes";
+/// Bound on one ZooKeeper request (connection included).
+const CALL: Duration = Duration::from_secs(3);
+
+/// Applies the fixture (claim class `class`) and waits until the three members are Ready and
+/// one leader counts two synced followers.
+pub async fn apply(ns: &TestNamespace, class: &str) -> Result<State, TestError> {
+    let path = fixture_path("zookeeper.yaml");
+    let yaml = std::fs::read_to_string(&path).map_err(|source| TestError::Fixture {
+        path: path.clone(),
+        source,
+    })?;
+    ns.apply_yaml_with(&yaml, |obj: &mut DynamicObject| {
+        set_template_class(obj, "standard", class)
+    })
+    .await?;
+    ns.wait_statefulset_ready(SET, 3, Duration::from_secs(300))
+        .await?;
+    Ok(wait_healthy(ns, Duration::from_secs(120)).await)
+}
+
+/// `pod → IP` of the members' running pods, by pod name.
+pub async fn member_ips(ns: &TestNamespace) -> Vec<(String, String)> {
+    ips_of(&ns.api()).await
+}
+
+async fn ips_of(pods: &Api<Pod>) -> Vec<(String, String)> {
+    let lp = ListParams::default().labels("app=zk");
+    let list = pods.list(&lp).await.map(|l| l.items).unwrap_or_default();
+    let mut ips: Vec<(String, String)> = list
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.name_any(), p.status.as_ref()?.pod_ip.clone()?)))
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// What the members say at one moment.
+#[derive(Debug, Clone, Default)]
+pub struct State {
+    /// The member answering `Mode: leader`.
+    pub leader: Option<String>,
+    /// The members answering `Mode: follower` in `broadcast`.
+    pub synced_followers: BTreeSet<String>,
+    /// The leader's `zk_synced_followers`.
+    pub leader_counts_synced: Option<u64>,
+    /// The leader's zxid (its epoch is `zxid >> 32`).
+    pub leader_zxid: Option<u64>,
+}
+
+impl State {
+    /// One leader that counts every other member synced, and every other member a synced
+    /// follower.
+    pub fn healthy(&self, members: usize) -> bool {
+        let others = members.saturating_sub(1);
+        self.leader.is_some()
+            && self.synced_followers.len() == others
+            && self.leader_counts_synced == Some(others as u64)
+    }
+}
+
+/// Asks `srvr` and `mntr` of every member.
+pub async fn state(ns: &TestNamespace) -> State {
+    let mut s = State::default();
+    for (pod, ip) in member_ips(ns).await {
+        let endpoint = format!("{ip}:2181");
+        let Ok(srvr) = four_letter_word(&endpoint, "srvr").await else {
+            continue;
+        };
+        let Ok(srvr) = parse_srvr(&srvr) else {
+            continue;
+        };
+        let mntr = four_letter_word(&endpoint, "mntr").await.ok();
+        let mntr = mntr.and_then(|t| parse_mntr(&t).ok());
+        match srvr.mode {
+            Mode::Leader => {
+                s.leader = Some(pod);
+                s.leader_zxid = Some(srvr.zxid);
+                s.leader_counts_synced = mntr.and_then(|m| m.synced_followers());
+            }
+            Mode::Follower
+                if mntr
+                    .is_some_and(|m| m.peer_state().is_some_and(|p| p.ends_with("broadcast"))) =>
+            {
+                s.synced_followers.insert(pod);
+            }
+            _ => {}
+        }
+    }
+    s
+}
+
+/// Waits (bounded) until the ensemble is healthy ([`State::healthy`] with 3 members).
+pub async fn wait_healthy(ns: &TestNamespace, timeout: Duration) -> State {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let s = state(ns).await;
+        if s.healthy(3) {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "ZooKeeper not healthy: {s:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// A session to the members at `endpoints` (`ip:port,ip:port`).
+pub async fn connect(endpoints: &str) -> Result<zk::Client, String> {
+    let connecting = zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .with_connection_timeout(CALL)
+        .with_fail_eagerly()
+        .connect(endpoints);
+    match tokio::time::timeout(CALL * 2, connecting).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(format!("connect to {endpoints}: {e}")),
+        Err(_) => Err(format!("connect to {endpoints}: timed out")),
+    }
+}
+
+fn endpoints(ips: &[(String, String)]) -> String {
+    (ips.iter())
+        .map(|(_, ip)| format!("{ip}:2181"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The names of the writer's znodes as the member at `ip` serves them, after a `sync` (so a
+/// follower has applied everything the leader committed before).
+pub async fn znodes_on(ip: &str) -> Result<BTreeSet<String>, String> {
+    let client = connect(&format!("{ip}:2181")).await?;
+    let read = async {
+        client.sync(PARENT).await?;
+        client.list_children(PARENT).await
+    };
+    match tokio::time::timeout(CALL * 10, read).await {
+        Ok(Ok(children)) => Ok(children.into_iter().collect()),
+        Ok(Err(e)) => Err(format!("{ip}: {e}")),
+        Err(_) => Err(format!("{ip}: timed out")),
+    }
+}
+
+/// What the writer saw.
+#[derive(Debug, Default)]
+pub struct Writes {
+    pub attempted: u64,
+    pub failed: u64,
+    /// Every znode name whose create the ensemble acknowledged, in order.
+    pub acked: Vec<String>,
+    /// The longest time between two acknowledged creates.
+    pub longest_gap: Duration,
+    /// When the longest gap ended (since the writer started).
+    pub longest_gap_ended: Duration,
+    /// The first errors, with when they happened.
+    pub errors: Vec<String>,
+}
+
+/// Creates a znode under [`PARENT`] every 20 ms through a session to all members; after a
+/// failed create it connects anew to the members' current IPs (pods come back with new ones).
+pub struct Writer {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Writes>,
+}
+
+impl Writer {
+    /// Creates the parent znode, then starts writing.
+    pub async fn start(ns: &TestNamespace) -> Writer {
+        let client = connect(&endpoints(&member_ips(ns).await))
+            .await
+            .expect("a session to the ensemble");
+        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        match client.create(PARENT, b"", &options).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => panic!("create {PARENT}: {e}"),
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(write(ns.api(), stop.clone()));
+        Writer { stop, task }
+    }
+
+    /// Stops writing and returns what was seen.
+    pub async fn finish(self) -> Writes {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("writer task")
+    }
+}
+
+async fn write(pods: Api<Pod>, stop: Arc<AtomicBool>) -> Writes {
+    let started = Instant::now();
+    let mut w = Writes::default();
+    let mut last_ack = started;
+    let mut client: Option<zk::Client> = None;
+    let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    let mut id: u64 = 0;
+    while !stop.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if client.is_none() {
+            client = connect(&endpoints(&ips_of(&pods).await)).await.ok();
+        }
+        let Some(c) = client.as_ref() else {
+            continue;
+        };
+        id += 1;
+        w.attempted += 1;
+        let name = format!("w-{id:08}");
+        let path = format!("{PARENT}/{name}");
+        match tokio::time::timeout(CALL, c.create(&path, b"x", &options)).await {
+            Ok(Ok(_)) => {
+                let now = Instant::now();
+                if now - last_ack > w.longest_gap {
+                    w.longest_gap = now - last_ack;
+                    w.longest_gap_ended = now - started;
+                }
+                last_ack = now;
+                w.acked.push(name);
+            }
+            outcome => {
+                w.failed += 1;
+                if w.errors.len() < 10 {
+                    let why = match outcome {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => "timed out".to_string(),
+                    };
+                    w.errors.push(format!("{:?}: {why}", started.elapsed()));
+                }
+                client = None;
+            }
+        }
+    }
+    w
+}

@@ -1,0 +1,264 @@
+//! A ZooKeeper ensemble (`database: {engine: ZooKeeper}`), against 3 members of Debian's
+//! ZooKeeper 3.8 (`fixtures/zookeeper.yaml`, image `storage-migrator.test/zookeeper`, built by
+//! `e2e/scripts/build-test-image.sh zookeeper` and loaded by `test-all.sh`), with a client
+//! creating a znode every 20 ms through any member:
+//!
+//! - a `StorageClassChange` of the whole ensemble: Successful, no acknowledged znode lost on
+//!   any member, the followers first and the leader last, one election after the leader
+//!   stopped (ZooKeeper has no handover without dynamic reconfiguration), the final check on
+//!   record;
+//! - a follower cut off from the leader (a blackhole route to the leader's IP in its pod's
+//!   network namespace: it stays Ready, since `ruok` answers `imok`, but can neither follow nor
+//!   sync) holds the gate, named in `HealthGate`, until it is reconnected and resyncs.
+//!
+//! Each test prints a `NOTE` line: the longest gap between acknowledged writes (the election)
+//! and each member's downtime. Needs a cluster in `KUBECONFIG` with the image loaded
+//! (test-all.sh).
+
+use std::time::{Duration, Instant};
+
+use e2e::testing::operator::{self, Operator, install_crd};
+use e2e::testing::zookeeper::{self, State, Writer, Writes};
+use e2e::testing::{TestCluster, TestNamespace, init_tracing, procs};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use serde_json::{Value, json};
+use storage_migrator::api::StorageMigrationRequest;
+
+const REQUEST: &str = "zk-move";
+
+/// One ensemble at a time: on a 2-core machine two of them side by side, with writers and
+/// copies, measure the machine, not the operator.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+async fn setup(test: &str) -> (TestCluster, TestNamespace, Option<Operator>, State) {
+    init_tracing();
+    let cluster = TestCluster::from_env().await.expect("cluster");
+    let ns = cluster.namespace(test).await.expect("namespace");
+    install_crd(&ns).await.expect("install the CRD");
+    let class = cluster.storage_class.clone();
+    let state = zookeeper::apply(&ns, &class)
+        .await
+        .expect("the ensemble up and healthy");
+    let operator = match std::env::var("E2E_OPERATOR").is_ok_and(|v| v == "external") {
+        true => None,
+        false => Some(
+            Operator::start(&ns, 0, None)
+                .await
+                .expect("start the operator"),
+        ),
+    };
+    (cluster, ns, operator, state)
+}
+
+async fn status(ns: &TestNamespace) -> Value {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    match api.get_opt(REQUEST).await {
+        Ok(Some(r)) => serde_json::to_value(r.status).unwrap_or(Value::Null),
+        _ => Value::Null,
+    }
+}
+
+async fn wait_final(ns: &TestNamespace) -> Value {
+    let r = operator::wait_final(ns, REQUEST, Duration::from_secs(900))
+        .await
+        .expect("request final");
+    serde_json::to_value(r.status).expect("status as JSON")
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> Option<&'a Value> {
+    (status["conditions"].as_array()?)
+        .iter()
+        .find(|c| c["type"] == type_)
+}
+
+fn order(status: &Value) -> Vec<String> {
+    (status["members"].as_array().into_iter().flatten())
+        .filter_map(|m| m["pod"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn downtimes(status: &Value) -> Vec<String> {
+    (status["members"].as_array().into_iter().flatten())
+        .map(|m| {
+            format!(
+                "{} {}s",
+                m["pod"].as_str().unwrap_or("?"),
+                m["downtimeSeconds"]
+            )
+        })
+        .collect()
+}
+
+/// Every acknowledged znode is on every member (each given up to 30 s).
+async fn no_acknowledged_znode_lost(ns: &TestNamespace, writes: &Writes) {
+    assert!(
+        !writes.acked.is_empty(),
+        "the writer got no create acknowledged"
+    );
+    for (pod, ip) in zookeeper::member_ips(ns).await {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let on = zookeeper::znodes_on(&ip).await.unwrap_or_default();
+            let lost: Vec<&String> = writes.acked.iter().filter(|n| !on.contains(*n)).collect();
+            if lost.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{pod} misses {} acknowledged znodes, e.g. {:?}",
+                lost.len(),
+                &lost[..lost.len().min(10)]
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ensemble_changes_class_leader_last_and_loses_no_znode() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "zk-move";
+    let (cluster, ns, _operator, before) = setup(test).await;
+    let leader = before.leader.clone().expect("a leader before");
+    let writer = Writer::start(&ns).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    operator::create_request(
+        &ns,
+        REQUEST,
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": zookeeper::SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "20m",
+            "database": {"engine": "ZooKeeper"},
+        }),
+    )
+    .await
+    .expect("create the request");
+    let status = wait_final(&ns).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes = writer.finish().await;
+    let after = zookeeper::wait_healthy(&ns, Duration::from_secs(120)).await;
+    println!(
+        "NOTE {test}: writes attempted {} acknowledged {} failed {}; longest gap between \
+         acknowledged writes {} ms (ended {:?} in); downtime {:?}; leader {} (epoch {}) -> {:?} \
+         (epoch {}); order {:?}; final check {}; first errors {:?}",
+        writes.attempted,
+        writes.acked.len(),
+        writes.failed,
+        writes.longest_gap.as_millis(),
+        writes.longest_gap_ended,
+        downtimes(&status),
+        leader,
+        before.leader_zxid.unwrap_or_default() >> 32,
+        after.leader,
+        after.leader_zxid.unwrap_or_default() >> 32,
+        order(&status),
+        status["finalHash"],
+        writes.errors,
+    );
+    assert_eq!(status["phase"], "Successful", "{status:#}");
+    no_acknowledged_znode_lost(&ns, &writes).await;
+    let used = order(&status);
+    assert_eq!(
+        used.last(),
+        Some(&leader),
+        "the leader moves last: {used:?}"
+    );
+    let followers: Vec<&String> = used.iter().take(2).collect();
+    let mut sorted = followers.clone();
+    sorted.sort();
+    assert_eq!(followers, sorted, "followers in ordinal order: {used:?}");
+    assert!(
+        after.leader.is_some() && after.leader != Some(leader.clone()),
+        "another member leads after the election: {after:?}"
+    );
+    assert!(
+        (status["finalHash"].as_str()).is_some_and(|h| h.starts_with("zxid ")),
+        "{status:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_from_the_leader_holds_the_gate_naming_itself_until_it_syncs() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "zk-gate";
+    let (cluster, ns, _operator, before) = setup(test).await;
+    let leader = before.leader.clone().expect("a leader");
+    let ips = zookeeper::member_ips(&ns).await;
+    let leader_ip = ips
+        .iter()
+        .find(|(p, _)| *p == leader)
+        .expect("the leader's IP")
+        .1
+        .clone();
+    let followers: Vec<String> = before.synced_followers.iter().cloned().collect();
+    // The first follower would go first; the second is cut off from the leader before that:
+    // it stays Ready (`ruok` answers `imok`) but can neither follow nor sync.
+    let (first, cut) = (followers[0].clone(), followers[1].clone());
+    let pid = *procs::zookeeper_member(&ns.name, &cut)
+        .first()
+        .unwrap_or_else(|| panic!("no ZooKeeper JVM of {cut} found"));
+    procs::cut_off(pid, &leader_ip).expect("cut the follower off");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while zookeeper::state(&ns).await.synced_followers.contains(&cut) {
+        assert!(Instant::now() < deadline, "{cut} still synced after 60 s");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // `apply: Always`: the request starts although a member is out of sync, and must wait.
+    operator::create_request(
+        &ns,
+        REQUEST,
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": zookeeper::SET},
+            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+            "timeout": "20m",
+            "apply": "Always",
+            "database": {"engine": "ZooKeeper"},
+        }),
+    )
+    .await
+    .expect("create the request");
+    let deadline = Instant::now() + Duration::from_secs(240);
+    let held = loop {
+        let s = status(&ns).await;
+        if let Some(c) = condition(&s, "HealthGate").filter(|c| c["status"] == "False") {
+            let m = c["message"].as_str().unwrap_or("");
+            if m.contains(&format!("{cut}: ")) && m.contains("synced member of the ensemble") {
+                break s;
+            }
+        }
+        if Instant::now() >= deadline {
+            let _ = procs::reconnect(pid, &leader_ip);
+            panic!("the gate did not name {cut}: {s:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let pods: Api<Pod> = ns.api();
+    let first_alive =
+        (pods.get(&first).await).is_ok_and(|p| p.metadata.deletion_timestamp.is_none());
+    let cut_pod = pods.get(&cut).await.expect("the cut-off pod");
+    let cut_ready = (cut_pod.status.as_ref().and_then(|s| s.conditions.clone()))
+        .into_iter()
+        .flatten()
+        .any(|c| c.type_ == "Ready" && c.status == "True");
+    let later = status(&ns).await;
+    procs::reconnect(pid, &leader_ip).expect("reconnect the follower");
+    assert!(
+        first_alive,
+        "{first} is not stopped while {cut} is out of sync: {later:#}"
+    );
+    let done = wait_final(&ns).await;
+    assert_eq!(done["phase"], "Successful", "{done:#}");
+    assert_eq!(order(&done).last(), Some(&leader), "the leader moves last");
+    println!(
+        "NOTE zk-gate: {cut} Ready while cut off: {cut_ready}; held with {:?}; 10 s later {:?}; \
+         downtime {:?}",
+        condition(&held, "HealthGate").map(|c| &c["message"]),
+        condition(&later, "HealthGate").map(|c| &c["message"]),
+        downtimes(&done)
+    );
+}
