@@ -503,6 +503,13 @@ impl Rules for ZooKeeperRules {
         }
     }
 
+    fn handover(&self) -> Option<&'static str> {
+        Some(
+            "no handover (ZooKeeper moves leadership only by dynamic reconfiguration): the \
+             other members, migrated and synced, elect a new leader when it stops",
+        )
+    }
+
     fn final_check(&self) -> FinalCheckKind {
         FinalCheckKind::Agreement {
             what: "last zxid and znode count",
