@@ -7,7 +7,8 @@
 //!   `synchronous_mode: true`: no acknowledged row lost on any member, exactly one leader change
 //!   and it happened before the old leader's pod was deleted (a switchover, not a failover), the
 //!   leader moved last, every replica streaming at the end;
-//! - a replica whose replay is paused (it falls behind) holds the gate, named, until it resumes;
+//! - a replica cut off from the leader (it falls behind, then stops streaming) holds the gate,
+//!   named, until it is reconnected;
 //! - a switchover Patroni refuses (its API wants credentials the request does not give): the
 //!   leader is not stopped and the request says why.
 //!
@@ -18,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use e2e::testing::operator::{self, Operator, install_crd};
 use e2e::testing::patroni::{self, State, Writer, Writes};
-use e2e::testing::{TestCluster, TestNamespace, init_tracing};
+use e2e::testing::{TestCluster, TestNamespace, init_tracing, procs};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject};
@@ -290,20 +291,31 @@ async fn a_synchronous_cluster_shrinks_with_one_switchover_and_no_lost_row() {
     migrate("patroni-sync-shrink", Kind::Shrink, true).await;
 }
 
-/// Pauses WAL replay on `pod` (it keeps receiving, its replayed position stops) and writes a
-/// few MB on the leader, so that it trails by more than `maxLagBytes`.
-async fn make_lag(ns: &TestNamespace, pod: &str, leader_ip: &str) {
-    let ips = patroni::member_ips(ns).await;
-    let ip = &ips.iter().find(|(p, _)| p == pod).expect("the pod's IP").1;
-    patroni::query(ip, "SELECT pg_wal_replay_pause()")
-        .await
-        .expect("pause replay");
+/// A process of member pod `pod` (its network namespace is the pod's).
+fn member_pid(ns: &TestNamespace, pod: &str) -> i32 {
+    let pids = [("postgres", ""), ("python3", "patroni")]
+        .iter()
+        .flat_map(|(program, arg)| procs::pod_processes(program, arg, &ns.name, pod))
+        .collect::<Vec<_>>();
+    *pids
+        .first()
+        .unwrap_or_else(|| panic!("no process of {pod} found"))
+}
+
+/// Cuts replica `pod` off from the leader (a blackhole route in its pod's network namespace:
+/// it stops receiving WAL; Patroni cannot undo that, as it undoes a paused replay) and writes a
+/// few MB on the leader, so that the replica trails by more than `maxLagBytes`, then stops
+/// streaming once the leader's `wal_sender_timeout` drops it.
+async fn make_lag(ns: &TestNamespace, pod: &str, leader_ip: &str) -> i32 {
+    let pid = member_pid(ns, pod);
+    procs::cut_off(pid, leader_ip).expect("cut the replica off from the leader");
     patroni::query(
         leader_ip,
         "CREATE TABLE filler AS SELECT g, repeat('x', 200) AS pad FROM generate_series(1, 20000) g",
     )
     .await
     .expect("write on the leader");
+    pid
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -315,12 +327,8 @@ async fn a_lagging_replica_holds_the_gate_naming_itself_until_it_catches_up() {
     replicas.sort();
     // The first replica goes first; the second lags before that.
     let (first, lagging) = (replicas[0].clone(), replicas[1].clone());
-    make_lag(
-        &ns,
-        &lagging,
-        before.leader_ip.as_deref().expect("leader IP"),
-    )
-    .await;
+    let leader_ip = before.leader_ip.clone().expect("leader IP");
+    let pid = make_lag(&ns, &lagging, &leader_ip).await;
     let database = json!({"engine": "Patroni", "maxLagBytes": 65536});
     create_request(&ns, class_change(&cluster, database)).await;
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -328,7 +336,9 @@ async fn a_lagging_replica_holds_the_gate_naming_itself_until_it_catches_up() {
         let s = status(&ns).await;
         if let Some(c) = condition(&s, "HealthGate").filter(|c| c["status"] == "False") {
             let m = c["message"].as_str().unwrap_or("");
-            if m.contains(&format!("{lagging} is")) && m.contains("bytes of WAL behind") {
+            let lags = m.contains(&format!("{lagging} is")) && m.contains("bytes of WAL behind");
+            let gone = m.contains(&format!("{lagging}: does not stream from the leader"));
+            if lags || gone {
                 break s;
             }
         }
@@ -343,11 +353,7 @@ async fn a_lagging_replica_holds_the_gate_naming_itself_until_it_catches_up() {
         (pods.get(&first).await).is_ok_and(|p| p.metadata.deletion_timestamp.is_none()),
         "{first} is not stopped while {lagging} lags: {held:#}"
     );
-    let ips = patroni::member_ips(&ns).await;
-    let ip = &ips.iter().find(|(p, _)| p == &lagging).expect("IP").1;
-    patroni::query(ip, "SELECT pg_wal_replay_resume()")
-        .await
-        .expect("resume replay");
+    procs::reconnect(pid, &leader_ip).expect("reconnect the replica");
     let done = wait_final(&ns).await;
     assert_eq!(done["phase"], "Successful", "{done:#}");
     assert_eq!(

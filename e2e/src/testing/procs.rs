@@ -78,19 +78,26 @@ fn environ(pid: i32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The pids of the ZooKeeper JVMs (`java ... QuorumPeerMain`) of member pod `pod` of namespace
-/// `ns`: the fixture sets `POD_NAME` and `NAMESPACE` in the container's environment.
-pub fn zookeeper_member(ns: &str, pod: &str) -> Vec<i32> {
+/// The pids of the processes running `program` whose arguments include one ending in `arg`
+/// (any, when empty) in member pod `pod` of namespace `ns`: the fixtures set `POD_NAME` and
+/// `NAMESPACE` in the container's environment.
+pub fn pod_processes(program: &str, arg: &str, ns: &str, pod: &str) -> Vec<i32> {
     let (want_pod, want_ns) = (format!("POD_NAME={pod}"), format!("NAMESPACE={ns}"));
-    processes("java")
+    processes(program)
         .into_iter()
-        .filter(|(_, args)| args.iter().any(|a| a.ends_with("QuorumPeerMain")))
+        .filter(|(_, args)| args.iter().any(|a| a.ends_with(arg)))
         .filter(|(pid, _)| {
             let env = environ(*pid);
             env.contains(&want_pod) && env.contains(&want_ns)
         })
         .map(|(pid, _)| pid)
         .collect()
+}
+
+/// The pids of the ZooKeeper JVMs (`java ... QuorumPeerMain`) of member pod `pod` of namespace
+/// `ns`.
+pub fn zookeeper_member(ns: &str, pod: &str) -> Vec<i32> {
+    pod_processes("java", "QuorumPeerMain", ns, pod)
 }
 
 /// Runs `ip ARGS` in the network namespace of process `pid` (a pod's, on the local cluster).
