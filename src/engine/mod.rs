@@ -21,6 +21,7 @@
 
 use std::fmt;
 
+use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 pub use crate::api::Role;
@@ -234,6 +235,33 @@ pub enum FinalHashError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid database settings: {0}")]
 pub struct InvalidSettings(pub String);
+
+/// A member pod as an engine that reaches members at their IP sees it (Patroni, Redis).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PodInfo {
+    pub name: String,
+    pub ip: Option<String>,
+    pub terminating: bool,
+}
+
+impl PodInfo {
+    /// Name, IP and whether it is being deleted.
+    pub fn of(pod: &Pod) -> Self {
+        Self {
+            name: pod.metadata.name.clone().unwrap_or_default(),
+            ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+        }
+    }
+
+    /// Is `host` this pod: its IP, or a DNS name whose first label is the pod's name (the
+    /// StatefulSet hostname `NAME-N.SVC.NS.svc.cluster.local`)?
+    pub fn is(&self, host: &str) -> bool {
+        self.ip.as_deref() == Some(host)
+            || (host.parse::<std::net::IpAddr>().is_err()
+                && host.split('.').next() == Some(self.name.as_str()))
+    }
+}
 
 /// Ordinal of a StatefulSet pod name (`etcd-2` → 2).
 pub fn pod_ordinal(pod: &str) -> Option<u32> {

@@ -129,24 +129,7 @@ pub struct DynamicConfig {
     pub pause: bool,
 }
 
-/// A member pod as the engine sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PodInfo {
-    pub name: String,
-    pub ip: Option<String>,
-    pub terminating: bool,
-}
-
-impl PodInfo {
-    /// Name, IP and whether it is being deleted.
-    pub fn of(pod: &Pod) -> Self {
-        Self {
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-        }
-    }
-}
+pub use super::PodInfo;
 
 /// Ordinal order of pods by name.
 pub fn sort_key(pod: &Pod) -> (u32, String) {

@@ -24,12 +24,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
-
 use super::{
     FinalCheckKind, FinalHash, Gate, HealthReport, HealthUnavailable, MemberHealth, Rules,
-    caught_up_target, followers_first, lag_gate, leader_agreed, member_lag_gate, members_gate,
-    members_healthy_with_leader, ordinal_key, quorum_gate, returned_gate,
+    caught_up_gate, caught_up_target, followers_first, members_healthy_with_leader, ordinal_key,
+    quorum_gate, replicated_gate,
 };
 use crate::api::DatabaseSpec;
 
@@ -160,32 +158,7 @@ pub fn parse_keyspace(text: &str) -> BTreeMap<String, u64> {
 /// `NOMAJ`, an unknown master).
 pub type Quorum = Result<String, String>;
 
-/// A member pod as the engine sees it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct PodInfo {
-    pub name: String,
-    pub ip: Option<String>,
-    pub terminating: bool,
-}
-
-impl PodInfo {
-    /// Name, IP and whether it is being deleted.
-    pub fn of(pod: &Pod) -> Self {
-        Self {
-            name: pod.metadata.name.clone().unwrap_or_default(),
-            ip: pod.status.as_ref().and_then(|s| s.pod_ip.clone()),
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-        }
-    }
-
-    /// Is `host` this pod: its IP, or a DNS name whose first label is the pod's name (the
-    /// StatefulSet hostname `NAME-N.SVC.NS.svc.cluster.local`)?
-    pub fn is(&self, host: &str) -> bool {
-        self.ip.as_deref() == Some(host)
-            || (host.parse::<std::net::IpAddr>().is_err()
-                && host.split('.').next() == Some(self.name.as_str()))
-    }
-}
+pub use super::PodInfo;
 
 /// What one member pod answered: its Redis and its Sentinel.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -502,16 +475,10 @@ impl Rules for RedisRules {
     }
 
     fn gate_before_stop(&self, report: &HealthReport, pod: &str) -> Gate {
-        if let Some(wait) = members_gate(report, pod) {
-            return wait;
-        }
-        let leader = match leader_agreed(report) {
+        let leader = match replicated_gate(report, pod, self.max_lag, UNIT) {
             Ok(leader) => leader,
             Err(wait) => return wait,
         };
-        if let Some(wait) = lag_gate(report, self.max_lag, UNIT) {
-            return wait;
-        }
         // Each member pod runs a Sentinel: a majority of them must stay up.
         if let Some(wait) = quorum_gate(report, pod) {
             return wait;
@@ -523,13 +490,7 @@ impl Rules for RedisRules {
     }
 
     fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {
-        if let Some(wait) = returned_gate(report, pod) {
-            return wait;
-        }
-        if let Err(wait) = leader_agreed(report) {
-            return wait;
-        }
-        member_lag_gate(report, pod, self.max_lag, UNIT).unwrap_or(Gate::Open)
+        caught_up_gate(report, pod, self.max_lag, UNIT)
     }
 
     fn handover_target(
