@@ -3133,3 +3133,33 @@ fn a_temporary_claim_of_another_request_is_neither_adopted_nor_deleted() {
     );
     assert!(left.metadata.deletion_timestamp.is_none());
 }
+
+/// The Patroni engine through the simulator, as etcd above: replicas first, a switchover to a
+/// migrated replica, the leader last, and the replayed-WAL agreement recorded before Success.
+/// (The simulator's health keeps no synchronous standby: that order is unit-tested with the
+/// rules, `engine::patroni::tests`.)
+#[test]
+fn patroni_moves_the_replicas_first_and_switches_over_before_the_leader() {
+    let mut spec = spec_class_change("fast");
+    spec.database.engine = crate::api::DatabaseEngine::Patroni;
+    let mut o = etcd_observed(spec);
+    o.final_hash = Some(Ok(Some(agreed(
+        "timeline 2, WAL 0/4090598",
+        &["etcd-0", "etcd-1", "etcd-2"],
+    ))));
+    let mut sim = Sim::new(o);
+    sim.run(500);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    let order: Vec<&str> = s.members.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(order, ["etcd-1", "etcd-2", "etcd-0"]);
+    let handovers: Vec<&Action> = (sim.log.iter())
+        .filter(|a| matches!(a, Action::TransferLeadership { .. }))
+        .collect();
+    assert_eq!(handovers.len(), 1, "one switchover: {handovers:?}");
+    assert!(
+        matches!(handovers[0], Action::TransferLeadership { from, .. } if from == "etcd-0"),
+        "{handovers:?}"
+    );
+    assert_eq!(s.final_hash.as_deref(), Some("timeline 2, WAL 0/4090598"));
+}
