@@ -926,6 +926,39 @@ pub struct MemberStatus {
     /// Where each further claim of the member stands (the plan's `furtherClaims`, in order).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub further_claims: Vec<ClaimStatus>,
+    /// Set when the member led the database at its turn: how leadership left it (a handover
+    /// the operator asked for, or the election that followed its stop) and how long until the
+    /// operator saw another member lead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_change: Option<LeaderChange>,
+}
+
+/// How leadership left a member that led when its turn came, as the operator saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderChange {
+    /// The member that led (this member's pod).
+    pub from: String,
+    /// The member seen leading afterwards, once seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// `Handover`: the operator asked the engine to move leadership before the stop.
+    /// `Election`: the engine has no handover (ZooKeeper without dynamic reconfiguration), so the
+    /// member stopped while it led and the others elected a new leader.
+    pub how: LeaderChangeKind,
+    /// When the handover was first asked for, or when the leader's pod was deleted.
+    pub started: Time,
+    /// Seconds from `started` until the operator first saw the members agree on another
+    /// leader: an upper bound, since the operator looks about once a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<f64>,
+}
+
+/// How leadership moved (see [`LeaderChange`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum LeaderChangeKind {
+    Handover,
+    Election,
 }
 
 /// Where one claim of a member stands: its first claim's (flattened into [`MemberStatus`]) or
@@ -992,6 +1025,11 @@ pub struct PolicyReset {
 }
 
 impl MemberStatus {
+    /// True while the member's leader change waits to be seen done.
+    pub fn leader_change_pending(&self) -> bool {
+        (self.leader_change.as_ref()).is_some_and(|c| c.seconds.is_none())
+    }
+
     /// The status of claim `slot` (0: `first_claim`; `k`: `furtherClaims[k-1]`).
     pub fn claim_status(&self, slot: usize) -> ClaimStatus {
         match slot.checked_sub(1) {

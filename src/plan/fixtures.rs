@@ -1145,7 +1145,17 @@ impl Sim {
                 m.position = Some(100);
                 m.leader = leader.as_deref() == Some(m.pod.as_str());
             }
-            report.leader = leader.filter(|l| self.o.pods.contains_key(l));
+            report.leader = match leader {
+                // The leader's pod is gone: an election is under way, this look sees no leader.
+                Some(l) => Some(l).filter(|l| self.o.pods.contains_key(l)),
+                // The next look sees the highest member still Ready elected (ZooKeeper's ties).
+                None => (report.members.iter().rev())
+                    .find(|m| m.healthy)
+                    .map(|m| m.pod.clone()),
+            };
+            for m in &mut report.members {
+                m.leader = report.leader.as_deref() == Some(m.pod.as_str());
+            }
             report.voting_members = Some(3);
         }
         self.o.health = Ok(report);

@@ -24,7 +24,10 @@ use super::{
     pod_ready, pod_ready_since, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
-use crate::api::{ClaimStatus, MemberStatus, MemberStep, Plan, PlannedMember, VerifyMode};
+use crate::api::{
+    ClaimStatus, LeaderChange, LeaderChangeKind, MemberStatus, MemberStep, Plan, PlannedMember,
+    VerifyMode,
+};
 use crate::build::{self, JobKind, JobResult, Verification};
 use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
@@ -115,6 +118,7 @@ fn on_claim(i: usize, m: &PlannedMember, ms: &MemberStatus, mode: Mode, slot: us
 /// Not into `RecreatingPod` from a round that did not read the database's health (its gate
 /// needs it; see [`super::reads_health`]).
 pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
+    note_leader_change(cx, i);
     let health_read =
         cx.o.request
             .status
@@ -705,6 +709,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
                 "LeaderTransfer",
                 format!("member {pod} is the leader: handing leadership to {to}"),
             );
+            start_leader_change(cx, pod, LeaderChangeKind::Handover);
             cx.act(Action::TransferLeadership {
                 from: pod.to_string(),
                 to,
@@ -718,6 +723,45 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
                 Gate::TransferLeadershipFirst
             ),
         ),
+    }
+}
+
+/// Records that leadership starts to leave `pod` (its first handover asked, or its pod deleted
+/// while it leads); [`note_leader_change`] records its end.
+fn start_leader_change(cx: &mut Ctx, pod: &str, how: LeaderChangeKind) {
+    let now = cx.now.clone();
+    let Some(ms) = cx.status.members.iter_mut().find(|m| m.pod == pod) else {
+        return;
+    };
+    if ms.leader_change.as_ref().is_some_and(|c| c.how == how) {
+        return;
+    }
+    ms.leader_change = Some(LeaderChange {
+        from: pod.to_string(),
+        to: None,
+        how,
+        started: now,
+        seconds: None,
+    });
+}
+
+/// Member `i`'s leader change is done once the members agree on another leader: records who
+/// and how long after its start ([`start_leader_change`]).
+fn note_leader_change(cx: &mut Ctx, i: usize) {
+    let Ok(report) = &cx.o.health else {
+        return;
+    };
+    let now = cx.now.0;
+    let Some(change) = (cx.status.members.get_mut(i))
+        .and_then(|m| m.leader_change.as_mut())
+        .filter(|c| c.seconds.is_none())
+    else {
+        return;
+    };
+    if let Some(leader) = report.leader.as_ref().filter(|l| **l != change.from) {
+        let millis = now.as_millisecond() - change.started.0.as_millisecond();
+        change.to = Some(leader.clone());
+        change.seconds = Some(millis.max(0) as f64 / 1000.0);
     }
 }
 
@@ -814,6 +858,10 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
                 && let Some(ms) = ms_mut(cx, mb)
             {
                 ms.pod_deleted_at = Some(now);
+            }
+            let leads = (cx.o.health.as_ref()).is_ok_and(|r| r.leader.as_ref() == Some(&m.pod));
+            if leads {
+                start_leader_change(cx, &m.pod, LeaderChangeKind::Election);
             }
             cx.delete(Kind::Pod, m.pod.clone(), p.uid());
             cx.wait(Duration::from_secs(1));

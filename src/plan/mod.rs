@@ -780,7 +780,9 @@ pub(crate) fn in_flight(status: &StorageMigrationRequestStatus) -> Option<usize>
 /// cluster layer asks the database only then: in Preflight (roles, the engine's checks) and in
 /// Migrating, except while the member in flight is down between its stop and its recreated
 /// claim (the final copy, its verification and the claim swap). No gate is due in those steps,
-/// and a read would wait on the stopped member every round of the member's downtime. The step
+/// and a read would wait on the stopped member every round of the member's downtime; only a
+/// leader that stopped while it led is followed there, until another member is seen leading
+/// (`MemberStatus::leader_change`: the election's length). The step
 /// before each gate (PreCopying, RecreatingClaim) still reads it, so a gate never meets a
 /// report that was not gathered. A final request reads none.
 pub fn reads_health(status: &StorageMigrationRequestStatus) -> bool {
@@ -791,7 +793,7 @@ pub fn reads_health(status: &StorageMigrationRequestStatus) -> bool {
         Stage::Preflight => true,
         Stage::Migrating => !in_flight(status)
             .and_then(|i| status.members.get(i))
-            .is_some_and(|m| m.step.down_without_gate()),
+            .is_some_and(|m| m.step.down_without_gate() && !m.leader_change_pending()),
         _ => false,
     }
 }

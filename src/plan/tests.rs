@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use super::fixtures::*;
 use super::member::{BIND_NUDGE_FALLBACK_SECONDS, BIND_NUDGE_LOST_RACE_SECONDS, SWAP_POLL};
 use super::*;
-use crate::api::{ApplyPolicy, MemberStatus, Phase, Stage};
+use crate::api::{ApplyPolicy, LeaderChangeKind, MemberStatus, Phase, Stage};
 use crate::build::{self, JobKind};
 use crate::engine::{FinalHashError, HealthUnavailable, Role};
 use crate::labels;
@@ -3162,4 +3162,100 @@ fn patroni_moves_the_replicas_first_and_switches_over_before_the_leader() {
         "{handovers:?}"
     );
     assert_eq!(s.final_hash.as_deref(), Some("timeline 2, WAL 0/4090598"));
+    let change = s.members[2]
+        .leader_change
+        .clone()
+        .expect("the leader change on record");
+    assert_eq!(change.how, LeaderChangeKind::Handover);
+    assert_eq!(
+        (change.from.as_str(), change.to.as_deref()),
+        ("etcd-0", Some("etcd-1"))
+    );
+    assert!(change.seconds.is_some_and(|s| s >= 0.0), "{change:?}");
+    assert!(
+        s.members[..2].iter().all(|m| m.leader_change.is_none()),
+        "only the leader's turn changes leadership"
+    );
+}
+
+/// Runs a request of `engine` through the simulator with the three members `etcd-0..2`
+/// (`etcd-0` leading) and the members' agreement `hash` for the final check.
+fn engine_sim(engine: crate::api::DatabaseEngine, hash: &str) -> Sim {
+    let mut spec = spec_class_change("fast");
+    spec.database.engine = engine;
+    let mut o = etcd_observed(spec);
+    o.final_hash = Some(Ok(Some(agreed(hash, &["etcd-0", "etcd-1", "etcd-2"]))));
+    let mut sim = Sim::new(o);
+    sim.run(500);
+    sim
+}
+
+fn handovers(sim: &Sim) -> Vec<&Action> {
+    (sim.log.iter())
+        .filter(|a| matches!(a, Action::TransferLeadership { .. }))
+        .collect()
+}
+
+/// Redis with Sentinel through the simulator: the replicas first, one steered failover from
+/// the master to a migrated replica (recorded as a handover with its length), the master last,
+/// the offsets' agreement on record before Success.
+#[test]
+fn redis_sentinel_moves_the_replicas_first_and_fails_over_once_before_the_master() {
+    let sim = engine_sim(
+        crate::api::DatabaseEngine::RedisSentinel,
+        "offset 91210, keys db0=1804",
+    );
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    let order: Vec<&str> = s.members.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(order, ["etcd-1", "etcd-2", "etcd-0"]);
+    let moves = handovers(&sim);
+    assert_eq!(moves.len(), 1, "one failover: {moves:?}");
+    assert!(
+        matches!(moves[0], Action::TransferLeadership { from, to } if from == "etcd-0" && to == "etcd-1"),
+        "to the first migrated replica: {moves:?}"
+    );
+    let change = s.members[2].leader_change.clone().expect("on record");
+    assert_eq!(change.how, LeaderChangeKind::Handover);
+    assert_eq!(change.to.as_deref(), Some("etcd-1"));
+    assert_eq!(s.final_hash.as_deref(), Some("offset 91210, keys db0=1804"));
+}
+
+/// ZooKeeper through the simulator: the followers first, no handover asked (there is none),
+/// the leader stopped last while it led, and the election that followed on record: who leads
+/// after, and how long until the operator saw it (it follows the election through the old
+/// leader's downtime, when it otherwise reads no health).
+#[test]
+fn zookeeper_moves_the_leader_last_and_records_the_election() {
+    let sim = engine_sim(
+        crate::api::DatabaseEngine::ZooKeeper,
+        "zxid 0x200000253, 2106 znodes",
+    );
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    let order: Vec<&str> = s.members.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(order, ["etcd-1", "etcd-2", "etcd-0"]);
+    assert!(handovers(&sim).is_empty(), "{:?}", handovers(&sim));
+    let leader = &s.members[2];
+    let change = leader
+        .leader_change
+        .clone()
+        .expect("the election on record");
+    assert_eq!(change.how, LeaderChangeKind::Election);
+    assert_eq!(change.from, "etcd-0");
+    assert_eq!(
+        change.to.as_deref(),
+        Some("etcd-2"),
+        "the highest member left"
+    );
+    assert_eq!(Some(&change.started), leader.pod_deleted_at.as_ref());
+    let (seconds, downtime) = (change.seconds.unwrap(), leader.downtime_seconds.unwrap());
+    assert!(
+        seconds > 0.0 && seconds < downtime,
+        "seen during the leader's downtime: {seconds} s of {downtime} s"
+    );
+    assert_eq!(
+        s.final_hash.as_deref(),
+        Some("zxid 0x200000253, 2106 znodes")
+    );
 }

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::api::{
-    CopyPass, CopyProgress, MemberStatus, MemberStep, Phase, Plan, PlannedMember, PlannedWork,
-    Role, StorageMigrationRequestStatus,
+    CopyPass, CopyProgress, LeaderChange, LeaderChangeKind, MemberStatus, MemberStep, Phase, Plan,
+    PlannedMember, PlannedWork, Role, StorageMigrationRequestStatus,
 };
 use crate::plan::claims::{member_claims, plan_claims};
 use crate::plan::preflight::{self, Denial};
@@ -88,6 +88,9 @@ pub fn member_line(m: &MemberStatus) -> String {
         }
         if let Some(b) = m.first_claim.bytes_copied {
             let _ = write!(s, "  copied {}", bytes(b));
+        }
+        if let Some(c) = &m.leader_change {
+            let _ = write!(s, "  {}", leader_change(c));
         }
     } else if let Some(msg) = &m.message {
         s.push_str(msg);
@@ -407,7 +410,24 @@ pub fn member_times(m: &MemberStatus) -> Vec<String> {
     if let Some(w) = m.first_claim.bytes_written {
         lines.push(format!("    {:<12} {}", "written", bytes(w)));
     }
+    if let Some(c) = &m.leader_change {
+        lines.push(format!("    {:<12} {}", "leadership", leader_change(c)));
+    }
     lines
+}
+
+/// How leadership left a member that led: `handed over to etcd-1 in 1.2s`, `elected zk-1 0.9s
+/// after the stop`, or what is still awaited.
+pub fn leader_change(c: &LeaderChange) -> String {
+    let to = c.to.as_deref().unwrap_or("another member");
+    match (c.how, c.seconds) {
+        (LeaderChangeKind::Handover, Some(s)) => format!("handed over to {to} in {s:.1}s"),
+        (LeaderChangeKind::Handover, None) => format!("handover from {} asked", c.from),
+        (LeaderChangeKind::Election, Some(s)) => format!("elected {to} {s:.1}s after the stop"),
+        (LeaderChangeKind::Election, None) => {
+            format!("{} stopped while leading: election under way", c.from)
+        }
+    }
 }
 
 /// One event: time, type, reason, message.
@@ -532,6 +552,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(member_line(&pending), "  etcd-2       Pending");
+        m.leader_change = Some(LeaderChange {
+            from: "etcd-1".into(),
+            to: Some("etcd-2".into()),
+            how: LeaderChangeKind::Election,
+            started: Time(Timestamp::from_second(100).unwrap()),
+            seconds: Some(0.94),
+        });
+        assert_eq!(
+            member_line(&m),
+            "  etcd-1       Done                downtime 4.2s  copied 2.0 KiB  elected etcd-2 \
+             0.9s after the stop"
+        );
+        m.leader_change.as_mut().unwrap().how = LeaderChangeKind::Handover;
+        assert!(
+            member_times(&m).contains(&"    leadership   handed over to etcd-2 in 0.9s".into())
+        );
     }
 
     #[test]
