@@ -115,6 +115,53 @@ async fn no_acknowledged_znode_lost(ns: &TestNamespace, writes: &Writes) {
     }
 }
 
+/// The old leader's member records the election that followed its stop: another member
+/// seen leading, within the old leader's downtime.
+fn election_on_record(status: &Value, leader: &str) {
+    let last = &status["members"][2];
+    let change = &last["leaderChange"];
+    println!("NOTE election on record: {change}");
+    assert_eq!(last["pod"], leader, "{status:#}");
+    assert_eq!(change["how"], "Election", "{status:#}");
+    assert_eq!(change["from"], leader, "{status:#}");
+    assert!(
+        change["to"].as_str().is_some_and(|to| to != leader),
+        "another member leads: {change}"
+    );
+    let second = |v: &Value| {
+        v.as_str()?
+            .parse::<jiff::Timestamp>()
+            .ok()
+            .map(|t| t.as_second())
+    };
+    assert_eq!(
+        second(&change["started"]),
+        second(&last["podDeletedAt"]),
+        "started when the leader's pod was deleted: {change}"
+    );
+    // Seen before the old leader was back: `finished` is in whole seconds, hence the second.
+    let at = |v: &Value| v.as_str()?.parse::<jiff::Timestamp>().ok();
+    let seconds = change["seconds"].as_f64().unwrap_or(-1.0);
+    let seen = at(&change["started"]).and_then(|t| {
+        t.checked_add(jiff::SignedDuration::from_secs_f64(seconds))
+            .ok()
+    });
+    let back = at(&last["finished"]).map(|t| t + jiff::SignedDuration::from_secs(1));
+    assert!(
+        seconds > 0.0 && seen.zip(back).is_some_and(|(s, b)| s <= b),
+        "the election seen while the old leader was down: {change}, finished {}",
+        last["finished"]
+    );
+    // The election itself, when a look fell inside it (none may: it can be shorter than the
+    // time between two looks).
+    if let Some(e) = change["electionSeconds"].as_f64() {
+        assert!(
+            e >= 0.0 && e <= seconds && at(&change["leaderless"]).is_some(),
+            "the election from the first look without a leader: {change}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ensemble_changes_class_leader_last_and_loses_no_znode() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -160,6 +207,7 @@ async fn an_ensemble_changes_class_leader_last_and_loses_no_znode() {
     );
     assert_eq!(status["phase"], "Successful", "{status:#}");
     no_acknowledged_znode_lost(&ns, &writes).await;
+    election_on_record(&status, &leader);
     let used = order(&status);
     assert_eq!(
         used.last(),

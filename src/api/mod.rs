@@ -5,7 +5,7 @@
 
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, Time};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -946,12 +946,23 @@ pub struct LeaderChange {
     /// `Election`: the engine has no handover (ZooKeeper without dynamic reconfiguration), so the
     /// member stopped while it led and the others elected a new leader.
     pub how: LeaderChangeKind,
-    /// When the handover was first asked for, or when the leader's pod was deleted.
-    pub started: Time,
+    /// When the handover was first asked for, or when the leader's pod was deleted (to the
+    /// microsecond: `podDeletedAt` is in whole seconds).
+    pub started: MicroTime,
     /// Seconds from `started` until the operator first saw the members agree on another
-    /// leader: an upper bound, since the operator looks about once a second.
+    /// leader: an upper bound by up to one look (the operator looks at least once a second
+    /// while it waits for it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seconds: Option<f64>,
+    /// `Election` only: when the operator first saw no member lead (the old leader gone, the
+    /// election under way). Unset when the new leader was already there at the first look
+    /// without the old one: the election was shorter than the time between two looks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leaderless: Option<MicroTime>,
+    /// `Election` only: seconds from `leaderless` until another member was seen leading: the
+    /// election as the operator saw it, to about a second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub election_seconds: Option<f64>,
 }
 
 /// How leadership moved (see [`LeaderChange`]).

@@ -31,7 +31,7 @@ use crate::api::{
 use crate::build::{self, JobKind, JobResult, Verification};
 use crate::engine::{self, Gate, HealthReport};
 use crate::labels::{self, BIND_NUDGE_ANNOTATION, SELECTED_NODE_ANNOTATION};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
 /// Seconds between two nudges of a recreated claim that stays Pending.
 pub const BIND_NUDGE_AFTER_SECONDS: i64 = 1;
@@ -729,7 +729,7 @@ fn transfer_leadership(cx: &mut Ctx, report: &HealthReport, pod: &str) {
 /// Records that leadership starts to leave `pod` (its first handover asked, or its pod deleted
 /// while it leads); [`note_leader_change`] records its end.
 fn start_leader_change(cx: &mut Ctx, pod: &str, how: LeaderChangeKind) {
-    let now = cx.now.clone();
+    let now = MicroTime(cx.now.0);
     let Some(ms) = cx.status.members.iter_mut().find(|m| m.pod == pod) else {
         return;
     };
@@ -742,11 +742,15 @@ fn start_leader_change(cx: &mut Ctx, pod: &str, how: LeaderChangeKind) {
         how,
         started: now,
         seconds: None,
+        leaderless: None,
+        election_seconds: None,
     });
 }
 
 /// Member `i`'s leader change is done once the members agree on another leader: records who
-/// and how long after its start ([`start_leader_change`]).
+/// and how long after its start ([`start_leader_change`]); for an election, also when no member
+/// was first seen leading, and how long after that. Looks again within a second while it
+/// waits.
 fn note_leader_change(cx: &mut Ctx, i: usize) {
     let Ok(report) = &cx.o.health else {
         return;
@@ -758,10 +762,23 @@ fn note_leader_change(cx: &mut Ctx, i: usize) {
     else {
         return;
     };
-    if let Some(leader) = report.leader.as_ref().filter(|l| **l != change.from) {
-        let millis = now.as_millisecond() - change.started.0.as_millisecond();
-        change.to = Some(leader.clone());
-        change.seconds = Some(millis.max(0) as f64 / 1000.0);
+    if change.how == LeaderChangeKind::Election
+        && change.leaderless.is_none()
+        && report.leader.is_none()
+    {
+        change.leaderless = Some(MicroTime(now));
+    }
+    let seconds = |since: k8s_openapi::jiff::Timestamp| {
+        (now.as_millisecond() - since.as_millisecond()).max(0)
+    };
+    match report.leader.as_ref().filter(|l| **l != change.from) {
+        Some(leader) => {
+            change.to = Some(leader.clone());
+            change.seconds = Some(seconds(change.started.0) as f64 / 1000.0);
+            change.election_seconds =
+                (change.leaderless.as_ref()).map(|s| seconds(s.0) as f64 / 1000.0);
+        }
+        None => cx.wait(Duration::from_secs(1)),
     }
 }
 

@@ -3248,11 +3248,19 @@ fn zookeeper_moves_the_leader_last_and_records_the_election() {
         Some("etcd-2"),
         "the highest member left"
     );
-    assert_eq!(Some(&change.started), leader.pod_deleted_at.as_ref());
+    assert_eq!(
+        Some(change.started.0),
+        leader.pod_deleted_at.as_ref().map(|t| t.0)
+    );
     let (seconds, downtime) = (change.seconds.unwrap(), leader.downtime_seconds.unwrap());
     assert!(
         seconds > 0.0 && seconds < downtime,
         "seen during the leader's downtime: {seconds} s of {downtime} s"
+    );
+    let election = change.election_seconds.expect("the election's own length");
+    assert!(
+        change.leaderless.is_some() && election < seconds,
+        "from the first look without a leader: {change:?}"
     );
     assert_eq!(
         s.final_hash.as_deref(),

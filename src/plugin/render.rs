@@ -423,7 +423,15 @@ pub fn leader_change(c: &LeaderChange) -> String {
     match (c.how, c.seconds) {
         (LeaderChangeKind::Handover, Some(s)) => format!("handed over to {to} in {s:.1}s"),
         (LeaderChangeKind::Handover, None) => format!("handover from {} asked", c.from),
-        (LeaderChangeKind::Election, Some(s)) => format!("elected {to} {s:.1}s after the stop"),
+        (LeaderChangeKind::Election, Some(s)) => match c.election_seconds {
+            Some(e) => format!(
+                "elected {to} {e:.1}s after {} stopped leading ({s:.1}s after its pod was \
+                 deleted)",
+                c.from
+            ),
+            // The new leader was there at the first look without the old one.
+            None => format!("{to} leading {s:.1}s after {}'s pod was deleted", c.from),
+        },
         (LeaderChangeKind::Election, None) => {
             format!("{} stopped while leading: election under way", c.from)
         }
@@ -474,7 +482,7 @@ pub fn confirmed(answer: &str) -> bool {
 mod tests {
     use super::*;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 
     fn progress() -> CopyProgress {
         CopyProgress {
@@ -556,17 +564,19 @@ mod tests {
             from: "etcd-1".into(),
             to: Some("etcd-2".into()),
             how: LeaderChangeKind::Election,
-            started: Time(Timestamp::from_second(100).unwrap()),
-            seconds: Some(0.94),
+            started: MicroTime(Timestamp::from_second(100).unwrap()),
+            seconds: Some(3.67),
+            leaderless: Some(MicroTime(Timestamp::from_second(103).unwrap())),
+            election_seconds: Some(0.31),
         });
         assert_eq!(
             member_line(&m),
             "  etcd-1       Done                downtime 4.2s  copied 2.0 KiB  elected etcd-2 \
-             0.9s after the stop"
+             0.3s after etcd-1 stopped leading (3.7s after its pod was deleted)"
         );
         m.leader_change.as_mut().unwrap().how = LeaderChangeKind::Handover;
         assert!(
-            member_times(&m).contains(&"    leadership   handed over to etcd-2 in 0.9s".into())
+            member_times(&m).contains(&"    leadership   handed over to etcd-2 in 3.7s".into())
         );
     }
 
