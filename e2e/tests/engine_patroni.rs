@@ -196,6 +196,9 @@ async fn check_switched_over_once(
         "the leader changed at {switched}, before its pod was deleted at {deleted} (a \
          switchover, not a failover)"
     );
+    let new_leader = after.leader.clone().expect("a leader after");
+    let handover = operator::handover_on_record(status, &old_leader, &new_leader);
+    println!("NOTE {test}: switchover on record: {handover} s");
     assert!(
         after.healthy(3),
         "every replica streams at the end: {after:?}"

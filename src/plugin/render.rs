@@ -433,7 +433,10 @@ pub fn leader_change(c: &LeaderChange) -> String {
             None => format!("{to} leading {s:.1}s after {}'s pod was deleted", c.from),
         },
         (LeaderChangeKind::Election, None) => {
-            format!("{} stopped while leading: election under way", c.from)
+            format!(
+                "{} stopped while leading; no other member seen leading yet",
+                c.from
+            )
         }
     }
 }

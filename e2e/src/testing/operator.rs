@@ -627,6 +627,32 @@ pub fn member_downtimes(status: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
+/// The old leader's member (the last migrated) records the handover the operator asked for:
+/// from it, to `to` (the member leading afterwards), and its length. Panics with the status
+/// otherwise; returns the length in seconds.
+pub fn handover_on_record(status: &serde_json::Value, from: &str, to: &str) -> f64 {
+    let last = (status["members"].as_array())
+        .and_then(|m| m.last())
+        .cloned()
+        .unwrap_or_default();
+    let change = &last["leaderChange"];
+    assert_eq!(
+        (&change["how"], &change["from"], &change["to"]),
+        (&"Handover".into(), &from.into(), &to.into()),
+        "the handover on record: {change}"
+    );
+    let seconds = change["seconds"].as_f64();
+    assert!(
+        seconds.is_some_and(|s| s >= 0.0),
+        "its length on record: {change}"
+    );
+    let others = (status["members"].as_array().into_iter().flatten())
+        .filter(|m| !m["leaderChange"].is_null())
+        .count();
+    assert_eq!(others, 1, "only the leader's member changes leadership");
+    seconds.unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
