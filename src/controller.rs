@@ -5,7 +5,9 @@
 //! reconcile instead of one step per requeue. What a request waits for wakes it up: the Jobs and
 //! helper pods it owns, and the member pods and claims its plan names (a change of one ends a
 //! pause within a reconcile at once, and queues a reconcile when none runs); a progressing
-//! request is also requeued when its planner asks (every few seconds at most).
+//! request is also requeued when its planner asks (every few seconds at most). An ended request
+//! reads nothing of the cluster (`plan::Observed::ended`) and is looked at again only when it
+//! changes (a deletion, a spec edit): it costs nothing while it stays as it is.
 //!
 //! Errors by kind ([`Retry`]): a transient one is retried with exponential backoff (1 s
 //! doubling to 60 s), a permanent one (403, 422, a bad spec, a decode error) is logged once and
@@ -253,15 +255,25 @@ pub async fn reconcile(
         let cluster = ctx.cluster();
         let waker = ctx.waker(&ObjectRef::from_obj(req.as_ref()));
         let mut requeue = plan::REQUEUE_PROGRESSING;
+        let mut ended = false;
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
                 ctx.gone(&ObjectRef::from_obj(req.as_ref()));
                 return Ok(Requeue::await_change());
             };
             let round = Instant::now();
-            let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
-            let Some(observed) = observe(&cluster, current, &engine).await? else {
-                continue;
+            ended = plan::Observed::has_ended(&current);
+            let (observed, engine) = if ended {
+                // Nothing of the cluster is read for an ended request (see `Observed::ended`).
+                let now = k8s_openapi::jiff::Timestamp::now();
+                let engine = Err("the request has ended".to_string());
+                (plan::Observed::ended(current, now), engine)
+            } else {
+                let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
+                let Some(observed) = observe(&cluster, current, &engine).await? else {
+                    continue;
+                };
+                (observed, engine)
             };
             let decision = plan::decide(&observed, &ctx.settings);
             let gathered = round.elapsed();
@@ -304,7 +316,10 @@ pub async fn reconcile(
             }
         }
         ctx.forget(&ObjectRef::from_obj(req.as_ref()));
-        Ok(if requeue.is_zero() {
+        // An ended request is looked at again only when it changes (a deletion, a spec edit).
+        Ok(if ended {
+            Requeue::await_change()
+        } else if requeue.is_zero() {
             Requeue::requeue(Duration::from_millis(100))
         } else {
             Requeue::requeue(requeue)

@@ -1,7 +1,10 @@
 //! The operator's HTTP endpoints: `/healthz` (the process serves), `/readyz` (it reaches the API
 //! server with every permission it needs), `/metrics` (Prometheus text format).
 //!
-//! Readiness is the result of [`Health::check`], run at start and every [`CHECK_PERIOD`]: the
+//! Readiness is the result of [`Health::check`], run at start, then every [`CHECK_PERIOD`] while
+//! not ready and every [`CHECK_PERIOD_READY`] once ready (one check costs a SelfSubjectAccessReview
+//! per rule and namespace, about 46 requests: every 30 s, that was most of an idle operator's
+//! API requests; a permission withdrawn later also shows as the 403 of the call that needs it): the
 //! API server answers, and a SelfSubjectAccessReview for each rule of [`crate::permissions`] is
 //! allowed. A refused permission or an unreachable API server makes `/readyz` answer 503 with the
 //! reason (which call, which rule) and is logged once per change, so a misconfigured install is
@@ -24,6 +27,8 @@ use crate::permissions::{self, CheckScope};
 
 /// How often readiness is checked again.
 pub const CHECK_PERIOD: Duration = Duration::from_secs(30);
+/// How often readiness is checked again once it holds.
+pub const CHECK_PERIOD_READY: Duration = Duration::from_secs(300);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -83,11 +88,18 @@ impl Health {
         self.set(verdict);
     }
 
-    /// Checks now and then every [`CHECK_PERIOD`], forever.
+    /// Checks now, then every [`CHECK_PERIOD`] while not ready and every [`CHECK_PERIOD_READY`]
+    /// while ready, forever.
     pub async fn keep_checking(self: Arc<Self>, client: Client, scope: CheckScope) {
         loop {
             self.check(&client, &scope).await;
-            tokio::time::sleep(CHECK_PERIOD).await;
+            let ready = self.get().is_none();
+            tokio::time::sleep(if ready {
+                CHECK_PERIOD_READY
+            } else {
+                CHECK_PERIOD
+            })
+            .await;
         }
     }
 }

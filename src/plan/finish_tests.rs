@@ -349,3 +349,49 @@ fn a_shrink_measures_and_moves_only_the_members_above_the_size() {
         assert_eq!(claim_request(claim).unwrap().0, "512Mi");
     }
 }
+
+/// An ended request is decided on itself alone (`Observed::ended`: what the controller gives it,
+/// reading nothing of the cluster): the same decision as on the full snapshot, as it ended,
+/// deleted with its finalizer, and with its spec edited; for a Successful and a Failed request.
+#[test]
+fn an_ended_request_is_decided_on_itself_alone() {
+    let mut done = Sim::new(observed(spec_class_change("fast")));
+    done.run(400);
+    let mut failed = Sim::at(MemberStep::CreatingClaim);
+    let plan = failed.status().plan.expect("a plan");
+    let temp = plan.members[0].temp_claim.clone();
+    let foreign = bound_claim(&temp, "fast", "1Gi", "pv-theirs");
+    failed.o.claims.insert(temp, foreign);
+    failed.run(400);
+    for (sim, phase) in [(done, Phase::Successful), (failed, Phase::Failed)] {
+        assert_eq!(sim.phase(), phase, "{:?}", sim.status().message);
+        let mut variants = vec![sim.o.clone()];
+        let mut deleted = sim.o.clone();
+        deleted.request.metadata.deletion_timestamp = Some(Time(sim.o.now));
+        deleted.request.metadata.finalizers = Some(vec![labels::FINALIZER.to_string()]);
+        variants.push(deleted);
+        let mut edited = sim.o.clone();
+        edited.request.spec.timeout = "3h".into();
+        edited.request.metadata.generation = Some(7);
+        variants.push(edited);
+        let mut decisions = Vec::new();
+        for full in variants {
+            assert!(Observed::has_ended(&full.request));
+            let alone = Observed::ended(full.request.clone(), full.now);
+            let d = decide(&full, &SETTINGS);
+            assert_eq!(decide(&alone, &SETTINGS), d);
+            decisions.push(d);
+        }
+        assert!(decisions[0].actions.is_empty(), "{:?}", decisions[0]);
+        assert!(
+            (decisions[1].actions.iter()).any(|a| matches!(a, Action::RemoveFinalizer)),
+            "{:?}",
+            decisions[1]
+        );
+        assert!(
+            (decisions[2].actions.iter()).any(|a| matches!(a, Action::SetStatus(_))),
+            "the edit noted: {:?}",
+            decisions[2]
+        );
+    }
+}

@@ -89,7 +89,8 @@ pub const REQUEUE_WAITING: Duration = Duration::from_secs(2);
 /// How often a request queued behind another request on the same target is looked at again
 /// (the other request's changes do not wake it).
 pub const REQUEUE_QUEUED: Duration = Duration::from_secs(5);
-/// A final request is looked at again only to notice a deletion or a spec change.
+/// What an ended request asks for. The controller does not requeue an ended request at all: a
+/// deletion or a spec change is a change of the request, which wakes it anyway.
 pub const REQUEUE_FINAL: Duration = Duration::from_secs(300);
 /// How far before a member's first copy pass the verification in `Changed` mode looks for
 /// changed files: room for the clock that stamps the source's files (the node's; a file
@@ -156,6 +157,43 @@ pub struct Observed {
     /// Node): a pod stuck terminating on a lost node is force-deleted when the Node is gone or
     /// tainted out-of-service, or the request allows it (see [`helpers::lost_pod`]).
     pub nodes: BTreeMap<String, Option<Node>>,
+}
+
+impl Observed {
+    /// True for a request that has ended (`Successful`, `Failed`): [`decide`] reads nothing of
+    /// it but the request itself ([`Observed::ended`]).
+    pub fn has_ended(request: &StorageMigrationRequest) -> bool {
+        request.status.as_ref().is_some_and(|s| s.phase.is_final())
+    }
+
+    /// The snapshot of an ended request: the request and the time, nothing else. [`decide`]
+    /// only removes its finalizer when it is deleted and notes a spec edit, so an ended request
+    /// costs no read of the cluster (the unit test `an_ended_request_is_decided_on_itself_alone`
+    /// holds this against a full snapshot).
+    pub fn ended(request: StorageMigrationRequest, now: Timestamp) -> Observed {
+        Observed {
+            request,
+            now,
+            namespace_labels: BTreeMap::new(),
+            stateful_set: None,
+            stash: Stash::default(),
+            pods: BTreeMap::new(),
+            helper_pods: BTreeMap::new(),
+            claim_users: BTreeMap::new(),
+            target_claim_users: Vec::new(),
+            deployment: None,
+            autoscalers: Vec::new(),
+            claims: BTreeMap::new(),
+            volumes: BTreeMap::new(),
+            jobs: BTreeMap::new(),
+            storage_classes: BTreeMap::new(),
+            other_requests: Vec::new(),
+            budgets: Vec::new(),
+            health: Err(HealthUnavailable::NotObservedInStage),
+            final_hash: None,
+            nodes: BTreeMap::new(),
+        }
+    }
 }
 
 /// A HorizontalPodAutoscaler and what it scales.
