@@ -296,8 +296,9 @@ async fn a_replica_out_of_sync_before_its_turn_holds_the_gate_naming_it() {
     // Replicas go in ordinal order: the first would go first; the second is cut off before.
     let replicas: Vec<String> = before.in_sync.iter().cloned().collect();
     let (first, cut) = (replicas[0].clone(), replicas[1].clone());
-    let writer = Writer::start(&ns);
+    let (writer, started) = (Writer::start(&ns), jiff::Timestamp::now());
     let pid = cut_replica_off(&ns, &master_ip, &cut).await;
+    let link_down = jiff::Timestamp::now();
     // `apply: Always`: the request starts although a replica is out of sync, and must wait.
     let spec = json!({
         "type": "StorageClassChange",
@@ -335,16 +336,20 @@ async fn a_replica_out_of_sync_before_its_turn_holds_the_gate_naming_it() {
     let writes = writer.finish().await;
     println!(
         "NOTE {test}: held with {:?}; 10 s later {:?}; writes acknowledged {} taken with no \
-         replica (WAIT 0) {} failed {}; longest gap between acknowledged writes {} ms; downtime \
-         {:?}; order {:?}",
+         replica (WAIT 0) {} failed {}; longest gap between acknowledged writes {} ms (ended \
+         {:?} in, writer started {started}, its link down at {link_down}); downtime {:?}; order {:?}; \
+         masters {:?}; first errors {:?}",
         condition(&held, "HealthGate").map(|c| &c["message"]),
         condition(&later, "HealthGate").map(|c| &c["message"]),
         writes.acked.len(),
         writes.unreplicated.len(),
         writes.failed,
         writes.longest_gap.as_millis(),
+        writes.longest_gap_ended,
         downtimes(&done),
         order(&done),
+        writes.masters,
+        writes.errors,
     );
     assert_eq!(done["phase"], "Successful", "{done:#}");
     assert_eq!(order(&done).last(), Some(&master), "the master moves last");
