@@ -177,6 +177,13 @@ pub const RULES: &[Rule] = &[
     },
     Rule {
         scope: RuleScope::Watched,
+        group: "discovery.k8s.io",
+        resource: "endpointslices",
+        verbs: &["list"],
+        why: "RedisSentinel engine: the Sentinels at the ready endpoints of redisSentinel.sentinelService",
+    },
+    Rule {
+        scope: RuleScope::Watched,
         group: "",
         resource: "events",
         verbs: &["list"],

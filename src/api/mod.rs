@@ -331,9 +331,10 @@ pub enum DatabaseEngine {
     ZooKeeper,
 }
 
-/// Settings of the `RedisSentinel` engine. The Sentinels run beside each member, in the member
-/// pod (the layout of the Bitnami chart): the operator reaches Redis and Sentinel at each
-/// member pod's IP (no cluster DNS, no Service lookup).
+/// Settings of the `RedisSentinel` engine. The operator reaches Redis at each member pod's IP;
+/// the Sentinels either beside each member, in the member pod (the layout of the Bitnami chart),
+/// at the pod's IP, or, with `sentinelService`, at the ready endpoints of that Service (no
+/// cluster DNS, no ClusterIP).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RedisSentinelSpec {
@@ -346,10 +347,17 @@ pub struct RedisSentinelSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub redis_port: Option<u16>,
-    /// Sentinel's port on every member pod (default 26379).
+    /// Sentinel's port on every member pod (default 26379); with `sentinelService`, the port
+    /// of its endpoints when their EndpointSlice has no port named `sentinel`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub sentinel_port: Option<u16>,
+    /// A Service in the request's namespace whose ready endpoints are the Sentinels (read from
+    /// its EndpointSlices, port named `sentinel`, else `sentinelPort`). Unset: a Sentinel runs
+    /// in each member pod. A Service that does not exist or has no ready endpoint is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub sentinel_service: Option<String>,
     /// Secret whose key `password` is Redis's password (`requirepass`), sent with `AUTH`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password_secret_name: Option<String>,

@@ -1,14 +1,14 @@
-//! The RedisSentinel engine, pure: Redis replicas managed by Sentinel, with a Sentinel beside
-//! each member in the member pod (the Bitnami chart's layout). What the members answered
-//! (`INFO replication` from each Redis, `SENTINEL get-master-addr-by-name` and `SENTINEL
-//! CKQUORUM` from each Sentinel), parsed here, becomes a [`HealthReport`]; [`RedisRules`] decide
-//! on it. The client that asks lives in `crate::cluster::database::redis`.
+//! The RedisSentinel engine, pure: Redis replicas managed by Sentinel, the Sentinels beside each
+//! member in the member pod (the Bitnami chart's layout) or behind a Service. What the members
+//! and the Sentinels answered (`INFO replication` from each Redis, `SENTINEL
+//! get-master-addr-by-name` and `SENTINEL CKQUORUM` from each Sentinel), parsed here, becomes a
+//! [`HealthReport`]; [`RedisRules`] decide on it. The client that asks lives in `crate::cluster::database::redis`.
 //!
 //! - **Facts.** The master is the member the Sentinels name (all that answer must agree), and
 //!   that member's own `INFO` must say `role:master`. A member's position is its replication
 //!   offset in bytes: the master's `master_repl_offset`, a replica's `slave_repl_offset`. A
-//!   replica is healthy when it replicates from that master with `master_link_status:up`; every
-//!   member is unhealthy while its Sentinel does not answer.
+//!   replica is healthy when it replicates from that master with `master_link_status:up`; a
+//!   member is unhealthy while the Sentinel in its pod (when one runs there) does not answer.
 //! - **Order**: replicas first (ordinal order), the master last.
 //! - **Stop gate**: every member healthy, every replica within `maxLagBytes` of the master,
 //!   a Sentinel answering `CKQUORUM` with OK, and a majority of the Sentinels still up once this
@@ -19,8 +19,11 @@
 //! - **Rejoin**: the member replicates from the master, link up, within `maxLagBytes`.
 //! - **Final check**: at one quiet moment, every member at the master's replication offset and
 //!   with the master's key count in every database ([`agreed_offsets`]).
-//! - **Preflight** denies when no Sentinel answers, the Sentinels do not know the master group
-//!   or disagree on its master, the quorum cannot be reached, or a member is not in sync.
+//! - **Preflight** denies when Redis and the Sentinels cannot be read (a Sentinel Service with
+//!   no ready endpoint included), no Sentinel answers, the Sentinels do not know the master
+//!   group or disagree on its master, the quorum cannot be reached, or two members say
+//!   `role:master`. A member not in sync is refused only by `apply: IfReady`; with `apply:
+//!   Always` the request starts and the gate waits for it.
 
 use std::collections::BTreeMap;
 
@@ -160,38 +163,66 @@ pub type Quorum = Result<String, String>;
 
 pub use super::PodInfo;
 
-/// What one member pod answered: its Redis and its Sentinel.
+/// What one member pod's Redis answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemberView {
     pub pod: PodInfo,
     /// `<podIP>:<redisPort>`, when the pod has an IP.
     pub endpoint: Option<String>,
     pub replication: Result<Replication, String>,
-    /// The Sentinel's `get-master-addr-by-name`: `None` when it does not know the group.
-    pub sentinel_master: Result<Option<(String, u16)>, String>,
+}
+
+/// What one Sentinel answered: beside a member, in its pod (the sidecar layout), or one of the
+/// ready endpoints of `redisSentinel.sentinelService`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelView {
+    /// Where it was asked (`<ip>:<port>`), or the member pod whose Sentinel has no address.
+    pub at: String,
+    /// The member pod it runs in, when it runs in one: that member is unhealthy while it does
+    /// not answer.
+    pub member: Option<String>,
+    /// `get-master-addr-by-name`: `None` when it does not know the group.
+    pub master: Result<Option<(String, u16)>, String>,
     pub quorum: Quorum,
 }
 
+impl SentinelView {
+    /// How messages name it: its member pod's Sentinel, or the Sentinel at its address.
+    fn label(&self) -> String {
+        match &self.member {
+            Some(pod) => format!("{pod}'s Sentinel"),
+            None => format!("the Sentinel at {}", self.at),
+        }
+    }
+}
+
 /// Who the Sentinels say the master is: the pod, the address, or why there is none.
-fn sentinel_master(views: &[MemberView]) -> Result<(Option<&PodInfo>, String), String> {
-    let answers: Vec<(&str, &(String, u16))> = views
+fn sentinel_master<'a>(
+    views: &'a [MemberView],
+    sentinels: &[SentinelView],
+) -> Result<(Option<&'a PodInfo>, String), String> {
+    let answers: Vec<(&SentinelView, &(String, u16))> = sentinels
         .iter()
-        .filter_map(|v| match &v.sentinel_master {
-            Ok(Some(addr)) => Some((v.pod.name.as_str(), addr)),
+        .filter_map(|s| match &s.master {
+            Ok(Some(addr)) => Some((s, addr)),
             _ => None,
         })
         .collect();
     let Some((_, first)) = answers.first() else {
-        let unknown = views.iter().any(|v| matches!(v.sentinel_master, Ok(None)));
+        let unknown = sentinels.iter().any(|s| matches!(s.master, Ok(None)));
         return Err(match unknown {
             true => "the Sentinels do not monitor the master group".to_string(),
             false => "no Sentinel answers".to_string(),
         });
     };
-    if let Some((pod, other)) = answers.iter().find(|(_, a)| a != first) {
+    if let Some((s, other)) = answers.iter().find(|(_, a)| a != first) {
         return Err(format!(
-            "the Sentinels disagree on the master: {}:{} and, from {pod}'s Sentinel, {}:{}",
-            first.0, first.1, other.0, other.1
+            "the Sentinels disagree on the master: {}:{} and, from {}, {}:{}",
+            first.0,
+            first.1,
+            s.label(),
+            other.0,
+            other.1
         ));
     }
     let pod = views.iter().map(|v| &v.pod).find(|p| p.is(&first.0));
@@ -202,6 +233,7 @@ fn sentinel_master(views: &[MemberView]) -> Result<(Option<&PodInfo>, String), S
 /// agreeing with its own INFO; no quorum; more than one member saying `role:master`.
 fn cluster_problems(
     views: &[MemberView],
+    sentinels: &[SentinelView],
     master: &Result<(Option<&PodInfo>, String), String>,
 ) -> Vec<String> {
     let mut problems = Vec::new();
@@ -222,13 +254,13 @@ fn cluster_problems(
             }
         }
     }
-    if !views.iter().any(|v| v.quorum.is_ok()) {
-        let why: Vec<String> = (views.iter())
-            .filter_map(|v| {
-                v.quorum
+    if !sentinels.iter().any(|s| s.quorum.is_ok()) {
+        let why: Vec<String> = (sentinels.iter())
+            .filter_map(|s| {
+                s.quorum
                     .as_ref()
                     .err()
-                    .map(|e| format!("{}: {e}", v.pod.name))
+                    .map(|e| format!("{}: {e}", s.label()))
             })
             .collect();
         problems.push(format!(
@@ -249,10 +281,10 @@ fn cluster_problems(
     problems
 }
 
-/// Turns one look at the members into a health report.
-pub fn assess(views: &[MemberView]) -> HealthReport {
-    let master = sentinel_master(views);
-    let problems = cluster_problems(views, &master);
+/// Turns one look at the members and the Sentinels into a health report.
+pub fn assess(views: &[MemberView], sentinels: &[SentinelView]) -> HealthReport {
+    let master = sentinel_master(views, sentinels);
+    let problems = cluster_problems(views, sentinels, &master);
     let master_pod = match &master {
         Ok((Some(p), _)) => Some(*p),
         _ => None,
@@ -261,7 +293,9 @@ pub fn assess(views: &[MemberView]) -> HealthReport {
         .and_then(|p| views.iter().find(|v| v.pod.name == p.name))
         .is_some_and(|v| matches!(&v.replication, Ok(r) if r.role == RedisRole::Master));
     let leader = master_pod.filter(|_| master_says_master);
-    let mut members: Vec<MemberHealth> = views.iter().map(|v| member_health(v, leader)).collect();
+    let mut members: Vec<MemberHealth> = (views.iter())
+        .map(|v| member_health(v, leader, sentinels))
+        .collect();
     members.sort_by(|a, b| ordinal_key(&a.pod).cmp(&ordinal_key(&b.pod)));
     HealthReport {
         leader: leader.map(|p| p.name.clone()),
@@ -273,7 +307,11 @@ pub fn assess(views: &[MemberView]) -> HealthReport {
 }
 
 /// One member's health (see the module doc).
-fn member_health(view: &MemberView, master: Option<&PodInfo>) -> MemberHealth {
+fn member_health(
+    view: &MemberView,
+    master: Option<&PodInfo>,
+    sentinels: &[SentinelView],
+) -> MemberHealth {
     let is_master = master.is_some_and(|m| m.name == view.pod.name);
     let mut why = Vec::new();
     if view.pod.terminating {
@@ -287,7 +325,10 @@ fn member_health(view: &MemberView, master: Option<&PodInfo>) -> MemberHealth {
         Ok(r) if !is_master => why.extend(replica_problems(r, master)),
         Ok(_) => {}
     }
-    if let Err(e) = &view.sentinel_master {
+    let own = sentinels
+        .iter()
+        .filter(|s| s.member.as_deref() == Some(view.pod.name.as_str()));
+    for e in own.filter_map(|s| s.master.as_ref().err()) {
         why.push(format!("its Sentinel does not answer: {e}"));
     }
     let replication = view.replication.as_ref().ok();
@@ -515,12 +556,25 @@ impl Rules for RedisRules {
         members_healthy_with_leader(report)
     }
 
+    /// Denied whatever `apply` says: Redis and the Sentinels cannot be read (the Sentinel
+    /// Service gives none included), or the group as a whole is wrong (no master the Sentinels
+    /// agree on, no quorum, two masters). A member out of sync only waits (`apply: Always`) or
+    /// is refused by `apply: IfReady` ([`Rules::healthy_for_start`]).
     fn preflight(&self, health: &Result<HealthReport, HealthUnavailable>) -> Result<(), String> {
-        match health {
-            Err(e) => Err(format!("Redis and its Sentinels cannot be read: {e}")),
-            Ok(report) => members_healthy_with_leader(report).map_err(|wrong| {
-                format!("the Redis master group is not ready to migrate: {wrong}")
-            }),
+        let report = match health {
+            Err(e) => return Err(format!("Redis and its Sentinels cannot be read: {e}")),
+            Ok(report) => report,
+        };
+        let mut wrong = report.problems.clone();
+        if wrong.is_empty() && report.leader.is_none() {
+            wrong.push("the Sentinels name no master".to_string());
+        }
+        match wrong.is_empty() {
+            true => Ok(()),
+            false => Err(format!(
+                "the Redis master group is not ready to migrate: {}",
+                wrong.join("; ")
+            )),
         }
     }
 

@@ -35,8 +35,38 @@ fn master_at(offset: u64) -> Replication {
     }
 }
 
-fn view(i: u32, replication: Replication, sentinel_master: u32) -> MemberView {
-    MemberView {
+/// A member pod's Redis and the Sentinel beside it (the sidecar layout).
+#[derive(Debug, Clone)]
+struct Sidecar {
+    pod: PodInfo,
+    endpoint: Option<String>,
+    replication: Result<Replication, String>,
+    sentinel_master: Result<Option<(String, u16)>, String>,
+    quorum: Quorum,
+}
+
+/// [`super::assess`] of member pods each with its Sentinel.
+fn assess(views: &[Sidecar]) -> HealthReport {
+    let members: Vec<MemberView> = (views.iter())
+        .map(|v| MemberView {
+            pod: v.pod.clone(),
+            endpoint: v.endpoint.clone(),
+            replication: v.replication.clone(),
+        })
+        .collect();
+    let sentinels: Vec<SentinelView> = (views.iter())
+        .map(|v| SentinelView {
+            at: format!("{}:26379", v.pod.ip.as_deref().unwrap_or("?")),
+            member: Some(v.pod.name.clone()),
+            master: v.sentinel_master.clone(),
+            quorum: v.quorum.clone(),
+        })
+        .collect();
+    super::assess(&members, &sentinels)
+}
+
+fn view(i: u32, replication: Replication, sentinel_master: u32) -> Sidecar {
+    Sidecar {
         pod: pod(i),
         endpoint: Some(format!("198.18.4.{}:6379", 10 + i)),
         replication: Ok(replication),
@@ -46,7 +76,7 @@ fn view(i: u32, replication: Replication, sentinel_master: u32) -> MemberView {
 }
 
 /// redis-0 the master at 1000, the others replicas at 1000.
-fn healthy() -> Vec<MemberView> {
+fn healthy() -> Vec<Sidecar> {
     vec![
         view(0, master_at(1000), 0),
         view(1, replica_of(0, 1000), 0),
@@ -173,6 +203,9 @@ fn a_replica_with_its_link_down_holds_the_gate_naming_it() {
         panic!("{r:?}")
     };
     assert!(why.contains("redis-2: master_link_status is down"), "{why}");
+    // refused by `apply: IfReady` only: with `apply: Always` the gate waits for it
+    assert!(rules().healthy_for_start(&r).is_err());
+    assert_eq!(rules().preflight(&Ok(r.clone())), Ok(()));
     // the recorded answer of a replica whose master went away
     let mut views = healthy();
     let mut down = parse_replication(LINK_DOWN).unwrap();
@@ -512,5 +545,45 @@ fn the_handover_waits_until_the_sentinel_sees_the_steering() {
     assert_eq!(
         steered(&[listed("198.18.4.12", "100", "slave")], &target, &others),
         Ok(())
+    );
+}
+
+#[test]
+fn sentinels_of_their_own_name_the_master_and_no_member_answers_for_them() {
+    // Sentinels behind a Service, in pods of their own: a silent one is no member's problem.
+    let members: Vec<MemberView> = (healthy().into_iter())
+        .map(|v| MemberView {
+            pod: v.pod,
+            endpoint: v.endpoint,
+            replication: v.replication,
+        })
+        .collect();
+    let sentinel = |i: u32, master: Result<Option<(String, u16)>, String>| SentinelView {
+        at: format!("198.18.7.{i}:26379"),
+        member: None,
+        master,
+        quorum: Ok(CKQUORUM_OK.trim().to_string()),
+    };
+    let named = || Ok(Some(("198.18.4.10".to_string(), 6379)));
+    let sentinels = vec![
+        sentinel(1, named()),
+        sentinel(2, named()),
+        sentinel(3, Err("connection refused".into())),
+    ];
+    let r = super::assess(&members, &sentinels);
+    assert_eq!(r.leader.as_deref(), Some("redis-0"), "{r:?}");
+    assert!(r.members.iter().all(|m| m.healthy), "{r:?}");
+    assert_eq!(rules().gate_before_stop(&r, "redis-1"), Gate::Open);
+    let mut disagree = sentinels.clone();
+    disagree[2].master = Ok(Some(("198.18.4.11".to_string(), 6379)));
+    let r = super::assess(&members, &disagree);
+    assert!(
+        (r.problems.iter()).any(|p| p.contains("from the Sentinel at 198.18.7.3:26379")),
+        "{r:?}"
+    );
+    let r = super::assess(&members, &[]);
+    assert!(
+        r.problems.iter().any(|p| p == "no Sentinel answers"),
+        "{r:?}"
     );
 }

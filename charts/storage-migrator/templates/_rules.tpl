@@ -80,6 +80,11 @@ watched namespace. */}}
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
+# RedisSentinel engine: the Sentinels are the ready endpoints of the Service a request names
+# (redisSentinel.sentinelService), read from its EndpointSlices by label.
+- apiGroups: ["discovery.k8s.io"]
+  resources: ["endpointslices"]
+  verbs: ["list"]
 # One Event per step (kube-runtime's Recorder: events.k8s.io/v1; patch when one repeats).
 - apiGroups: ["events.k8s.io"]
   resources: ["events"]

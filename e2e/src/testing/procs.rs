@@ -21,7 +21,8 @@ fn cmdline(pid: i32) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// The processes running `program` (the basename of argv[0]): pid and arguments, by pid.
+/// The processes running `program` (the basename of argv[0]'s first word: Redis rewrites its
+/// process title to `redis-server *:6379`): pid and arguments, by pid.
 fn processes(program: &str) -> Vec<(i32, Vec<String>)> {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -31,6 +32,7 @@ fn processes(program: &str) -> Vec<(i32, Vec<String>)> {
         .map(|pid| (pid, cmdline(pid)))
         .filter(|(_, args)| {
             args.first()
+                .and_then(|a| a.split_whitespace().next())
                 .and_then(|a| Path::new(a).file_name())
                 .and_then(|n| n.to_str())
                 == Some(program)
@@ -98,6 +100,36 @@ pub fn pod_processes(program: &str, arg: &str, ns: &str, pod: &str) -> Vec<i32> 
 /// `ns`.
 pub fn zookeeper_member(ns: &str, pod: &str) -> Vec<i32> {
     pod_processes("java", "QuorumPeerMain", ns, pod)
+}
+
+/// Is `ip` a local address of the network namespace of process `pid` (a `host LOCAL` entry of
+/// its FIB)?
+fn has_local_ip(pid: i32, ip: &str) -> bool {
+    let Ok(trie) = std::fs::read_to_string(format!("/proc/{pid}/net/fib_trie")) else {
+        return false;
+    };
+    let lines: Vec<&str> = trie.lines().collect();
+    lines
+        .windows(2)
+        .any(|w| w[0].trim_start_matches([' ', '|', '+', '-']) == ip && w[1].contains("host LOCAL"))
+}
+
+/// The pids of the Redis servers (not the Sentinels, `redis-server` too, titled `... [sentinel]`)
+/// of the pod at `ip` of namespace `ns`. Redis's process title overwrites its environment, so
+/// the pod is found by its IP (a local address of the process's network namespace) and the
+/// namespace by the pod's `/etc/hosts` (its headless-service names end in `.NS.svc...`).
+pub fn redis_server(ns: &str, ip: &str) -> Vec<i32> {
+    let in_ns = format!(".{ns}.svc");
+    processes("redis-server")
+        .into_iter()
+        .filter(|(_, args)| !args.iter().any(|a| a.contains("[sentinel]")))
+        .filter(|(pid, _)| has_local_ip(*pid, ip))
+        .filter(|(pid, _)| {
+            std::fs::read_to_string(format!("/proc/{pid}/root/etc/hosts"))
+                .is_ok_and(|h| h.contains(&in_ns))
+        })
+        .map(|(pid, _)| pid)
+        .collect()
 }
 
 /// Runs `ip ARGS` in the network namespace of process `pid` (a pod's, on the local cluster).

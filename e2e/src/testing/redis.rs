@@ -1,6 +1,7 @@
 //! A Redis master group with Sentinels for the tests (`fixtures/redis-sentinel.yaml`: 3 Redis 7
 //! members, a Sentinel beside each), what the members and Sentinels say, and a client writing a
-//! key every 20 ms on the master Sentinel names that records each write the server acknowledged.
+//! key every 20 ms on the master Sentinel names that records each write acknowledged: `SET`
+//! answered OK and a following `WAIT 1` reporting at least one replica with it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -21,6 +22,9 @@ pub const SET: &str = "redis";
 pub const MASTER_NAME: &str = "mymaster";
 /// Bound on connecting, and on one command.
 const CALL: Duration = Duration::from_secs(2);
+/// The writer's `WAIT 1 <ms>`: how long the master waits for a replica to have a write (under
+/// [`CALL`], so a `WAIT` that times out still answers, with 0).
+const WAIT_MS: u64 = 1000;
 
 /// Applies the fixture (claim class `class`) and waits until the three members are Ready, and
 /// one master, two replicas in sync and three agreeing Sentinels answer.
@@ -183,8 +187,12 @@ pub async fn wait_healthy(ns: &TestNamespace, timeout: Duration) -> State {
 pub struct Writes {
     pub attempted: u64,
     pub failed: u64,
-    /// Every n whose `SET w:n n` the server acknowledged, in order.
+    /// Every n whose `SET w:n n` the master took and a replica had (`WAIT 1` answered >= 1),
+    /// in order: the writes that must never be lost.
     pub acked: Vec<u64>,
+    /// Every n whose `SET` the master took but `WAIT 1` answered 0 replicas for (within
+    /// [`WAIT_MS`]): not acknowledged, not asserted as kept.
+    pub unreplicated: Vec<u64>,
     /// The longest time between two acknowledged writes, and when it ended (since the start).
     pub longest_gap: Duration,
     pub longest_gap_ended: Duration,
@@ -194,7 +202,8 @@ pub struct Writes {
     pub errors: Vec<String>,
 }
 
-/// Writes `SET w:n n` every 20 ms on the master a Sentinel names, asking again after a failure.
+/// Writes `SET w:n n` then `WAIT 1 WAIT_MS` every 20 ms on the master a Sentinel names, asking
+/// again after a failure.
 pub struct Writer {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Writes>,
@@ -246,9 +255,9 @@ async fn write(pods: Api<Pod>, stop: Arc<AtomicBool>) -> Writes {
         };
         n += 1;
         w.attempted += 1;
-        let set = redis::cmd("SET").arg(format!("w:{n}")).arg(n).clone();
-        match run::<()>(con, &set).await {
-            Ok(()) => {
+        match set_and_wait(con, n).await {
+            Ok(0) => w.unreplicated.push(n),
+            Ok(_) => {
                 let now = Instant::now();
                 if now - last_ack > w.longest_gap {
                     w.longest_gap = now - last_ack;
@@ -267,6 +276,16 @@ async fn write(pods: Api<Pod>, stop: Arc<AtomicBool>) -> Writes {
         }
     }
     w
+}
+
+/// `SET w:n n`, then `WAIT 1 WAIT_MS`: how many replicas have the write.
+async fn set_and_wait(con: &mut MultiplexedConnection, n: u64) -> Result<u64, String> {
+    let set = redis::cmd("SET").arg(format!("w:{n}")).arg(n).clone();
+    run::<()>(con, &set).await?;
+    let wait = redis::cmd("WAIT").arg(1).arg(WAIT_MS).clone();
+    run::<u64>(con, &wait)
+        .await
+        .map_err(|e| format!("WAIT: {e}"))
 }
 
 /// The n of every `w:n` key on the member at `ip`.

@@ -47,6 +47,9 @@ pub enum EngineError {
     },
     #[error("cannot read secret {name}: {message}")]
     Secret { name: String, message: String },
+    /// RedisSentinel: the Service `redisSentinel.sentinelService` names gives no Sentinel.
+    #[error("the Sentinel Service {name} {message}")]
+    SentinelService { name: String, message: String },
     /// The request's `spec.database` cannot be used (e.g. a malformed leader label).
     #[error("{0}")]
     Config(#[from] InvalidSettings),

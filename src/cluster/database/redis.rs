@@ -1,6 +1,7 @@
-//! The RedisSentinel client: Redis and its Sentinel on each member pod, at `<podIP>:<port>` (the
-//! Sentinels run beside each member, as in the Bitnami chart: no cluster DNS, no Service lookup).
-//! It reads `INFO replication` from every Redis and `SENTINEL get-master-addr-by-name` and
+//! The RedisSentinel client: Redis on each member pod at `<podIP>:<port>`; the Sentinels either
+//! beside each member, in the member pod (the Bitnami chart's layout: `<podIP>:<sentinelPort>`),
+//! or the ready endpoints of the Service `redisSentinel.sentinelService` names (read from its
+//! EndpointSlices at every look: no cluster DNS, no ClusterIP). It reads `INFO replication` from every Redis and `SENTINEL get-master-addr-by-name` and
 //! `SENTINEL CKQUORUM` from every Sentinel for the pure [`crate::engine::redis::assess`]; it hands
 //! the master over with writes paused ([`RedisClient::hand_over`]); and it computes the final
 //! check, every member at the master's offset and key counts at a quiet moment. Every call is
@@ -13,6 +14,8 @@ use ::redis::aio::MultiplexedConnection;
 use ::redis::{AsyncConnectionConfig, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo};
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, ListParams};
 use tokio::time::{Instant, sleep, timeout};
 use tracing::{debug, info, instrument, warn};
 
@@ -21,8 +24,8 @@ use super::{Client as DatabaseClient, EngineError};
 use crate::api::DatabaseSpec;
 use crate::engine::redis::{
     self, DEFAULT_HANDOVER_TIMEOUT_SECONDS, DEFAULT_MASTER_NAME, DEFAULT_REDIS_PORT,
-    DEFAULT_SENTINEL_PORT, MemberView, PodInfo, RedisRole, Replication, Snapshot, agreed_offsets,
-    parse_keyspace, parse_replication,
+    DEFAULT_SENTINEL_PORT, MemberView, PodInfo, RedisRole, Replication, SentinelView, Snapshot,
+    agreed_offsets, parse_keyspace, parse_replication,
 };
 use crate::engine::{FinalHash, HealthReport};
 
@@ -36,9 +39,39 @@ const QUIET_WAIT: Duration = Duration::from_secs(10);
 /// How long the old master may take to report its link to the new master up.
 const REJOIN_WAIT: Duration = Duration::from_secs(30);
 
+/// Where the Sentinels are.
+#[derive(Clone)]
+enum Sentinels {
+    /// One in each member pod, at the pod's IP.
+    InMemberPods,
+    /// The ready endpoints of a Service in the request's namespace.
+    Service {
+        name: String,
+        slices: Box<Api<EndpointSlice>>,
+    },
+}
+
+impl std::fmt::Debug for Sentinels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Sentinels::InMemberPods => f.write_str("InMemberPods"),
+            Sentinels::Service { name, .. } => write!(f, "Service({name})"),
+        }
+    }
+}
+
+/// One Sentinel to ask: its address and the member pod it runs in, when it does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SentinelAddr {
+    pub ip: String,
+    pub port: u16,
+    pub member: Option<String>,
+}
+
 /// The RedisSentinel client of one request.
 #[derive(Debug)]
 pub struct RedisClient {
+    sentinels: Sentinels,
     master_name: String,
     redis_port: u16,
     sentinel_port: u16,
@@ -70,7 +103,15 @@ impl RedisClient {
         let seconds = r
             .handover_timeout_seconds
             .unwrap_or(DEFAULT_HANDOVER_TIMEOUT_SECONDS);
+        let sentinels = match r.sentinel_service {
+            None => Sentinels::InMemberPods,
+            Some(name) => Sentinels::Service {
+                name,
+                slices: Box::new(Api::namespaced(client.clone(), namespace)),
+            },
+        };
         Ok(Self {
+            sentinels,
             master_name: r
                 .master_name
                 .unwrap_or_else(|| DEFAULT_MASTER_NAME.to_string()),
@@ -116,29 +157,36 @@ impl RedisClient {
             .await
     }
 
-    /// The Sentinel of `ip`.
-    async fn sentinel(&self, ip: &str) -> Answer<MultiplexedConnection> {
-        self.connect(ip, self.sentinel_port, self.sentinel_password.as_deref())
+    /// The Sentinel at `ip:port`.
+    async fn sentinel(&self, ip: &str, port: u16) -> Answer<MultiplexedConnection> {
+        self.connect(ip, port, self.sentinel_password.as_deref())
             .await
     }
 
-    /// Everything one member pod answers: its Redis's `INFO replication`, its Sentinel's master
-    /// and quorum.
+    /// What one member pod's Redis answers: its `INFO replication`.
     async fn view(&self, pod: PodInfo) -> MemberView {
         let Some(ip) = pod.ip.clone() else {
             return MemberView {
                 pod,
                 endpoint: None,
                 replication: Err("the pod has no IP".to_string()),
-                sentinel_master: Err("the pod has no IP".to_string()),
-                quorum: Err("the pod has no IP".to_string()),
             };
         };
         let replication = match self.redis(&ip).await {
             Ok(mut con) => replication(&mut con).await,
             Err(e) => Err(e),
         };
-        let (sentinel_master, quorum) = match self.sentinel(&ip).await {
+        MemberView {
+            endpoint: Some(format!("{ip}:{}", self.redis_port)),
+            pod,
+            replication,
+        }
+    }
+
+    /// What one Sentinel answers: the group's master and `CKQUORUM`.
+    async fn sentinel_view(&self, s: SentinelAddr) -> SentinelView {
+        let at = format!("{}:{}", s.ip, s.port);
+        let (master, quorum) = match self.sentinel(&s.ip, s.port).await {
             Ok(mut con) => {
                 let master = self.master_addr(&mut con).await;
                 let quorum = run::<String>(
@@ -150,14 +198,60 @@ impl RedisClient {
                 .await;
                 (master, quorum)
             }
-            Err(e) => (Err(format!("at {ip}:{}: {e}", self.sentinel_port)), Err(e)),
+            Err(e) => (Err(format!("at {at}: {e}")), Err(e)),
         };
-        MemberView {
-            endpoint: Some(format!("{ip}:{}", self.redis_port)),
-            pod,
-            replication,
-            sentinel_master,
+        SentinelView {
+            at,
+            member: s.member,
+            master,
             quorum,
+        }
+    }
+
+    /// The Sentinels to ask: one in each of `pods` (a pod with no IP answers for its Sentinel
+    /// that it has none), or the Service's ready endpoints.
+    async fn sentinel_addrs(
+        &self,
+        pods: &[PodInfo],
+    ) -> Result<(Vec<SentinelAddr>, Vec<SentinelView>), EngineError> {
+        let Sentinels::Service { name, slices } = &self.sentinels else {
+            let (with_ip, without): (Vec<&PodInfo>, Vec<&PodInfo>) =
+                pods.iter().partition(|p| p.ip.is_some());
+            let addrs = (with_ip.into_iter())
+                .filter_map(|p| {
+                    Some(SentinelAddr {
+                        ip: p.ip.clone()?,
+                        port: self.sentinel_port,
+                        member: Some(p.name.clone()),
+                    })
+                })
+                .collect();
+            let silent = (without.into_iter())
+                .map(|p| SentinelView {
+                    at: p.name.clone(),
+                    member: Some(p.name.clone()),
+                    master: Err("the pod has no IP".to_string()),
+                    quorum: Err("the pod has no IP".to_string()),
+                })
+                .collect();
+            return Ok((addrs, silent));
+        };
+        let found = service_sentinels(slices, name, self.sentinel_port).await?;
+        Ok((found, Vec::new()))
+    }
+
+    /// The Sentinels' addresses as [`RedisClient::sentinel_addrs`] finds them, from a report.
+    async fn sentinels_of(&self, report: &HealthReport) -> Answer<Vec<(String, u16)>> {
+        match &self.sentinels {
+            Sentinels::InMemberPods => Ok((member_ips(report).into_iter())
+                .map(|ip| (ip, self.sentinel_port))
+                .collect()),
+            Sentinels::Service { name, slices } => {
+                let found = service_sentinels(slices, name, self.sentinel_port)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(found.into_iter().map(|s| (s.ip, s.port)).collect())
+            }
         }
     }
 
@@ -182,8 +276,12 @@ impl RedisClient {
     #[instrument(skip_all, fields(pods = pods.len()))]
     pub async fn observe(&self, pods: &[Pod]) -> Result<HealthReport, EngineError> {
         let infos = sorted(pods);
-        let views = futures::future::join_all(infos.into_iter().map(|p| self.view(p))).await;
-        let report = redis::assess(&views);
+        let (addrs, mut sentinels) = self.sentinel_addrs(&infos).await?;
+        let asked = addrs.into_iter().map(|a| self.sentinel_view(a));
+        let views = futures::future::join_all(infos.into_iter().map(|p| self.view(p)));
+        let (views, asked) = futures::future::join(views, futures::future::join_all(asked)).await;
+        sentinels.extend(asked);
+        let report = redis::assess(&views, &sentinels);
         debug!(leader = ?report.leader, problems = ?report.problems, "redis health");
         Ok(report)
     }
@@ -199,6 +297,67 @@ fn sorted(pods: &[Pod]) -> Vec<PodInfo> {
         )
     });
     infos
+}
+
+/// The ready Sentinels of Service `name` (its EndpointSlices, `kubernetes.io/service-name`);
+/// an error naming the Service when it has none.
+async fn service_sentinels(
+    slices: &Api<EndpointSlice>,
+    name: &str,
+    default_port: u16,
+) -> Result<Vec<SentinelAddr>, EngineError> {
+    let fail = |message: String| EngineError::SentinelService {
+        name: name.to_string(),
+        message,
+    };
+    let lp = ListParams::default().labels(&format!("kubernetes.io/service-name={name}"));
+    let list = slices
+        .list(&lp)
+        .await
+        .map_err(|e| fail(format!("cannot list its EndpointSlices: {e}")))?;
+    if list.items.is_empty() {
+        return Err(fail(
+            "has no EndpointSlice (does the Service exist in the request's namespace?)".to_string(),
+        ));
+    }
+    let found = ready_sentinels(&list.items, default_port);
+    match found.is_empty() {
+        true => Err(fail("has no ready endpoint".to_string())),
+        false => Ok(found),
+    }
+}
+
+/// The ready endpoints of a Service's EndpointSlices (`ready` unset counts as ready, as the API
+/// says), each once, in address order: the port named `sentinel` when a slice has one, else
+/// `default_port`; the member pod a `Pod` target reference names.
+pub fn ready_sentinels(slices: &[EndpointSlice], default_port: u16) -> Vec<SentinelAddr> {
+    let mut found: Vec<SentinelAddr> = Vec::new();
+    for slice in slices {
+        let port = (slice.ports.iter().flatten())
+            .find(|p| p.name.as_deref() == Some("sentinel"))
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or(default_port);
+        let ready = (slice.endpoints.iter())
+            .filter(|e| (e.conditions.as_ref()).is_none_or(|c| c.ready != Some(false)));
+        for e in ready {
+            let member = (e.target_ref.as_ref())
+                .filter(|t| t.kind.as_deref() == Some("Pod"))
+                .and_then(|t| t.name.clone());
+            for ip in &e.addresses {
+                let addr = SentinelAddr {
+                    ip: ip.clone(),
+                    port,
+                    member: member.clone(),
+                };
+                if !found.contains(&addr) {
+                    found.push(addr);
+                }
+            }
+        }
+    }
+    found.sort_by(|a, b| (&a.ip, a.port).cmp(&(&b.ip, b.port)));
+    found
 }
 
 /// The members' IPs, from the endpoints `observe` reached.
@@ -409,17 +568,18 @@ impl RedisClient {
         }
     }
 
-    /// The first member's Sentinel that names a master for the group.
+    /// The first Sentinel that names a master for the group.
     async fn any_sentinel(&self, report: &HealthReport) -> Answer<Sentinel> {
         let mut why = Vec::new();
-        for ip in member_ips(report) {
-            match self.sentinel(&ip).await {
+        for (ip, port) in self.sentinels_of(report).await? {
+            let at = format!("{ip}:{port}");
+            match self.sentinel(&ip, port).await {
                 Ok(mut con) => match self.master_addr(&mut con).await {
-                    Ok(Some(_)) => return Ok(Sentinel { ip, con }),
-                    Ok(None) => why.push(format!("{ip}: does not monitor {}", self.master_name)),
-                    Err(e) => why.push(format!("{ip}: {e}")),
+                    Ok(Some(_)) => return Ok(Sentinel { ip: at, con }),
+                    Ok(None) => why.push(format!("{at}: does not monitor {}", self.master_name)),
+                    Err(e) => why.push(format!("{at}: {e}")),
                 },
-                Err(e) => why.push(format!("{ip}: {e}")),
+                Err(e) => why.push(format!("{at}: {e}")),
             }
         }
         Err(format!("no Sentinel to fail over with: {}", why.join("; ")))
@@ -612,7 +772,7 @@ impl RedisClient {
         Switch::Failed(why)
     }
 
-    /// The address a member's Sentinel names as master, when it is `target`'s.
+    /// The address a Sentinel names as master, when it is `target`'s.
     async fn named_by_a_sentinel(
         &self,
         report: &HealthReport,
@@ -623,8 +783,8 @@ impl RedisClient {
             ip: Some(target.ip.clone()),
             terminating: false,
         };
-        for ip in member_ips(report) {
-            let Ok(mut con) = self.sentinel(&ip).await else {
+        for (ip, port) in self.sentinels_of(report).await.ok()? {
+            let Ok(mut con) = self.sentinel(&ip, port).await else {
                 continue;
             };
             if let Ok(Some(addr)) = self.master_addr(&mut con).await
@@ -763,3 +923,95 @@ impl DatabaseClient for RedisClient {
 #[cfg(test)]
 #[path = "redis_local_tests.rs"]
 mod local_tests;
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort};
+
+    use super::*;
+
+    fn endpoint(ip: &str, ready: Option<bool>, pod: Option<&str>) -> Endpoint {
+        Endpoint {
+            addresses: vec![ip.to_string()],
+            conditions: Some(EndpointConditions {
+                ready,
+                ..EndpointConditions::default()
+            }),
+            target_ref: pod.map(|p| ObjectReference {
+                kind: Some("Pod".into()),
+                name: Some(p.into()),
+                ..ObjectReference::default()
+            }),
+            ..Endpoint::default()
+        }
+    }
+
+    fn slice(ports: &[(&str, i32)], endpoints: Vec<Endpoint>) -> EndpointSlice {
+        EndpointSlice {
+            address_type: "IPv4".into(),
+            endpoints,
+            ports: Some(
+                (ports.iter())
+                    .map(|(name, port)| EndpointPort {
+                        name: Some(name.to_string()),
+                        port: Some(*port),
+                        ..EndpointPort::default()
+                    })
+                    .collect(),
+            ),
+            ..EndpointSlice::default()
+        }
+    }
+
+    #[test]
+    fn the_sentinels_are_the_ready_endpoints_at_the_port_named_sentinel() {
+        let slices = [
+            slice(
+                &[("redis", 6379), ("sentinel", 26380)],
+                vec![
+                    endpoint("198.18.4.12", Some(true), Some("redis-2")),
+                    endpoint("198.18.4.10", None, Some("redis-0")),
+                    endpoint("198.18.4.11", Some(false), Some("redis-1")),
+                ],
+            ),
+            // the same endpoint in a second slice counts once
+            slice(
+                &[("sentinel", 26380)],
+                vec![endpoint("198.18.4.12", Some(true), Some("redis-2"))],
+            ),
+        ];
+        let found = ready_sentinels(&slices, 26379);
+        let at: Vec<(&str, u16, Option<&str>)> = (found.iter())
+            .map(|s| (s.ip.as_str(), s.port, s.member.as_deref()))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                ("198.18.4.10", 26380, Some("redis-0")),
+                ("198.18.4.12", 26380, Some("redis-2")),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_a_port_named_sentinel_the_sentinel_port_is_used() {
+        let slices = [slice(
+            &[("", 26379)],
+            vec![endpoint("198.18.7.1", Some(true), None)],
+        )];
+        assert_eq!(
+            ready_sentinels(&slices, 26390),
+            [SentinelAddr {
+                ip: "198.18.7.1".into(),
+                port: 26390,
+                member: None,
+            }]
+        );
+        let none_ready = [slice(
+            &[("sentinel", 26379)],
+            vec![endpoint("198.18.7.1", Some(false), None)],
+        )];
+        assert!(ready_sentinels(&none_ready, 26379).is_empty());
+    }
+}

@@ -99,6 +99,7 @@ fn pods() -> Vec<Pod> {
 
 fn client() -> RedisClient {
     RedisClient {
+        sentinels: Sentinels::InMemberPods,
         master_name: "mymaster".into(),
         redis_port: 6379,
         sentinel_port: 26379,
@@ -208,7 +209,7 @@ async fn write(stop: std::sync::Arc<std::sync::atomic::AtomicBool>) -> (Vec<u64>
     let (mut last, mut gap) = (Instant::now(), Duration::ZERO);
     while !stop.load(std::sync::atomic::Ordering::SeqCst) {
         sleep(Duration::from_millis(5)).await;
-        let Ok(mut s) = c.sentinel(IPS[1]).await else {
+        let Ok(mut s) = c.sentinel(IPS[1], 26379).await else {
             continue;
         };
         let Ok(Some((host, _))) = c.master_addr(&mut s).await else {
