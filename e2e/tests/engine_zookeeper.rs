@@ -1,25 +1,30 @@
 //! A ZooKeeper ensemble (`database: {engine: ZooKeeper}`), against 3 members of Debian's
 //! ZooKeeper 3.8 (`fixtures/zookeeper.yaml`, image `storage-migrator.test/zookeeper`, built by
 //! `e2e/scripts/build-test-image.sh zookeeper` and loaded by `test-all.sh`), with a client
-//! creating a znode every 20 ms through any member:
+//! creating a znode every 20 ms and a client reading one every 100 ms, each through a session to
+//! any member:
 //!
-//! - a `StorageClassChange` of the whole ensemble: Successful, no acknowledged znode lost on
-//!   any member, the followers first and the leader last, one election after the leader
-//!   stopped (ZooKeeper has no handover without dynamic reconfiguration), the final check on
-//!   record;
+//! - a `StorageClassChange` and a `Shrink` (1Gi to 512Mi) of the whole ensemble, each:
+//!   Successful, no acknowledged znode lost on any member, the followers first and the leader
+//!   last, one election after the leader stopped (ZooKeeper has no handover without dynamic
+//!   reconfiguration), the final check on record, the claims on the new class or of the new
+//!   size; and the ensemble never lost its quorum: no read refused for longer than a session's
+//!   move ([`SHORT`]) while a follower was stopped, and at most one longer refused streak, the
+//!   election, within the leader's stop window and no longer than [`ELECTION`];
 //! - a follower cut off from the leader (a blackhole route to the leader's IP in its pod's
 //!   network namespace: it stays Ready, since `ruok` answers `imok`, but can neither follow nor
 //!   sync) holds the gate, named in `HealthGate`, until it is reconnected and resyncs.
 //!
-//! Each test prints a `NOTE` line: the longest gap between acknowledged writes (the election)
-//! and each member's downtime. Needs a cluster in `KUBECONFIG` with the image loaded
-//! (test-all.sh).
+//! Each test prints a `NOTE` line: the longest gap between acknowledged writes and the longest
+//! refused read streak (both the election), the reads served and refused, each member's
+//! downtime and stop window, the leader before and after. Needs a cluster in `KUBECONFIG` with
+//! the image loaded (test-all.sh).
 
 use std::time::{Duration, Instant};
 
 use e2e::testing::operator::{self, Operator, install_crd};
-use e2e::testing::zookeeper::{self, State, Writer, Writes};
-use e2e::testing::{TestCluster, TestNamespace, init_tracing, procs};
+use e2e::testing::zookeeper::{self, Reader, Reads, State, Streak, Writer, Writes};
+use e2e::testing::{TestCluster, TestNamespace, assert_claims_bound, init_tracing, procs};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::{Value, json};
@@ -162,51 +167,87 @@ fn election_on_record(status: &Value, leader: &str) {
     }
 }
 
+/// The claims' size after the shrink: below the fixture's 1Gi, far above what a member keeps
+/// (a snapshot of a few thousand znodes, transaction logs preallocated 64 MiB at a time).
+const SHRUNK: &str = "512Mi";
+
+/// A refused streak up to this long is the reader's session moving to another member (one read
+/// refused, within [`zookeeper::READ_TIMEOUT`], and a new session a tick later; measured 0.3 to
+/// 0.5 s); a longer one is an election, or a lost quorum.
+const SHORT: Duration = Duration::from_secs(1);
+
+/// The bound on the one long refused streak: the election after the leader stops, as a reader
+/// sees it. The followers see the leader's connection close at once, go `LOOKING` (closing their
+/// client sessions), exchange votes, and the new leader syncs the other follower; the reader
+/// notices within [`zookeeper::READ_TIMEOUT`] (a read on the stopping leader may hang) and takes
+/// a new session a tick after the election. Measured on this machine, six runs (see
+/// `docs/engines/zookeeper.md`): the longest refused streak 0.6 to 1.3 s in nine migrations,
+/// 3.5 s and 6.1 s in two (the write gaps the same), 3.0 s in one (a read hanging on the
+/// stopping leader for the 3 s the reader then waited). The slow ones fit vote rounds held up by
+/// a connection to the stopped leader's address: ZooKeeper 3.8 connects to a peer synchronously,
+/// in the thread that sends the votes, for up to `zookeeper.cnxTimeout` (5 s by default), and a
+/// vanished pod IP fails after about 3 s here (unanswered ARP). So: two rounds held up 5 s each,
+/// about 1 s for the election and the sync themselves, the reader's 0.5 s and a tick: 12 s,
+/// twice the longest measured.
+const ELECTION: Duration = Duration::from_secs(12);
+
+/// `podDeletedAt` and `finished` are in whole seconds.
+const PRECISION: jiff::SignedDuration = jiff::SignedDuration::from_secs(1);
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ensemble_changes_class_leader_last_and_loses_no_znode() {
     let _one = ONE_AT_A_TIME.lock().await;
     let test = "zk-move";
     let (cluster, ns, _operator, before) = setup(test).await;
+    let spec = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": zookeeper::SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "20m",
+        "database": {"engine": "ZooKeeper"},
+    });
+    migrate_leader_last(test, &ns, &before, spec).await;
+    for (claim, (_, class, _)) in assert_claims_bound(&ns, zookeeper::SET, 3).await {
+        assert_eq!(class, cluster.wffc_storage_class, "{claim}'s class");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ensemble_shrinks_leader_last_and_loses_no_znode() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "zk-shrink";
+    let (_cluster, ns, _operator, before) = setup(test).await;
+    let spec = json!({
+        "type": "Shrink",
+        "target": {"kind": "StatefulSet", "name": zookeeper::SET},
+        "shrink": {"size": SHRUNK},
+        "timeout": "20m",
+        "database": {"engine": "ZooKeeper"},
+    });
+    migrate_leader_last(test, &ns, &before, spec).await;
+    for (claim, (_, _, size)) in assert_claims_bound(&ns, zookeeper::SET, 3).await {
+        assert_eq!(size, SHRUNK, "{claim} requests the shrink's size");
+    }
+}
+
+/// Migrates the whole ensemble while the writer and the reader run, and checks what every
+/// migration must show (see the module doc).
+async fn migrate_leader_last(test: &str, ns: &TestNamespace, before: &State, spec: Value) {
     let leader = before.leader.clone().expect("a leader before");
-    let writer = Writer::start(&ns).await;
+    let writer = Writer::start(ns).await;
+    let reader = Reader::start(ns);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    operator::create_request(
-        &ns,
-        REQUEST,
-        json!({
-            "type": "StorageClassChange",
-            "target": {"kind": "StatefulSet", "name": zookeeper::SET},
-            "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
-            "timeout": "20m",
-            "database": {"engine": "ZooKeeper"},
-        }),
-    )
-    .await
-    .expect("create the request");
-    let status = wait_final(&ns).await;
+    operator::create_request(ns, REQUEST, spec)
+        .await
+        .expect("create the request");
+    let status = wait_final(ns).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let writes = writer.finish().await;
-    let after = zookeeper::wait_healthy(&ns, Duration::from_secs(120)).await;
-    println!(
-        "NOTE {test}: writes attempted {} acknowledged {} failed {}; longest gap between \
-         acknowledged writes {} ms (ended {:?} in); downtime {:?}; leader {} (epoch {}) -> {:?} \
-         (epoch {}); order {:?}; final check {}; first errors {:?}",
-        writes.attempted,
-        writes.acked.len(),
-        writes.failed,
-        writes.longest_gap.as_millis(),
-        writes.longest_gap_ended,
-        downtimes(&status),
-        leader,
-        before.leader_zxid.unwrap_or_default() >> 32,
-        after.leader,
-        after.leader_zxid.unwrap_or_default() >> 32,
-        order(&status),
-        status["finalHash"],
-        writes.errors,
-    );
+    let reads = reader.finish().await;
+    let after = zookeeper::wait_healthy(ns, Duration::from_secs(120)).await;
+    note(test, &status, &writes, &reads, before, &after);
     assert_eq!(status["phase"], "Successful", "{status:#}");
-    no_acknowledged_znode_lost(&ns, &writes).await;
+    no_acknowledged_znode_lost(ns, &writes).await;
     election_on_record(&status, &leader);
     let used = order(&status);
     assert_eq!(
@@ -222,10 +263,131 @@ async fn an_ensemble_changes_class_leader_last_and_loses_no_znode() {
         after.leader.is_some() && after.leader != Some(leader.clone()),
         "another member leads after the election: {after:?}"
     );
+    let epoch = |s: &State| s.leader_zxid.map(|z| z >> 32);
+    assert_eq!(
+        epoch(&after)
+            .zip(epoch(before))
+            .and_then(|(a, b)| a.checked_sub(b)),
+        Some(1),
+        "exactly one election (the leader's epoch one higher): {before:?} -> {after:?}"
+    );
     assert!(
         (status["finalHash"].as_str()).is_some_and(|h| h.starts_with("zxid ")),
         "{status:#}"
     );
+    refused_no_longer_than_one_election(&reads, &status, &leader);
+}
+
+fn note(test: &str, status: &Value, writes: &Writes, reads: &Reads, before: &State, after: &State) {
+    let streaks: Vec<String> = (reads.streaks.iter())
+        .map(|s| {
+            format!(
+                "{} {} ms ({} reads)",
+                s.start,
+                s.length.as_millis(),
+                s.reads
+            )
+        })
+        .collect();
+    println!(
+        "NOTE {test}: writes attempted {} acknowledged {} failed {}; longest gap between \
+         acknowledged writes {} ms (ended {:?} in); reads ok {} refused {}; longest refused \
+         streak {} ms; refused streaks {streaks:?}; stop windows {:?}; downtime {:?}; leader {} \
+         (epoch {}) -> {} (epoch {}); order {:?}; final check {}; first write errors {:?}; \
+         first refusals {:?}",
+        writes.attempted,
+        writes.acked.len(),
+        writes.failed,
+        writes.longest_gap.as_millis(),
+        writes.longest_gap_ended,
+        reads.ok,
+        reads.refused,
+        reads.longest_streak().as_millis(),
+        windows(status),
+        downtimes(status),
+        before.leader.as_deref().unwrap_or("none"),
+        before.leader_zxid.unwrap_or_default() >> 32,
+        after.leader.as_deref().unwrap_or("none"),
+        after.leader_zxid.unwrap_or_default() >> 32,
+        order(status),
+        status["finalHash"],
+        writes.errors,
+        &reads.refusals[..reads.refusals.len().min(10)],
+    );
+}
+
+/// Each member's stop window: from its pod's deletion to its `finished` (back, synced, moved).
+#[derive(Debug)]
+struct Window {
+    pod: String,
+    from: jiff::Timestamp,
+    to: jiff::Timestamp,
+}
+
+impl Window {
+    /// Whether `streak` overlaps the window, widened by the status times' precision.
+    fn overlaps(&self, streak: &Streak) -> bool {
+        streak.start <= self.to + PRECISION && streak.end() >= self.from - PRECISION
+    }
+
+    /// Whether `streak` lies within the window, widened by the status times' precision.
+    fn holds(&self, streak: &Streak) -> bool {
+        streak.start >= self.from - PRECISION && streak.end() <= self.to + PRECISION
+    }
+}
+
+/// The stop windows of the members whose status has both times.
+fn windows(status: &Value) -> Vec<Window> {
+    let time = |m: &Value, field: &str| m[field].as_str().and_then(|t| t.parse().ok());
+    (status["members"].as_array().into_iter().flatten())
+        .filter_map(|m| {
+            Some(Window {
+                pod: m["pod"].as_str()?.to_string(),
+                from: time(m, "podDeletedAt")?,
+                to: time(m, "finished")?,
+            })
+        })
+        .collect()
+}
+
+/// "The ensemble never loses its quorum: a client reading every 100 ms is never refused for
+/// longer than one election": no refused streak longer than [`SHORT`] while a follower is
+/// stopped (the leader and the other follower are a quorum), and over the whole migration at
+/// most one, within the leader's stop window and no longer than [`ELECTION`].
+fn refused_no_longer_than_one_election(reads: &Reads, status: &Value, leader: &str) {
+    assert!(reads.ok > 0, "the reader got no read served");
+    let windows = windows(status);
+    assert_eq!(windows.len(), 3, "every member's stop window: {status:#}");
+    for w in windows.iter().filter(|w| w.pod != leader) {
+        let long: Vec<&Streak> = (reads.streaks.iter())
+            .filter(|s| w.overlaps(s) && s.length > SHORT)
+            .collect();
+        assert!(
+            long.is_empty(),
+            "reads refused for longer than {SHORT:?} while the follower {} was stopped \
+             ({w:?}): {long:?}",
+            w.pod
+        );
+    }
+    let long: Vec<&Streak> = (reads.streaks.iter())
+        .filter(|s| s.length > SHORT)
+        .collect();
+    assert!(
+        long.len() <= 1,
+        "more than one refused streak longer than {SHORT:?} (one election): {long:?}"
+    );
+    let lw = (windows.iter().find(|w| w.pod == leader)).expect("the leader's stop window");
+    for s in long {
+        assert!(
+            lw.holds(s),
+            "the refused streak {s:?} is not within the leader's stop window {lw:?}"
+        );
+        assert!(
+            s.length <= ELECTION,
+            "reads refused for {:?}, longer than one election ({ELECTION:?})",
+            s.length
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

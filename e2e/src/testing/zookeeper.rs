@@ -1,7 +1,8 @@
 //! A ZooKeeper ensemble for the tests (`fixtures/zookeeper.yaml`: 3 members of Debian's
 //! ZooKeeper 3.8), what its members answer to the four-letter words (read with the operator's
-//! own client and parser), and a client creating a znode every 20 ms through any member that
-//! records each create the ensemble acknowledged.
+//! own client and parser), a client creating a znode every 20 ms through any member that
+//! records each create the ensemble acknowledged, and a client reading every 100 ms that records
+//! each read the ensemble refused.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
 use storage_migrator::cluster::database::zookeeper::four_letter_word;
 use storage_migrator::engine::zookeeper::{Mode, parse_mntr, parse_srvr};
+use tokio::time::MissedTickBehavior;
 use zookeeper_client as zk;
 
 use super::{TestError, TestNamespace, fixture_path, set_template_class};
@@ -252,4 +254,138 @@ async fn write(pods: Api<Pod>, stop: Arc<AtomicBool>) -> Writes {
         }
     }
     w
+}
+
+/// How often the [`Reader`] reads.
+pub const READ_EVERY: Duration = Duration::from_millis(100);
+
+/// How long the [`Reader`] waits for a read's answer before counting it refused and moving to
+/// another member. A member serves a read from its own copy in milliseconds, but a member that is
+/// stopping may keep the connection open without answering (measured: a read on the stopping
+/// leader hung for the whole 3 s of [`CALL`]); a longer wait would measure the client, not the
+/// ensemble. A read this slow from a serving member is one refused read, a streak well under
+/// a second.
+pub const READ_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A run of consecutive refused reads.
+#[derive(Debug, Clone)]
+pub struct Streak {
+    /// When the run's first refused read was sent (wall clock, to set against `status` times).
+    pub start: jiff::Timestamp,
+    /// From then until the next read the ensemble served was answered (or the reader stopped).
+    pub length: Duration,
+    /// The refused reads in the run.
+    pub reads: u64,
+}
+
+impl Streak {
+    /// When the run ended.
+    pub fn end(&self) -> jiff::Timestamp {
+        let length = jiff::SignedDuration::try_from(self.length).unwrap_or_default();
+        self.start + length
+    }
+}
+
+/// What the reader saw.
+#[derive(Debug, Default)]
+pub struct Reads {
+    /// Reads the ensemble served.
+    pub ok: u64,
+    /// Reads it refused: errors, timeouts, and no member taking a session.
+    pub refused: u64,
+    /// Every refused read: when it was sent, and why.
+    pub refusals: Vec<(jiff::Timestamp, String)>,
+    /// The runs of refused reads, in order.
+    pub streaks: Vec<Streak>,
+}
+
+impl Reads {
+    /// The longest run of refused reads (zero when none was refused).
+    pub fn longest_streak(&self) -> Duration {
+        (self.streaks.iter().map(|s| s.length).max()).unwrap_or_default()
+    }
+}
+
+/// Reads [`PARENT`] (`getData`) every [`READ_EVERY`] through a session to all members, as the
+/// [`Writer`] writes: after a refused read it connects anew to the members' current IPs. A
+/// member serves reads from its own copy, but only while it follows (or is) a leader: one that
+/// lost its leader closes its sessions and refuses new ones until an election ends.
+pub struct Reader {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<Reads>,
+}
+
+impl Reader {
+    /// Starts reading; [`PARENT`] must exist (the [`Writer`] creates it).
+    pub fn start(ns: &TestNamespace) -> Reader {
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(read(ns.api(), stop.clone()));
+        Reader { stop, task }
+    }
+
+    /// Stops reading and returns what was seen.
+    pub async fn finish(self) -> Reads {
+        self.stop.store(true, Ordering::SeqCst);
+        self.task.await.expect("reader task")
+    }
+}
+
+async fn read(pods: Api<Pod>, stop: Arc<AtomicBool>) -> Reads {
+    let mut r = Reads::default();
+    let mut client: Option<zk::Client> = None;
+    // The open run: when its first refused read was sent, and how many it has.
+    let mut open: Option<(jiff::Timestamp, Instant, u64)> = None;
+    let mut tick = tokio::time::interval(READ_EVERY);
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    while !stop.load(Ordering::SeqCst) {
+        tick.tick().await;
+        let (at, sent) = (jiff::Timestamp::now(), Instant::now());
+        match read_once(&pods, &mut client).await {
+            Ok(()) => {
+                r.ok += 1;
+                if let Some((start, since, reads)) = open.take() {
+                    let length = since.elapsed();
+                    r.streaks.push(Streak {
+                        start,
+                        length,
+                        reads,
+                    });
+                }
+            }
+            Err(why) => {
+                r.refused += 1;
+                r.refusals.push((at, why));
+                let run = open.get_or_insert((at, sent, 0));
+                run.2 += 1;
+            }
+        }
+    }
+    if let Some((start, since, reads)) = open {
+        let length = since.elapsed();
+        r.streaks.push(Streak {
+            start,
+            length,
+            reads,
+        });
+    }
+    r
+}
+
+/// One read of [`PARENT`], connecting first when there is no session; a refused read drops the
+/// session.
+async fn read_once(pods: &Api<Pod>, client: &mut Option<zk::Client>) -> Result<(), String> {
+    if client.is_none() {
+        *client = Some(connect(&endpoints(&ips_of(pods).await)).await?);
+    }
+    let c = client.as_ref().expect("a session, connected above");
+    match tokio::time::timeout(READ_TIMEOUT, c.get_data(PARENT)).await {
+        Ok(Ok(_)) => Ok(()),
+        outcome => {
+            *client = None;
+            Err(match outcome {
+                Ok(Err(e)) => e.to_string(),
+                _ => "timed out".to_string(),
+            })
+        }
+    }
 }
