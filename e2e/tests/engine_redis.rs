@@ -177,6 +177,9 @@ async fn migrate_with_one_handover(test: &str, ns: &TestNamespace, before: &Stat
         after.master.is_some() && after.master != before.master,
         "the Sentinels name a new master: {after:?}"
     );
+    let new_master = after.master.clone().unwrap_or_default();
+    let handover = operator::handover_on_record(&status, &old_master, &new_master);
+    println!("NOTE {test}: failover on record: {handover} s");
     assert_eq!(
         after.epoch.zip(before.epoch).map(|(a, b)| a - b),
         Some(1),
