@@ -33,6 +33,7 @@ use crate::api::StorageMigrationRequest;
 use crate::cluster::{Cluster, ClusterError, Retry};
 use crate::failpoints;
 use crate::labels;
+use crate::ledger::CopyLedger;
 use crate::metrics::Metrics;
 use crate::plan::Settings;
 use crate::plan::{self, Action};
@@ -70,6 +71,10 @@ pub struct Context {
     failures: Mutex<Failures>,
     /// One waker per request seen: a watched change of what it waits for ends its pause.
     wakers: Mutex<HashMap<Key, Arc<Notify>>>,
+    /// The copy slots held and awaited (kept only when the operator caps copies).
+    copies: Mutex<CopyLedger>,
+    /// Admits the decisions that may take a copy slot one at a time.
+    admission: tokio::sync::Mutex<()>,
 }
 
 impl Context {
@@ -89,6 +94,30 @@ impl Context {
             settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
             wakers: Mutex::new(HashMap::new()),
+            copies: Mutex::new(CopyLedger::default()),
+            admission: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn copies(&self) -> std::sync::MutexGuard<'_, CopyLedger> {
+        self.copies.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records in the ledger what a status of request `key` says of its copy slot, and wakes
+    /// the requests waiting for one when it gave one back. Nothing without caps.
+    fn note_copies(&self, key: &Key, status: Option<&crate::api::StorageMigrationRequestStatus>) {
+        if self.settings.copy_caps.any() {
+            let wake = self.copies().note(key, status);
+            self.wake(&wake);
+        }
+    }
+
+    /// The other requests' members holding a copy slot (none without caps).
+    fn copy_holders(&self, key: &Key) -> Vec<plan::slots::CopyHolder> {
+        if self.settings.copy_caps.any() {
+            self.copies().holders_except(key)
+        } else {
+            Vec::new()
         }
     }
 
@@ -133,6 +162,7 @@ impl Context {
     /// Drops everything kept about a request that is gone: its failures, its waker, its entry
     /// in the phase gauge.
     fn gone(&self, obj: &Key) {
+        self.note_copies(obj, None);
         self.forget(obj);
         self.drop_waker(obj);
         self.metrics.request_phase(&phase_key(obj), None);
@@ -256,24 +286,24 @@ pub async fn reconcile(
         let waker = ctx.waker(&ObjectRef::from_obj(req.as_ref()));
         let mut requeue = plan::REQUEUE_PROGRESSING;
         let mut ended = false;
+        let obj = ObjectRef::from_obj(req.as_ref());
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
-                ctx.gone(&ObjectRef::from_obj(req.as_ref()));
+                ctx.gone(&obj);
                 return Ok(Requeue::await_change());
             };
             let round = Instant::now();
             ended = plan::Observed::has_ended(&current);
-            let (observed, engine) = if ended {
-                // Nothing of the cluster is read for an ended request (see `Observed::ended`).
-                let now = k8s_openapi::jiff::Timestamp::now();
-                let engine = Err("the request has ended".to_string());
-                (plan::Observed::ended(current, now), engine)
-            } else {
-                let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
-                let Some(observed) = observe(&cluster, current, &engine).await? else {
-                    continue;
-                };
-                (observed, engine)
+            ctx.note_copies(&obj, current.status.as_ref());
+            // A decision that may take a copy slot is made and written while no other is.
+            let admitted = match ctx.settings.copy_caps.any()
+                && plan::slots::may_take_slot(current.status.as_ref())
+            {
+                true => Some(ctx.admission.lock().await),
+                false => None,
+            };
+            let Some((observed, engine)) = snapshot(&ctx, &cluster, &obj, current).await? else {
+                continue;
             };
             let decision = plan::decide(&observed, &ctx.settings);
             let gathered = round.elapsed();
@@ -285,12 +315,27 @@ pub async fn reconcile(
                     ?requeue,
                     "round: nothing to do"
                 );
-                break;
+                if !plan::slots::waiting(observed.request.status.as_ref()) {
+                    break;
+                }
+                // Waiting for a copy slot: until one is given back, or the planner's pause.
+                drop(admitted);
+                pause(&waker, requeue).await;
+                continue;
             }
             let member = in_flight_member(&decision).unwrap_or_default();
-            let acted = act(&cluster, &ctx.metrics, &observed, &engine, &decision)
-                .instrument(info_span!("member", member = %member))
-                .await;
+            let noted =
+                |s: &crate::api::StorageMigrationRequestStatus| ctx.note_copies(&obj, Some(s));
+            let acted = act(
+                &cluster,
+                &ctx.metrics,
+                &noted,
+                &observed,
+                &engine,
+                &decision,
+            )
+            .instrument(info_span!("member", member = %member))
+            .await;
             if let Err(e @ ClusterError::StaleStatus { .. }) = acted {
                 // Decided on a view that is no longer current (another replica wrote, or the
                 // request was edited): nothing of this decision was done; read and decide again.
@@ -308,14 +353,10 @@ pub async fn reconcile(
                 // Only side effects (a create, a delete): give them a moment before looking,
                 // no longer than the planner asked to wait (the claim swap polls faster), and
                 // no longer than until a watched object of this request changes.
-                let pause = decision.requeue.min(SIDE_EFFECT_PAUSE);
-                tokio::select! {
-                    () = tokio::time::sleep(pause) => {}
-                    () = waker.notified() => {}
-                }
+                pause(&waker, decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
             }
         }
-        ctx.forget(&ObjectRef::from_obj(req.as_ref()));
+        ctx.forget(&obj);
         // An ended request is looked at again only when it changes (a deletion, a spec edit).
         Ok(if ended {
             Requeue::await_change()
@@ -332,11 +373,42 @@ pub async fn reconcile(
     result
 }
 
+/// Waits `up_to`, or until the request's waker is notified.
+async fn pause(waker: &Notify, up_to: Duration) {
+    tokio::select! {
+        () = tokio::time::sleep(up_to) => {}
+        () = waker.notified() => {}
+    }
+}
+
+/// The snapshot of `current` to decide on (see [`observe`]), with the engine's client; the
+/// other requests' copy slots from the ledger. An ended request reads nothing of the cluster
+/// (see `Observed::ended`).
+async fn snapshot(
+    ctx: &Context,
+    cluster: &Cluster,
+    obj: &Key,
+    current: StorageMigrationRequest,
+) -> Result<Option<(plan::Observed, Result<crate::cluster::Engine, String>)>, ClusterError> {
+    if plan::Observed::has_ended(&current) {
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let engine = Err("the request has ended".to_string());
+        return Ok(Some((plan::Observed::ended(current, now), engine)));
+    }
+    let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
+    let Some(mut observed) = observe(cluster, current, &engine).await? else {
+        return Ok(None);
+    };
+    observed.copy_holders = ctx.copy_holders(obj);
+    Ok(Some((observed, engine)))
+}
+
 /// Carries out a decision's actions in order, stopping at the first error; a status once
-/// written feeds the metrics (a refused one does not: it is decided again).
+/// written feeds the metrics and `noted` (a refused one does not: it is decided again).
 async fn act(
     cluster: &Cluster,
     metrics: &Metrics,
+    noted: &(dyn Fn(&crate::api::StorageMigrationRequestStatus) + Sync),
     observed: &plan::Observed,
     engine: &Result<crate::cluster::Engine, String>,
     decision: &plan::Decision,
@@ -352,6 +424,7 @@ async fn act(
         done?;
         if let Action::SetStatus(after) = action {
             metrics.status_written(before, after);
+            noted(after);
         }
         failpoints::after_action(before, action);
     }
@@ -607,12 +680,53 @@ pub async fn run(client: Client, scope: WatchScope, settings: Settings, metrics:
         "starting controller"
     );
     let ctx = Arc::new(Context::new(client.clone(), settings, metrics));
+    if ctx.settings.copy_caps.any() {
+        let ledger = CopyLedger::seed(&list_requests(&client, &scope).await);
+        info!(
+            max_copies = ?ctx.settings.copy_caps.cluster,
+            max_copies_per_node = ?ctx.settings.copy_caps.per_node,
+            held = ledger.held(),
+            "copy caps: slots held by the requests on record"
+        );
+        *ctx.copies() = ledger;
+    }
     let controllers = scope
         .namespaces()
         .into_iter()
         .map(|ns| watch_namespace(client.clone(), ns, ctx.clone()));
     futures::future::join_all(controllers).await;
     info!("controller stopped");
+}
+
+/// Every request of the watched namespaces, listed before the first reconcile so that the copy
+/// ledger counts the slots held before a restart. Retried (1 s doubling to 30 s) until a list
+/// succeeds, as the controller's own watches are: nothing is decided before.
+async fn list_requests(client: &Client, scope: &WatchScope) -> Vec<StorageMigrationRequest> {
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(BACKOFF_MIN)
+        .with_max_delay(Duration::from_secs(30))
+        .without_max_times()
+        .build();
+    loop {
+        let mut all = Vec::new();
+        let mut failed = None;
+        for ns in scope.namespaces() {
+            let api: Api<StorageMigrationRequest> = match ns {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            match api.list(&Default::default()).await {
+                Ok(list) => all.extend(list.items),
+                Err(e) => failed = Some(e),
+            }
+        }
+        let Some(e) = failed else {
+            return all;
+        };
+        let delay = delays.next().unwrap_or(Duration::from_secs(30));
+        error!(error = %e, ?delay, "cannot list the requests to count their copy slots; retrying");
+        tokio::time::sleep(delay).await;
+    }
 }
 
 /// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace), the
@@ -1020,7 +1134,15 @@ mod tests {
             .fails(409, "Conflict");
         let acted = verify(vec![refused], move |cluster| async move {
             let engine: Result<crate::cluster::Engine, String> = Err("none".into());
-            act(&cluster, &Metrics::default(), &o, &engine, &decision).await
+            act(
+                &cluster,
+                &Metrics::default(),
+                &|_| {},
+                &o,
+                &engine,
+                &decision,
+            )
+            .await
         })
         .await;
         assert!(

@@ -25,6 +25,7 @@ pub mod failpoints;
 pub mod image;
 pub mod labels;
 pub mod leader;
+pub mod ledger;
 pub mod metrics;
 pub mod permissions;
 pub mod plan;

@@ -1,3 +1,4 @@
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use storage_migrator::image::{DEFAULT_IMAGE, ImageRef};
 use storage_migrator::leader::{self, LeaseConfig, Term};
 use storage_migrator::metrics::Metrics;
 use storage_migrator::permissions::CheckScope;
+use storage_migrator::plan::slots::CopyCaps;
 use storage_migrator::plan::{Settings, preflight};
 use storage_migrator::scope::WatchScope;
 use storage_migrator::serve::{self, Health};
@@ -58,6 +60,15 @@ struct ImageArg {
     /// rollback past it ends Failed saying what it still waited for.
     #[arg(long, env = "STAGE_TIMEOUT", default_value_t = 600, value_parser = clap::value_parser!(u64).range(10..=86400))]
     stage_timeout: u64,
+    /// Members copying at once in the whole cluster, across every request (unset: no cap). A
+    /// member waits for a slot before its first copy, still serving (condition CopySlot), and
+    /// keeps it until its final copy is done.
+    #[arg(long, env = "MAX_COPIES", value_name = "N")]
+    max_copies: Option<NonZeroU32>,
+    /// Members copying at once on one node (their pods' nodes), across every request (unset:
+    /// no cap).
+    #[arg(long, env = "MAX_COPIES_PER_NODE", value_name = "N")]
+    max_copies_per_node: Option<NonZeroU32>,
 }
 
 impl ImageArg {
@@ -75,6 +86,10 @@ impl ImageArg {
             max_evictions: self.max_evictions,
             stable_window: Duration::from_secs(self.stable_window),
             stage_timeout: Duration::from_secs(self.stage_timeout),
+            copy_caps: CopyCaps {
+                cluster: self.max_copies,
+                per_node: self.max_copies_per_node,
+            },
         })
     }
 }
@@ -439,6 +454,8 @@ mod tests {
             "HELPER_START_TIMEOUT",
             "MAX_EVICTIONS",
             "STAGE_TIMEOUT",
+            "MAX_COPIES",
+            "MAX_COPIES_PER_NODE",
         ] {
             if std::env::var_os(var).is_some() {
                 return;
@@ -456,6 +473,11 @@ mod tests {
         assert!(on.allow_request_mover_image);
         let off = settings(&["sm", "run", "--allow-request-mover-image=false"]);
         assert!(!off.allow_request_mover_image);
+        assert_eq!(d.copy_caps, CopyCaps::default());
+        let caps = settings(&["sm", "run", "--max-copies", "2", "--max-copies-per-node=1"]);
+        assert_eq!(caps.copy_caps.cluster.map(NonZeroU32::get), Some(2));
+        assert_eq!(caps.copy_caps.per_node.map(NonZeroU32::get), Some(1));
+        assert!(Cli::try_parse_from(["sm", "run", "--max-copies", "0"]).is_err());
         let t = settings(&["sm", "run", "--helper-start-timeout", "30"]);
         assert_eq!(t.helper_start_timeout, Duration::from_secs(30));
         assert!(Cli::try_parse_from(["sm", "run", "--helper-start-timeout", "0"]).is_err());

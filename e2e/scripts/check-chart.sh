@@ -69,6 +69,7 @@ bad=(
   "imagee|--set imagee.tag=1"
   "watchNamespaces|--set watchNamespaces={Databases}"
   "watchNamespace|--set watchNamespace=databases"
+  "cluster|--set copyLimits.cluster=0"
 )
 for b in "${bad[@]}"; do
   field="${b%%|*}"
@@ -87,4 +88,12 @@ done
 grep -q "^kind: ServiceMonitor" "$OUT/sm.yaml" && grep -q "port: http-metrics" "$OUT/sm.yaml" \
   || fail "the ServiceMonitor does not render: $(cat "$OUT/sm.yaml")"
 echo "check-chart: ServiceMonitor renders"
+# The copy caps reach the operator's environment only when set.
+"$HELM" template smr "$CHART" --show-only templates/deployment.yaml >"$OUT/nocaps.yaml"
+if has 'MAX_COPIES' <"$OUT/nocaps.yaml"; then fail "copy caps rendered without copyLimits"; fi
+"$HELM" template smr "$CHART" --set copyLimits.cluster=4 --set copyLimits.perNode=1 \
+  --show-only templates/deployment.yaml >"$OUT/caps.yaml"
+tr -d '\n ' <"$OUT/caps.yaml" | has 'name:MAX_COPIESvalue:"4"-name:MAX_COPIES_PER_NODEvalue:"1"' \
+  || fail "copyLimits do not render as MAX_COPIES, MAX_COPIES_PER_NODE: $(grep -A1 MAX_COPIES "$OUT/caps.yaml")"
+echo "check-chart: copyLimits render as MAX_COPIES and MAX_COPIES_PER_NODE"
 echo "check-chart: ok (helm $("$HELM" version --short))"

@@ -76,7 +76,7 @@ export E2E_REQUIRE_ALL=1
 # node down, the agent or the API server restarted, a second cluster), one after another.
 # Every file of e2e/tests/ is in exactly one list (checked below), so none is left out.
 LANE_A=(etcd_quorum admission claim_target cluster deployment engine_etcd images install plugin
-  queue retention engine_zookeeper engine_redis)
+  queue retention engine_zookeeper engine_redis fleet)
 LANE_B=(finish_undo foreign lifecycle migration modern_pods mover_caps out_of_space owners quota
   rbac_usage reclaim_race runtime security shared_claim templates faults_etcd engine_patroni)
 ALONE=(faults faults_agent faults_apiserver localcluster)

@@ -31,6 +31,11 @@ pub const NODE_LOST: &str = "NodeLost";
 /// read that fails; `False` (reason `Recovered`) once the reads succeed again, when the planner
 /// rolls the request back if its timeout expired (written by `controller`, not the planner).
 pub const READ_FAILING: &str = "ReadFailing";
+/// Set only when the operator caps concurrent copies (`--max-copies`, `--max-copies-per-node`):
+/// `False` (reason `Waiting`) while the member about to copy waits for a slot, the message naming
+/// the cap and the requests' members holding the slots; `True` (reason `Taken`) once it took one
+/// (see `plan::slots`).
+pub const COPY_SLOT: &str = "CopySlot";
 
 /// Sets (or replaces) the condition of `type_`, keeping `lastTransitionTime` when the status did
 /// not change. Returns true when anything changed.

@@ -119,6 +119,7 @@ impl Cluster {
             health,
             final_hash,
             nodes: nodes?,
+            copy_holders: Vec::new(),
             claim_users,
             target_claim_users,
             deployment,

@@ -355,6 +355,7 @@ pub fn observed(spec: StorageMigrationRequestSpec) -> Observed {
         health,
         final_hash: None,
         nodes: BTreeMap::new(),
+        copy_holders: Vec::new(),
         claim_users: BTreeMap::new(),
         target_claim_users: Vec::new(),
         deployment: None,

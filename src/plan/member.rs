@@ -612,6 +612,12 @@ fn temp_claim_bound(
         .iter()
         .any(|c| cx.o.claims.get(c.claim()).is_some_and(is_rwop));
     let pre_copy = cx.spec().copy.pre_copy && !any_rwop;
+    // The member's first copy (or its gate, without one) waits while the operator's copy caps
+    // are reached; it is still serving, and keeps its slot until its final copy is done.
+    let last_claim = mb.slot + 1 >= mb.claims;
+    if last_claim && super::slots::hold(cx, &mb.m.pod, &mb.m.node) {
+        return Ok(());
+    }
     advance(
         cx,
         mb,

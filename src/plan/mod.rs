@@ -49,6 +49,7 @@ pub mod preflight;
 pub mod progress;
 pub mod retain;
 mod scaled;
+pub mod slots;
 pub use crate::quantity;
 pub mod runbook;
 pub mod stability;
@@ -74,6 +75,8 @@ pub(crate) mod fixtures;
 mod foreign_tests;
 #[cfg(test)]
 mod retain_tests;
+#[cfg(test)]
+mod slots_tests;
 #[cfg(test)]
 mod templates_tests;
 #[cfg(test)]
@@ -157,6 +160,9 @@ pub struct Observed {
     /// Node): a pod stuck terminating on a lost node is force-deleted when the Node is gone or
     /// tainted out-of-service, or the request allows it (see [`helpers::lost_pod`]).
     pub nodes: BTreeMap<String, Option<Node>>,
+    /// The members of the operator's other requests that hold a copy slot ([`slots`]): filled
+    /// by the controller from its ledger, not read from the cluster (empty without caps).
+    pub copy_holders: Vec<slots::CopyHolder>,
 }
 
 impl Observed {
@@ -192,6 +198,7 @@ impl Observed {
             health: Err(HealthUnavailable::NotObservedInStage),
             final_hash: None,
             nodes: BTreeMap::new(),
+            copy_holders: Vec::new(),
         }
     }
 }
@@ -312,6 +319,8 @@ pub struct Settings {
     /// [`stages`]: a recreation past it rolls back, a rollback past it ends `Failed` saying what
     /// it still waited for, a cleanup past it ends `Successful` naming what is left behind.
     pub stage_timeout: Duration,
+    /// `--max-copies`, `--max-copies-per-node`: how many members may copy at once ([`slots`]).
+    pub copy_caps: slots::CopyCaps,
 }
 
 /// Default of `--helper-start-timeout`.
@@ -331,6 +340,7 @@ impl Settings {
             max_evictions: DEFAULT_MAX_EVICTIONS,
             stable_window: stability::DEFAULT_STABLE_WINDOW,
             stage_timeout: DEFAULT_STAGE_TIMEOUT,
+            copy_caps: slots::CopyCaps::default(),
         }
     }
 

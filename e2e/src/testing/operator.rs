@@ -288,11 +288,40 @@ impl Operator {
         Self::spawn_with(bin, ns, log, failpoints, &[]).await
     }
 
+    /// [`Operator::start_with`] for an operator that also watches `others` (`--namespace` each,
+    /// under the chart's Roles in every one), without failpoints.
+    pub async fn start_watching(
+        ns: &TestNamespace,
+        others: &[&TestNamespace],
+        run: usize,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
+        let log = workspace()
+            .join("target/e2e-logs")
+            .join(format!("{}-operator-{run}.log", ns.name));
+        let mut all: Vec<&str> = flags.to_vec();
+        for o in others {
+            all.extend(["--namespace", o.name.as_str()]);
+        }
+        Self::spawn_inner(&operator_bin(), ns, others, log, None, &all).await
+    }
+
     /// [`Operator::spawn`] with more flags for `run`. Supervised (restarted on exit) unless
     /// `failpoints` is set.
     pub async fn spawn_with(
         bin: &Path,
         ns: &TestNamespace,
+        log: PathBuf,
+        failpoints: Option<&str>,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
+        Self::spawn_inner(bin, ns, &[], log, failpoints, flags).await
+    }
+
+    async fn spawn_inner(
+        bin: &Path,
+        ns: &TestNamespace,
+        others: &[&TestNamespace],
         log: PathBuf,
         failpoints: Option<&str>,
         flags: &[&str],
@@ -306,7 +335,7 @@ impl Operator {
         }
         std::fs::File::create(&log).map_err(log_error)?;
         let kubeconfig = log.with_extension("kubeconfig");
-        rbac::operator_kubeconfig(ns, &kubeconfig).await?;
+        rbac::operator_kubeconfig_watching(ns, others, &kubeconfig).await?;
         let launch = Launch {
             bin: bin.to_path_buf(),
             ns: ns.name.clone(),

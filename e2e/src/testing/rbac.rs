@@ -29,9 +29,23 @@ pub fn service_account(ns: &str) -> String {
 /// Applies the chart's ServiceAccount and RBAC for watching `ns` only, and writes a kubeconfig
 /// (beside `KUBECONFIG`'s cluster, with a fresh token of that ServiceAccount) to `path`.
 pub async fn operator_kubeconfig(ns: &TestNamespace, path: &Path) -> Result<(), TestError> {
+    operator_kubeconfig_watching(ns, &[], path).await
+}
+
+/// [`operator_kubeconfig`] for an operator of `ns` that also watches `others`: the chart's Roles
+/// for `watchNamespaces: [ns, others...]`, each applied in its namespace.
+pub async fn operator_kubeconfig_watching(
+    ns: &TestNamespace,
+    others: &[&TestNamespace],
+    path: &Path,
+) -> Result<(), TestError> {
     let name = service_account(&ns.name);
     let chart = chart_dir();
-    let watch = format!("watchNamespaces={{{}}}", ns.name);
+    let names: Vec<&str> = std::iter::once(ns)
+        .chain(others.iter().copied())
+        .map(|n| n.name.as_str())
+        .collect();
+    let watch = format!("watchNamespaces={{{}}}", names.join(","));
     let full = format!("fullnameOverride={name}");
     let rendered = helm(&[
         "template",
@@ -49,7 +63,15 @@ pub async fn operator_kubeconfig(ns: &TestNamespace, path: &Path) -> Result<(), 
         "templates/rbac.yaml",
     ])
     .await?;
-    ns.apply_yaml(&rendered).await?;
+    for doc in rendered.split("\n---") {
+        let other = others
+            .iter()
+            .find(|o| doc.contains(&format!("namespace: {}\n", o.name)));
+        match other {
+            Some(o) => o.apply_yaml(doc).await?,
+            None => ns.apply_yaml(doc).await?,
+        };
+    }
     let token = token(ns, &name).await?;
     let admin = std::env::var_os("KUBECONFIG").ok_or(TestError::NoKubeconfig)?;
     let text = std::fs::read_to_string(&admin)

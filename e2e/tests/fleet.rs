@@ -1,0 +1,208 @@
+//! End-to-end scenario of many requests at once under the operator's copy caps: five
+//! single-member `Generic` StatefulSets in two namespaces, one request each, all created
+//! together, moved by one operator watching both namespaces with `--max-copies 2`.
+//!
+//! While they run, the test samples both namespaces every 200 ms: the copy Jobs not finished
+//! (pre-copy, final copy, verify) and the members holding a slot by their requests' statuses
+//! (`PreCopying` to `Copying`). It asserts:
+//! - every request ends `Successful`, its claim on the new class;
+//! - never more than 2 copy Jobs running at once, nor more than 2 members holding a slot;
+//! - the cap was used (2 at once at some point) and held someone: a request waited with the
+//!   condition `CopySlot` `False` naming the cap and the holders, then took a slot (`True`).
+//!
+//! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test fleet`
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use e2e::testing::operator::{Operator, create_request, install_crd, summary};
+use e2e::testing::{TestNamespace, assert_claims_bound, one_member_set, scenario};
+use k8s_openapi::api::batch::v1::Job;
+use kube::api::ListParams;
+use serde_json::json;
+use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest, conditions};
+use storage_migrator::labels::JOB_KIND_LABEL;
+use storage_migrator::plan::slots::holds_slot;
+
+const CAP: usize = 2;
+/// The sets: in the first namespace three, in the second two.
+const FIRST: [&str; 3] = ["app-a", "app-b", "app-c"];
+const SECOND: [&str; 2] = ["app-d", "app-e"];
+const ALL_FINAL: Duration = Duration::from_secs(900);
+const SAMPLE: Duration = Duration::from_millis(200);
+
+/// One member writing 8 MiB of random data once, then idle (a TERM ends it at once).
+const SCRIPT: &str = "trap 'exit 0' TERM; [ -f /data/random ] || \
+                      head -c 8388608 /dev/urandom > /data/random; sync; \
+                      while true; do sleep 1; done";
+
+/// What the sampling saw.
+#[derive(Debug, Default)]
+struct Seen {
+    samples: usize,
+    most_jobs: usize,
+    most_holders: usize,
+    /// The first `CopySlot` `False` message of each request that waited.
+    waited: Vec<(String, String)>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_sets_in_two_namespaces_never_copy_more_than_the_cap_at_once() {
+    let (cluster, one) = scenario("smr-fleet-one").await;
+    let (_, two) = scenario("smr-fleet-two").await;
+    install_crd(&one).await.unwrap();
+    let spaces = [(&one, &FIRST[..]), (&two, &SECOND[..])];
+    for (ns, sets) in spaces {
+        for set in sets {
+            let s = one_member_set(
+                set,
+                &cluster.mover_image,
+                &cluster.storage_class,
+                "64Mi",
+                SCRIPT,
+            );
+            ns.create_statefulset_ready(&s).await.unwrap();
+        }
+    }
+    let cap = CAP.to_string();
+    let _op = Operator::start_watching(&one, &[&two], 0, &["--max-copies", &cap])
+        .await
+        .unwrap();
+    for (ns, sets) in spaces {
+        for set in sets {
+            let spec = json!({
+                "type": "StorageClassChange",
+                "target": {"kind": "StatefulSet", "name": set},
+                "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+                "timeout": "15m",
+                "database": {"engine": "Generic"},
+            });
+            create_request(ns, &format!("move-{set}"), spec)
+                .await
+                .unwrap();
+        }
+    }
+    let (seen, requests) = sample_until_final(&[&one, &two]).await;
+    println!("NOTE fleet of 5 under --max-copies {CAP}: {seen:?}");
+    for r in &requests {
+        let status = r.status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Phase::Successful, "{}", summary(r));
+    }
+    for (ns, sets) in spaces {
+        for set in sets {
+            for (claim, (_, class, _)) in assert_claims_bound(ns, set, 1).await {
+                assert_eq!(class, cluster.wffc_storage_class, "{claim}'s class");
+            }
+        }
+    }
+    assert!(seen.most_jobs <= CAP, "copy Jobs over the cap: {seen:?}");
+    assert!(seen.most_holders <= CAP, "slots over the cap: {seen:?}");
+    assert_eq!(seen.most_holders, CAP, "the cap was used: {seen:?}");
+    assert!(
+        !seen.waited.is_empty(),
+        "some request waited for a slot: {seen:?}"
+    );
+    for (request, message) in &seen.waited {
+        assert!(
+            message.contains(&format!(
+                "waits for a copy slot: {CAP} of at most {CAP} copies in the cluster are running: "
+            )),
+            "{request}: {message}"
+        );
+    }
+    took_a_slot_after_waiting(&requests, &seen);
+}
+
+/// Samples the copy Jobs and the requests' slots in `spaces` until every request is final.
+async fn sample_until_final(spaces: &[&TestNamespace]) -> (Seen, Vec<StorageMigrationRequest>) {
+    let mut seen = Seen::default();
+    let deadline = Instant::now() + ALL_FINAL;
+    loop {
+        let mut requests = Vec::new();
+        let mut jobs = 0;
+        for ns in spaces {
+            let api = ns.api::<StorageMigrationRequest>();
+            requests.extend(api.list(&ListParams::default()).await.unwrap().items);
+            let copies = ListParams::default().labels(JOB_KIND_LABEL);
+            let listed = ns.api::<Job>().list(&copies).await.unwrap().items;
+            jobs += listed.iter().filter(|j| copying(j)).count();
+        }
+        seen.samples += 1;
+        seen.most_jobs = seen.most_jobs.max(jobs);
+        let holders = (requests.iter())
+            .filter_map(|r| r.status.as_ref())
+            .filter(|s| s.members.iter().any(|m| holds_slot(m.step)))
+            .count();
+        seen.most_holders = seen.most_holders.max(holders);
+        note_waits(&requests, &mut seen);
+        let done = requests.iter().filter(|r| final_phase(r)).count();
+        if requests.len() == FIRST.len() + SECOND.len() && done == requests.len() {
+            return (seen, requests);
+        }
+        let states: Vec<String> = requests.iter().map(summary).collect();
+        assert!(Instant::now() < deadline, "not all final: {states:#?}");
+        tokio::time::sleep(SAMPLE).await;
+    }
+}
+
+/// A pre-copy, final copy or verify Job that has not finished.
+fn copying(job: &Job) -> bool {
+    let kind = job
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(JOB_KIND_LABEL));
+    let finished = (job.status.as_ref())
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
+        });
+    kind.is_some_and(|k| matches!(k.as_str(), "precopy" | "copy" | "verify")) && !finished
+}
+
+fn final_phase(r: &StorageMigrationRequest) -> bool {
+    r.status.as_ref().is_some_and(|s| s.phase.is_final())
+}
+
+fn note_waits(requests: &[StorageMigrationRequest], seen: &mut Seen) {
+    for r in requests {
+        let name = format!(
+            "{}/{}",
+            r.metadata.namespace.clone().unwrap_or_default(),
+            r.metadata.name.clone().unwrap_or_default()
+        );
+        let waiting = (r.status.as_ref())
+            .and_then(|s| conditions::get(&s.conditions, conditions::COPY_SLOT))
+            .filter(|c| c.status == "False");
+        if let Some(c) = waiting
+            && !seen.waited.iter().any(|(n, _)| *n == name)
+        {
+            seen.waited.push((name, c.message.clone()));
+        }
+    }
+}
+
+/// Every request that waited ends with `CopySlot` `True` (it took a slot), and its member Done.
+fn took_a_slot_after_waiting(requests: &[StorageMigrationRequest], seen: &Seen) {
+    let waited: BTreeSet<&str> = seen.waited.iter().map(|(n, _)| n.as_str()).collect();
+    for r in requests {
+        let name = format!(
+            "{}/{}",
+            r.metadata.namespace.clone().unwrap_or_default(),
+            r.metadata.name.clone().unwrap_or_default()
+        );
+        let status = r.status.clone().unwrap_or_default();
+        let slot = conditions::get(&status.conditions, conditions::COPY_SLOT);
+        assert!(
+            slot.is_some_and(|c| c.status == "True" && c.reason == "Taken"),
+            "{name} took a slot (waited: {}): {slot:?}",
+            waited.contains(name.as_str())
+        );
+        assert!(
+            status.members.iter().all(|m| m.step == MemberStep::Done),
+            "{}",
+            summary(r)
+        );
+    }
+}
