@@ -299,7 +299,10 @@ impl Operator {
         let log = workspace()
             .join("target/e2e-logs")
             .join(format!("{}-operator-{run}.log", ns.name));
-        let mut all: Vec<&str> = flags.to_vec();
+        // The Lease in the first namespace, as a chart install puts it in its own (with more
+        // than one watched namespace the operator has no other to default to).
+        let mut all: Vec<&str> = vec!["--lease-namespace", ns.name.as_str()];
+        all.extend(flags);
         for o in others {
             all.extend(["--namespace", o.name.as_str()]);
         }
