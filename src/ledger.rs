@@ -186,7 +186,17 @@ mod tests {
                 .note(&c, Some(&status(MemberStep::CreatingClaim, true)))
                 .is_empty()
         );
-        assert_eq!(ledger.forget(&b), [c]);
+        assert_eq!(ledger.forget(&b), [c.clone()]);
+        // A request that ended with its member left mid-copy (a failure) gives its slot back.
+        assert!(
+            ledger
+                .note(&a, Some(&status(MemberStep::Copying, false)))
+                .is_empty()
+        );
+        let mut failed = status(MemberStep::Copying, false);
+        failed.phase = crate::api::Phase::Failed;
+        assert_eq!(ledger.note(&a, Some(&failed)), [c]);
+        assert_eq!(ledger.held(), 0);
     }
 
     #[test]

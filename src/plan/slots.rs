@@ -88,8 +88,12 @@ pub fn waiting(status: Option<&StorageMigrationRequestStatus>) -> bool {
             .is_some_and(|c| c.status == "False")
 }
 
-/// The member of a request (`namespace/name`) with this status that holds a slot, if any.
+/// The member of a request (`namespace/name`) with this status that holds a slot, if any. An
+/// ended request holds none, whatever step a member was left at.
 pub fn holder(request: &str, status: &StorageMigrationRequestStatus) -> Option<CopyHolder> {
+    if status.phase.is_final() {
+        return None;
+    }
     let ms = status.members.iter().find(|m| holds_slot(m.step))?;
     let node = (status.plan.as_ref())
         .and_then(|p| p.members.iter().find(|m| m.pod == ms.pod))
