@@ -15,36 +15,17 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use e2e::testing::fleet::{ONE_MEMBER_SCRIPT, Seen, request_name, sample_until_final};
 use e2e::testing::operator::{Operator, create_request, install_crd, summary};
-use e2e::testing::{TestNamespace, assert_claims_bound, one_member_set, scenario};
-use k8s_openapi::api::batch::v1::Job;
-use kube::api::ListParams;
+use e2e::testing::{assert_claims_bound, one_member_set, scenario};
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest, conditions};
-use storage_migrator::labels::JOB_KIND_LABEL;
-use storage_migrator::plan::slots::holds_slot;
 
 const CAP: usize = 2;
 /// The sets: in the first namespace three, in the second two.
 const FIRST: [&str; 3] = ["app-a", "app-b", "app-c"];
 const SECOND: [&str; 2] = ["app-d", "app-e"];
 const ALL_FINAL: Duration = Duration::from_secs(900);
-const SAMPLE: Duration = Duration::from_millis(200);
-
-/// One member writing 8 MiB of random data once, then idle (a TERM ends it at once).
-const SCRIPT: &str = "trap 'exit 0' TERM; [ -f /data/random ] || \
-                      head -c 8388608 /dev/urandom > /data/random; sync; \
-                      while true; do sleep 1; done";
-
-/// What the sampling saw.
-#[derive(Debug, Default)]
-struct Seen {
-    samples: usize,
-    most_jobs: usize,
-    most_holders: usize,
-    /// The first `CopySlot` `False` message of each request that waited.
-    waited: Vec<(String, String)>,
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn five_sets_in_two_namespaces_never_copy_more_than_the_cap_at_once() {
@@ -59,7 +40,7 @@ async fn five_sets_in_two_namespaces_never_copy_more_than_the_cap_at_once() {
                 &cluster.mover_image,
                 &cluster.storage_class,
                 "64Mi",
-                SCRIPT,
+                ONE_MEMBER_SCRIPT,
             );
             ns.create_statefulset_ready(&s).await.unwrap();
         }
@@ -82,7 +63,11 @@ async fn five_sets_in_two_namespaces_never_copy_more_than_the_cap_at_once() {
                 .unwrap();
         }
     }
-    let (seen, requests) = sample_until_final(&[&one, &two]).await;
+    let deadline = Instant::now() + ALL_FINAL;
+    let expected = FIRST.len() + SECOND.len();
+    let (seen, requests) = sample_until_final(&[&one, &two], expected, deadline)
+        .await
+        .unwrap();
     println!("NOTE fleet of 5 under --max-copies {CAP}: {seen:?}");
     for r in &requests {
         let status = r.status.clone().unwrap_or_default();
@@ -113,85 +98,11 @@ async fn five_sets_in_two_namespaces_never_copy_more_than_the_cap_at_once() {
     took_a_slot_after_waiting(&requests, &seen);
 }
 
-/// Samples the copy Jobs and the requests' slots in `spaces` until every request is final.
-async fn sample_until_final(spaces: &[&TestNamespace]) -> (Seen, Vec<StorageMigrationRequest>) {
-    let mut seen = Seen::default();
-    let deadline = Instant::now() + ALL_FINAL;
-    loop {
-        let mut requests = Vec::new();
-        let mut jobs = 0;
-        for ns in spaces {
-            let api = ns.api::<StorageMigrationRequest>();
-            requests.extend(api.list(&ListParams::default()).await.unwrap().items);
-            let copies = ListParams::default().labels(JOB_KIND_LABEL);
-            let listed = ns.api::<Job>().list(&copies).await.unwrap().items;
-            jobs += listed.iter().filter(|j| copying(j)).count();
-        }
-        seen.samples += 1;
-        seen.most_jobs = seen.most_jobs.max(jobs);
-        let holders = (requests.iter())
-            .filter_map(|r| r.status.as_ref())
-            .filter(|s| s.members.iter().any(|m| holds_slot(m.step)))
-            .count();
-        seen.most_holders = seen.most_holders.max(holders);
-        note_waits(&requests, &mut seen);
-        let done = requests.iter().filter(|r| final_phase(r)).count();
-        if requests.len() == FIRST.len() + SECOND.len() && done == requests.len() {
-            return (seen, requests);
-        }
-        let states: Vec<String> = requests.iter().map(summary).collect();
-        assert!(Instant::now() < deadline, "not all final: {states:#?}");
-        tokio::time::sleep(SAMPLE).await;
-    }
-}
-
-/// A pre-copy, final copy or verify Job that has not finished.
-fn copying(job: &Job) -> bool {
-    let kind = job
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(JOB_KIND_LABEL));
-    let finished = (job.status.as_ref())
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|cs| {
-            cs.iter()
-                .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
-        });
-    kind.is_some_and(|k| matches!(k.as_str(), "precopy" | "copy" | "verify")) && !finished
-}
-
-fn final_phase(r: &StorageMigrationRequest) -> bool {
-    r.status.as_ref().is_some_and(|s| s.phase.is_final())
-}
-
-fn note_waits(requests: &[StorageMigrationRequest], seen: &mut Seen) {
-    for r in requests {
-        let name = format!(
-            "{}/{}",
-            r.metadata.namespace.clone().unwrap_or_default(),
-            r.metadata.name.clone().unwrap_or_default()
-        );
-        let waiting = (r.status.as_ref())
-            .and_then(|s| conditions::get(&s.conditions, conditions::COPY_SLOT))
-            .filter(|c| c.status == "False");
-        if let Some(c) = waiting
-            && !seen.waited.iter().any(|(n, _)| *n == name)
-        {
-            seen.waited.push((name, c.message.clone()));
-        }
-    }
-}
-
 /// Every request that waited ends with `CopySlot` `True` (it took a slot), and its member Done.
 fn took_a_slot_after_waiting(requests: &[StorageMigrationRequest], seen: &Seen) {
     let waited: BTreeSet<&str> = seen.waited.iter().map(|(n, _)| n.as_str()).collect();
     for r in requests {
-        let name = format!(
-            "{}/{}",
-            r.metadata.namespace.clone().unwrap_or_default(),
-            r.metadata.name.clone().unwrap_or_default()
-        );
+        let name = request_name(r);
         let status = r.status.clone().unwrap_or_default();
         let slot = conditions::get(&status.conditions, conditions::COPY_SLOT);
         assert!(

@@ -23,6 +23,7 @@ mod cluster;
 pub mod etcd;
 pub mod etcd_writer;
 pub mod faults;
+pub mod fleet;
 pub mod helm;
 mod namespace;
 mod objects;
