@@ -73,7 +73,7 @@ pub struct Context {
     wakers: Mutex<HashMap<Key, Arc<Notify>>>,
     /// The copy slots held and awaited (kept only when the operator caps copies).
     copies: Mutex<CopyLedger>,
-    /// Admits the decisions that may take a copy slot one at a time.
+    /// Held while a decision that takes a copy slot is checked against the ledger and written.
     admission: tokio::sync::Mutex<()>,
 }
 
@@ -295,13 +295,6 @@ pub async fn reconcile(
             let round = Instant::now();
             ended = plan::Observed::has_ended(&current);
             ctx.note_copies(&obj, current.status.as_ref());
-            // A decision that may take a copy slot is made and written while no other is.
-            let admitted = match ctx.settings.copy_caps.any()
-                && plan::slots::may_take_slot(current.status.as_ref())
-            {
-                true => Some(ctx.admission.lock().await),
-                false => None,
-            };
             let Some((observed, engine)) = snapshot(&ctx, &cluster, &obj, current).await? else {
                 continue;
             };
@@ -319,8 +312,18 @@ pub async fn reconcile(
                     break;
                 }
                 // Waiting for a copy slot: until one is given back, or the planner's pause.
-                drop(admitted);
                 pause(&waker, requeue).await;
+                continue;
+            }
+            // A decision that takes a copy slot is written while no other is, and only if it
+            // was made on the slots as they are now; else it is made again.
+            let taking = plan::slots::takes_slot(observed.request.status.as_ref(), &decision);
+            let _admitted = match taking {
+                true => Some(ctx.admission.lock().await),
+                false => None,
+            };
+            if taking && ctx.copy_holders(&obj) != observed.copy_holders {
+                debug!("copy slots changed while deciding; deciding again");
                 continue;
             }
             let member = in_flight_member(&decision).unwrap_or_default();

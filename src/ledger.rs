@@ -5,8 +5,9 @@
 //! that a decision that may take a slot sees every holder at once, also those whose status the
 //! watch has not delivered yet. It starts from a list of every request ([`CopyLedger::seed`]),
 //! before the first reconcile: a restarted operator counts the slots its requests still hold.
-//! The controller admits the decisions that may take a slot one at a time (see
-//! `controller::reconcile`), so that two requests never take the last slot together.
+//! The controller writes the decisions that take a slot one at a time, each only if the ledger
+//! did not change since it was made (see `controller::reconcile`), so that two requests never
+//! take the last slot together.
 
 use std::collections::{HashMap, HashSet};
 

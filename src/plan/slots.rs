@@ -10,7 +10,7 @@
 //! caps only delay the start of a member's copy.
 //!
 //! The holders of other requests come from the controller's ledger ([`Observed::copy_holders`]),
-//! which admits one request at a time; the decision itself is pure.
+//! which writes one slot-taking decision at a time; the decision itself is pure.
 //!
 //! [`Observed::copy_holders`]: super::Observed::copy_holders
 
@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use crate::api::{MemberStep, StorageMigrationRequestStatus, conditions};
 
-use super::{Ctx, EventType};
+use super::{Action, Ctx, Decision, EventType};
 
 /// How often a member waiting for a slot looks again (a slot freed also wakes it).
 pub const REQUEUE_WAITING: Duration = Duration::from_secs(5);
@@ -70,13 +70,24 @@ pub fn holds_slot(step: MemberStep) -> bool {
 }
 
 /// True for a member that may take a slot in its next decision (its temporary claims are being
-/// bound): the controller admits such a request's decisions one at a time.
+/// bound).
 pub fn may_take_slot(status: Option<&StorageMigrationRequestStatus>) -> bool {
     status.is_some_and(|s| {
         s.members
             .iter()
             .any(|m| m.step == MemberStep::CreatingClaim)
     })
+}
+
+/// True for a decision that takes a copy slot: the status it writes has a member holding one,
+/// the status it was made on none.
+pub fn takes_slot(before: Option<&StorageMigrationRequestStatus>, decision: &Decision) -> bool {
+    let after = decision.actions.iter().rev().find_map(|a| match a {
+        Action::SetStatus(s) => Some(s.as_ref()),
+        _ => None,
+    });
+    let holds = |s: Option<&StorageMigrationRequestStatus>| s.and_then(|s| holder("", s)).is_some();
+    holds(after) && !holds(before)
 }
 
 /// True for a request whose member waits for a copy slot (condition `CopySlot` `False`, its
@@ -239,6 +250,42 @@ mod tests {
             wait_for(caps(2, 1), &holders, "n1"),
             Some(SlotWait::Cluster { max: 2, .. })
         ));
+    }
+
+    #[test]
+    fn a_decision_takes_a_slot_when_the_status_it_writes_holds_one_and_the_last_did_not() {
+        let status = |step| {
+            let mut s = StorageMigrationRequestStatus::default();
+            s.members.push(crate::api::MemberStatus {
+                pod: "db-0".into(),
+                step,
+                ..Default::default()
+            });
+            s
+        };
+        let writes = |step| Decision {
+            actions: vec![Action::SetStatus(Box::new(status(step)))],
+            requeue: Duration::ZERO,
+        };
+        let (claim, copying) = (
+            status(MemberStep::CreatingClaim),
+            status(MemberStep::PreCopying),
+        );
+        assert!(takes_slot(Some(&claim), &writes(MemberStep::PreCopying)));
+        assert!(takes_slot(Some(&claim), &writes(MemberStep::GatingStop)));
+        assert!(!takes_slot(
+            Some(&claim),
+            &writes(MemberStep::CreatingClaim)
+        ));
+        assert!(
+            !takes_slot(Some(&copying), &writes(MemberStep::GatingStop)),
+            "held already"
+        );
+        let none = Decision {
+            actions: Vec::new(),
+            requeue: Duration::ZERO,
+        };
+        assert!(!takes_slot(Some(&claim), &none), "writes no status");
     }
 
     #[test]

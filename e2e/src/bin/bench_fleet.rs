@@ -4,10 +4,13 @@
 //! binary, `STORAGE_MIGRATOR_BIN`) watching every namespace with `--max-copies` (and
 //! `--max-copies-per-node` when given).
 //!
-//! Prints one Markdown table: the requests Successful, the wall time (first request created to
-//! the last member finished), the ideal the caps allow (each member's slot time, from its first
-//! copy created to its member finished, summed and divided by the cluster cap; never less than
-//! the longest), their ratio, the most copy Jobs and slot holders seen at once (sampled every
+//! Prints one Markdown table: the requests Successful; the wall time (from the first sample,
+//! right after the requests were created, until every request is final), sampled every 200 ms
+//! from one list of each kind; the ideal the caps allow: the time before the first slot was taken
+//! (preflight, orphaning, the temporary claims), plus each member's time holding a slot summed
+//! and divided by the cluster cap (never less than the longest), plus the time after the last slot
+//! was given back (the last swap and restart); their ratio (the handovers between slots are what
+//! it adds); the most copy Jobs and slot holders seen at once (sampled every
 //! 200 ms), the requests that waited for a slot, and the operator's peak RSS.
 //!
 //! ```sh
@@ -100,11 +103,6 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Seconds between two times.
-fn between(a: &k8s_openapi::jiff::Timestamp, b: &k8s_openapi::jiff::Timestamp) -> f64 {
-    b.duration_since(*a).as_secs_f64()
-}
-
 fn table(cli: &Cli, seen: &Seen, requests: &[StorageMigrationRequest], rss: u64) -> String {
     let ok = (requests.iter())
         .filter(|r| {
@@ -113,40 +111,23 @@ fn table(cli: &Cli, seen: &Seen, requests: &[StorageMigrationRequest], rss: u64)
                 .is_some_and(|s| s.phase == Phase::Successful)
         })
         .count();
-    let created = (requests.iter())
-        .filter_map(|r| r.metadata.creation_timestamp.as_ref().map(|t| t.0))
-        .min();
-    let members: Vec<_> = (requests.iter())
-        .filter_map(|r| r.status.as_ref())
-        .flat_map(|s| s.members.iter())
-        .collect();
-    let last = members
-        .iter()
-        .filter_map(|m| m.finished.as_ref().map(|t| t.0))
-        .max();
-    let slots: Vec<f64> = (members.iter())
-        .filter_map(|m| {
-            Some(between(
-                &m.copy_started.as_ref()?.0,
-                &m.finished.as_ref()?.0,
-            ))
-        })
-        .collect();
-    let wall = created
-        .zip(last)
-        .map(|(a, b)| between(&a, &b))
-        .unwrap_or_default();
-    let longest = slots.iter().copied().fold(0.0, f64::max);
-    let ideal = (slots.iter().sum::<f64>() / f64::from(cli.max_copies)).max(longest);
+    let held: Vec<f64> = seen.held.values().copied().collect();
+    let longest = held.iter().copied().fold(0.0, f64::max);
+    let copies = (held.iter().sum::<f64>() / f64::from(cli.max_copies)).max(longest);
+    let (lead, tail) = (seen.lead_in.as_secs_f64(), seen.tail.as_secs_f64());
+    let wall = seen.sampled.as_secs_f64();
+    let ideal = lead + copies + tail;
     let ratio = if ideal > 0.0 { wall / ideal } else { 0.0 };
     let per_node = cli
         .max_copies_per_node
         .map_or("none".into(), |n| n.to_string());
     format!(
-        "| sets | caps (cluster, node) | Successful | wall time | ideal under the caps | ratio | \
-         most copy Jobs at once | most slots held at once | waited for a slot | operator peak RSS |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n\
-         | {} | {}, {per_node} | {ok} | {wall:.1} s | {ideal:.1} s | {ratio:.2} | {} | {} | {} | {:.1} MiB |\n",
+        "| sets | caps (cluster, node) | Successful | wall time | before the first slot | \
+         slot time / cap | after the last slot | ideal | ratio | most copy Jobs at once | \
+         most slots held at once | waited for a slot | operator peak RSS |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|---|---|\n\
+         | {} | {}, {per_node} | {ok} | {wall:.1} s | {lead:.1} s | {copies:.1} s | {tail:.1} s \
+         | {ideal:.1} s | {ratio:.2} | {} | {} | {} | {:.1} MiB |\n",
         cli.sets,
         cli.max_copies,
         seen.most_jobs,
