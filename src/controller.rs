@@ -283,10 +283,10 @@ pub async fn reconcile(
     let started = Instant::now();
     let result = async {
         let cluster = ctx.cluster();
-        let waker = ctx.waker(&ObjectRef::from_obj(req.as_ref()));
+        let obj = ObjectRef::from_obj(req.as_ref());
+        let waker = ctx.waker(&obj);
         let mut requeue = plan::REQUEUE_PROGRESSING;
         let mut ended = false;
-        let obj = ObjectRef::from_obj(req.as_ref());
         for _ in 0..MAX_ROUNDS {
             let Some(current) = cluster.fetch(&ns, &name).await? else {
                 ctx.gone(&obj);

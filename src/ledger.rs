@@ -11,10 +11,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use crate::api::{StorageMigrationRequest, StorageMigrationRequestStatus, conditions};
+use crate::api::{StorageMigrationRequest, StorageMigrationRequestStatus};
 use crate::plan::slots::{self, CopyHolder};
 
 type Key = ObjectRef<StorageMigrationRequest>;
@@ -46,10 +45,7 @@ impl CopyLedger {
             key.name
         );
         let holder = status.and_then(|s| slots::holder(&request, s));
-        let waits = status
-            .and_then(|s| conditions::get(&s.conditions, conditions::COPY_SLOT))
-            .is_some_and(|c| c.status == "False");
-        if waits {
+        if status.is_some_and(slots::awaits_slot) {
             self.waiting.insert(key.clone());
         } else {
             self.waiting.remove(key);
@@ -68,11 +64,6 @@ impl CopyLedger {
         }
     }
 
-    /// Forgets a request that is gone; returns the requests to wake, as [`CopyLedger::note`].
-    pub fn forget(&mut self, key: &Key) -> Vec<Key> {
-        self.note(key, None)
-    }
-
     /// The holders other than request `key`'s own member, sorted.
     pub fn holders_except(&self, key: &Key) -> Vec<CopyHolder> {
         let mut others: Vec<CopyHolder> = (self.holders.iter())
@@ -89,15 +80,10 @@ impl CopyLedger {
     }
 }
 
-/// The key of a request.
-pub fn key(req: &StorageMigrationRequest) -> Key {
-    ObjectRef::new(&req.name_any()).within(&req.namespace().unwrap_or_default())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember};
+    use crate::api::{MemberStatus, MemberStep, Plan, PlannedMember, conditions};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn status(step: MemberStep, waiting: bool) -> StorageMigrationRequestStatus {
@@ -187,7 +173,7 @@ mod tests {
                 .note(&c, Some(&status(MemberStep::CreatingClaim, true)))
                 .is_empty()
         );
-        assert_eq!(ledger.forget(&b), std::slice::from_ref(&c));
+        assert_eq!(ledger.note(&b, None), std::slice::from_ref(&c));
         // A request that ended with its member left mid-copy (a failure) gives its slot back.
         assert!(
             ledger
@@ -210,7 +196,7 @@ mod tests {
         idle.metadata.namespace = Some("one".into());
         let ledger = CopyLedger::seed(&[held.clone(), idle]);
         assert_eq!(ledger.held(), 1);
-        assert_eq!(ledger.holders_except(&key(&held)).len(), 0);
+        assert_eq!(ledger.holders_except(&ObjectRef::from_obj(&held)).len(), 0);
         assert_eq!(ledger.holders_except(&k("one", "b")).len(), 1);
     }
 }

@@ -18,7 +18,7 @@ use std::fmt;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use crate::api::{MemberStep, StorageMigrationRequestStatus, conditions};
+use crate::api::{MemberStatus, MemberStep, StorageMigrationRequestStatus, conditions};
 
 use super::{Action, Ctx, Decision, EventType};
 
@@ -86,26 +86,34 @@ pub fn takes_slot(before: Option<&StorageMigrationRequestStatus>, decision: &Dec
         Action::SetStatus(s) => Some(s.as_ref()),
         _ => None,
     });
-    let holds = |s: Option<&StorageMigrationRequestStatus>| s.and_then(|s| holder("", s)).is_some();
+    let holds = |s: Option<&StorageMigrationRequestStatus>| s.and_then(holding_member).is_some();
     holds(after) && !holds(before)
+}
+
+/// True when the status says the member waits for a copy slot (condition `CopySlot` `False`).
+pub fn awaits_slot(status: &StorageMigrationRequestStatus) -> bool {
+    conditions::get(&status.conditions, conditions::COPY_SLOT).is_some_and(|c| c.status == "False")
 }
 
 /// True for a request whose member waits for a copy slot (condition `CopySlot` `False`, its
 /// temporary claims bound): the controller pauses it until a slot is given back.
 pub fn waiting(status: Option<&StorageMigrationRequestStatus>) -> bool {
-    may_take_slot(status)
-        && status
-            .and_then(|s| conditions::get(&s.conditions, conditions::COPY_SLOT))
-            .is_some_and(|c| c.status == "False")
+    may_take_slot(status) && status.is_some_and(awaits_slot)
 }
 
-/// The member of a request (`namespace/name`) with this status that holds a slot, if any. An
-/// ended request holds none, whatever step a member was left at.
-pub fn holder(request: &str, status: &StorageMigrationRequestStatus) -> Option<CopyHolder> {
+/// The member of a request with this status that holds a slot, if any. An ended request holds
+/// none, whatever step a member was left at.
+pub fn holding_member(status: &StorageMigrationRequestStatus) -> Option<&MemberStatus> {
     if status.phase.is_final() {
         return None;
     }
-    let ms = status.members.iter().find(|m| holds_slot(m.step))?;
+    status.members.iter().find(|m| holds_slot(m.step))
+}
+
+/// The member of a request (`namespace/name`) with this status that holds a slot, if any
+/// ([`holding_member`]), with its node.
+pub fn holder(request: &str, status: &StorageMigrationRequestStatus) -> Option<CopyHolder> {
+    let ms = holding_member(status)?;
     let node = (status.plan.as_ref())
         .and_then(|p| p.members.iter().find(|m| m.pod == ms.pod))
         .map(|m| m.node.clone())

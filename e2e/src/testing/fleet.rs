@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::batch::v1::Job;
 use kube::Api;
 use kube::api::ListParams;
-use storage_migrator::api::{StorageMigrationRequest, StorageMigrationRequestStatus, conditions};
+use storage_migrator::api::{StorageMigrationRequest, conditions};
 use storage_migrator::labels::JOB_KIND_LABEL;
-use storage_migrator::plan::slots::holds_slot;
+use storage_migrator::plan::slots::holding_member;
 
 use super::TestNamespace;
 
@@ -77,7 +77,7 @@ pub async fn sample_until_final(
         seen.samples += 1;
         seen.most_jobs = seen.most_jobs.max(jobs);
         let holders: Vec<String> = (requests.iter())
-            .filter(|r| r.status.as_ref().is_some_and(holds))
+            .filter(|r| r.status.as_ref().and_then(holding_member).is_some())
             .map(request_name)
             .collect();
         seen.most_holders = seen.most_holders.max(holders.len());
@@ -103,11 +103,6 @@ pub async fn sample_until_final(
         }
         tokio::time::sleep(SAMPLE).await;
     }
-}
-
-/// Whether a request with this status holds a copy slot (not ended, a member copying).
-fn holds(s: &StorageMigrationRequestStatus) -> bool {
-    !s.phase.is_final() && s.members.iter().any(|m| holds_slot(m.step))
 }
 
 /// A pre-copy, final copy or verify Job that has not finished.

@@ -252,6 +252,13 @@ fn signal(pid: i32, sig: nix::sys::signal::Signal) {
     }
 }
 
+/// The log of the operator of `ns` started for the `run`th time in a test.
+fn log_path(ns: &TestNamespace, run: usize) -> PathBuf {
+    workspace()
+        .join("target/e2e-logs")
+        .join(format!("{}-operator-{run}.log", ns.name))
+}
+
 impl Operator {
     /// Starts `storage-migrator run --namespace NS`; `run` numbers the log file of each
     /// (re)start in a test; `failpoints` becomes the process's `FAILPOINTS` (never inherited).
@@ -270,9 +277,7 @@ impl Operator {
         failpoints: Option<&str>,
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
-        let log = workspace()
-            .join("target/e2e-logs")
-            .join(format!("{}-operator-{run}.log", ns.name));
+        let log = log_path(ns, run);
         Self::spawn_with(&operator_bin(), ns, log, failpoints, flags).await
     }
 
@@ -296,9 +301,7 @@ impl Operator {
         run: usize,
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
-        let log = workspace()
-            .join("target/e2e-logs")
-            .join(format!("{}-operator-{run}.log", ns.name));
+        let log = log_path(ns, run);
         // The Lease in the first namespace, as a chart install puts it in its own (with more
         // than one watched namespace the operator has no other to default to).
         let mut all: Vec<&str> = vec!["--lease-namespace", ns.name.as_str()];
