@@ -125,6 +125,15 @@ build_binary() {
   log "cargo build --release --locked --bin storage-migrator"
   local t0; t0="$(now)"
   (cd "$ROOT" && cargo build --release --locked --bin storage-migrator >&2)
+  # The Dockerfile takes target/release/storage-migrator from the build context ($ROOT): when
+  # cargo builds elsewhere (CARGO_TARGET_DIR), the binary is copied there.
+  local built="${CARGO_TARGET_DIR:-$ROOT/target}/release/storage-migrator"
+  local context="$ROOT/target/release/storage-migrator"
+  case "$built" in /*) ;; *) built="$ROOT/$built" ;; esac
+  [ -x "$built" ] || die "cargo built no $built"
+  if [ "$(realpath "$built")" != "$(realpath -m "$context")" ]; then
+    install -D -m 0755 "$built" "$context"
+  fi
   log "operator binary built in $(took "$t0")"
 }
 

@@ -10,6 +10,9 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Cargo's build directory: target/ of the checkout unless CARGO_TARGET_DIR says otherwise
+# (.ci/run keeps one across CI's clean clones).
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
 step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 
 step "install dependencies (apt packages; the Kubernetes control plane, built once and cached)"
@@ -33,7 +36,7 @@ REDIS_ARCHIVE="$(bash e2e/scripts/build-test-image.sh redis)"
 ZK_ARCHIVE="$(bash e2e/scripts/build-test-image.sh zookeeper)"
 
 step "CRD is generated from the Rust types"
-CRDGEN_BIN="$ROOT/target/debug/storage-migrator" bash .ci/check-crd.sh
+CRDGEN_BIN="$TARGET_DIR/debug/storage-migrator" bash .ci/check-crd.sh
 
 step "Helm chart: lint, render, Kubernetes schema validation (real Helm 4)"
 bash e2e/scripts/check-chart.sh
@@ -42,7 +45,7 @@ step "unit tests"
 cargo test --workspace --all-features --lib --bins
 
 STATE_DIR="$(mktemp -d /tmp/storage-migrator-e2e.XXXXXX)"
-LC="$ROOT/target/debug/localcluster"
+LC="$TARGET_DIR/debug/localcluster"
 cleanup() {
   rc=$?
   if [ "${KEEP_CLUSTER:-0}" = 1 ]; then
@@ -66,27 +69,34 @@ step "load the operator's image and the test databases' into the local cluster's
 "$LC" image load --state-dir "$STATE_DIR" "$PATRONI_ARCHIVE"
 "$LC" image load --state-dir "$STATE_DIR" "$REDIS_ARCHIVE"
 "$LC" image load --state-dir "$STATE_DIR" "$ZK_ARCHIVE"
-export STORAGE_MIGRATOR_BIN="$ROOT/target/debug/storage-migrator"
+export STORAGE_MIGRATOR_BIN="$TARGET_DIR/debug/storage-migrator"
+export KUBECTL_SMR_BIN="$TARGET_DIR/debug/kubectl-smr"
 export E2E_LOCALCLUSTER=1
 # No test may pass without running: a missing cluster, root or program fails it.
 export E2E_REQUIRE_ALL=1
 
-# The end-to-end test binaries, in two lanes that run side by side against the one cluster
-# (each test works in a namespace of its own), then the ones that disrupt the whole cluster (a
-# node down, the agent or the API server restarted, a second cluster), one after another.
+# The end-to-end test binaries, run by E2E_WORKERS workers (3 by default) side by side against
+# the one cluster (each test works in a namespace of its own): each worker takes the next binary
+# no other worker has taken, longest first (the order below, from CI's timings), so the long
+# ones do not end up one after another. Then the ones that disrupt the whole cluster (a node
+# down, the agent or the API server restarted, a second cluster), one after another.
 # Every file of e2e/tests/ is in exactly one list (checked below), so none is left out.
-LANE_A=(etcd_quorum admission claim_target cluster deployment engine_etcd images install plugin
-  queue retention engine_zookeeper engine_redis fleet)
-LANE_B=(finish_undo foreign lifecycle migration modern_pods mover_caps out_of_space owners quota
-  rbac_usage reclaim_race runtime security shared_claim templates faults_etcd engine_patroni)
+QUEUE=(engine_patroni etcd_quorum migration engine_zookeeper engine_redis finish_undo retention
+  plugin queue foreign faults_etcd install lifecycle out_of_space templates modern_pods
+  reclaim_race fleet admission engine_etcd deployment quota claim_target owners shared_claim
+  runtime images mover_caps cluster security rbac_usage)
 ALONE=(faults faults_agent faults_apiserver localcluster)
-listed="$(printf '%s\n' "${LANE_A[@]}" "${LANE_B[@]}" "${ALONE[@]}" | sort)"
+listed="$(printf '%s\n' "${QUEUE[@]}" "${ALONE[@]}" | sort)"
 present="$(cd e2e/tests && ls -- *.rs | sed 's/\.rs$//' | sort)"
 if [ "$listed" != "$present" ]; then
-  echo "test-all.sh: the e2e lanes do not list exactly the files of e2e/tests:" >&2
+  echo "test-all.sh: the e2e lists do not name exactly the files of e2e/tests:" >&2
   diff <(echo "$listed") <(echo "$present") >&2 || true
   exit 1
 fi
+WORKERS="${E2E_WORKERS:-3}"
+case "$WORKERS" in
+  ''|*[!0-9]*|0) echo "test-all.sh: E2E_WORKERS must be a whole number of at least 1, not '$WORKERS'" >&2; exit 1 ;;
+esac
 e2e_tests() {
   local args=()
   for t in "$@"; do args+=(--test "$t"); done
@@ -97,22 +107,47 @@ e2e_tests() {
 step "end-to-end tests: build"
 cargo test -p e2e --all-features --no-run --tests
 
-LANES="$STATE_DIR/lanes"
-mkdir -p "$LANES"
-step "end-to-end tests: two lanes side by side (${#LANE_A[@]} and ${#LANE_B[@]} binaries)"
-e2e_tests "${LANE_A[@]}" >"$LANES/a.log" 2>&1 & lane_a=$!
-e2e_tests "${LANE_B[@]}" >"$LANES/b.log" 2>&1 & lane_b=$!
-rc_a=0; wait "$lane_a" || rc_a=$?
-rc_b=0; wait "$lane_b" || rc_b=$?
-for lane in a b; do
-  step "end-to-end tests: lane $lane's output"
-  cat "$LANES/$lane.log"
+RUNS="$STATE_DIR/e2e-runs"
+mkdir -p "$RUNS"
+# One worker: takes queue entries in order; `mkdir` is the claim (atomic), so each binary runs
+# once. Each binary's output goes to its own log, printed whole after all workers are done.
+worker() {
+  local w="$1" i t rc t0
+  for i in "${!QUEUE[@]}"; do
+    mkdir "$RUNS/claim.$i" 2>/dev/null || continue
+    t="${QUEUE[$i]}"
+    t0="$(date +%s)"
+    rc=0
+    e2e_tests "$t" >"$RUNS/$t.log" 2>&1 || rc=$?
+    echo "$rc" >"$RUNS/$t.rc"
+    printf '%-18s worker %s  exit %s  %4ss  (ended %s)\n' "$t" "$w" "$rc" \
+      "$(( $(date +%s) - t0 ))" "$(date +%H:%M:%S)" >>"$RUNS/summary"
+  done
+}
+# The machine's CPU time, busy and all, from /proc/stat (user+nice+system+irq+softirq+steal).
+cpu_jiffies() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9, $2+$3+$4+$5+$6+$7+$8+$9}' /proc/stat; }
+step "end-to-end tests: ${#QUEUE[@]} binaries, $WORKERS workers side by side"
+read -r busy0 all0 < <(cpu_jiffies)
+pids=()
+for w in $(seq 1 "$WORKERS"); do
+  worker "$w" & pids+=($!)
 done
+for p in "${pids[@]}"; do wait "$p"; done
+read -r busy1 all1 < <(cpu_jiffies)
+failed=()
+for t in "${QUEUE[@]}"; do
+  step "end-to-end tests: $t's output"
+  cat "$RUNS/$t.log"
+  [ "$(cat "$RUNS/$t.rc" 2>/dev/null || echo missing)" = 0 ] || failed+=("$t")
+done
+step "end-to-end tests: the binaries in the order they ended"
+cat "$RUNS/summary"
+echo "CPU busy $(( 100 * (busy1 - busy0) / (all1 - all0 > 0 ? all1 - all0 : 1) ))% of $(nproc) cores while they ran"
 step "end-to-end tests: the ones that disrupt the whole cluster, one at a time"
 rc_alone=0
 e2e_tests "${ALONE[@]}" || rc_alone=$?
-if [ "$rc_a" != 0 ] || [ "$rc_b" != 0 ] || [ "$rc_alone" != 0 ]; then
-  echo "end-to-end tests failed: lane a exit $rc_a, lane b exit $rc_b, alone exit $rc_alone" >&2
+if [ "${#failed[@]}" != 0 ] || [ "$rc_alone" != 0 ]; then
+  echo "end-to-end tests failed: ${failed[*]:-none of the queue}; the disruptive ones exit $rc_alone" >&2
   exit 1
 fi
 

@@ -140,7 +140,7 @@ async fn move_leader(ns: &TestNamespace, from: &str, to: &str) {
 }
 
 /// Held for the whole of each test that measures availability with a [`Writer`] (its writes
-/// must not fail even after a retry): two such tests side by side, 8 etcd members, two operators
+/// must not fail on every attempt): two such tests side by side, 8 etcd members, two operators
 /// and two writers on a 2-core machine, starve each other past the writer's 2 s timeout, which
 /// measures the machine, not the operator. The other tests of this file still run beside them.
 static MEASURING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -269,7 +269,7 @@ async fn migrate_while_writing(test: &str, n: usize) {
     );
     assert_eq!(
         writes.failed, 0,
-        "writes failed even after a retry: {:?}",
+        "writes failed on every attempt: {:?}",
         writes.failures
     );
     check_writes(&ns, &writes).await;
@@ -760,7 +760,7 @@ async fn etcd_waits_while_a_disruption_budget_allows_none() {
     );
     assert_eq!(
         writes.failed, 0,
-        "writes failed even after a retry: {:?}",
+        "writes failed on every attempt: {:?}",
         writes.failures
     );
     check_writes(&ns, &writes).await;
@@ -804,7 +804,7 @@ async fn etcd_a_max_unavailable_budget_is_counted_by_the_operator_while_orphaned
     );
     assert_eq!(
         writes.failed, 0,
-        "writes failed even after a retry: {:?}",
+        "writes failed on every attempt: {:?}",
         writes.failures
     );
     check_writes(&ns, &writes).await;

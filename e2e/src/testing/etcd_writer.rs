@@ -38,13 +38,24 @@ pub async fn connect(endpoint: &str) -> Option<Client> {
 /// How many failed or retried writes [`Writes`] describes.
 const KEPT: usize = 10;
 
+/// Attempts per write, through different members: a write that fails all of them was refused
+/// for at least two deadlines (or a leader handover and a deadline), far beyond one handover.
+const ATTEMPTS: usize = 3;
+
+/// An attempt refused faster than this was refused by a member that answered (not a timeout).
+const FAST_REFUSAL: Duration = Duration::from_millis(250);
+
+/// The pause before retrying a write refused at once: long enough for a leader handover to end
+/// on a loaded machine (etcd's handover is a heartbeat round or two).
+const REFUSED_PAUSE: Duration = Duration::from_millis(300);
+
 /// Counts of a writer that puts `w/<n>` keys through the members while the migration runs.
 #[derive(Debug, Default)]
 pub struct Writes {
     pub attempted: u64,
-    /// Writes acknowledged only on their second attempt.
+    /// Writes acknowledged only on a later attempt.
     pub retried: u64,
-    /// Writes that failed on both attempts.
+    /// Writes that failed on every attempt.
     pub failed: u64,
     /// The `n` of every acknowledged key `w/<n>`, in order.
     pub acked: Vec<u64>,
@@ -63,11 +74,18 @@ pub struct Writes {
 
 /// One write every ~20 ms through the members in turn (one client per Ready member pod, like a
 /// client behind the Service; re-read from the API every 250 ms as pods stop and come back with
-/// new IPs); a failed write is retried once through the next member, on a list re-read first if
-/// the failed attempt took longer than that; a member that failed a write gets none until the
-/// next re-read, as a gRPC balancer routes around a failed connection (without these, a write
-/// could wait out a whole connect timeout on a member the previous write, or the list, already
-/// showed gone).
+/// new IPs); a failed write is retried through the next member, up to [`ATTEMPTS`] attempts in
+/// all, on a list re-read first if the failed attempt took longer than that; a member that failed
+/// a write gets none until the next re-read, as a gRPC balancer routes around a failed
+/// connection (without these, a write could wait out a whole connect timeout on a member the
+/// previous write, or the list, already showed gone).
+///
+/// A refusal that comes back at once (the leader's "raft proposal dropped" while it hands
+/// leadership over) is retried after [`REFUSED_PAUSE`]: a retry at once goes to a follower,
+/// which forwards the write to the same leader, still handing over; the leader drops it without
+/// telling the follower, and the follower's request waits out its whole deadline (etcd's raft
+/// drops proposals while a transfer is in progress). A CI run saw exactly that: dropped in
+/// 3 ms, then no answer in 2 s.
 pub struct Writer {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Writes>,
@@ -142,12 +160,13 @@ impl Members {
         (!names.is_empty()).then(|| names[turn % names.len()].clone())
     }
 
-    /// Puts `w/<key>` through the member at `turn`, then once through the next one; a member
-    /// that fails gets no write until the next reading. Returns the attempt that succeeded
-    /// (`Some(0)` or `Some(1)`), and each failed attempt's member, error and duration.
+    /// Puts `w/<key>` through the member at `turn`, then through the next ones, up to
+    /// [`ATTEMPTS`] in all (after [`REFUSED_PAUSE`] when an attempt was refused at once); a
+    /// member that fails gets no write until the next reading. Returns the attempt that
+    /// succeeded, and each failed attempt's member, error and duration.
     async fn write(&mut self, key: u64, turn: usize) -> (Option<usize>, Vec<String>) {
         let mut errors = Vec::new();
-        for attempt in 0..2 {
+        for attempt in 0..ATTEMPTS {
             self.fresh().await;
             let Some(name) = self.pick(turn + attempt) else {
                 errors.push("no Ready member".to_string());
@@ -163,9 +182,12 @@ impl Members {
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => "no answer in 2 s".to_string(),
             };
-            let took = t0.elapsed().as_millis();
-            errors.push(format!("{name}: {error} ({took} ms)"));
+            let took = t0.elapsed();
+            errors.push(format!("{name}: {error} ({} ms)", took.as_millis()));
             self.failed.insert(name);
+            if took < FAST_REFUSAL && attempt + 1 < ATTEMPTS {
+                tokio::time::sleep(REFUSED_PAUSE).await;
+            }
         }
         (None, errors)
     }
