@@ -47,6 +47,11 @@ pub fn is_own_key(key: &str) -> bool {
         .is_some_and(|(prefix, _)| prefix == GROUP)
 }
 
+/// Label `kubectl smr fleet` puts on the requests it writes (value:
+/// `build::names::fleet_label_value`, `<from>-to-<to>`): `kubectl smr watch --all -l` follows
+/// them, `kubectl get smr -l` lists them.
+pub const FLEET_LABEL: &str = "storagemigrator.io/fleet";
+
 /// Annotation a user (or `kubectl smr abort`) puts on a progressing request to have it rolled
 /// back, like a timeout: any value asks for it (the plugin writes the time it asked). Honoured
 /// while the request orphans the StatefulSet or migrates members; later stages finish.

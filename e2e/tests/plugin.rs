@@ -9,7 +9,10 @@
 //! - `abort` of a migrating request: it rolls back and ends `Failed` (`aborted`), and `watch`
 //!   exits 3;
 //! - `orphans`: a volume no claim refers to is listed with its delete command; `--delete`
-//!   without `--yes` and without a terminal refuses; `--delete --yes` deletes it.
+//!   without `--yes` and without a terminal refuses; `--delete --yes` deletes it;
+//! - `fleet`: a StatefulSet, a Deployment and a loose claim on one class (the claim denied),
+//!   planned (the requests printed, none created), applied, followed by `watch --all -l` to
+//!   the end, the claims then on the other class.
 //!
 //! The binary comes from `KUBECTL_SMR_BIN` (default `<workspace>/target/debug/kubectl-smr`).
 //!
@@ -22,11 +25,16 @@ use std::time::Duration;
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{TestCluster, TestNamespace, scenario};
-use k8s_openapi::api::core::v1::PersistentVolume;
+use e2e::testing::{
+    TestCluster, TestNamespace, assert_claims_bound, claim_manifest, one_claim_deployment,
+    one_member_set, scenario,
+};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
+use kube::ResourceExt;
 use kube::api::{Api, PostParams};
 use serde_json::json;
-use storage_migrator::api::{Phase, Stage};
+use storage_migrator::api::{Phase, Stage, StorageMigrationRequest};
 
 const MIGRATION: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
@@ -373,4 +381,157 @@ async fn orphans_lists_a_volume_no_claim_refers_to_and_deletes_it_on_request() {
         .await
         .expect("the volume is still there");
     ns.delete_and_wait(Duration::from_secs(120)).await.unwrap();
+}
+
+/// The fleet's workloads: a one-member StatefulSet and a Deployment on `standard`, a claim on
+/// `standard` no pod mounts (denied), and a set already on the target class (no workload).
+async fn fleet_workloads(cluster: &TestCluster, ns: &TestNamespace) {
+    let data = "trap 'exit 0' TERM; [ -f /data/random ] || \
+        { head -c 4194304 /dev/urandom > /data/random; sync; }; while true; do sleep 1; done";
+    for (set, class) in [
+        ("app", &cluster.storage_class),
+        ("moved", &cluster.wffc_storage_class),
+    ] {
+        let s = one_member_set(set, &cluster.mover_image, class, "64Mi", data);
+        ns.create_statefulset_ready(&s).await.unwrap();
+    }
+    for claim in ["web-data", "loose"] {
+        let c = claim_manifest(claim, &cluster.storage_class, "64Mi");
+        ns.api::<PersistentVolumeClaim>()
+            .create(&PostParams::default(), &c)
+            .await
+            .unwrap();
+    }
+    let web = one_claim_deployment("web", "web-data", &cluster.mover_image, data);
+    ns.api::<Deployment>()
+        .create(&PostParams::default(), &web)
+        .await
+        .unwrap();
+    let available = |d: Option<&Deployment>| {
+        d.and_then(|d| d.status.as_ref())
+            .is_some_and(|s| s.available_replicas == Some(1) && s.ready_replicas == Some(1))
+    };
+    ns.wait_for(
+        ns.api::<Deployment>(),
+        "web",
+        "Deployment web available",
+        Duration::from_secs(180),
+        available,
+        |d: &Deployment| format!("{:?}", d.status),
+    )
+    .await
+    .unwrap();
+}
+
+/// `fleet` in plan mode lists every workload on the class with its plan or its denial and
+/// prints the requests that would be accepted (creating none); `--apply` creates them; `watch
+/// --all -l` follows them to the end; their claims are then on the target class.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fleet_plans_applies_and_watch_all_follows_every_workload_on_a_class() {
+    let (cluster, ns) = scenario("smr-plugin-fleet").await;
+    install_crd(&ns).await.unwrap();
+    fleet_workloads(&cluster, &ns).await;
+    let (from, to) = (
+        cluster.storage_class.as_str(),
+        cluster.wffc_storage_class.as_str(),
+    );
+    let args = [
+        "fleet",
+        "--from-class",
+        from,
+        "--to-class",
+        to,
+        "-n",
+        &ns.name,
+    ];
+    let run = smr(&args, Duration::from_secs(120)).await;
+    assert_eq!(run.code, 2, "one would be denied: {run:?}");
+    let err = &run.stderr;
+    for line in [
+        format!(
+            "{}/app StatefulSet: claims data-app-0; request sts-app-to-{to}",
+            ns.name
+        ),
+        format!(
+            "{}/web Deployment: claims web-data; request deploy-web-to-{to}",
+            ns.name
+        ),
+        format!(
+            "{}/loose PersistentVolumeClaim: claims loose; request pvc-loose-to-{to}",
+            ns.name
+        ),
+        format!(
+            "3 workloads on StorageClass {from}: 2 would move to {to} (2 members, 128Mi of claims), 1 would be denied"
+        ),
+    ] {
+        assert!(err.lines().any(|l| l == line), "missing {line:?}: {run:?}");
+    }
+    assert!(err.contains("no pod mounts claim loose"), "{run:?}");
+    assert!(
+        !err.contains("moved"),
+        "a set on the target class is no workload: {run:?}"
+    );
+    let printed: Vec<StorageMigrationRequest> = (run.stdout.split("---\n"))
+        .filter(|d| !d.trim().is_empty())
+        .map(|d| serde_norway::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect();
+    let names: Vec<String> = printed.iter().map(|r| r.name_any()).collect();
+    assert_eq!(
+        names,
+        [format!("sts-app-to-{to}"), format!("deploy-web-to-{to}")]
+    );
+    let requests = ns.api::<StorageMigrationRequest>();
+    assert!(
+        requests
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty(),
+        "plan mode created requests"
+    );
+
+    let _op = Operator::start(&ns, 0, None).await.unwrap();
+    let applied = [&args[..], &["--apply"]].concat();
+    let run = smr(&applied, Duration::from_secs(120)).await;
+    assert_eq!(run.code, 2, "{run:?}");
+    for name in &names {
+        let created = format!("storagemigrationrequest/{name} created in {}", ns.name);
+        assert!(run.stdout.lines().any(|l| l == created), "{run:?}");
+    }
+    let label = format!("storagemigrator.io/fleet={from}-to-{to}");
+    assert!(
+        run.stderr.contains(&format!(
+            "kubectl smr watch --all -l {label} -n {}",
+            ns.name
+        )),
+        "{run:?}"
+    );
+    let run = smr(&["watch", "--all", "-l", &label, "-n", &ns.name], MIGRATION).await;
+    assert_eq!(run.code, 0, "{run:?}");
+    assert!(
+        run.stdout.lines().any(|l| l == "2 requests: 2 Successful"),
+        "{run:?}"
+    );
+    for r in requests.list(&Default::default()).await.unwrap().items {
+        assert_eq!(
+            r.status.clone().unwrap_or_default().phase,
+            Phase::Successful,
+            "{}",
+            summary(&r)
+        );
+    }
+    for (claim, (_, class, _)) in assert_claims_bound(&ns, "app", 1).await {
+        assert_eq!(class, to, "{claim}");
+    }
+    let web_data = ns
+        .api::<PersistentVolumeClaim>()
+        .get("web-data")
+        .await
+        .unwrap();
+    assert_eq!(
+        web_data.spec.and_then(|s| s.storage_class_name).as_deref(),
+        Some(to)
+    );
+    ns.delete_and_wait(Duration::from_secs(300)).await.unwrap();
 }

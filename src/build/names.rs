@@ -135,9 +135,57 @@ pub fn stash_key(prefix: &str, name: &str) -> String {
     format!("{prefix}{}-{hash}", base.trim_end_matches(['-', '.']))
 }
 
+/// Name of the request `kubectl smr fleet` writes for one workload: `<kind>-<name>-to-<class>`
+/// (`kind`: `sts`, `deploy` or `pvc`) when that is a DNS-1123 label, else `<start>-fleet-<hash6>`.
+///
+/// Why deterministic: running the command again names the same requests, so `--apply` finds
+/// the ones it created before (409) instead of creating a second request per workload. Why a
+/// label: the request's name is the value of [`crate::labels::REQUEST_LABEL`] on what it
+/// creates.
+pub fn fleet_request_name(kind: &str, name: &str, to_class: &str) -> String {
+    let plain = format!("{kind}-{name}-to-{to_class}");
+    if is_dns1123_label(&plain) {
+        return plain;
+    }
+    hashed_label(&plain, "fleet", &["fleet-request", kind, name, to_class])
+}
+
+/// Value of [`crate::labels::FLEET_LABEL`] on the requests of one `kubectl smr fleet` run:
+/// `<from>-to-<to>`, hashed like [`fleet_request_name`] when it is no label value.
+pub fn fleet_label_value(from_class: &str, to_class: &str) -> String {
+    let plain = format!("{from_class}-to-{to_class}");
+    if is_dns1123_label(&plain) {
+        return plain;
+    }
+    hashed_label(&plain, "fleet", &["fleet-label", from_class, to_class])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fleet_names_are_plain_when_they_fit_and_hashed_labels_when_not() {
+        assert_eq!(
+            fleet_request_name("sts", "etcd", "fast"),
+            "sts-etcd-to-fast"
+        );
+        assert_eq!(fleet_label_value("gp2", "gp3"), "gp2-to-gp3");
+        let long = "a".repeat(70);
+        for name in [
+            fleet_request_name("sts", &long, "fast"),
+            fleet_request_name("deploy", "web.v2", "fast"),
+            fleet_label_value(&long, "gp3"),
+            fleet_label_value("Fast.SSD", "gp3"),
+        ] {
+            assert!(is_dns1123_label(&name), "{name}");
+            assert!(name.contains("-fleet-"), "{name}");
+        }
+        assert_ne!(
+            fleet_request_name("sts", &long, "fast"),
+            fleet_request_name("sts", &format!("{long}b"), "fast")
+        );
+    }
 
     const KINDS: [JobKind; 4] = [
         JobKind::Measure,

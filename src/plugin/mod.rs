@@ -1,9 +1,9 @@
-//! `kubectl smr`, the kubectl plugin (binary `kubectl-smr`): plan, watch, describe, abort and
-//! orphans against the cluster the user's KUBECONFIG names.
+//! `kubectl smr`, the kubectl plugin (binary `kubectl-smr`): plan, watch, describe, abort,
+//! orphans and fleet against the cluster the user's KUBECONFIG names.
 //!
 //! The commands read with the user's own credentials and write only on request: `abort` adds
 //! the annotation [`labels::ABORT_ANNOTATION`], `orphans --delete` deletes volumes after
-//! confirmation. What they print is built by pure functions in [`render`] and [`orphans`].
+//! confirmation, `fleet --apply` creates requests. What they print is built by pure functions in [`render`] and [`orphans`].
 
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -25,6 +25,8 @@ use crate::image::ImageRef;
 use crate::labels;
 use crate::plan::{Settings, claims, preflight};
 
+pub mod fleet;
+mod fleet_cmd;
 pub mod orphans;
 pub mod render;
 
@@ -41,6 +43,9 @@ pub struct Cli {
     /// Namespace (default: the kubeconfig's).
     #[arg(short = 'n', long, global = true)]
     namespace: Option<String>,
+    /// Every namespace (`fleet`, `watch --all`).
+    #[arg(short = 'A', long, global = true, conflicts_with = "namespace")]
+    all_namespaces: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -60,8 +65,18 @@ enum Command {
     },
     /// Follow a request to its end: per-member progress (bytes, rate, ETA, step), then the final
     /// phase and each member's downtime. Exit 0 Successful, 3 Failed, 2 Denied.
+    ///
+    /// With `--all` (and `-A` for every namespace), every request in scope, one line each, until
+    /// all have ended: exit 3 when one Failed, else 2 when one was Denied, else 0.
     Watch {
-        name: String,
+        #[arg(required_unless_present = "all")]
+        name: Option<String>,
+        /// Every request in the namespace (`-A`: in every namespace) instead of one.
+        #[arg(long, conflicts_with = "name")]
+        all: bool,
+        /// With --all: only the requests with these labels (e.g. storagemigrator.io/fleet=a-to-b).
+        #[arg(short = 'l', long, requires = "all")]
+        selector: Option<String>,
         /// Give up after this many seconds (exit 1); 0 waits for the end.
         #[arg(long, default_value_t = 0)]
         timeout: u64,
@@ -87,6 +102,27 @@ enum Command {
         /// Confirm the deletion without asking (for scripts).
         #[arg(long, requires = "delete")]
         yes: bool,
+    },
+    /// Retire a StorageClass: every StatefulSet, Deployment and claim with a claim on
+    /// --from-class (in the namespace, or with -A in every one), each with the request that moves
+    /// it to --to-class, judged by the same preflight as `plan`. The plan goes to stderr, the
+    /// requests that would be accepted to stdout as YAML (for `kubectl apply -f`); with --apply
+    /// they are created. Exit 2 when any would be denied (no request is written for it).
+    Fleet {
+        /// The StorageClass to move off.
+        #[arg(long)]
+        from_class: String,
+        /// The StorageClass to move to.
+        #[arg(long)]
+        to_class: String,
+        /// spec.timeout of every request; it counts while a request waits for a copy slot under
+        /// the operator's --max-copies, so cover the whole fleet.
+        #[arg(long, default_value = "24h")]
+        timeout: String,
+        /// Create the requests instead of printing them (engine Generic: to move a database
+        /// quorum-aware, print them, set spec.database, then apply).
+        #[arg(long)]
+        apply: bool,
     },
     /// Print a shell completion script.
     Completion { shell: clap_complete::Shell },
@@ -116,12 +152,38 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     let ns = cli
         .namespace
         .unwrap_or_else(|| client.default_namespace().to_string());
+    let scope = if cli.all_namespaces {
+        Namespaces::All
+    } else {
+        Namespaces::One(ns.clone())
+    };
     match cli.command {
         Command::Plan {
             file,
             allow_request_mover_image,
         } => plan(client, &file, ns, allow_request_mover_image).await,
-        Command::Watch { name, timeout } => watch(client, &ns, &name, timeout).await,
+        Command::Watch {
+            name: Some(name),
+            timeout,
+            ..
+        } => watch(client, &ns, &name, timeout).await,
+        Command::Watch {
+            selector, timeout, ..
+        } => fleet_cmd::watch_all(client, &scope, selector.as_deref(), timeout).await,
+        Command::Fleet {
+            from_class,
+            to_class,
+            timeout,
+            apply,
+        } => {
+            let args = fleet_cmd::FleetArgs {
+                from: from_class,
+                to: to_class,
+                timeout,
+                apply,
+            };
+            fleet_cmd::fleet(client, &scope, &args).await
+        }
         Command::Describe { name } => describe(client, &ns, &name).await,
         Command::Abort { name } => abort(client, &ns, &name).await,
         Command::Orphans {
@@ -139,6 +201,31 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             orphans_cmd(client, &scope, delete, yes).await
         }
         Command::Completion { .. } => Ok(0),
+    }
+}
+
+/// The namespaces a command covers: the one of `-n` (or the kubeconfig's), or all (`-A`).
+pub enum Namespaces {
+    One(String),
+    All,
+}
+
+impl Namespaces {
+    /// The flag that names this scope again on a command line: ` -n <ns>` or ` -A`.
+    fn flag(&self) -> String {
+        match self {
+            Namespaces::One(ns) => format!(" -n {ns}"),
+            Namespaces::All => " -A".to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for Namespaces {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Namespaces::One(ns) => write!(f, "in namespace {ns}"),
+            Namespaces::All => write!(f, "in any namespace"),
+        }
     }
 }
 

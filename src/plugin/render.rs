@@ -1,5 +1,6 @@
 //! Everything `kubectl smr` prints, as pure functions of what it read (unit-tested).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use k8s_openapi::jiff::Timestamp;
@@ -153,6 +154,47 @@ pub fn exit_code(phase: Phase) -> Option<u8> {
         Phase::Failed => Some(3),
         Phase::Pending | Phase::Progressing => None,
     }
+}
+
+/// `watch --all`: a line per request (as `watch`'s first line; an unfinished one's message
+/// under it), then how many requests are in each phase.
+pub fn all_lines(requests: &BTreeMap<String, StorageMigrationRequestStatus>) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut phases: BTreeMap<String, usize> = BTreeMap::new();
+    for (name, s) in requests {
+        lines.push(header_line(name, s));
+        if exit_code(s.phase).is_none()
+            && let Some(m) = &s.message
+        {
+            lines.push(format!("  {m}"));
+        }
+        *phases.entry(format!("{:?}", s.phase)).or_default() += 1;
+    }
+    let counts: Vec<String> = (phases.iter()).map(|(p, n)| format!("{n} {p}")).collect();
+    lines.push(format!(
+        "{} requests: {}",
+        requests.len(),
+        counts.join(", ")
+    ));
+    lines
+}
+
+/// `watch --all`'s exit status once every request has ended: 3 when one Failed, else 2 when
+/// one was Denied, else 0; `None` while one has not ended.
+pub fn all_exit_code(phases: impl IntoIterator<Item = Phase>) -> Option<u8> {
+    let codes = (phases.into_iter())
+        .map(exit_code)
+        .collect::<Option<Vec<u8>>>()?;
+    Some(
+        codes
+            .into_iter()
+            .max_by_key(|c| match c {
+                3 => 2,
+                2 => 1,
+                _ => 0,
+            })
+            .unwrap_or(0),
+    )
 }
 
 fn role(r: Option<Role>) -> &'static str {
@@ -516,6 +558,47 @@ mod tests {
             "m has ended (Failed): nothing to abort"
         );
         assert!(confirmed(" Yes\n") && confirmed("y") && !confirmed("") && !confirmed("no"));
+    }
+
+    #[test]
+    fn watch_all_shows_each_request_and_ends_with_the_worst_outcome() {
+        let mut requests = BTreeMap::new();
+        let mut waiting = StorageMigrationRequestStatus {
+            phase: Phase::Progressing,
+            message: Some("member app-0 waits for a copy slot".into()),
+            ..Default::default()
+        };
+        requests.insert("a/one".to_string(), waiting.clone());
+        let done = StorageMigrationRequestStatus {
+            phase: Phase::Successful,
+            message: Some("done".into()),
+            ..Default::default()
+        };
+        requests.insert("b/two".to_string(), done);
+        let lines = all_lines(&requests);
+        assert!(lines[0].starts_with("a/one: Progressing"), "{lines:?}");
+        assert_eq!(lines[1], "  member app-0 waits for a copy slot");
+        assert!(lines[2].starts_with("b/two: Successful"), "{lines:?}");
+        assert_eq!(lines[3], "2 requests: 1 Progressing, 1 Successful");
+        let phases = |r: &BTreeMap<String, StorageMigrationRequestStatus>| {
+            r.values().map(|s| s.phase).collect::<Vec<_>>()
+        };
+        assert_eq!(all_exit_code(phases(&requests)), None);
+        waiting.phase = Phase::Denied;
+        requests.insert("a/one".to_string(), waiting.clone());
+        assert_eq!(all_exit_code(phases(&requests)), Some(2));
+        requests.insert(
+            "c/three".to_string(),
+            StorageMigrationRequestStatus {
+                phase: Phase::Failed,
+                ..Default::default()
+            },
+        );
+        assert_eq!(all_exit_code(phases(&requests)), Some(3));
+        assert_eq!(
+            all_exit_code([Phase::Successful, Phase::Successful]),
+            Some(0)
+        );
     }
 
     #[test]

@@ -40,8 +40,8 @@ pub mod zookeeper;
 pub use cluster::TestCluster;
 pub use namespace::TestNamespace;
 pub use objects::{
-    assert_claims_bound, claim_manifest, fixture_path, node_satisfies, one_member_set,
-    requested_size, set_template_class,
+    assert_claims_bound, claim_manifest, fixture_path, node_satisfies, one_claim_deployment,
+    one_member_set, requested_size, set_template_class,
 };
 pub use pods::{ClaimMount, JobOutcome, MoverSpec, PodOutcome, describe_pod, mover_pod_spec};
 

@@ -177,6 +177,44 @@ pub fn one_member_set(
     }
 }
 
+/// A one-replica Deployment `name` (label `app: name`) running `script` as root in `image`,
+/// with claim `claim` mounted at `/data`; grace period 5 s.
+pub fn one_claim_deployment(
+    name: &str,
+    claim: &str,
+    image: &str,
+    script: &str,
+) -> k8s_openapi::api::apps::v1::Deployment {
+    let deployment = serde_json::json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "securityContext": {"runAsUser": 0, "runAsGroup": 0},
+                    "containers": [{
+                        "name": "app",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "command": ["sh", "-c", script],
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                    }],
+                    "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}],
+                },
+            },
+        },
+    });
+    match serde_json::from_value(deployment) {
+        Ok(d) => d,
+        Err(e) => panic!("the one-claim Deployment does not decode: {e}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
