@@ -20,9 +20,12 @@ die() { echo "install-deps: error: $*" >&2; exit 1; }
 
 # etcd-server: Debian's etcd 3.4, the test database (any `etcd` image runs it); the control
 # plane's own etcd is built below, since Kubernetes 1.37 needs etcd 3.5 or newer.
+# buildah, mmdebstrap, umoci and jq: the images' builds (build-image.sh, build-test-image.sh
+# install them too when run alone), here so that test-all.sh's builds running side by side never
+# run apt-get at the same time.
 APT_PKGS=(etcd-server etcd-client rsync protobuf-compiler libprotobuf-dev openssl iproute2
   e2fsprogs util-linux mount kmod make build-essential acl attr ca-certificates curl
-  busybox-static)
+  busybox-static buildah mmdebstrap umoci jq)
 
 need_apt=()
 for p in "${APT_PKGS[@]}"; do

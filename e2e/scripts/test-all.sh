@@ -18,6 +18,18 @@ step() { printf '\n=== %s (%s)\n' "$*" "$(date +%H:%M:%S)"; }
 step "install dependencies (apt packages; the Kubernetes control plane, built once and cached)"
 bash e2e/scripts/install-deps.sh >/dev/null
 
+# The test databases' images (Debian's packages; cached) build in the background, beside the
+# Rust builds below: on a fresh machine they wait mostly on downloads. Their own process group,
+# ended if this script stops before it waits for them.
+IMAGES_DIR="$(mktemp -d /tmp/storage-migrator-test-images.XXXXXX)"
+step "test database images: patroni, redis, zookeeper, built in the background (log: $IMAGES_DIR/log)"
+setsid -w bash -c 'set -e; for i in patroni redis zookeeper; do
+    bash e2e/scripts/build-test-image.sh "$i" > "$0/$i.path"; done' "$IMAGES_DIR" \
+  >"$IMAGES_DIR/log" 2>&1 </dev/null &
+IMAGES_PID=$!
+stop_images() { kill -- -"$IMAGES_PID" 2>/dev/null || true; rm -rf "$IMAGES_DIR"; }
+trap stop_images EXIT
+
 step "rustfmt"
 cargo fmt --all -- --check
 
@@ -30,10 +42,19 @@ cargo build --workspace --all-features --bins
 step "image (operator release build, OCI archive, checked; base root cached)"
 IMAGE_ARCHIVE="$(bash e2e/scripts/build-image.sh)"
 
-step "test database images (Debian's packages; cached): patroni, redis, zookeeper"
-PATRONI_ARCHIVE="$(bash e2e/scripts/build-test-image.sh patroni)"
-REDIS_ARCHIVE="$(bash e2e/scripts/build-test-image.sh redis)"
-ZK_ARCHIVE="$(bash e2e/scripts/build-test-image.sh zookeeper)"
+step "test database images: waiting for their background build"
+images_rc=0
+wait "$IMAGES_PID" || images_rc=$?
+trap - EXIT
+cat "$IMAGES_DIR/log"
+if [ "$images_rc" != 0 ]; then
+  echo "test-all.sh: building the test databases' images failed (exit $images_rc): the log is above" >&2
+  exit 1
+fi
+PATRONI_ARCHIVE="$(cat "$IMAGES_DIR/patroni.path")"
+REDIS_ARCHIVE="$(cat "$IMAGES_DIR/redis.path")"
+ZK_ARCHIVE="$(cat "$IMAGES_DIR/zookeeper.path")"
+rm -rf "$IMAGES_DIR"
 
 step "CRD is generated from the Rust types"
 CRDGEN_BIN="$TARGET_DIR/debug/storage-migrator" bash .ci/check-crd.sh

@@ -414,6 +414,24 @@ subjects:
     );
 }
 
+/// The operator's binary, copied into a new directory under the temporary directory that every
+/// user may enter: the pod runs it as uid 65532, and the build directory may be where that user
+/// cannot reach (a checkout or a `CARGO_TARGET_DIR` under `/root`, mode 0700: exit 126).
+fn reachable_operator_bin() -> (tempfile::TempDir, std::path::PathBuf) {
+    use std::os::unix::fs::PermissionsExt;
+    let open = || std::fs::Permissions::from_mode(0o755);
+    let dir = tempfile::Builder::new()
+        .prefix("smr-operator-bin.")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot make a temporary directory: {e}"));
+    std::fs::set_permissions(dir.path(), open()).unwrap_or_else(|e| panic!("chmod: {e}"));
+    let bin = dir.path().join("storage-migrator");
+    let from = e2e::testing::operator::operator_bin();
+    std::fs::copy(&from, &bin).unwrap_or_else(|e| panic!("cannot copy {}: {e}", from.display()));
+    std::fs::set_permissions(&bin, open()).unwrap_or_else(|e| panic!("chmod: {e}"));
+    (dir, bin)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_mount_follows_automount_and_the_operators_client_works_in_a_pod() {
     if !local_cluster_only() {
@@ -441,7 +459,7 @@ async fn token_mount_follows_automount_and_the_operators_client_works_in_a_pod()
     // The operator's own client, `kube::Client::try_default()`, in a pod as a non-root user: it
     // picks the in-cluster config (no kubeconfig there), so its namespace is the pod's and the
     // API server sees the pod's service account (which may not read StatefulSets).
-    let bin = e2e::testing::operator::operator_bin();
+    let (_bin_dir, bin) = reachable_operator_bin();
     let script = format!(
         "cat > /tmp/req.yaml <<'EOF'
 apiVersion: storagemigrator.io/v1alpha1
