@@ -17,7 +17,7 @@ use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use super::fleet::{self, Inventory, Verdict};
-use super::{EXIT_DENIED, EXIT_ERROR, Namespaces, cluster, render, show};
+use super::{EXIT_DENIED, EXIT_ERROR, Namespaces, cluster, next_before, render, show};
 use crate::api::{PlannedWork, StorageMigrationRequest};
 use crate::image::ImageRef;
 use crate::plan::{Settings, preflight};
@@ -224,15 +224,9 @@ pub async fn watch_all(
     let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let (mut seen, mut listed, mut shown) = (BTreeMap::new(), false, Vec::new());
     loop {
-        let next = match deadline {
-            Some(at) => match tokio::time::timeout_at(at, events.next()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    eprintln!("gave up after {timeout}s; the requests go on");
-                    return Ok(EXIT_ERROR);
-                }
-            },
-            None => events.next().await,
+        let Some(next) = next_before(&mut events, deadline).await else {
+            eprintln!("gave up after {timeout}s; the requests go on");
+            return Ok(EXIT_ERROR);
         };
         match next {
             Some(Ok(watcher::Event::Apply(r) | watcher::Event::InitApply(r))) => {

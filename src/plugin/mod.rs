@@ -334,15 +334,9 @@ async fn watch(client: Client, ns: &str, name: &str, timeout: u64) -> anyhow::Re
     let tty = std::io::stdout().is_terminal();
     let mut shown: Vec<String> = Vec::new();
     loop {
-        let next = match deadline {
-            Some(at) => match tokio::time::timeout_at(at, events.next()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    eprintln!("gave up after {timeout}s; the request goes on");
-                    return Ok(EXIT_ERROR);
-                }
-            },
-            None => events.next().await,
+        let Some(next) = next_before(&mut events, deadline).await else {
+            eprintln!("gave up after {timeout}s; the request goes on");
+            return Ok(EXIT_ERROR);
         };
         let req = match next {
             Some(Ok(watcher::Event::Apply(req) | watcher::Event::InitApply(req))) => req,
@@ -363,6 +357,17 @@ async fn watch(client: Client, ns: &str, name: &str, timeout: u64) -> anyhow::Re
             print_lines(&render::final_lines(name, &status));
             return Ok(code);
         }
+    }
+}
+
+/// The stream's next item, or `None` once `deadline` (if any) has passed first.
+async fn next_before<S: futures::Stream + Unpin>(
+    events: &mut S,
+    deadline: Option<Instant>,
+) -> Option<Option<S::Item>> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, events.next()).await.ok(),
+        None => Some(events.next().await),
     }
 }
 
