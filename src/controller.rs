@@ -3,9 +3,13 @@
 //! One reconcile gathers a snapshot, asks the planner, runs the actions in order, and repeats
 //! while the planner has something to do (bounded), so a request moves through several steps per
 //! reconcile instead of one step per requeue. What a request waits for wakes it up: the Jobs and
-//! helper pods it owns, and the member pods and claims its plan names (a change of one ends a
-//! pause within a reconcile at once, and queues a reconcile when none runs); a progressing
-//! request is also requeued when its planner asks (every few seconds at most). An ended request
+//! helper pods it owns, and the member pods, claims and volumes its plan names (a change of one
+//! ends a pause within a reconcile at once, and queues a reconcile when none runs); a progressing
+//! request is also requeued when its planner asks (every few seconds at most; a second in the
+//! claim swap, which the claims' and volumes' changes wake). Pods, claims and volumes are
+//! watched as metadata only (`PartialObjectMetadata`): a wake-up needs their names and owners,
+//! never their specs, so an unrelated pod costs the operator its metadata, not a decoded pod,
+//! and nothing is kept of it. An ended request
 //! reads nothing of the cluster (`plan::Observed::ended`) and is looked at again only when it
 //! changes (a deletion, a spec edit): it costs nothing while it stays as it is.
 //!
@@ -20,11 +24,12 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -733,15 +738,16 @@ async fn list_requests(client: &Client, scope: &WatchScope) -> Vec<StorageMigrat
 }
 
 /// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace), the
-/// Jobs they own, and the pods and claims in the same namespaces: a helper pod wakes the request
-/// that owns it, a member pod or a claim the requests whose plan names it ([`requests_naming`]).
+/// Jobs they own, and the metadata of the pods and claims in the same namespaces and of every
+/// volume: a helper pod wakes the request that owns it; a member pod, a claim or a volume the
+/// requests whose plan names it ([`requests_naming`]).
 async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Context>) {
     let (requests, jobs, pods, claims) = match namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
             Api::<Job>::namespaced(client.clone(), ns),
-            Api::<Pod>::namespaced(client.clone(), ns),
-            Api::<PersistentVolumeClaim>::namespaced(client.clone(), ns),
+            Api::<PartialObjectMeta<Pod>>::namespaced(client.clone(), ns),
+            Api::<PartialObjectMeta<PersistentVolumeClaim>>::namespaced(client.clone(), ns),
         ),
         None => (
             Api::all(client.clone()),
@@ -750,24 +756,33 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
             Api::all(client.clone()),
         ),
     };
+    let volumes = Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone());
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     let controller = Controller::new(requests, watcher::Config::default());
-    let (pod_store, claim_store) = (controller.store(), controller.store());
-    let (pod_ctx, claim_ctx) = (ctx.clone(), ctx.clone());
+    let stores = [controller.store(), controller.store(), controller.store()];
+    let [pod_store, claim_store, volume_store] = stores;
+    let (pod_ctx, claim_ctx, volume_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
     controller
         .owns(jobs, owned)
-        .watches(pods, watcher::Config::default(), move |pod: Pod| {
+        .watches_stream(metadata_of(pods), move |pod: PartialObjectMeta<Pod>| {
             let mut keys = owner_requests(&pod);
             keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
             pod_ctx.wake(&keys);
             keys
         })
-        .watches(
-            claims,
-            watcher::Config::default(),
-            move |claim: PersistentVolumeClaim| {
+        .watches_stream(
+            metadata_of(claims),
+            move |claim: PartialObjectMeta<PersistentVolumeClaim>| {
                 let keys = requests_naming(&claim_store.state(), &claim, Named::Claim);
                 claim_ctx.wake(&keys);
+                keys
+            },
+        )
+        .watches_stream(
+            metadata_of(volumes),
+            move |volume: PartialObjectMeta<PersistentVolume>| {
+                let keys = requests_naming(&volume_store.state(), &volume, Named::Volume);
+                volume_ctx.wake(&keys);
                 keys
             },
         )
@@ -790,6 +805,20 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
         .await;
 }
 
+/// The changes of the objects of `api` (an `Api<PartialObjectMeta<_>>`: metadata only; every
+/// change, a status-only one too, changes the resourceVersion), retried with the watcher's
+/// default backoff.
+fn metadata_of<K>(
+    api: Api<PartialObjectMeta<K>>,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .touched_objects()
+}
+
 /// What a watched object may be to a request's plan.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Named {
@@ -797,10 +826,12 @@ pub enum Named {
     Pod,
     /// A member's claim or its temporary claim.
     Claim,
+    /// A member's old or new volume (cluster-scoped: in any request's namespace).
+    Volume,
 }
 
-/// The requests not yet ended, in `obj`'s namespace, whose plan names `obj` ([`Named`]): a
-/// change of it may be what they wait for.
+/// The requests not yet ended, in `obj`'s namespace (any, for a volume), whose plan names `obj`
+/// ([`Named`]): a change of it may be what they wait for.
 pub fn requests_naming<K: Resource>(
     requests: &[Arc<StorageMigrationRequest>],
     obj: &K,
@@ -818,18 +849,22 @@ pub fn requests_naming<K: Resource>(
             && claims.into_iter().flatten().any(|c| match named {
                 Named::Pod => c.pod() == name,
                 Named::Claim => c.claim() == name || c.temp_claim() == name,
+                Named::Volume => c.volumes().iter().any(|(_, v)| *v == name),
             })
+    };
+    let in_scope = |r: &StorageMigrationRequest| {
+        named == Named::Volume || r.metadata.namespace.as_deref() == ns
     };
     requests
         .iter()
-        .filter(|r| r.metadata.namespace.as_deref() == ns && names_it(r))
+        .filter(|r| in_scope(r) && names_it(r))
         .map(|r| ObjectRef::from_obj(r.as_ref()))
         .collect()
 }
 
 /// The request that controls a pod (a mounter pod carries our label and the request as its
 /// controller), if any.
-fn owner_requests(pod: &Pod) -> Vec<Key> {
+fn owner_requests<K: Resource>(pod: &K) -> Vec<Key> {
     let ns = pod.namespace();
     pod.owner_references()
         .iter()
@@ -837,6 +872,10 @@ fn owner_requests(pod: &Pod) -> Vec<Key> {
         .filter_map(|o| Key::from_owner_ref(ns.as_deref(), o, ()))
         .collect()
 }
+
+#[cfg(test)]
+#[path = "controller_watch_tests.rs"]
+mod watch_tests;
 
 #[cfg(test)]
 mod tests {
@@ -864,6 +903,7 @@ mod tests {
             pod: pod.into(),
             claim: claim.into(),
             temp_claim: format!("tmp-{claim}"),
+            old_volume: format!("pv-{claim}"),
             ..Default::default()
         };
         r.status = Some(StorageMigrationRequestStatus {
@@ -903,6 +943,17 @@ mod tests {
         assert!(requests_naming(&requests, &by_pod_name, Named::Claim).is_empty());
         let unrelated: Pod = object("demo", "web-0");
         assert!(requests_naming(&requests, &unrelated, Named::Pod).is_empty());
+        // A volume has no namespace: it wakes the unfinished requests of any namespace that
+        // name it; as metadata only, as the watches deliver it.
+        let mut volume = PartialObjectMeta::<PersistentVolume>::default();
+        volume.metadata.name = Some("pv-data-etcd-0".into());
+        let other = Key::new("b").within("other");
+        assert_eq!(
+            requests_naming(&requests, &volume, Named::Volume),
+            [key("a"), other]
+        );
+        volume.metadata.name = Some("data-etcd-0".into());
+        assert!(requests_naming(&requests, &volume, Named::Volume).is_empty());
     }
 
     #[test]

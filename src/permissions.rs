@@ -123,8 +123,9 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Cluster,
         group: "",
         resource: "persistentvolumes",
-        verbs: &["get", "patch"],
-        why: "Retain, claimRef re-pointing, migrated-by label (merge patches); never delete",
+        verbs: &["get", "list", "watch", "patch"],
+        why: "Retain, claimRef re-pointing, migrated-by label (merge patches), never delete; \
+              watched as metadata: a change of a volume a plan names wakes its request",
     },
     Rule {
         scope: RuleScope::Cluster,

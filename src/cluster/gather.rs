@@ -27,8 +27,8 @@ use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
     ClaimUser, Workload, claim_users, copy_log_pod, effective_spec, expected_members, job_outcome,
-    may_target, measured_bytes, reads_claim_users, target_claim_users, target_workload,
-    terminating_pod_nodes,
+    may_target, measured_bytes, reads_claim_users, reads_other_requests, reads_storage_classes,
+    target_claim_users, target_workload, terminating_pod_nodes,
 };
 use crate::plan::{self, Autoscaler, Observed, ObservedJob, OtherRequest};
 
@@ -66,7 +66,7 @@ impl Cluster {
             self.stash(&req, &ns, &status),
             self.jobs(&ns, &name, &status),
             self.claims(&ns),
-            self.storage_classes(),
+            self.storage_classes(&status),
         );
         let ((stateful_set, deployment), stash, (jobs, helper_pods), claims, storage_classes) =
             (target?, stash?, jobs?, claims?, storage_classes?);
@@ -77,7 +77,7 @@ impl Cluster {
         let (pods, volumes, other_requests, namespace_labels, budgets, claim_users) = tokio::join!(
             self.member_pods(&ns, selector, workload.pod()),
             self.volumes(&claims, &status),
-            self.other_requests(&ns, &name, &workload),
+            self.other_requests(&ns, &name, &workload, &status),
             self.namespace_labels(&ns, &status),
             self.budgets(&ns, &status),
             self.claim_users(&ns, &status, listed.as_deref()),
@@ -435,7 +435,15 @@ impl Cluster {
         Ok(read.into_iter().flatten().collect())
     }
 
-    async fn storage_classes(&self) -> Result<BTreeMap<String, StorageClass>, ClusterError> {
+    /// Every StorageClass, read only when the planner looks at them
+    /// ([`reads_storage_classes`]); none otherwise.
+    pub(super) async fn storage_classes(
+        &self,
+        status: &StorageMigrationRequestStatus,
+    ) -> Result<BTreeMap<String, StorageClass>, ClusterError> {
+        if !reads_storage_classes(status) {
+            return Ok(BTreeMap::new());
+        }
         let classes = Api::<StorageClass>::all(self.client.clone())
             .list(&ListParams::default())
             .await
@@ -443,13 +451,18 @@ impl Cluster {
         Ok(by_name(classes))
     }
 
-    /// The other requests of the namespace on the same target (by their effective spec).
-    async fn other_requests(
+    /// The other requests of the namespace on the same target (by their effective spec), read
+    /// only when the planner looks at them ([`reads_other_requests`]); none otherwise.
+    pub(super) async fn other_requests(
         &self,
         ns: &str,
         name: &str,
         workload: &Workload,
+        status: &StorageMigrationRequestStatus,
     ) -> Result<Vec<OtherRequest>, ClusterError> {
+        if !reads_other_requests(status) {
+            return Ok(Vec::new());
+        }
         let requests = self
             .ns_api::<StorageMigrationRequest>(ns)
             .list(&ListParams::default())
@@ -540,15 +553,26 @@ fn selector(selector: &LabelSelector) -> Option<String> {
         })
 }
 
-/// The volumes that matter: those bound to a claim of the namespace, and every volume the
-/// request names (old and new, of every claim of every member: [`plan::claims`]).
+/// The volumes that matter: every volume the request names (old and new, of every claim of
+/// every member: [`plan::claims`]), and those bound to the claims it names (a member's claim, its
+/// temporary claim). Before there is a plan (Preflight), those bound to every claim of the
+/// namespace: the plan is made from them. So a round of a migration reads the volumes of its
+/// members, however many other claims the namespace has.
 fn volume_names(
     claims: &BTreeMap<String, PersistentVolumeClaim>,
     status: &StorageMigrationRequestStatus,
 ) -> BTreeSet<String> {
+    let named = plan::claims::request_claims(status);
+    let matters = |claim: &str| {
+        named.is_empty()
+            || named
+                .iter()
+                .any(|c| c.claim() == claim || c.temp_claim() == claim)
+    };
     let mut names: BTreeSet<String> = claims
-        .values()
-        .filter_map(|c| plan::claim_volume(c).map(str::to_string))
+        .iter()
+        .filter(|(name, _)| matters(name))
+        .filter_map(|(_, c)| plan::claim_volume(c).map(str::to_string))
         .collect();
     names.extend(
         plan::claims::request_volumes(status)
@@ -592,32 +616,44 @@ mod tests {
     }
 
     #[test]
-    fn volume_names_are_the_bound_the_planned_and_the_new_ones() {
-        let claims = BTreeMap::from([(
-            "data-etcd-0".to_string(),
-            fixtures::bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0"),
-        )]);
-        let status = StorageMigrationRequestStatus {
+    fn volume_names_are_the_planned_the_new_and_those_of_the_claims_the_plan_names() {
+        let bound = |claim: &str, volume: &str| {
+            let c = fixtures::bound_claim(claim, "standard", "1Gi", volume);
+            (claim.to_string(), c)
+        };
+        let claims = BTreeMap::from([
+            bound("data-etcd-0", "pv-old-0"),
+            bound("data-etcd-1", "pv-old-1"),
+            bound("tmp-data-etcd-1", "pv-temp-1"),
+            bound("unrelated", "pv-unrelated"),
+        ]);
+        let planned = |pod: &str| PlannedMember {
+            pod: pod.into(),
+            claim: format!("data-{pod}"),
+            temp_claim: format!("tmp-data-{pod}"),
+            old_volume: format!("pv-old-{}", &pod[pod.len() - 1..]),
+            ..Default::default()
+        };
+        let mut status = StorageMigrationRequestStatus {
             plan: Some(Plan {
-                members: vec![PlannedMember {
-                    old_volume: "pv-old-1".into(),
-                    ..Default::default()
-                }],
+                members: vec![planned("etcd-1"), planned("etcd-2")],
                 ..Default::default()
             }),
-            members: vec![
-                MemberStatus {
-                    first_claim: crate::api::ClaimStatus {
-                        new_volume: Some("pv-new-1".into()),
-                        ..Default::default()
-                    },
+            members: vec![MemberStatus {
+                pod: "etcd-2".into(),
+                first_claim: crate::api::ClaimStatus {
+                    new_volume: Some("pv-new-2".into()),
                     ..Default::default()
                 },
-                MemberStatus::default(),
-            ],
+                ..Default::default()
+            }],
             ..Default::default()
         };
         let names: Vec<String> = volume_names(&claims, &status).into_iter().collect();
-        assert_eq!(names, ["pv-new-1", "pv-old-0", "pv-old-1"]);
+        assert_eq!(names, ["pv-new-2", "pv-old-1", "pv-old-2", "pv-temp-1"]);
+        // No plan yet (Preflight): every bound claim's volume.
+        status.plan = None;
+        let names: Vec<String> = volume_names(&claims, &status).into_iter().collect();
+        assert_eq!(names, ["pv-old-0", "pv-old-1", "pv-temp-1", "pv-unrelated"]);
     }
 }

@@ -828,3 +828,48 @@ async fn a_refused_list_of_budgets_is_an_error() {
         assert_eq!(err.retry(), expected, "{reason}");
     }
 }
+
+/// The StorageClasses are read in Preflight and while the member in flight makes its temporary
+/// claim, the namespace's other requests in Preflight only: a round of a member's copy or claim
+/// swap reads neither.
+#[tokio::test]
+async fn classes_and_other_requests_are_read_only_where_the_planner_looks_at_them() {
+    use crate::api::{MemberStatus, MemberStep, Stage};
+    use crate::plan::observe::Workload;
+    const CLASSES: &str = "/apis/storage.k8s.io/v1/storageclasses";
+    let empty = json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": []});
+    let exchanges = vec![
+        Exchange::new(Method::GET, CLASSES).returns(empty.clone()),
+        Exchange::new(Method::GET, REQUESTS).returns(empty.clone()),
+        Exchange::new(Method::GET, CLASSES).returns(empty),
+    ];
+    let read = super::mock::verify(exchanges, |cluster| async move {
+        let workload = Workload::StatefulSet("etcd".into());
+        let mut status = StorageMigrationRequestStatus::default();
+        let mut reads = Vec::new();
+        for step in [
+            None,
+            Some(MemberStep::CreatingClaim),
+            Some(MemberStep::Copying),
+        ] {
+            if let Some(step) = step {
+                status.stage = Stage::Migrating;
+                let pod = "etcd-0".to_string();
+                status.members = vec![MemberStatus {
+                    pod,
+                    step,
+                    ..Default::default()
+                }];
+            }
+            let classes = cluster.storage_classes(&status).await.is_ok();
+            let others = cluster
+                .other_requests(NS, REQ, &workload, &status)
+                .await
+                .is_ok();
+            reads.push((classes, others));
+        }
+        reads
+    })
+    .await;
+    assert_eq!(read, [(true, true), (true, true), (true, true)]);
+}

@@ -42,11 +42,11 @@ pub const BIND_NUDGE_LOST_RACE_SECONDS: i64 = 1;
 /// nudged even when its volume does not show the PV controller's half of the binding.
 pub const BIND_NUDGE_FALLBACK_SECONDS: i64 = 2;
 
-/// How soon the claim swap looks again while the member is down, all of it downtime. A change of
-/// a claim the plan names ends the wait sooner (the controller watches them); volumes are not
-/// watched (that would take a cluster-wide list and watch of every PersistentVolume), so the
-/// wait for the new volume to turn Available is this poll.
-pub const SWAP_POLL: Duration = Duration::from_millis(100);
+/// How soon the claim swap looks again while the member is down, all of it downtime, when nothing
+/// wakes it sooner. What it waits for does: a change of a claim or a volume the plan names ends
+/// the wait at once (the controller watches their metadata). So this is the fallback for a lost
+/// event, and the step of the binding nudges (whole seconds after a claim's creation).
+pub const SWAP_POLL: Duration = Duration::from_millis(500);
 
 /// Forward (the normal flow) or carrying a swapped member forward during a rollback (no health
 /// gates, no waiting for readiness: the rollback must end).

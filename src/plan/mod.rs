@@ -145,8 +145,11 @@ pub struct Observed {
     pub volumes: BTreeMap<String, PersistentVolume>,
     /// Our Jobs, by name, with what their pod reported.
     pub jobs: BTreeMap<String, ObservedJob>,
+    /// Every StorageClass, read in Preflight and while the member in flight makes its temporary
+    /// claim (`observe::reads_storage_classes`; empty otherwise).
     pub storage_classes: BTreeMap<String, StorageClass>,
-    /// Other requests in the namespace on the same target.
+    /// Other requests in the namespace on the same target, read in Preflight
+    /// (`observe::reads_other_requests`; empty otherwise).
     pub other_requests: Vec<OtherRequest>,
     /// The PodDisruptionBudgets of the namespace, read in Preflight and while migrating (empty
     /// in other stages, and when the cluster serves no PodDisruptionBudget API).

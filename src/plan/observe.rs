@@ -20,6 +20,25 @@ use crate::labels;
 /// Preflight, and while the member in flight is `Copying` (its final copy and verification), so
 /// the namespace's pods are listed only then. A final request reads none.
 pub fn reads_claim_users(status: &StorageMigrationRequestStatus) -> bool {
+    in_flight_step(status, &[MemberStep::Copying])
+}
+
+/// Whether the planner looks at the StorageClasses: in Preflight (the target class, binding
+/// modes) and while the member in flight is `CreatingClaim` (a class that waits for a consumer
+/// gets a mounter pod). A final request reads none.
+pub fn reads_storage_classes(status: &StorageMigrationRequestStatus) -> bool {
+    in_flight_step(status, &[MemberStep::CreatingClaim])
+}
+
+/// Whether the planner looks at the other requests of the namespace: in Preflight only (a
+/// request waits there behind an earlier one on the same target). A final request reads none.
+pub fn reads_other_requests(status: &StorageMigrationRequestStatus) -> bool {
+    in_flight_step(status, &[])
+}
+
+/// Whether `status` is in Preflight, or in Migrating with its member in flight at one of
+/// `steps`; false for a final request.
+fn in_flight_step(status: &StorageMigrationRequestStatus, steps: &[MemberStep]) -> bool {
     if status.phase.is_final() {
         return false;
     }
@@ -27,7 +46,7 @@ pub fn reads_claim_users(status: &StorageMigrationRequestStatus) -> bool {
         Stage::Preflight => true,
         Stage::Migrating => super::in_flight(status)
             .and_then(|i| status.members.get(i))
-            .is_some_and(|m| m.step == MemberStep::Copying),
+            .is_some_and(|m| steps.contains(&m.step)),
         _ => false,
     }
 }
@@ -756,5 +775,28 @@ mod tests {
         status.members[0].step = MemberStep::Copying;
         status.phase = crate::api::Phase::Failed;
         assert!(!reads_claim_users(&status), "final");
+    }
+
+    #[test]
+    fn classes_are_read_in_preflight_and_while_a_temporary_claim_is_made_other_requests_in_preflight()
+     {
+        let mut status = StorageMigrationRequestStatus::default();
+        assert!(reads_storage_classes(&status) && reads_other_requests(&status));
+        status.stage = Stage::Migrating;
+        status.members = vec![crate::api::MemberStatus {
+            pod: "etcd-0".into(),
+            step: MemberStep::CreatingClaim,
+            ..Default::default()
+        }];
+        assert!(reads_storage_classes(&status));
+        assert!(!reads_other_requests(&status));
+        status.members[0].step = MemberStep::Copying;
+        assert!(!reads_storage_classes(&status));
+        status.members[0].step = MemberStep::CreatingClaim;
+        status.phase = crate::api::Phase::Failed;
+        assert!(!reads_storage_classes(&status), "final");
+        status.phase = crate::api::Phase::Progressing;
+        status.stage = Stage::RecreatingStatefulSet;
+        assert!(!reads_storage_classes(&status) && !reads_other_requests(&status));
     }
 }

@@ -6,9 +6,10 @@ rule with its RuleScope); a unit test compares the two, so edit both together.
 {{/* Cluster-scoped objects: a ClusterRole in every mode. */}}
 {{- define "storage-migrator.rules.cluster" -}}
 # Reclaim policy to Retain, claimRef re-pointing, migrated-by label (merge patches). Never delete.
+# Watched as metadata only: a change of a volume a plan names wakes its request.
 - apiGroups: [""]
   resources: ["persistentvolumes"]
-  verbs: ["get", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 # A member pod stuck terminating: is its node NotReady or gone (then it is force-deleted).
 - apiGroups: [""]
   resources: ["nodes"]

@@ -1,0 +1,128 @@
+//! The controller's watches against a mocked API server: which objects it lists and watches, in
+//! which scope, with which selector, and as full objects or as metadata only. Pinned: a change
+//! here changes what the operator costs on a large cluster (issue 30).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Request, Response};
+use kube::client::Body;
+use serde_json::json;
+
+use super::{Context, watch_namespace};
+use crate::image::ImageRef;
+use crate::metrics::Metrics;
+use crate::plan::Settings;
+
+/// One call as the API server sees it: method, path, query, and its Accept header.
+type Call = (String, String, String, String);
+
+fn call(r: &Request<Body>) -> Call {
+    let accept = r.headers().get(http::header::ACCEPT);
+    let accept = accept.and_then(|a| a.to_str().ok()).unwrap_or_default();
+    let uri = r.uri();
+    let query = uri.query().unwrap_or_default().to_string();
+    (
+        r.method().to_string(),
+        uri.path().into(),
+        query,
+        accept.into(),
+    )
+}
+
+fn list(metadata: bool) -> Response<Body> {
+    let kind = if metadata {
+        "PartialObjectMetadataList"
+    } else {
+        "List"
+    };
+    let body = json!({"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "7"}, "items": []});
+    Response::builder()
+        .body(Body::from(serde_json::to_vec(&body).unwrap()))
+        .unwrap()
+}
+
+/// The first `n` calls of one namespace's controller: lists answered empty, watches held open.
+async fn first_calls(namespace: Option<&'static str>, n: usize) -> BTreeSet<Call> {
+    let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let image = ImageRef::parse("registry.example/storage-migrator:1").unwrap();
+    let settings = Settings::new(image);
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        settings,
+        Arc::new(Metrics::new()),
+    ));
+    let task = tokio::spawn(watch_namespace(client, namespace, ctx));
+    let (mut calls, mut held) = (BTreeSet::new(), Vec::new());
+    while calls.len() < n {
+        let next = tokio::time::timeout(Duration::from_secs(5), server.next_request()).await;
+        let Ok(Some((request, send))) = next else {
+            panic!("{} calls, then none: {calls:#?}", calls.len());
+        };
+        let c = call(&request);
+        if c.2.contains("watch=true") {
+            held.push(send);
+        } else {
+            send.send_response(list(c.3.contains("PartialObjectMetadata")));
+        }
+        assert!(calls.insert(c.clone()), "called twice: {c:?}");
+    }
+    task.abort();
+    calls
+}
+
+/// What a list and a watch of metadata only accept (`PartialObjectMetadataList`, then one
+/// `PartialObjectMetadata` per event); lists and watches of full objects send no Accept header.
+const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
+const METADATA_WATCH: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
+
+/// Every kind listed then watched from `rv` 7: the requests in full; the Jobs by our label and,
+/// as kube-runtime's `owns` watches them, as metadata; pods, claims and volumes as metadata.
+fn expected(prefix: &str) -> BTreeSet<Call> {
+    let ours = "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dstorage-migrator";
+    let all = [
+        (
+            "/apis/storagemigrator.io/v1alpha1",
+            "storagemigrationrequests",
+            "",
+            false,
+        ),
+        ("/apis/batch/v1", "jobs", ours, true),
+        ("/api/v1", "pods", "", true),
+        ("/api/v1", "persistentvolumeclaims", "", true),
+    ];
+    let mut calls = BTreeSet::new();
+    let mut add = |path: String, selector: &str, metadata: bool| {
+        let amp = if selector.is_empty() { "" } else { "&" };
+        let list = format!("{amp}{selector}&limit=500");
+        let watch = format!(
+            "&watch=true&timeoutSeconds=290{amp}{selector}&allowWatchBookmarks=true&resourceVersion=7"
+        );
+        let (l, w) = match metadata {
+            true => (METADATA_LIST, METADATA_WATCH),
+            false => ("", ""),
+        };
+        calls.insert(("GET".into(), path.clone(), list, l.into()));
+        calls.insert(("GET".into(), path, watch, w.into()));
+    };
+    for (group, kind, selector, metadata) in all {
+        add(format!("{group}{prefix}/{kind}"), selector, metadata);
+    }
+    // Volumes are cluster-scoped: watched across the cluster whatever the scope.
+    add("/api/v1/persistentvolumes".into(), "", true);
+    calls
+}
+
+#[tokio::test]
+async fn a_namespace_is_watched_in_it_pods_claims_and_volumes_as_metadata_only() {
+    let calls = first_calls(Some("demo"), 10).await;
+    assert_eq!(calls, expected("/namespaces/demo"));
+}
+
+#[tokio::test]
+async fn every_namespace_is_watched_in_one_call_per_kind() {
+    let calls = first_calls(None, 10).await;
+    assert_eq!(calls, expected(""));
+}
