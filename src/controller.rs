@@ -5,13 +5,13 @@
 //! reconcile instead of one step per requeue. What a request waits for wakes it up: the Jobs and
 //! helper pods it owns, and the member pods, claims and volumes its plan names (a change of one
 //! ends a pause within a reconcile at once, and queues a reconcile when none runs); a progressing
-//! request is also requeued when its planner asks (every few seconds at most; a second in the
+//! request is also requeued when its planner asks (every few seconds at most; half a second in the
 //! claim swap, which the claims' and volumes' changes wake). Pods, claims and volumes are
 //! watched as metadata only (`PartialObjectMetadata`): a wake-up needs their names and owners,
 //! never their specs, so an unrelated pod costs the operator its metadata, not a decoded pod,
-//! and nothing is kept of it. An ended request
-//! reads nothing of the cluster (`plan::Observed::ended`) and is looked at again only when it
-//! changes (a deletion, a spec edit): it costs nothing while it stays as it is.
+//! and nothing is kept of it. An ended request reads nothing of the cluster
+//! (`plan::Observed::ended`) and is looked at again only when it changes (a deletion, a spec
+//! edit): it costs nothing while it stays as it is.
 //!
 //! Errors by kind ([`Retry`]): a transient one is retried with exponential backoff (1 s
 //! doubling to 60 s), a permanent one (403, 422, a bad spec, a decode error) is logged once and
