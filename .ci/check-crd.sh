@@ -14,7 +14,10 @@ trap 'rm -f "$generated"' EXIT
 if [[ -n "${CRDGEN_BIN:-}" ]]; then
   "$CRDGEN_BIN" crd >"$generated"
 else
-  cargo run -q -p storage-migrator -- crd >"$generated"
+  # With every feature, as `cargo build --workspace --all-features` builds it: without, cargo
+  # would re-link target/debug/storage-migrator without failpoints, and the e2e tests that set
+  # one would then run a binary that ignores it.
+  cargo run -q -p storage-migrator --all-features -- crd >"$generated"
 fi
 
 if [[ "${1:-}" == "--fix" ]]; then
