@@ -772,19 +772,11 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
         })
         .watches_stream(
             metadata_of(claims),
-            move |claim: PartialObjectMeta<PersistentVolumeClaim>| {
-                let keys = requests_naming(&claim_store.state(), &claim, Named::Claim);
-                claim_ctx.wake(&keys);
-                keys
-            },
+            wake_naming(claim_store, claim_ctx, Named::Claim),
         )
         .watches_stream(
             metadata_of(volumes),
-            move |volume: PartialObjectMeta<PersistentVolume>| {
-                let keys = requests_naming(&volume_store.state(), &volume, Named::Volume);
-                volume_ctx.wake(&keys);
-                keys
-            },
+            wake_naming(volume_store, volume_ctx, Named::Volume),
         )
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx.clone())
@@ -803,6 +795,20 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
             }
         })
         .await;
+}
+
+/// The mapper of a watch of `named` objects: the requests whose plan names the object, woken
+/// ([`Context::wake`]) and returned for the controller to queue.
+fn wake_naming<K: Resource>(
+    store: kube::runtime::reflector::Store<StorageMigrationRequest>,
+    ctx: Arc<Context>,
+    named: Named,
+) -> impl Fn(K) -> Vec<Key> + Send + Sync + 'static {
+    move |obj: K| {
+        let keys = requests_naming(&store.state(), &obj, named);
+        ctx.wake(&keys);
+        keys
+    }
 }
 
 /// The changes of the objects of `api` (an `Api<PartialObjectMeta<_>>`: metadata only; every

@@ -574,11 +574,8 @@ fn volume_names(
         .filter(|(name, _)| matters(name))
         .filter_map(|(_, c)| plan::claim_volume(c).map(str::to_string))
         .collect();
-    names.extend(
-        plan::claims::request_volumes(status)
-            .into_iter()
-            .map(|(v, ..)| v),
-    );
+    let named_volumes = named.iter().flat_map(|c| c.volumes());
+    names.extend(named_volumes.map(|(_, v)| v.to_string()));
     names
 }
 
