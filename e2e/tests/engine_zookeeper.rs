@@ -29,6 +29,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use serde_json::{Value, json};
 use storage_migrator::api::StorageMigrationRequest;
+use storage_migrator::engine::zookeeper::ServerRole;
 
 const REQUEST: &str = "zk-move";
 
@@ -37,12 +38,19 @@ const REQUEST: &str = "zk-move";
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 async fn setup(test: &str) -> (TestCluster, TestNamespace, Option<Operator>, State) {
+    setup_with(test, "zookeeper.yaml").await
+}
+
+async fn setup_with(
+    test: &str,
+    fixture: &str,
+) -> (TestCluster, TestNamespace, Option<Operator>, State) {
     init_tracing();
     let cluster = TestCluster::from_env().await.expect("cluster");
     let ns = cluster.namespace(test).await.expect("namespace");
     install_crd(&ns).await.expect("install the CRD");
     let class = cluster.storage_class.clone();
-    let state = zookeeper::apply(&ns, &class)
+    let state = zookeeper::apply_fixture(&ns, &class, fixture)
         .await
         .expect("the ensemble up and healthy");
     let operator = match std::env::var("E2E_OPERATOR").is_ok_and(|v| v == "external") {
@@ -120,19 +128,30 @@ async fn no_acknowledged_znode_lost(ns: &TestNamespace, writes: &Writes) {
     }
 }
 
-/// The old leader's member records the election that followed its stop: another member
-/// seen leading, within the old leader's downtime.
-fn election_on_record(status: &Value, leader: &str) {
+/// The last member is the old `leader`, and its `leaderChange` is of kind `how`, from it, to
+/// another member: the member's status and its `leaderChange`.
+fn leader_change_on_record<'a>(
+    status: &'a Value,
+    leader: &str,
+    how: &str,
+) -> (&'a Value, &'a Value) {
     let last = &status["members"][2];
     let change = &last["leaderChange"];
-    println!("NOTE election on record: {change}");
+    println!("NOTE leader change on record: {change}");
     assert_eq!(last["pod"], leader, "{status:#}");
-    assert_eq!(change["how"], "Election", "{status:#}");
+    assert_eq!(change["how"], how, "{status:#}");
     assert_eq!(change["from"], leader, "{status:#}");
     assert!(
         change["to"].as_str().is_some_and(|to| to != leader),
         "another member leads: {change}"
     );
+    (last, change)
+}
+
+/// The old leader's member records the election that followed its stop: another member
+/// seen leading, within the old leader's downtime.
+fn election_on_record(status: &Value, leader: &str) {
+    let (last, change) = leader_change_on_record(status, leader, "Election");
     let second = |v: &Value| {
         v.as_str()?
             .parse::<jiff::Timestamp>()
@@ -471,4 +490,160 @@ async fn a_follower_cut_off_from_the_leader_holds_the_gate_naming_itself_until_i
         condition(&later, "HealthGate").map(|c| &c["message"]),
         downtimes(&done)
     );
+}
+
+/// `handover: Reconfig` on an ensemble with dynamic reconfiguration on
+/// (`fixtures/zookeeper-reconfig.yaml`, the super user's digest auth from its Secret): the
+/// followers first; then the leader is made an observer, ZooKeeper designates another leader,
+/// the old leader is made a participant again, and it stops as a follower. On record: a
+/// `Handover` from the leader, started before its pod was deleted. After: every member a
+/// participant in `/zookeeper/config`, one leader change in all (the leader's epoch one
+/// higher), no acknowledged znode lost, and no read refused for longer than [`SHORT`] while any
+/// member was stopped (the old leader too: it no longer led); at most one longer refused streak
+/// (the handover), no longer than [`ELECTION`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_reconfig_the_leader_hands_over_before_it_stops_and_keeps_its_vote() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "zk-reconfig";
+    let (cluster, ns, _operator, before) = setup_with(test, zookeeper::RECONFIG_FIXTURE).await;
+    let leader = before.leader.clone().expect("a leader before");
+    let writer = Writer::start(&ns).await;
+    let reader = Reader::start(&ns);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let spec = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": zookeeper::SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "20m",
+        "database": {"engine": "ZooKeeper", "zookeeper": {
+            "handover": "Reconfig",
+            "authSecretName": zookeeper::ADMIN_SECRET,
+        }},
+    });
+    operator::create_request(&ns, REQUEST, spec)
+        .await
+        .expect("create the request");
+    let status = wait_final(&ns).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let writes = writer.finish().await;
+    let reads = reader.finish().await;
+    let after = zookeeper::wait_healthy(&ns, Duration::from_secs(120)).await;
+    note(test, &status, &writes, &reads, &before, &after);
+    assert_eq!(status["phase"], "Successful", "{status:#}");
+    no_acknowledged_znode_lost(&ns, &writes).await;
+    handover_on_record(&status, &leader);
+    assert_eq!(
+        order(&status).last(),
+        Some(&leader),
+        "the leader moves last"
+    );
+    assert!(
+        after.leader.is_some() && after.leader != Some(leader.clone()),
+        "another member leads after the handover: {after:?}"
+    );
+    let epoch = |s: &State| s.leader_zxid.map(|z| z >> 32);
+    assert_eq!(
+        epoch(&after)
+            .zip(epoch(&before))
+            .and_then(|(a, b)| a.checked_sub(b)),
+        Some(1),
+        "one leader change, the handover, and no election after it: {before:?} -> {after:?}"
+    );
+    let config = zookeeper::config(&ns)
+        .await
+        .expect("the ensemble's configuration");
+    println!("NOTE {test}: configuration after: {config:?}");
+    assert_eq!(config.servers.len(), 3, "{config:?}");
+    assert!(
+        (config.servers.iter()).all(|s| s.role == ServerRole::Participant),
+        "every member votes again: {config:?}"
+    );
+    for (claim, (_, class, _)) in assert_claims_bound(&ns, zookeeper::SET, 3).await {
+        assert_eq!(class, cluster.wffc_storage_class, "{claim}'s class");
+    }
+    refused_no_longer_than_one_handover(&reads, &status);
+}
+
+/// The old leader's member records the handover: from it, to another member, started before
+/// its pod was deleted, and done (another member seen leading) by then.
+fn handover_on_record(status: &Value, leader: &str) {
+    let (last, change) = leader_change_on_record(status, leader, "Handover");
+    let at = |v: &Value| v.as_str()?.parse::<jiff::Timestamp>().ok();
+    let (started, deleted) = (at(&change["started"]), at(&last["podDeletedAt"]));
+    assert!(
+        started
+            .zip(deleted)
+            .is_some_and(|(s, d)| s <= d + PRECISION),
+        "the handover started before the pod's deletion: {change}, deleted {}",
+        last["podDeletedAt"]
+    );
+    let seconds = change["seconds"].as_f64().unwrap_or(-1.0);
+    let seen = started.and_then(|t| {
+        t.checked_add(jiff::SignedDuration::from_secs_f64(seconds))
+            .ok()
+    });
+    assert!(
+        seconds >= 0.0 && seen.zip(deleted).is_some_and(|(s, d)| s <= d + PRECISION),
+        "the new leader seen before the old leader's pod was deleted: {change}"
+    );
+}
+
+/// No refused streak longer than [`SHORT`] in any member's stop window (none leads when it
+/// stops), and at most one longer streak, the handover, no longer than [`ELECTION`].
+fn refused_no_longer_than_one_handover(reads: &Reads, status: &Value) {
+    assert!(reads.ok > 0, "the reader got no read served");
+    let windows = windows(status);
+    assert_eq!(windows.len(), 3, "every member's stop window: {status:#}");
+    for w in &windows {
+        let long: Vec<&Streak> = (reads.streaks.iter())
+            .filter(|s| w.overlaps(s) && s.length > SHORT)
+            .collect();
+        assert!(
+            long.is_empty(),
+            "reads refused for longer than {SHORT:?} while {} was stopped ({w:?}): {long:?}",
+            w.pod
+        );
+    }
+    let long: Vec<&Streak> = (reads.streaks.iter())
+        .filter(|s| s.length > SHORT)
+        .collect();
+    assert!(
+        long.len() <= 1 && long.iter().all(|s| s.length <= ELECTION),
+        "more than one refused streak longer than {SHORT:?}, or one longer than {ELECTION:?}: \
+         {long:?}"
+    );
+}
+
+/// `handover: Reconfig` on an ensemble without dynamic reconfiguration (ZooKeeper's default) is
+/// denied in preflight, naming the setting, before any member is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconfig_on_an_ensemble_without_it_is_denied_naming_the_setting() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let test = "zk-no-reconfig";
+    let (cluster, ns, _operator, _) = setup(test).await;
+    let spec = json!({
+        "type": "StorageClassChange",
+        "target": {"kind": "StatefulSet", "name": zookeeper::SET},
+        "storageClassChange": {"storageClassName": cluster.wffc_storage_class},
+        "timeout": "5m",
+        "database": {"engine": "ZooKeeper", "zookeeper": {"handover": "Reconfig"}},
+    });
+    operator::create_request(&ns, REQUEST, spec)
+        .await
+        .expect("create the request");
+    let status = wait_final(&ns).await;
+    println!("NOTE {test}: {}", status["message"]);
+    assert_eq!(status["phase"], "Denied", "{status:#}");
+    let message = status["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains("reconfigEnabled=true") && message.contains("handover: Election"),
+        "{status:#}"
+    );
+    assert!(
+        (status["members"].as_array()).is_none_or(|m| m.is_empty()),
+        "no member touched: {status:#}"
+    );
+    for (claim, (_, class, _)) in assert_claims_bound(&ns, zookeeper::SET, 3).await {
+        assert_eq!(class, cluster.storage_class, "{claim} stays on its class");
+    }
 }

@@ -382,12 +382,38 @@ pub struct ZooKeeperSpec {
     #[serde(default = "default_zookeeper_port")]
     #[schemars(range(min = 1))]
     pub client_port: u16,
+    /// How leadership leaves the leader, which moves last (default `Election`).
+    #[serde(default)]
+    pub handover: ZooKeeperHandover,
+    /// Secret whose keys `username` and `password` the operator sends as digest auth before a
+    /// `reconfig` (`handover: Reconfig`): ZooKeeper's super user
+    /// (`zookeeper.DigestAuthenticationProvider.superDigest`), or a user the ACL of
+    /// `/zookeeper/config` lets write. Unset: no auth (the ensemble runs with `skipACL=yes`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1))]
+    pub auth_secret_name: Option<String>,
+}
+
+/// How a ZooKeeper leader's leadership moves before its stop.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ZooKeeperHandover {
+    /// No handover: the leader stops last and the ensemble elects another (ZooKeeper's own
+    /// rolling restart; its default `reconfigEnabled=false` allows nothing else).
+    #[default]
+    Election,
+    /// Dynamic reconfiguration (`reconfigEnabled=true`, asked in preflight): the leader is made
+    /// an observer, ZooKeeper hands leadership to a synced voter it designates (no election),
+    /// and the old leader is made a participant again before it stops. Preflight denies the
+    /// request when the ensemble has `reconfigEnabled=false`.
+    Reconfig,
 }
 
 impl Default for ZooKeeperSpec {
     fn default() -> Self {
         Self {
             client_port: default_zookeeper_port(),
+            handover: ZooKeeperHandover::default(),
+            auth_secret_name: None,
         }
     }
 }

@@ -155,6 +155,15 @@ pub fn spec_rules() -> Vec<ValidationRule> {
         only_for_engines("patroni", &["Patroni"], "engine Patroni"),
         only_for_engines("redisSentinel", &["RedisSentinel"], "engine RedisSentinel"),
         only_for_engines("zookeeper", &["ZooKeeper"], "engine ZooKeeper"),
+        rule(
+            "!has(self.database) || !has(self.database.zookeeper) || \
+             !has(self.database.zookeeper.authSecretName) || \
+             (has(self.database.zookeeper.handover) && \
+             self.database.zookeeper.handover == 'Reconfig')",
+            "spec.database.zookeeper.authSecretName is only for handover: Reconfig",
+            ".database.zookeeper.authSecretName",
+            Reason::Forbidden,
+        ),
     ]
 }
 
@@ -413,6 +422,16 @@ mod tests {
                              (self.database.engine == 'ZooKeeper'))",
                     "message": "spec.database.zookeeper is only for engine ZooKeeper",
                     "fieldPath": ".database.zookeeper",
+                    "reason": forbidden,
+                },
+                {
+                    "rule": "!has(self.database) || !has(self.database.zookeeper) || \
+                             !has(self.database.zookeeper.authSecretName) || \
+                             (has(self.database.zookeeper.handover) && \
+                             self.database.zookeeper.handover == 'Reconfig')",
+                    "message": "spec.database.zookeeper.authSecretName is only for handover: \
+                                Reconfig",
+                    "fieldPath": ".database.zookeeper.authSecretName",
                     "reason": forbidden,
                 },
             ])

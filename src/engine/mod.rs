@@ -77,6 +77,13 @@ pub trait Rules: fmt::Debug + Send + Sync {
         None
     }
 
+    /// Once the operator has asked `from` to hand over: is the handover complete, so that `from`
+    /// may stop? False asks for the handover again (the engine's handover is idempotent).
+    /// Default: true (the gate's own look, another member leading, is enough).
+    fn handed_over(&self, _report: &HealthReport, _from: &str) -> bool {
+        true
+    }
+
     /// How the leader hands over, in words for `kubectl smr plan` ("a MoveLeader"); `None`
     /// when it does not (default).
     fn handover(&self) -> Option<&'static str> {

@@ -37,13 +37,16 @@ use super::{
     leader_agreed, members_gate, members_healthy_with_leader, ordinal_key, quorum_gate,
     returned_gate, unhealthy_members,
 };
-use crate::api::DatabaseSpec;
+use crate::api::{DatabaseSpec, ZooKeeperHandover};
 
 /// Default client port.
 pub const DEFAULT_CLIENT_PORT: u16 = 2181;
 /// The zoo.cfg setting that must list the words the engine asks.
 pub const WHITELIST_SETTING: &str = "4lw.commands.whitelist=srvr,mntr,ruok";
 const STANDALONE: &str = "runs standalone";
+/// The zoo.cfg setting `handover: Reconfig` needs; the problem of an ensemble without it names
+/// it.
+pub const RECONFIG_SETTING: &str = "reconfigEnabled=true";
 /// `zk_peer_state` of a learner that has synced with its leader.
 const BROADCAST: &str = "broadcast";
 
@@ -438,11 +441,20 @@ pub fn agreed_state(
 
 /// The rules of the `ZooKeeper` engine (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ZooKeeperRules;
+pub struct ZooKeeperRules {
+    /// How the leader's leadership moves (`spec.database.zookeeper.handover`).
+    pub handover: ZooKeeperHandover,
+}
 
 /// The rules of a request with `engine: ZooKeeper`.
-pub fn rules(_spec: &DatabaseSpec) -> Box<dyn Rules> {
-    Box::new(ZooKeeperRules)
+pub fn rules(spec: &DatabaseSpec) -> Box<dyn Rules> {
+    Box::new(ZooKeeperRules {
+        handover: spec
+            .zookeeper
+            .as_ref()
+            .map(|z| z.handover)
+            .unwrap_or_default(),
+    })
 }
 
 impl Rules for ZooKeeperRules {
@@ -463,8 +475,42 @@ impl Rules for ZooKeeperRules {
         if let Some(wait) = members_gate(report, pod) {
             return wait;
         }
-        // The leader stops last, without a handover: the ensemble elects another.
+        // With `Reconfig` the leader hands over first; else it stops last, without a handover,
+        // and the ensemble elects another.
+        if self.handover == ZooKeeperHandover::Reconfig && report.leader.as_deref() == Some(pod) {
+            return Gate::TransferLeadershipFirst;
+        }
         quorum_gate(report, pod).unwrap_or(Gate::Open)
+    }
+
+    /// A synced voting member other than `stopping`, preferring a migrated one, then ordinal
+    /// order. ZooKeeper designates the new leader itself, among the voters that acknowledged
+    /// the reconfiguration: this is the member the operator expects, not one it can impose.
+    fn handover_target(
+        &self,
+        report: &HealthReport,
+        stopping: &str,
+        migrated: &[String],
+    ) -> Option<String> {
+        if self.handover != ZooKeeperHandover::Reconfig {
+            return None;
+        }
+        (report.members.iter())
+            .filter(|m| m.pod != stopping && m.healthy && m.member_id.is_some())
+            .min_by_key(|m| (!migrated.contains(&m.pod), ordinal_key(&m.pod)))
+            .map(|m| m.pod.clone())
+    }
+
+    /// With `Reconfig`, the handover ends only once the old leader votes again: a member that
+    /// still answers as an observer (a handover cut short between its two reconfigurations)
+    /// is handed over again, which makes it a participant.
+    fn handed_over(&self, report: &HealthReport, from: &str) -> bool {
+        self.handover != ZooKeeperHandover::Reconfig
+            || report
+                .members
+                .iter()
+                .find(|m| m.pod == from)
+                .is_none_or(|m| m.member_id.is_some())
     }
 
     fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {
@@ -482,18 +528,24 @@ impl Rules for ZooKeeperRules {
     }
 
     /// Denied whatever `apply` says: the members cannot be read, a member refuses the words
-    /// (the whitelist), or runs standalone. A member out of sync only waits (`apply: Always`)
+    /// (the whitelist), or runs standalone, or `handover: Reconfig` meets an ensemble without
+    /// [`RECONFIG_SETTING`] (the client's problem). A member out of sync only waits (`apply: Always`)
     /// or is refused by `apply: IfReady` ([`Rules::healthy_for_start`]).
     fn preflight(&self, health: &Result<HealthReport, HealthUnavailable>) -> Result<(), String> {
         let report = match health {
             Err(e) => return Err(format!("the ZooKeeper members cannot be read: {e}")),
             Ok(report) => report,
         };
-        let refused: Vec<String> = (report.members.iter())
+        let mut refused: Vec<String> = (report.members.iter())
             .filter_map(|m| Some((m, m.problem.as_deref()?)))
             .filter(|(_, p)| p.contains(WHITELIST_SETTING) || p.contains(STANDALONE))
             .map(|(m, p)| format!("{}: {p}", m.pod))
             .collect();
+        refused.extend(
+            (report.problems.iter())
+                .filter(|p| p.contains(RECONFIG_SETTING))
+                .cloned(),
+        );
         match refused.is_empty() {
             true => Ok(()),
             false => Err(format!(
@@ -504,16 +556,195 @@ impl Rules for ZooKeeperRules {
     }
 
     fn handover(&self) -> Option<&'static str> {
-        Some(
-            "no handover (ZooKeeper moves leadership only by dynamic reconfiguration): the \
-             other members, migrated and synced, elect a new leader when it stops",
-        )
+        Some(match self.handover {
+            ZooKeeperHandover::Election => {
+                "no handover (ZooKeeper moves leadership only by dynamic reconfiguration): the \
+                 other members, migrated and synced, elect a new leader when it stops"
+            }
+            ZooKeeperHandover::Reconfig => {
+                "a reconfiguration: the leader made an observer (ZooKeeper hands leadership to \
+                 a synced voter it designates, without an election), then a participant again, \
+                 before it stops"
+            }
+        })
     }
 
     fn final_check(&self) -> FinalCheckKind {
         FinalCheckKind::Agreement {
             what: "last zxid and znode count",
         }
+    }
+}
+
+/// A server's role in the ensemble's configuration (`/zookeeper/config`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerRole {
+    Participant,
+    Observer,
+}
+
+impl fmt::Display for ServerRole {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ServerRole::Participant => "participant",
+            ServerRole::Observer => "observer",
+        })
+    }
+}
+
+/// One `server.N=` line of the ensemble's configuration:
+/// `host:quorumPort:electionPort[:role][;[clientAddress:]clientPort]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerLine {
+    pub id: u64,
+    /// The host as written (an IPv6 address in brackets).
+    host: String,
+    quorum_port: String,
+    election_port: String,
+    pub role: ServerRole,
+    /// After `;`, as written.
+    client: Option<String>,
+}
+
+impl ServerLine {
+    fn parse(id: u64, spec: &str) -> Result<ServerLine, String> {
+        let bad = |why: &str| format!("server.{id}={spec}: {why}");
+        if spec.contains('|') {
+            return Err(bad("a server with several addresses is not supported"));
+        }
+        let (left, client) = match spec.split_once(';') {
+            Some((l, c)) => (l, Some(c.trim().to_string())),
+            None => (spec, None),
+        };
+        let (host, rest) = match left.strip_prefix('[') {
+            Some(v6) => v6.split_once("]:").map(|(h, r)| (format!("[{h}]"), r)),
+            None => left.split_once(':').map(|(h, r)| (h.to_string(), r)),
+        }
+        .ok_or_else(|| bad("no ports"))?;
+        let parts: Vec<&str> = rest.split(':').map(str::trim).collect();
+        let role = match parts.get(2).copied() {
+            None | Some("participant") => ServerRole::Participant,
+            Some("observer") => ServerRole::Observer,
+            Some(other) => return Err(bad(&format!("unknown role {other}"))),
+        };
+        match (parts.first(), parts.get(1), parts.len()) {
+            (Some(q), Some(e), 2 | 3) => Ok(ServerLine {
+                id,
+                host: host.trim().to_string(),
+                quorum_port: q.to_string(),
+                election_port: e.to_string(),
+                role,
+                client: client.filter(|c| !c.is_empty()),
+            }),
+            _ => Err(bad("expected host:quorumPort:electionPort[:role]")),
+        }
+    }
+
+    /// Whether this line names the pod `pod` (its host name, `pod` or `pod.<service>...`) or
+    /// its IP `ip`.
+    pub fn names(&self, pod: &str, ip: Option<&str>) -> bool {
+        let host = self.host.trim_start_matches('[').trim_end_matches(']');
+        host == pod
+            || host.strip_prefix(pod).is_some_and(|r| r.starts_with('.'))
+            || ip.is_some_and(|ip| ip == host)
+    }
+
+    /// The line with role `role`, for an incremental `reconfig` (which needs the client port:
+    /// `client_port` when the line has none).
+    pub fn with_role(&self, role: ServerRole, client_port: u16) -> String {
+        let client = (self.client.clone()).unwrap_or_else(|| client_port.to_string());
+        format!(
+            "server.{}={}:{}:{}:{role};{client}",
+            self.id, self.host, self.quorum_port, self.election_port
+        )
+    }
+}
+
+/// The ensemble's configuration as `/zookeeper/config` serves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnsembleConfig {
+    /// `version=` (hex), the precondition of the next `reconfig`.
+    pub version: i64,
+    pub servers: Vec<ServerLine>,
+}
+
+impl EnsembleConfig {
+    /// Parses `server.N=...` lines and `version=<hex>`; other lines are ignored.
+    pub fn parse(text: &str) -> Result<EnsembleConfig, String> {
+        let mut version = None;
+        let mut servers = Vec::new();
+        for line in text.lines().map(str::trim) {
+            let Some((key, value)) = line.split_once('=') else {
+                continue;
+            };
+            if key == "version" {
+                version = Some(i64::from_str_radix(value.trim(), 16).map_err(|e| {
+                    format!("/zookeeper/config: version={value} is not hexadecimal: {e}")
+                })?);
+            } else if let Some(id) = key.strip_prefix("server.") {
+                let id = (id.parse::<u64>())
+                    .map_err(|e| format!("/zookeeper/config: {key} is not server.<id>: {e}"))?;
+                servers.push(ServerLine::parse(id, value.trim())?);
+            }
+        }
+        let version = version.ok_or("/zookeeper/config has no version= line")?;
+        Ok(EnsembleConfig { version, servers })
+    }
+
+    /// The one server line naming `pod` (or its IP); an error names what matched.
+    pub fn server_of(&self, pod: &str, ip: Option<&str>) -> Result<&ServerLine, String> {
+        let found: Vec<&ServerLine> = (self.servers.iter()).filter(|s| s.names(pod, ip)).collect();
+        match found.as_slice() {
+            [one] => Ok(one),
+            [] => Err(format!(
+                "no server in /zookeeper/config is the pod {pod} (by its host name, or its IP \
+                 {})",
+                ip.unwrap_or("unknown")
+            )),
+            many => Err(format!(
+                "several servers in /zookeeper/config are the pod {pod}: {}",
+                (many.iter())
+                    .map(|s| format!("server.{}", s.id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+}
+
+/// What a handover by reconfiguration does next, from what the leader `from` is now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReconfigStep {
+    /// `from` leads as a participant: make it an observer (ZooKeeper designates a new leader).
+    MakeObserver,
+    /// `from` is an observer under another leader: make it a participant again.
+    MakeParticipant,
+    /// Not yet (no other leader yet, or `from` not following yet): look again.
+    Wait(String),
+    /// `from` is a participant again and another member leads.
+    Done,
+}
+
+/// The next step of a handover by reconfiguration: `role` is `from`'s role in the
+/// configuration, `mode` what its `srvr` answers, `other_leader` the member that leads if not
+/// `from`.
+pub fn reconfig_step(
+    role: ServerRole,
+    mode: Option<&Mode>,
+    other_leader: Option<&str>,
+) -> ReconfigStep {
+    match (role, mode, other_leader) {
+        (ServerRole::Participant, Some(Mode::Leader), _) => ReconfigStep::MakeObserver,
+        (ServerRole::Observer, _, Some(_)) => ReconfigStep::MakeParticipant,
+        (ServerRole::Observer, _, None) => {
+            ReconfigStep::Wait("no other member leads yet".to_string())
+        }
+        (ServerRole::Participant, Some(Mode::Follower), Some(_)) => ReconfigStep::Done,
+        (ServerRole::Participant, mode, leader) => ReconfigStep::Wait(format!(
+            "it answers {}; {}",
+            mode.map_or("nothing".to_string(), |m| format!("mode {m}")),
+            leader.map_or("no member leads".to_string(), |l| format!("{l} leads"))
+        )),
     }
 }
 

@@ -153,8 +153,8 @@ fn a_synced_ensemble_is_healthy() {
     assert_eq!(r.members[1].position, Some(ZXID));
     assert_eq!(r.members[1].term, Some(3));
     assert_eq!(r.members[0].member_id.as_deref(), Some("zk-0"));
-    assert_eq!(ZooKeeperRules.healthy_for_start(&r), Ok(()));
-    assert_eq!(ZooKeeperRules.preflight(&Ok(r)), Ok(()));
+    assert_eq!(ZooKeeperRules::default().healthy_for_start(&r), Ok(()));
+    assert_eq!(ZooKeeperRules::default().preflight(&Ok(r)), Ok(()));
 }
 
 #[test]
@@ -162,17 +162,17 @@ fn followers_first_leader_last() {
     let r = assess(&ensemble());
     let all = names(&["zk-2", "zk-1", "zk-0"]);
     assert_eq!(
-        ZooKeeperRules.next_member(&r, &all).as_deref(),
+        ZooKeeperRules::default().next_member(&r, &all).as_deref(),
         Some("zk-0")
     );
     let rest = names(&["zk-1", "zk-2"]);
     assert_eq!(
-        ZooKeeperRules.next_member(&r, &rest).as_deref(),
+        ZooKeeperRules::default().next_member(&r, &rest).as_deref(),
         Some("zk-2")
     );
     let last = names(&["zk-1"]);
     assert_eq!(
-        ZooKeeperRules.next_member(&r, &last).as_deref(),
+        ZooKeeperRules::default().next_member(&r, &last).as_deref(),
         Some("zk-1")
     );
 }
@@ -180,13 +180,25 @@ fn followers_first_leader_last() {
 #[test]
 fn gate_opens_for_followers_and_then_the_leader_without_handover() {
     let r = assess(&ensemble());
-    assert_eq!(ZooKeeperRules.gate_before_stop(&r, "zk-0"), Gate::Open);
-    assert_eq!(ZooKeeperRules.gate_before_stop(&r, "zk-2"), Gate::Open);
+    assert_eq!(
+        ZooKeeperRules::default().gate_before_stop(&r, "zk-0"),
+        Gate::Open
+    );
+    assert_eq!(
+        ZooKeeperRules::default().gate_before_stop(&r, "zk-2"),
+        Gate::Open
+    );
     // No transfer: the leader stops last and the ensemble elects another.
-    assert_eq!(ZooKeeperRules.gate_before_stop(&r, "zk-1"), Gate::Open);
-    assert_eq!(ZooKeeperRules.handover_target(&r, "zk-1", &[]), None);
+    assert_eq!(
+        ZooKeeperRules::default().gate_before_stop(&r, "zk-1"),
+        Gate::Open
+    );
+    assert_eq!(
+        ZooKeeperRules::default().handover_target(&r, "zk-1", &[]),
+        None
+    );
     assert!(
-        ZooKeeperRules
+        ZooKeeperRules::default()
             .handover()
             .is_some_and(|h| h.starts_with("no handover") && h.contains("elect a new leader"))
     );
@@ -195,7 +207,7 @@ fn gate_opens_for_followers_and_then_the_leader_without_handover() {
 #[test]
 fn a_stopped_follower_holds_the_gate_of_the_others() {
     let r = assess(&[down(0), leader(1, 1), follower(2)]);
-    let why = wait(ZooKeeperRules.gate_before_stop(&r, "zk-2"));
+    let why = wait(ZooKeeperRules::default().gate_before_stop(&r, "zk-2"));
     assert!(why.contains("zk-1 counts 1 synced follower(s)"), "{why}");
     assert!(why.contains("need 2"), "{why}");
     let r_member = &r.members[0];
@@ -210,7 +222,7 @@ fn a_stopped_follower_holds_the_gate_of_the_others() {
     );
     // The leader may not go either: it would leave one voter of three.
     assert!(matches!(
-        ZooKeeperRules.gate_before_stop(&r, "zk-1"),
+        ZooKeeperRules::default().gate_before_stop(&r, "zk-1"),
         Gate::Wait(_)
     ));
 }
@@ -225,10 +237,10 @@ fn a_syncing_follower_is_not_healthy_and_names_its_state() {
     let r = assess(&[syncing, leader(1, 1), follower(2)]);
     let p = r.members[0].problem.as_deref().unwrap();
     assert!(p.contains("peer state following - synchronization"), "{p}");
-    let why = wait(ZooKeeperRules.gate_before_stop(&r, "zk-2"));
+    let why = wait(ZooKeeperRules::default().gate_before_stop(&r, "zk-2"));
     assert!(why.contains("zk-0"), "{why}");
     // The member just back waits until it is synced and counted.
-    let why = wait(ZooKeeperRules.gate_after_return(&r, "zk-0"));
+    let why = wait(ZooKeeperRules::default().gate_after_return(&r, "zk-0"));
     assert!(why.contains("zk-0 is not healthy yet"), "{why}");
 }
 
@@ -236,13 +248,16 @@ fn a_syncing_follower_is_not_healthy_and_names_its_state() {
 fn rejoin_waits_until_the_leader_counts_the_member_synced() {
     // The member is back as follower in broadcast, but the leader has not counted it yet.
     let r = assess(&[follower(0), leader(1, 1), follower(2)]);
-    let why = wait(ZooKeeperRules.gate_after_return(&r, "zk-0"));
+    let why = wait(ZooKeeperRules::default().gate_after_return(&r, "zk-0"));
     assert!(why.contains("counts 1 synced follower(s)"), "{why}");
     let r = assess(&ensemble());
-    assert_eq!(ZooKeeperRules.gate_after_return(&r, "zk-0"), Gate::Open);
+    assert_eq!(
+        ZooKeeperRules::default().gate_after_return(&r, "zk-0"),
+        Gate::Open
+    );
     // Not back at all.
     let r = assess(&[down(0), leader(1, 1), follower(2)]);
-    let why = wait(ZooKeeperRules.gate_after_return(&r, "zk-0"));
+    let why = wait(ZooKeeperRules::default().gate_after_return(&r, "zk-0"));
     assert!(why.contains("zk-0 is not healthy yet"), "{why}");
 }
 
@@ -263,14 +278,14 @@ fn after_the_leader_stops_the_gate_waits_for_the_election() {
     ]);
     assert_eq!(r.leader, None);
     assert!(r.problems[0].contains("no member answers as leader"));
-    let why = wait(ZooKeeperRules.gate_after_return(&r, "zk-1"));
+    let why = wait(ZooKeeperRules::default().gate_after_return(&r, "zk-1"));
     assert!(why.contains("zk-1 is not healthy yet"), "{why}");
     // Not ready (IfReady refuses), but no reason to deny whatever `apply` says.
-    assert!(ZooKeeperRules.healthy_for_start(&r).is_err());
-    assert_eq!(ZooKeeperRules.preflight(&Ok(r)), Ok(()));
+    assert!(ZooKeeperRules::default().healthy_for_start(&r).is_err());
+    assert_eq!(ZooKeeperRules::default().preflight(&Ok(r)), Ok(()));
     let unread = Err(HealthUnavailable::Engine("boom".into()));
     assert!(
-        ZooKeeperRules
+        ZooKeeperRules::default()
             .preflight(&unread)
             .unwrap_err()
             .contains("cannot be read: boom")
@@ -295,7 +310,10 @@ fn after_the_leader_stops_the_gate_waits_for_the_election() {
         ),
     ]);
     assert_eq!(r.leader.as_deref(), Some("zk-2"));
-    assert_eq!(ZooKeeperRules.gate_after_return(&r, "zk-1"), Gate::Open);
+    assert_eq!(
+        ZooKeeperRules::default().gate_after_return(&r, "zk-1"),
+        Gate::Open
+    );
 }
 
 #[test]
@@ -309,7 +327,7 @@ fn a_word_missing_from_the_whitelist_is_named_with_the_setting() {
     let p = r.members[0].problem.as_deref().unwrap();
     assert!(p.contains("refuses the four-letter word mntr"), "{p}");
     assert!(p.contains("4lw.commands.whitelist=srvr,mntr,ruok"), "{p}");
-    let denied = ZooKeeperRules.preflight(&Ok(r)).unwrap_err();
+    let denied = ZooKeeperRules::default().preflight(&Ok(r)).unwrap_err();
     assert!(
         denied.contains("zk-0: its sync state is unknown: it refuses the four-letter word mntr"),
         "{denied}"
@@ -331,7 +349,10 @@ fn observers_do_not_vote() {
     assert!(r.members[3].healthy, "{:?}", r.members[3]);
     assert_eq!(r.members[3].member_id, None);
     assert!(r.problems.is_empty(), "{:?}", r.problems);
-    assert_eq!(ZooKeeperRules.gate_before_stop(&r, "zk-3"), Gate::Open);
+    assert_eq!(
+        ZooKeeperRules::default().gate_before_stop(&r, "zk-3"),
+        Gate::Open
+    );
 }
 
 #[test]
@@ -340,7 +361,7 @@ fn quorum_counts_voters_only() {
     let r = assess(&[leader(1, 1), follower(2)]);
     assert_eq!(r.voting_members, Some(2));
     // Two pods, both voters: stopping one leaves 1 of 2, no majority.
-    let why = wait(ZooKeeperRules.gate_before_stop(&r, "zk-2"));
+    let why = wait(ZooKeeperRules::default().gate_before_stop(&r, "zk-2"));
     assert!(
         why.contains("1 of 2 voting members up; quorum needs 2"),
         "{why}"
@@ -361,11 +382,11 @@ fn standalone_two_leaders_and_no_leader_are_problems() {
             .unwrap()
             .contains("standalone")
     );
-    assert!(ZooKeeperRules.healthy_for_start(&r).is_err());
+    assert!(ZooKeeperRules::default().healthy_for_start(&r).is_err());
     let r = assess(&[leader(0, 1), leader(1, 1), follower(2)]);
     assert_eq!(r.leader, None);
     assert!(r.problems[0].contains("more than one member answers as leader: zk-0, zk-1"));
-    assert!(wait(ZooKeeperRules.gate_before_stop(&r, "zk-2")).contains("no leader"));
+    assert!(wait(ZooKeeperRules::default().gate_before_stop(&r, "zk-2")).contains("no leader"));
 }
 
 #[test]
@@ -420,7 +441,7 @@ fn agreement_needs_the_same_zxid_and_znode_count_everywhere() {
     assert!(e.contains("zk-1: refused"), "{e}");
     assert!(agreed_state(&[]).is_err());
     assert_eq!(
-        ZooKeeperRules.final_check(),
+        ZooKeeperRules::default().final_check(),
         FinalCheckKind::Agreement {
             what: "last zxid and znode count"
         }
@@ -506,7 +527,7 @@ fn recorded_answers_of_a_new_ensemble_assess_healthy() {
         ),
     ]);
     assert_eq!(r.voting_members, Some(3));
-    let why = wait(ZooKeeperRules.gate_before_stop(&r, "zk-0"));
+    let why = wait(ZooKeeperRules::default().gate_before_stop(&r, "zk-0"));
     assert!(
         why.contains("1 of 3 voting members up; quorum needs 2"),
         "{why}"
@@ -516,4 +537,154 @@ fn recorded_answers_of_a_new_ensemble_assess_healthy() {
         matches!(refused, Refusal::NotWhitelisted { .. }),
         "{refused:?}"
     );
+}
+
+const RECONFIG: ZooKeeperRules = ZooKeeperRules {
+    handover: ZooKeeperHandover::Reconfig,
+};
+
+#[test]
+fn with_reconfig_the_leader_hands_over_to_a_migrated_voter_first() {
+    let r = assess(&ensemble());
+    // The followers stop as without a handover.
+    assert_eq!(RECONFIG.gate_before_stop(&r, "zk-0"), Gate::Open);
+    assert_eq!(
+        RECONFIG.gate_before_stop(&r, "zk-1"),
+        Gate::TransferLeadershipFirst
+    );
+    assert_eq!(
+        RECONFIG
+            .handover_target(&r, "zk-1", &names(&["zk-2"]))
+            .as_deref(),
+        Some("zk-2")
+    );
+    assert_eq!(
+        RECONFIG.handover_target(&r, "zk-1", &[]).as_deref(),
+        Some("zk-0")
+    );
+    assert!(
+        RECONFIG
+            .handover()
+            .is_some_and(|h| h.starts_with("a reconfiguration"))
+    );
+    // An unhealthy ensemble waits before any handover.
+    let sick = assess(&[down(0), leader(1, 1), follower(2)]);
+    assert!(matches!(
+        RECONFIG.gate_before_stop(&sick, "zk-1"),
+        Gate::Wait(_)
+    ));
+    // An observer takes no leadership.
+    let observer = view(
+        0,
+        &srvr("observer", ZXID, 105),
+        &mntr("observer", "observing - broadcast", None),
+    );
+    let r = assess(&[observer, leader(1, 1), follower(2)]);
+    assert_eq!(
+        RECONFIG.handover_target(&r, "zk-1", &[]).as_deref(),
+        Some("zk-2")
+    );
+}
+
+#[test]
+fn with_reconfig_a_leader_left_an_observer_is_not_handed_over_yet() {
+    let observer = view(
+        1,
+        &srvr("observer", ZXID, 105),
+        &mntr("observer", "observing - broadcast", None),
+    );
+    let cut_short = assess(&[follower(0), observer, leader(2, 1)]);
+    assert!(!RECONFIG.handed_over(&cut_short, "zk-1"));
+    // As a follower again it is, and an Election request never asks.
+    let done = assess(&[follower(0), follower(1), leader(2, 2)]);
+    assert!(RECONFIG.handed_over(&done, "zk-1"));
+    assert!(ZooKeeperRules::default().handed_over(&cut_short, "zk-1"));
+}
+
+#[test]
+fn preflight_denies_reconfig_on_an_ensemble_that_refuses_it() {
+    let mut r = assess(&ensemble());
+    r.problems.push(format!(
+        "the ensemble refuses reconfiguration: set {RECONFIG_SETTING} in zoo.cfg"
+    ));
+    let e = RECONFIG.preflight(&Ok(r)).unwrap_err();
+    assert!(e.contains("reconfigEnabled=true"), "{e}");
+}
+
+const CONFIG: &str = "server.1=zk-0.zk.db.svc.cluster.local:2888:3888:participant;0.0.0.0:2181
+server.2=zk-1.zk.db.svc.cluster.local:2888:3888:participant;2181
+server.3=10.244.0.7:2888:3888
+server.4=[fd00::4]:2888:3888:observer;[::]:2181
+version=100000004
+";
+
+#[test]
+fn the_config_names_each_pod_and_its_role() {
+    let c = EnsembleConfig::parse(CONFIG).unwrap();
+    assert_eq!(c.version, 0x1_0000_0004);
+    assert_eq!(c.servers.len(), 4);
+    let zk1 = c.server_of("zk-1", Some("10.244.0.5")).unwrap();
+    assert_eq!((zk1.id, zk1.role), (2, ServerRole::Participant));
+    // By IP, with no role and no client port written.
+    let zk2 = c.server_of("zk-2", Some("10.244.0.7")).unwrap();
+    assert_eq!((zk2.id, zk2.role), (3, ServerRole::Participant));
+    assert_eq!(
+        zk2.with_role(ServerRole::Observer, 2181),
+        "server.3=10.244.0.7:2888:3888:observer;2181"
+    );
+    let zk3 = c.server_of("zk-3", Some("fd00::4")).unwrap();
+    assert_eq!(zk3.role, ServerRole::Observer);
+    assert_eq!(
+        zk3.with_role(ServerRole::Participant, 2181),
+        "server.4=[fd00::4]:2888:3888:participant;[::]:2181"
+    );
+    assert_eq!(
+        (c.server_of("zk-0", None).unwrap()).with_role(ServerRole::Observer, 1),
+        "server.1=zk-0.zk.db.svc.cluster.local:2888:3888:observer;0.0.0.0:2181"
+    );
+    // `zk-1` is not `zk-10`, and a pod the config does not name is an error naming it.
+    let e = c.server_of("zk-10", None).unwrap_err();
+    assert!(e.contains("zk-10"), "{e}");
+}
+
+#[test]
+fn a_config_that_cannot_be_read_is_an_error_naming_the_line() {
+    for (text, says) in [
+        ("server.1=a:1:2\n", "no version= line"),
+        ("server.x=a:1:2\nversion=1\n", "server.x"),
+        (
+            "server.1=a:1:2:witness\nversion=1\n",
+            "unknown role witness",
+        ),
+        ("server.1=a:1:2|b:1:2\nversion=1\n", "several addresses"),
+        ("server.1=a\nversion=1\n", "no ports"),
+        ("version=zz\n", "not hexadecimal"),
+    ] {
+        let e = EnsembleConfig::parse(text).unwrap_err();
+        assert!(e.contains(says), "{text:?}: {e}");
+    }
+}
+
+#[test]
+fn a_handover_by_reconfig_goes_on_from_where_it_stands() {
+    use ReconfigStep::*;
+    let p = ServerRole::Participant;
+    let o = ServerRole::Observer;
+    assert_eq!(reconfig_step(p, Some(&Mode::Leader), None), MakeObserver);
+    assert!(matches!(
+        reconfig_step(o, Some(&Mode::Observer), None),
+        Wait(_)
+    ));
+    assert_eq!(
+        reconfig_step(o, Some(&Mode::Observer), Some("zk-0")),
+        MakeParticipant
+    );
+    // The observer may not answer while it restarts: the config decides.
+    assert_eq!(reconfig_step(o, None, Some("zk-0")), MakeParticipant);
+    assert!(matches!(
+        reconfig_step(p, Some(&Mode::Observer), Some("zk-0")),
+        Wait(_)
+    ));
+    assert!(matches!(reconfig_step(p, None, None), Wait(_)));
+    assert_eq!(reconfig_step(p, Some(&Mode::Follower), Some("zk-0")), Done);
 }

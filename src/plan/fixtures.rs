@@ -552,6 +552,12 @@ pub struct Sim {
     /// The operator's settings the decisions are made with ([`SETTINGS`] unless a test changes
     /// them).
     pub settings: super::Settings,
+    /// How many handovers end cut short, as a ZooKeeper handover by reconfiguration stopped
+    /// between its two reconfigurations: leadership moves, the old leader is left an observer
+    /// (no member id); the next handover asked of it makes it a voter again.
+    pub handovers_cut_short: u32,
+    /// The members such a handover left observers.
+    pub observers: Vec<String>,
 }
 
 /// The stash ConfigMap `o.stash` was read from (entries encoded again: the encoding is
@@ -606,6 +612,8 @@ impl Sim {
             next_version: 0,
             refused: Vec::new(),
             pvc_counter: 0,
+            handovers_cut_short: 0,
+            observers: Vec::new(),
             stash_config_map,
             settings: SETTINGS.clone(),
         }
@@ -852,12 +860,24 @@ impl Sim {
                     });
                 }
             }
-            Action::TransferLeadership { to, .. } => {
+            Action::TransferLeadership { from, to } => {
+                let cut_short = self.handovers_cut_short > 0;
+                self.handovers_cut_short = self.handovers_cut_short.saturating_sub(1);
                 if let Ok(h) = self.o.health.as_mut() {
-                    h.leader = Some(to.clone());
+                    let leader = (h.leader.clone())
+                        .filter(|l| l != from)
+                        .unwrap_or(to.clone());
+                    h.leader = Some(leader.clone());
                     for m in &mut h.members {
-                        m.leader = &m.pod == to;
+                        m.leader = m.pod == leader;
+                        if &m.pod == from {
+                            m.member_id = (!cut_short).then(|| from.clone());
+                        }
                     }
+                }
+                self.observers.retain(|o| o != from);
+                if cut_short {
+                    self.observers.push(from.clone());
                 }
             }
             Action::AnnotateClaim { claim, key, value } => {
@@ -1142,7 +1162,7 @@ impl Sim {
         let mut report = generic_report(&self.o.pods);
         if quorum {
             for m in &mut report.members {
-                m.member_id = Some(m.pod.clone());
+                m.member_id = (!self.observers.contains(&m.pod)).then(|| m.pod.clone());
                 m.position = Some(100);
                 m.leader = leader.as_deref() == Some(m.pod.as_str());
             }

@@ -683,6 +683,9 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         waiting_for_health(cx, &reason);
         return Ok(());
     }
+    if handover_unfinished(cx, &report, &pod) {
+        return Ok(());
+    }
     match engine::rules(&cx.spec().database).gate_before_stop(&report, &pod) {
         Gate::Open => {
             cx.set_condition(
@@ -697,6 +700,23 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         Gate::Wait(reason) => waiting_for_health(cx, &reason),
     }
     Ok(())
+}
+
+/// A handover asked of `pod` that the engine does not see complete ([`Rules::handed_over`]: a
+/// ZooKeeper leader left an observer when its handover was cut short between its two
+/// reconfigurations) is asked again, and the member does not stop. True when it is.
+///
+/// [`Rules::handed_over`]: crate::engine::Rules::handed_over
+fn handover_unfinished(cx: &mut Ctx, report: &HealthReport, pod: &str) -> bool {
+    let asked = (cx.status.members.iter())
+        .find(|m| m.pod == pod)
+        .and_then(|m| m.leader_change.as_ref())
+        .is_some_and(|c| c.how == LeaderChangeKind::Handover);
+    if !asked || engine::rules(&cx.spec().database).handed_over(report, pod) {
+        return false;
+    }
+    transfer_leadership(cx, report, pod);
+    true
 }
 
 /// The member is the leader: hand its leadership to a healthy, caught-up member, or wait.
@@ -809,6 +829,9 @@ fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
     };
     if let Some(reason) = unstable_member(cx) {
         waiting_for_health(cx, &format!("member pod {pod} is not deleted: {reason}"));
+        return false;
+    }
+    if handover_unfinished(cx, &report, pod) {
         return false;
     }
     match engine::rules(&cx.spec().database).gate_before_stop(&report, pod) {

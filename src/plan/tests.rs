@@ -3267,3 +3267,52 @@ fn zookeeper_moves_the_leader_last_and_records_the_election() {
         Some("zxid 0x200000253, 2106 znodes")
     );
 }
+
+/// ZooKeeper with `handover: Reconfig`: the leader hands over before it stops. A handover cut
+/// short (the old leader left an observer, another member leading) is asked again before the
+/// old leader's pod is deleted, and only then does it stop: the ensemble keeps its voters.
+#[test]
+fn zookeeper_with_reconfig_hands_over_and_finishes_a_handover_cut_short() {
+    let mut spec = spec_class_change("fast");
+    spec.database.engine = crate::api::DatabaseEngine::ZooKeeper;
+    spec.database.zookeeper = Some(crate::api::ZooKeeperSpec {
+        handover: crate::api::ZooKeeperHandover::Reconfig,
+        ..Default::default()
+    });
+    let mut o = etcd_observed(spec);
+    let hash = "zxid 0x200000253, 2106 znodes";
+    o.final_hash = Some(Ok(Some(agreed(hash, &["etcd-0", "etcd-1", "etcd-2"]))));
+    let mut sim = Sim::new(o);
+    sim.handovers_cut_short = 1;
+    sim.run(500);
+    let s = sim.o.request.status.clone().unwrap();
+    assert_eq!(s.phase, Phase::Successful, "{:?}", s.message);
+    let order: Vec<&str> = s.members.iter().map(|m| m.pod.as_str()).collect();
+    assert_eq!(order, ["etcd-1", "etcd-2", "etcd-0"]);
+    let moves = handovers(&sim);
+    assert_eq!(moves.len(), 2, "the handover, then its end: {moves:?}");
+    assert!(
+        (moves.iter())
+            .all(|a| matches!(a, Action::TransferLeadership { from, .. } if from == "etcd-0")),
+        "{moves:?}"
+    );
+    // The old leader's pod is deleted only after the second handover made it a voter again.
+    let second = (sim.log.iter())
+        .position(|a| std::ptr::eq(a, moves[1]))
+        .expect("in the log");
+    let deleted = (sim.log.iter()).position(
+        |a| matches!(a, Action::Delete { kind: Kind::Pod, name, .. } if name == "etcd-0"),
+    );
+    assert!(
+        deleted.is_some_and(|d| d > second),
+        "etcd-0 deleted after it votes again: {:?}",
+        sim.log
+    );
+    let voters = (sim.o.health.as_ref().unwrap().members.iter())
+        .filter(|m| m.member_id.is_some())
+        .count();
+    assert_eq!(voters, 3, "every member votes at the end");
+    let change = s.members[2].leader_change.clone().expect("on record");
+    assert_eq!(change.how, LeaderChangeKind::Handover);
+    assert_eq!(change.to.as_deref(), Some("etcd-1"));
+}

@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DynamicObject, ListParams};
 use storage_migrator::cluster::database::zookeeper::four_letter_word;
-use storage_migrator::engine::zookeeper::{Mode, parse_mntr, parse_srvr};
+use storage_migrator::engine::zookeeper::{EnsembleConfig, Mode, parse_mntr, parse_srvr};
 use tokio::time::MissedTickBehavior;
 use zookeeper_client as zk;
 
@@ -28,10 +28,24 @@ pub const PARENT: &str = "/smr-writes";
 /// Bound on one ZooKeeper request (connection included).
 const CALL: Duration = Duration::from_secs(3);
 
+/// The fixture of an ensemble with dynamic reconfiguration on (and the super user's Secret).
+pub const RECONFIG_FIXTURE: &str = "zookeeper-reconfig.yaml";
+/// Its Secret of the super user's name and password.
+pub const ADMIN_SECRET: &str = "zk-admin";
+
 /// Applies the fixture (claim class `class`) and waits until the three members are Ready and
 /// one leader counts two synced followers.
 pub async fn apply(ns: &TestNamespace, class: &str) -> Result<State, TestError> {
-    let path = fixture_path("zookeeper.yaml");
+    apply_fixture(ns, class, "zookeeper.yaml").await
+}
+
+/// [`apply`] with the fixture `file` (e.g. [`RECONFIG_FIXTURE`]).
+pub async fn apply_fixture(
+    ns: &TestNamespace,
+    class: &str,
+    file: &str,
+) -> Result<State, TestError> {
+    let path = fixture_path(file);
     let yaml = std::fs::read_to_string(&path).map_err(|source| TestError::Fixture {
         path: path.clone(),
         source,
@@ -142,6 +156,17 @@ pub async fn connect(endpoints: &str) -> Result<zk::Client, String> {
         Ok(Err(e)) => Err(format!("connect to {endpoints}: {e}")),
         Err(_) => Err(format!("connect to {endpoints}: timed out")),
     }
+}
+
+/// The ensemble's configuration (`/zookeeper/config`) as its members serve it now.
+pub async fn config(ns: &TestNamespace) -> Result<EnsembleConfig, String> {
+    let client = connect(&endpoints(&member_ips(ns).await)).await?;
+    let (data, _) = match tokio::time::timeout(CALL, client.get_config()).await {
+        Ok(Ok(config)) => config,
+        Ok(Err(e)) => return Err(format!("read /zookeeper/config: {e}")),
+        Err(_) => return Err("read /zookeeper/config: timed out".to_string()),
+    };
+    EnsembleConfig::parse(&String::from_utf8_lossy(&data))
 }
 
 fn endpoints(ips: &[(String, String)]) -> String {

@@ -154,7 +154,9 @@ impl Engine {
             DatabaseEngine::RedisSentinel => {
                 Box::new(RedisClient::from_spec(client, namespace, spec).await?)
             }
-            DatabaseEngine::ZooKeeper => Box::new(ZooKeeperClient::from_spec(spec)),
+            DatabaseEngine::ZooKeeper => {
+                Box::new(ZooKeeperClient::from_spec(client, namespace, spec).await?)
+            }
         }))
     }
 

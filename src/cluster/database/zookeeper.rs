@@ -14,8 +14,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tracing::{debug, instrument};
 
+use super::secrets::{self, Auth};
 use super::{Client as DatabaseClient, EngineError};
-use crate::api::DatabaseSpec;
+use crate::api::{DatabaseSpec, ZooKeeperHandover, ZooKeeperSpec};
+use crate::engine::InvalidSettings;
 use crate::engine::zookeeper::{self, MemberView, PodInfo, Refusal, ServedState, agreed_state};
 use crate::engine::{FinalHash, HealthReport, pod_ordinal};
 
@@ -34,17 +36,39 @@ const AGREE_WAIT: Duration = Duration::from_secs(10);
 pub struct ZooKeeperClient {
     /// `spec.database.zookeeper.clientPort`.
     port: u16,
+    /// `spec.database.zookeeper.handover`.
+    handover: ZooKeeperHandover,
+    /// The digest auth sent before a `reconfig` (`authSecretName`).
+    auth: Option<Auth>,
 }
 
 impl ZooKeeperClient {
-    /// The client of a request's `spec.database.zookeeper` (nothing to read: the words need no
-    /// credentials).
-    pub fn from_spec(spec: &DatabaseSpec) -> Self {
+    /// The client of a request's `spec.database.zookeeper`, with the auth Secret it names read
+    /// in `namespace` (the words need no credentials; a `reconfig` may).
+    pub async fn from_spec(
+        client: &kube::Client,
+        namespace: &str,
+        spec: &DatabaseSpec,
+    ) -> Result<Self, EngineError> {
+        let settings = spec.zookeeper.clone().unwrap_or_default();
+        let name = settings.auth_secret_name.as_deref();
+        if name.is_some() && settings.handover != ZooKeeperHandover::Reconfig {
+            return Err(EngineError::Config(InvalidSettings(
+                "spec.database.zookeeper.authSecretName is only for handover: Reconfig".into(),
+            )));
+        }
+        let auth = secrets::credentials(client, namespace, None, name)
+            .await?
+            .auth;
+        Ok(Self::new(&settings, auth))
+    }
+
+    /// The client of `settings`, with `auth` already read.
+    pub fn new(settings: &ZooKeeperSpec, auth: Option<Auth>) -> Self {
         Self {
-            port: spec
-                .zookeeper
-                .as_ref()
-                .map_or(zookeeper::DEFAULT_CLIENT_PORT, |z| z.client_port),
+            port: settings.client_port,
+            handover: settings.handover,
+            auth,
         }
     }
 
@@ -91,7 +115,13 @@ impl ZooKeeperClient {
     #[instrument(skip_all, fields(pods = pods.len()))]
     pub async fn observe(&self, pods: &[Pod]) -> HealthReport {
         let views = futures::future::join_all(sorted(pods).into_iter().map(|p| self.view(p))).await;
-        let report = zookeeper::assess(&views);
+        let mut report = zookeeper::assess(&views);
+        if self.handover == ZooKeeperHandover::Reconfig {
+            let endpoints: Vec<String> = views.iter().filter_map(|v| v.endpoint.clone()).collect();
+            if let Err(problem) = self.reconfig_allowed(&endpoints).await {
+                report.problems.push(problem);
+            }
+        }
         debug!(leader = ?report.leader, problems = ?report.problems, "zookeeper health");
         report
     }
@@ -137,6 +167,9 @@ impl ZooKeeperClient {
     }
 }
 
+#[path = "zookeeper_reconfig.rs"]
+mod reconfig;
+
 fn sorted(pods: &[Pod]) -> Vec<&Pod> {
     let mut sorted: Vec<&Pod> = pods.iter().collect();
     sorted.sort_by_key(|p| {
@@ -170,10 +203,28 @@ pub async fn four_letter_word(endpoint: &str, word: &str) -> Result<String, Refu
     }
 }
 
-/// The ZooKeeper client as the engine's I/O half: no handover (the leader stops last).
+/// The ZooKeeper client as the engine's I/O half: a handover only with `handover: Reconfig`
+/// (see `reconfig`).
 impl DatabaseClient for ZooKeeperClient {
     fn name(&self) -> &'static str {
         "ZooKeeper"
+    }
+
+    fn hand_over<'a>(
+        &'a self,
+        report: &'a HealthReport,
+        from: &'a str,
+        to: &'a str,
+    ) -> BoxFuture<'a, Result<(), EngineError>> {
+        Box::pin(async move {
+            self.hand_over_by_reconfig(report, from)
+                .await
+                .map_err(|message| EngineError::LeaderTransfer {
+                    from: from.to_string(),
+                    to: to.to_string(),
+                    message,
+                })
+        })
     }
 
     fn observe<'a>(&'a self, pods: &'a [Pod]) -> BoxFuture<'a, Result<HealthReport, EngineError>> {
@@ -232,10 +283,19 @@ mod tests {
     }
 
     #[test]
-    fn the_port_comes_from_the_spec() {
-        let mut spec = DatabaseSpec::default();
-        assert_eq!(ZooKeeperClient::from_spec(&spec).port, 2181);
-        spec.zookeeper = Some(crate::api::ZooKeeperSpec { client_port: 12181 });
-        assert_eq!(ZooKeeperClient::from_spec(&spec).port, 12181);
+    fn the_port_and_the_handover_come_from_the_settings() {
+        let mut settings = ZooKeeperSpec::default();
+        let client = ZooKeeperClient::new(&settings, None);
+        assert_eq!(
+            (client.port, client.handover),
+            (2181, ZooKeeperHandover::Election)
+        );
+        settings.client_port = 12181;
+        settings.handover = ZooKeeperHandover::Reconfig;
+        let client = ZooKeeperClient::new(&settings, None);
+        assert_eq!(
+            (client.port, client.handover),
+            (12181, ZooKeeperHandover::Reconfig)
+        );
     }
 }
