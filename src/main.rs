@@ -174,8 +174,9 @@ impl LeaseArgs {
 }
 
 fn init_tracing(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube=warn,zookeeper_client=warn")
+    });
     // Colours only on a terminal: a log file or a container log gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
