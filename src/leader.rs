@@ -5,8 +5,8 @@
 //! only once the lease has expired by its own clock). That crate reports gaining and losing the
 //! lease, but a holder that cannot renew (API server unreachable, partitioned node) keeps
 //! believing it leads. So the controller also runs under a **fence**: this replica reads the
-//! Lease itself every [`FENCE_PERIOD`] and stops acting at `renewTime + duration - grace / 2`
-//! unless a later renewal of its own is on record. The holder renews at `renewTime + duration -
+//! Lease itself once each renewal is due (half a [`FENCE_PERIOD`] after it) and stops acting
+//! at `renewTime + duration - grace / 2` unless a later renewal of its own is on record. The holder renews at `renewTime + duration -
 //! grace`, so a working holder is never fenced; stopping `grace / 2` before the lease expires
 //! leaves room for clock skew and for calls already sent, so a replica that loses the lease has
 //! stopped before another can start (defaults: renewal every 10 s, fence at 12.5 s, takeover
@@ -33,7 +33,8 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use thiserror::Error;
 use tracing::{info, warn};
 
-/// How often the fence reads the Lease while the end of the renewal on record is far.
+/// The fence's longest wait between two readings once a renewal is due (its first reading after
+/// one is due comes half of this later).
 pub const FENCE_PERIOD: Duration = Duration::from_secs(1);
 
 /// The shortest wait between two readings of the Lease.
@@ -277,7 +278,7 @@ async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig, mut valid_until: SystemT
                 cfg.margin()
             );
         }
-        tokio::time::sleep(next_reading_in(left)).await;
+        tokio::time::sleep(next_reading_in(left, cfg.grace / 2)).await;
         match read_fence(leases, cfg, valid_until).await {
             Some(FenceVerdict::Valid(until)) => valid_until = until,
             Some(FenceVerdict::Stop(reason)) => return reason,
@@ -286,11 +287,19 @@ async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig, mut valid_until: SystemT
     }
 }
 
-/// How long the fence waits before its next reading, `left` before its end: a
-/// [`FENCE_PERIOD`] while the end is far, then half of what is left (at least
+/// How long the fence waits before its next reading, `left` before its end, when the holder's
+/// next renewal is due `due` before that end (`grace / 2`): no renewal can be on record sooner,
+/// so until half a [`FENCE_PERIOD`] after it is due (one reading per renewal while renewals
+/// come on time); from then on half of what is left (at most a [`FENCE_PERIOD`], at least
 /// [`FENCE_MIN_WAIT`], never past the end), so a renewal that lands late is still seen.
-pub fn next_reading_in(left: Duration) -> Duration {
-    (left / 2).max(FENCE_MIN_WAIT).min(left).min(FENCE_PERIOD)
+pub fn next_reading_in(left: Duration, due: Duration) -> Duration {
+    let closing = (left / 2).max(FENCE_MIN_WAIT).min(left).min(FENCE_PERIOD);
+    match left.checked_sub(due) {
+        Some(before_due) if !before_due.is_zero() => (before_due + FENCE_PERIOD / 2)
+            .min(left.saturating_sub(FENCE_MIN_WAIT))
+            .max(closing),
+        _ => closing,
+    }
 }
 
 /// Stops the lease manager (it releases the lease when it still holds it) and reports `term`.
@@ -357,13 +366,18 @@ mod tests {
     }
 
     #[test]
-    fn the_fence_reads_more_often_as_the_end_nears_and_never_past_it() {
+    fn the_fence_reads_once_the_renewal_is_due_then_more_often_as_the_end_nears() {
         let ms = Duration::from_millis;
-        let waits: Vec<_> = [12_500, 2_000, 1_000, 400, 80, 30, 0]
+        // The defaults: the end 12.5 s after a renewal, the next renewal due 2.5 s before it.
+        let due = ms(2_500);
+        let waits: Vec<_> = [12_500, 3_000, 2_500, 2_000, 1_000, 400, 80, 30, 0]
             .into_iter()
-            .map(|left| next_reading_in(ms(left)).as_millis())
+            .map(|left| next_reading_in(ms(left), due).as_millis())
             .collect();
-        assert_eq!(waits, [1_000, 1_000, 500, 200, 50, 30, 0]);
+        assert_eq!(waits, [10_500, 1_000, 1_000, 1_000, 500, 200, 50, 30, 0]);
+        // Never past the end, whatever the due time says.
+        assert_eq!(next_reading_in(ms(600), ms(100)), ms(550));
+        assert_eq!(next_reading_in(ms(10), ms(0)), ms(10));
     }
 
     /// The Lease API of a mocked server that answers each GET with the next of `answers`
