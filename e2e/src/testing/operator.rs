@@ -12,7 +12,7 @@
 //!
 //! The operator's log goes to `<workspace>/target/e2e-logs/<namespace>-operator-<run>.log` and
 //! is kept; when the test panics, its tail is printed. `OPERATOR_LOG` sets its `RUST_LOG`
-//! (default `info,kube=warn`).
+//! (default `info,kube=warn,zookeeper_client=warn`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -188,7 +188,8 @@ impl Launch {
         .args(&self.flags)
         .env(
             "RUST_LOG",
-            std::env::var("OPERATOR_LOG").unwrap_or_else(|_| "info,kube=warn".into()),
+            std::env::var("OPERATOR_LOG")
+                .unwrap_or_else(|_| "info,kube=warn,zookeeper_client=warn".into()),
         )
         .env("STORAGE_MIGRATOR_IMAGE", operator_image())
         .env("KUBECONFIG", &self.kubeconfig)
@@ -302,6 +303,29 @@ impl Operator {
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
         let log = log_path(ns, run);
+        Self::spawn_watching_with(&operator_bin(), ns, others, log, flags).await
+    }
+
+    /// [`Operator::spawn`] of an operator that also watches `others` (none: as `spawn`).
+    pub async fn spawn_watching(
+        bin: &Path,
+        ns: &TestNamespace,
+        others: &[&TestNamespace],
+        log: PathBuf,
+    ) -> Result<Operator, OperatorError> {
+        Self::spawn_watching_with(bin, ns, others, log, &[]).await
+    }
+
+    async fn spawn_watching_with(
+        bin: &Path,
+        ns: &TestNamespace,
+        others: &[&TestNamespace],
+        log: PathBuf,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
+        if others.is_empty() {
+            return Self::spawn_inner(bin, ns, &[], log, None, flags).await;
+        }
         // The Lease in the first namespace, as a chart install puts it in its own (with more
         // than one watched namespace the operator has no other to default to).
         let mut all: Vec<&str> = vec!["--lease-namespace", ns.name.as_str()];
@@ -309,7 +333,7 @@ impl Operator {
         for o in others {
             all.extend(["--namespace", o.name.as_str()]);
         }
-        Self::spawn_inner(&operator_bin(), ns, others, log, None, &all).await
+        Self::spawn_inner(bin, ns, others, log, None, &all).await
     }
 
     /// [`Operator::spawn`] with more flags for `run`. Supervised (restarted on exit) unless
@@ -414,7 +438,13 @@ impl Operator {
     /// The process's peak resident memory so far (`VmHWM` of `/proc/<pid>/status`), in bytes.
     pub fn peak_rss_bytes(&self) -> Option<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
-        vm_hwm_bytes(&status)
+        status_kib(&status, "VmHWM:")
+    }
+
+    /// The operator's resident memory now (`VmRSS`), while it runs.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()?)).ok()?;
+        status_kib(&status, "VmRSS:")
     }
 
     /// How many times a supervised operator exited by itself and was started again.
@@ -635,8 +665,9 @@ pub fn summary(req: &StorageMigrationRequest) -> String {
     )
 }
 /// `VmHWM` of a `/proc/<pid>/status` text (kB there), in bytes.
-fn vm_hwm_bytes(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+/// The `field` (`VmHWM:`, `VmRSS:`) of a `/proc/PID/status`, in bytes.
+fn status_kib(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(field))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
 }
@@ -695,10 +726,11 @@ mod tests {
     #[test]
     fn peak_rss_is_read_from_vm_hwm() {
         let status = "Name:\tstorage-migrator\nVmPeak:\t  900000 kB\nVmHWM:\t   23456 kB\nVmRSS:\t   20000 kB\n";
-        assert_eq!(vm_hwm_bytes(status), Some(23456 * 1024));
-        assert_eq!(vm_hwm_bytes("Name:\tx\n"), None);
+        assert_eq!(status_kib(status, "VmHWM:"), Some(23456 * 1024));
+        assert_eq!(status_kib(status, "VmRSS:"), Some(20000 * 1024));
+        assert_eq!(status_kib("Name:\tx\n", "VmHWM:"), None);
         // This very process has one.
         let own = std::fs::read_to_string("/proc/self/status").unwrap();
-        assert!(vm_hwm_bytes(&own).is_some_and(|b| b > 0));
+        assert!(status_kib(&own, "VmHWM:").is_some_and(|b| b > 0));
     }
 }

@@ -21,9 +21,10 @@ pub struct Cli {
     pub replicas: i32,
     /// Which workloads to run: `generic` (the filled writer set, per size and mode), `etcd`
     /// (issue 10's target 8: a client writing to etcd through a migration with pre-copy, per
-    /// member count) and `copy` (target 6: the pre-copy's script against `cp -a` on two
+    /// member count), `copy` (target 6: the pre-copy's script against `cp -a` on two
     /// loop-mounted volumes of this machine, no cluster needed; `e2e::copy_speed`, as
-    /// `bench-copy`), in any combination.
+    /// `bench-copy`) and `idle` (issue 30: an operator with finished requests, its requests per
+    /// minute), in any combination.
     #[arg(long, value_enum, value_delimiter = ',', default_value = "generic")]
     pub workloads: Vec<Workload>,
     /// Members of the etcd sets, comma-separated (one scenario each; `--workloads etcd`).
@@ -39,6 +40,19 @@ pub struct Cli {
     /// first pass's speed costs the member that still serves.
     #[arg(long, value_enum, default_value = "cp")]
     pub first_pass_tool: FirstPass,
+    /// Finished requests the idle operator holds (`--workloads idle`).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub idle_requests: u16,
+    /// How long the idle operator's requests are counted, in minutes (`--workloads idle`).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=120))]
+    pub idle_minutes: u16,
+    /// Pending pods, and as many Pending claims, created first in other namespaces that every
+    /// scenario's operator watches too (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub unrelated: usize,
+    /// The namespaces `--unrelated` spreads its objects over.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
+    pub unrelated_namespaces: u16,
     /// Keep the namespaces (and their workloads) instead of deleting them.
     #[arg(long)]
     pub keep: bool,
@@ -55,6 +69,9 @@ pub enum Workload {
     Generic,
     Etcd,
     Copy,
+    /// An operator holding `--idle-requests` finished requests, its requests counted over
+    /// `--idle-minutes` (`idle.rs`).
+    Idle,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]

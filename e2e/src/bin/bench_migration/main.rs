@@ -39,6 +39,14 @@
 //! two acknowledged writes (issue 10's target 8), the writes retried and failed, and each
 //! member's recorded downtime.
 //!
+//! With `--unrelated N` (issue 30, item 2): first N Pending pods and N Pending claims in
+//! `--unrelated-namespaces` other namespaces, which every scenario's operator watches too
+//! (`unrelated.rs`); compare a run with and one without.
+//!
+//! With `--workloads idle`: an operator holding `--idle-requests` finished requests (default
+//! 100), and the API requests it makes in `--idle-minutes` (default 5) while nothing changes,
+//! by verb, with its resident memory (`idle.rs`).
+//!
 //! Prints a Markdown table on stdout (progress goes to stderr) and deletes the namespaces
 //! (`--keep` keeps them).
 //!
@@ -51,9 +59,11 @@ mod availability;
 mod cli;
 mod etcd;
 mod frugal;
+mod idle;
 mod output;
 mod phases;
 mod scenario;
+mod unrelated;
 mod workload;
 
 use std::path::{Path, PathBuf};
@@ -109,6 +119,8 @@ enum BenchError {
     },
     #[error("etcd: {0}")]
     Etcd(String),
+    #[error("a manifest of the benchmark does not parse: {0}")]
+    Manifest(#[from] serde_json::Error),
     #[error("request {namespace}/{name} ended {phase}: {detail}")]
     NotSuccessful {
         namespace: String,
@@ -157,6 +169,7 @@ fn settings(cli: &Cli) -> Result<Settings, BenchError> {
         keep: cli.keep,
         replicas: cli.replicas,
         first_pass_tool: cli.first_pass_tool.spec_value(),
+        unrelated: Vec::new(),
     })
 }
 
@@ -213,9 +226,19 @@ async fn run(cli: Cli) -> Result<bool, BenchError> {
     if !cli.workloads.iter().any(|w| *w != Workload::Copy) {
         return Ok(copied);
     }
-    let settings = settings(&cli)?;
+    let mut settings = settings(&cli)?;
     let cluster = TestCluster::from_env().await?;
     install_crd_cluster_wide(&cluster.client).await?;
+    if cli.unrelated > 0 {
+        let n = cli.unrelated;
+        settings.unrelated =
+            unrelated::create(&cluster, n, cli.unrelated_namespaces.into()).await?;
+        println!(
+            "Unrelated: {n} Pending pods and {n} Pending claims in {} namespaces, all watched by \
+             each scenario's operator.\n",
+            settings.unrelated.len()
+        );
+    }
     info!(
         operator = %settings.operator_bin.display(),
         from = %cluster.storage_class,
@@ -247,15 +270,36 @@ async fn run(cli: Cli) -> Result<bool, BenchError> {
         }
         print!("{}", etcd_table(&etcd_results));
     }
+    let idle_ok = match cli.workloads.contains(&Workload::Idle) {
+        false => true,
+        true => {
+            let window = std::time::Duration::from_secs(u64::from(cli.idle_minutes) * 60);
+            let idle = idle::run_idle(&cluster, &settings, cli.idle_requests.into(), window).await;
+            println!();
+            match idle {
+                Ok(row) => {
+                    print!("{}", idle::idle_table(&row));
+                    true
+                }
+                Err(e) => {
+                    warn!(error = %e, "idle scenario failed");
+                    println!("idle operator: failed: {e}");
+                    false
+                }
+            }
+        }
+    };
     Ok(copied
+        && idle_ok
         && results.iter().all(|(_, _, r)| r.is_ok())
         && etcd_results.iter().all(|(_, r)| r.is_ok()))
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,kube=warn,zookeeper_client=warn")
+    });
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -43,6 +43,8 @@ pub struct Settings {
     pub replicas: i32,
     /// `spec.copy.firstPassTool` of every request.
     pub first_pass_tool: &'static str,
+    /// Namespaces of unrelated objects every scenario's operator watches too (`--unrelated`).
+    pub unrelated: Vec<TestNamespace>,
 }
 
 #[derive(Debug)]
@@ -132,7 +134,8 @@ pub(crate) async fn start_operator(
     settings: &Settings,
 ) -> Result<Operator, BenchError> {
     let log = settings.log_dir.join(format!("{}-operator.log", ns.name));
-    let mut op = Operator::spawn(&settings.operator_bin, ns, log, None).await?;
+    let others: Vec<&TestNamespace> = settings.unrelated.iter().collect();
+    let mut op = Operator::spawn_watching(&settings.operator_bin, ns, &others, log).await?;
     op.check_running(OPERATOR_SETTLE).await?;
     Ok(op)
 }
