@@ -148,11 +148,22 @@ impl Process {
 /// How long a supervised operator that exited waits before it is started again.
 pub const RESTART_DELAY: Duration = Duration::from_secs(1);
 
+/// What an operator watches besides its own namespace.
+#[derive(Clone, Copy)]
+enum Watching<'a> {
+    /// These namespaces too (`--namespace` each, the chart's Roles in each).
+    These(&'a [&'a TestNamespace]),
+    /// Every namespace (no `--namespace`, the chart's ClusterRole).
+    All,
+}
+
 /// Everything needed to start the operator process again.
 #[derive(Debug, Clone)]
 struct Launch {
     bin: PathBuf,
     ns: String,
+    /// Watch every namespace (no `--namespace`; the Lease in `ns`).
+    all_namespaces: bool,
     kubeconfig: PathBuf,
     log: PathBuf,
     failpoints: Option<String>,
@@ -177,27 +188,25 @@ impl Launch {
         // failpoint exit, which releases nothing) takes the lease over at once, as a restarted
         // pod of the same name does; an ephemeral port for /metrics and the probes.
         let identity = format!("e2e-{}", self.ns);
-        cmd.args([
-            "run",
-            "--namespace",
-            &self.ns,
-            "--http-address",
-            "127.0.0.1:0",
-        ])
-        .args(["--lease-identity", &identity])
-        .args(&self.flags)
-        .env(
-            "RUST_LOG",
-            std::env::var("OPERATOR_LOG")
-                .unwrap_or_else(|_| "info,kube=warn,zookeeper_client=warn".into()),
-        )
-        .env("STORAGE_MIGRATOR_IMAGE", operator_image())
-        .env("KUBECONFIG", &self.kubeconfig)
-        .env_remove("FAILPOINTS")
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true);
+        let scope = match self.all_namespaces {
+            true => "--lease-namespace",
+            false => "--namespace",
+        };
+        cmd.args(["run", scope, &self.ns, "--http-address", "127.0.0.1:0"])
+            .args(["--lease-identity", &identity])
+            .args(&self.flags)
+            .env(
+                "RUST_LOG",
+                std::env::var("OPERATOR_LOG")
+                    .unwrap_or_else(|_| "info,kube=warn,zookeeper_client=warn".into()),
+            )
+            .env("STORAGE_MIGRATOR_IMAGE", operator_image())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true);
         if let Some(fp) = &self.failpoints {
             cmd.env("FAILPOINTS", fp);
         }
@@ -306,6 +315,16 @@ impl Operator {
         Self::spawn_watching_with(&operator_bin(), ns, others, log, flags).await
     }
 
+    /// [`Operator::spawn`] of an operator watching every namespace, under the chart's
+    /// cluster-wide RBAC; its Lease in `ns`.
+    pub async fn spawn_cluster_wide(
+        bin: &Path,
+        ns: &TestNamespace,
+        log: PathBuf,
+    ) -> Result<Operator, OperatorError> {
+        Self::spawn_inner(bin, ns, Watching::All, log, None, &[]).await
+    }
+
     /// [`Operator::spawn`] of an operator that also watches `others` (none: as `spawn`).
     pub async fn spawn_watching(
         bin: &Path,
@@ -324,7 +343,7 @@ impl Operator {
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
         if others.is_empty() {
-            return Self::spawn_inner(bin, ns, &[], log, None, flags).await;
+            return Self::spawn_inner(bin, ns, Watching::These(&[]), log, None, flags).await;
         }
         // The Lease in the first namespace, as a chart install puts it in its own (with more
         // than one watched namespace the operator has no other to default to).
@@ -333,7 +352,7 @@ impl Operator {
         for o in others {
             all.extend(["--namespace", o.name.as_str()]);
         }
-        Self::spawn_inner(bin, ns, others, log, None, &all).await
+        Self::spawn_inner(bin, ns, Watching::These(others), log, None, &all).await
     }
 
     /// [`Operator::spawn`] with more flags for `run`. Supervised (restarted on exit) unless
@@ -345,13 +364,13 @@ impl Operator {
         failpoints: Option<&str>,
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
-        Self::spawn_inner(bin, ns, &[], log, failpoints, flags).await
+        Self::spawn_inner(bin, ns, Watching::These(&[]), log, failpoints, flags).await
     }
 
     async fn spawn_inner(
         bin: &Path,
         ns: &TestNamespace,
-        others: &[&TestNamespace],
+        watching: Watching<'_>,
         log: PathBuf,
         failpoints: Option<&str>,
         flags: &[&str],
@@ -365,10 +384,17 @@ impl Operator {
         }
         std::fs::File::create(&log).map_err(log_error)?;
         let kubeconfig = log.with_extension("kubeconfig");
-        rbac::operator_kubeconfig_watching(ns, others, &kubeconfig).await?;
+        let all_namespaces = matches!(watching, Watching::All);
+        match watching {
+            Watching::All => rbac::operator_kubeconfig_cluster_wide(ns, &kubeconfig).await?,
+            Watching::These(others) => {
+                rbac::operator_kubeconfig_watching(ns, others, &kubeconfig).await?
+            }
+        }
         let launch = Launch {
             bin: bin.to_path_buf(),
             ns: ns.name.clone(),
+            all_namespaces,
             kubeconfig,
             log: log.clone(),
             failpoints: failpoints.map(str::to_string),

@@ -39,30 +39,49 @@ pub async fn operator_kubeconfig_watching(
     others: &[&TestNamespace],
     path: &Path,
 ) -> Result<(), TestError> {
-    let name = service_account(&ns.name);
-    let chart = chart_dir();
     let names: Vec<&str> = std::iter::once(ns)
         .chain(others.iter().copied())
         .map(|n| n.name.as_str())
         .collect();
     let watch = format!("watchNamespaces={{{}}}", names.join(","));
+    kubeconfig_under_chart(ns, others, Some(&watch), path).await
+}
+
+/// [`operator_kubeconfig`] for an operator of `ns` watching every namespace: the chart's
+/// cluster-wide RBAC (`watchNamespaces` empty: one ClusterRole).
+pub async fn operator_kubeconfig_cluster_wide(
+    ns: &TestNamespace,
+    path: &Path,
+) -> Result<(), TestError> {
+    kubeconfig_under_chart(ns, &[], None, path).await
+}
+
+/// Renders and applies the chart's ServiceAccount and RBAC for the release in `ns` (`watch`:
+/// the `--set watchNamespaces=...` value, none for cluster-wide), each namespaced document in
+/// its namespace, then writes the kubeconfig of a fresh token of that ServiceAccount.
+async fn kubeconfig_under_chart(
+    ns: &TestNamespace,
+    others: &[&TestNamespace],
+    watch: Option<&str>,
+    path: &Path,
+) -> Result<(), TestError> {
+    let name = service_account(&ns.name);
+    let chart = chart_dir();
     let full = format!("fullnameOverride={name}");
-    let rendered = helm(&[
-        "template",
-        &name,
-        &chart.to_string_lossy(),
-        "--namespace",
-        &ns.name,
-        "--set",
-        &watch,
+    let chart_path = chart.to_string_lossy();
+    let mut args = vec!["template", &name, &chart_path, "--namespace", &ns.name];
+    if let Some(watch) = watch {
+        args.extend(["--set", watch]);
+    }
+    args.extend([
         "--set",
         &full,
         "--show-only",
         "templates/serviceaccount.yaml",
         "--show-only",
         "templates/rbac.yaml",
-    ])
-    .await?;
+    ]);
+    let rendered = helm(&args).await?;
     for doc in rendered.split("\n---") {
         let other = others
             .iter()

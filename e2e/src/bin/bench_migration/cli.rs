@@ -50,6 +50,10 @@ pub struct Cli {
     /// scenario's operator watches too (0: none).
     #[arg(long, default_value_t = 0)]
     pub unrelated: usize,
+    /// Every scenario's operator watches every namespace (the chart's default, cluster-wide
+    /// RBAC) instead of its own (and `--unrelated`'s) by name.
+    #[arg(long)]
+    pub cluster_wide: bool,
     /// The namespaces `--unrelated` spreads its objects over.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u16).range(1..=100))]
     pub unrelated_namespaces: u16,

@@ -170,6 +170,7 @@ fn settings(cli: &Cli) -> Result<Settings, BenchError> {
         replicas: cli.replicas,
         first_pass_tool: cli.first_pass_tool.spec_value(),
         unrelated: Vec::new(),
+        cluster_wide: cli.cluster_wide,
     })
 }
 
@@ -235,8 +236,12 @@ async fn run(cli: Cli) -> Result<bool, BenchError> {
             unrelated::create(&cluster, n, cli.unrelated_namespaces.into()).await?;
         println!(
             "Unrelated: {n} Pending pods and {n} Pending claims in {} namespaces, all watched by \
-             each scenario's operator.\n",
-            settings.unrelated.len()
+             each scenario's operator ({}).\n",
+            settings.unrelated.len(),
+            match settings.cluster_wide {
+                true => "it watches every namespace",
+                false => "--namespace each",
+            }
         );
     }
     info!(

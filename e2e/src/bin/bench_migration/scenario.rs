@@ -45,6 +45,8 @@ pub struct Settings {
     pub first_pass_tool: &'static str,
     /// Namespaces of unrelated objects every scenario's operator watches too (`--unrelated`).
     pub unrelated: Vec<TestNamespace>,
+    /// Every scenario's operator watches every namespace (`--cluster-wide`).
+    pub cluster_wide: bool,
 }
 
 #[derive(Debug)]
@@ -135,7 +137,10 @@ pub(crate) async fn start_operator(
 ) -> Result<Operator, BenchError> {
     let log = settings.log_dir.join(format!("{}-operator.log", ns.name));
     let others: Vec<&TestNamespace> = settings.unrelated.iter().collect();
-    let mut op = Operator::spawn_watching(&settings.operator_bin, ns, &others, log).await?;
+    let mut op = match settings.cluster_wide {
+        true => Operator::spawn_cluster_wide(&settings.operator_bin, ns, log).await?,
+        false => Operator::spawn_watching(&settings.operator_bin, ns, &others, log).await?,
+    };
     op.check_running(OPERATOR_SETTLE).await?;
     Ok(op)
 }
