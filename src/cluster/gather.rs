@@ -495,6 +495,9 @@ async fn gather_health(
         Ok(engine) => match engine.observe(member_pods).await {
             Ok(mut report) => {
                 engine::note_missing_pods(&mut report, expected);
+                if crate::plan::observe::in_preflight(status) {
+                    (report.problems).extend(engine.preflight_problems(member_pods).await);
+                }
                 Ok(report)
             }
             Err(e) => Err(HealthUnavailable::Engine(e.to_string())),

@@ -34,13 +34,11 @@ use std::fmt;
 
 use super::{
     FinalCheckKind, FinalHash, Gate, HealthReport, HealthUnavailable, MemberHealth, Rules,
-    leader_agreed, members_gate, members_healthy_with_leader, ordinal_key, quorum_gate,
+    leader_agreed, member, members_gate, members_healthy_with_leader, ordinal_key, quorum_gate,
     returned_gate, unhealthy_members,
 };
 use crate::api::{DatabaseSpec, ZooKeeperHandover};
 
-/// Default client port.
-pub const DEFAULT_CLIENT_PORT: u16 = 2181;
 /// The zoo.cfg setting that must list the words the engine asks.
 pub const WHITELIST_SETTING: &str = "4lw.commands.whitelist=srvr,mntr,ruok";
 const STANDALONE: &str = "runs standalone";
@@ -506,11 +504,7 @@ impl Rules for ZooKeeperRules {
     /// is handed over again, which makes it a participant.
     fn handed_over(&self, report: &HealthReport, from: &str) -> bool {
         self.handover != ZooKeeperHandover::Reconfig
-            || report
-                .members
-                .iter()
-                .find(|m| m.pod == from)
-                .is_none_or(|m| m.member_id.is_some())
+            || member(report, from).is_none_or(|m| m.member_id.is_some())
     }
 
     fn gate_after_return(&self, report: &HealthReport, pod: &str) -> Gate {

@@ -870,9 +870,6 @@ impl Sim {
                     h.leader = Some(leader.clone());
                     for m in &mut h.members {
                         m.leader = m.pod == leader;
-                        if &m.pod == from {
-                            m.member_id = (!cut_short).then(|| from.clone());
-                        }
                     }
                 }
                 self.observers.retain(|o| o != from);

@@ -33,6 +33,12 @@ pub fn reads_storage_classes(status: &StorageMigrationRequestStatus) -> bool {
 /// Whether the planner looks at the other requests of the namespace: in Preflight only (a
 /// request waits there behind an earlier one on the same target). A final request reads none.
 pub fn reads_other_requests(status: &StorageMigrationRequestStatus) -> bool {
+    in_preflight(status)
+}
+
+/// Whether `status` is in Preflight (and not final): where the engine's preflight problems are
+/// asked (`Client::preflight_problems`).
+pub fn in_preflight(status: &StorageMigrationRequestStatus) -> bool {
     in_flight_step(status, &[])
 }
 

@@ -123,6 +123,13 @@ pub trait Client: std::fmt::Debug + Send + Sync {
         })
     }
 
+    /// What keeps this database from being migrated at all that the members' answers do not
+    /// show, asked in preflight only (ZooKeeper with `handover: Reconfig`: reconfiguration
+    /// off); each becomes a problem of the report. Default: none.
+    fn preflight_problems<'a>(&'a self, _pods: &'a [Pod]) -> BoxFuture<'a, Vec<String>> {
+        Box::pin(async { Vec::new() })
+    }
+
     /// A digest of the data all members agree on, once every member is migrated, for the
     /// engines whose final check is an agreement; `None` for the others (default).
     fn final_hash<'a>(
@@ -170,6 +177,11 @@ impl Engine {
         self.0.observe(pods).await
     }
 
+    /// See [`Client::preflight_problems`].
+    pub async fn preflight_problems(&self, pods: &[Pod]) -> Vec<String> {
+        self.0.preflight_problems(pods).await
+    }
+
     /// See [`Client::hand_over`].
     pub async fn transfer_leadership(
         &self,
@@ -201,6 +213,35 @@ impl Client for Generic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An engine whose only trait is a preflight problem.
+    #[derive(Debug)]
+    struct RefusesInPreflight;
+
+    impl Client for RefusesInPreflight {
+        fn name(&self) -> &'static str {
+            "test"
+        }
+
+        fn observe<'a>(&'a self, _: &'a [Pod]) -> BoxFuture<'a, Result<HealthReport, EngineError>> {
+            Box::pin(async { Ok(HealthReport::default()) })
+        }
+
+        fn preflight_problems<'a>(&'a self, _: &'a [Pod]) -> BoxFuture<'a, Vec<String>> {
+            Box::pin(async { vec!["reconfiguration is off".to_string()] })
+        }
+    }
+
+    #[tokio::test]
+    async fn preflight_problems_are_not_part_of_every_look() {
+        let engine = Engine(Box::new(RefusesInPreflight));
+        assert_eq!(
+            engine.preflight_problems(&[]).await,
+            ["reconfiguration is off"]
+        );
+        let report = engine.observe(&[]).await.unwrap();
+        assert!(report.problems.is_empty(), "{report:?}");
+    }
 
     #[test]
     fn final_hash_errors_keep_their_words() {

@@ -115,13 +115,7 @@ impl ZooKeeperClient {
     #[instrument(skip_all, fields(pods = pods.len()))]
     pub async fn observe(&self, pods: &[Pod]) -> HealthReport {
         let views = futures::future::join_all(sorted(pods).into_iter().map(|p| self.view(p))).await;
-        let mut report = zookeeper::assess(&views);
-        if self.handover == ZooKeeperHandover::Reconfig {
-            let endpoints: Vec<String> = views.iter().filter_map(|v| v.endpoint.clone()).collect();
-            if let Err(problem) = self.reconfig_allowed(&endpoints).await {
-                report.problems.push(problem);
-            }
-        }
+        let report = zookeeper::assess(&views);
         debug!(leader = ?report.leader, problems = ?report.problems, "zookeeper health");
         report
     }
@@ -229,6 +223,22 @@ impl DatabaseClient for ZooKeeperClient {
 
     fn observe<'a>(&'a self, pods: &'a [Pod]) -> BoxFuture<'a, Result<HealthReport, EngineError>> {
         Box::pin(async move { Ok(ZooKeeperClient::observe(self, pods).await) })
+    }
+
+    /// With `handover: Reconfig`: whether the ensemble allows reconfiguration (a handover
+    /// refused later for it is reported by the handover itself).
+    fn preflight_problems<'a>(&'a self, pods: &'a [Pod]) -> BoxFuture<'a, Vec<String>> {
+        Box::pin(async move {
+            if self.handover != ZooKeeperHandover::Reconfig {
+                return Vec::new();
+            }
+            let endpoints: Vec<String> = pods.iter().filter_map(|p| self.endpoint(p)).collect();
+            self.reconfig_allowed(&endpoints)
+                .await
+                .err()
+                .into_iter()
+                .collect()
+        })
     }
 
     fn final_hash<'a>(
