@@ -62,7 +62,7 @@ pub enum CopySpeedError {
 }
 
 /// Runs `program args` to its end; an error names it with its stderr.
-fn run(program: &str, args: &[&str]) -> Result<(), CopySpeedError> {
+pub(crate) fn run(program: &str, args: &[&str]) -> Result<(), CopySpeedError> {
     run_with(program, args, &[])
 }
 
@@ -87,25 +87,25 @@ fn run_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), Co
     })
 }
 
-fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CopySpeedError {
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> CopySpeedError {
     let what = what.into();
     move |e| CopySpeedError::Io(what, e)
 }
 
 /// A fresh ext4 image of `gib` GiB at `dir/NAME.img`, loop-mounted at `dir/NAME`: the local
 /// cluster's provisioner makes and mounts its volumes the same way.
-fn volume(dir: &Path, name: &str, gib: u64) -> Result<PathBuf, CopySpeedError> {
+pub(crate) fn volume(dir: &Path, name: &str, gib: u64) -> Result<PathBuf, CopySpeedError> {
     let (image, mount) = volume_paths(dir, name);
     create_image(&image, gib << 30)?;
     mount_image(&image, &mount)?;
     Ok(mount)
 }
 
-fn volume_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+pub(crate) fn volume_paths(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     (dir.join(format!("{name}.img")), dir.join(name))
 }
 
-fn path_str(p: &Path) -> String {
+pub(crate) fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
@@ -223,7 +223,7 @@ fn timed_copy(
 /// (`sync -f`, into its image file), then every filesystem (the image file's). A plain `sync`
 /// may flush the host's filesystem before the volume's writes reach it, and leave them to be
 /// written back during the next tool's copy.
-fn flush(dir: &Path) -> Result<(), CopySpeedError> {
+pub(crate) fn flush(dir: &Path) -> Result<(), CopySpeedError> {
     run("sync", &["-f", &path_str(dir)])?;
     run("sync", &[])
 }

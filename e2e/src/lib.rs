@@ -14,6 +14,7 @@ pub mod agent;
 pub mod controlplane;
 pub mod copy_speed;
 pub mod images;
+pub mod many_files;
 pub mod mountinfo;
 pub mod pki;
 pub mod provisioner;

@@ -27,6 +27,7 @@ use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, node_satisfies,
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -597,6 +598,9 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
         );
         let req: StorageMigrationRequest = ns.api().get("killed").await.unwrap();
         info!(run, fp, status = %summary(&req), "operator killed at failpoint");
+        if *fp == "after-Create-Job=return" {
+            check_copy_memory(&ns, &req).await;
+        }
     }
     let _op = Operator::start(&ns, points.len(), None).await.unwrap();
     let req = wait_final(&ns, "killed", MIGRATION).await.unwrap();
@@ -611,6 +615,60 @@ async fn operator_killed_at_step_boundaries_finishes_after_restart() {
     }
     check_etcd(&ns, &seeded).await;
     check_adopted(&ns, &cluster.wffc_storage_class, "1Gi").await;
+}
+
+/// The final copy Job just created, as the API server stored it, asks for and is limited to the
+/// memory its member's pre-copy findings call for (`status.members[].sourceEntries` and
+/// `sourceBytes`, through `build::copy_memory`).
+async fn check_copy_memory(ns: &TestNamespace, req: &StorageMigrationRequest) {
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = ns.api();
+    let copy = format!("{}=copy", labels::JOB_KIND_LABEL);
+    let list = jobs
+        .list(&kube::api::ListParams::default().labels(&copy))
+        .await
+        .unwrap();
+    assert!(!list.items.is_empty(), "the final copy Job just created");
+    let status = req.status.clone().unwrap_or_default();
+    let found: Vec<String> = status
+        .members
+        .iter()
+        .filter_map(|m| {
+            let source = storage_migrator::build::SourceContents {
+                entries: m.first_claim.source_entries?,
+                bytes: m.first_claim.source_bytes.unwrap_or(0),
+            };
+            Some(storage_migrator::build::copy_memory(source).0)
+        })
+        .collect();
+    assert!(
+        !found.is_empty(),
+        "the pre-copy's findings recorded: {}",
+        summary(req)
+    );
+    for job in list.items {
+        let container = job
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .and_then(|p| p.containers.first())
+            .cloned()
+            .unwrap_or_default();
+        let resources = container.resources.unwrap_or_default();
+        let memory = |side: &Option<BTreeMap<String, Quantity>>| {
+            side.as_ref()
+                .and_then(|m| m.get("memory"))
+                .map(|q| q.0.clone())
+        };
+        let limit = memory(&resources.limits);
+        assert_eq!(limit, memory(&resources.requests), "{}", job.name_any());
+        let limit = limit.unwrap_or_default();
+        assert!(
+            found.contains(&limit),
+            "{}: {limit} not in {found:?}",
+            job.name_any()
+        );
+        info!(job = %job.name_any(), memory = %limit, "final copy's memory");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1029,6 +1029,14 @@ pub struct ClaimStatus {
     /// Files the final copy transferred.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub files_copied: Option<i64>,
+    /// Files and directories on the old volume when the pre-copy read it (its filesystem's
+    /// inodes in use). The copy Jobs after the pre-copy get their memory from it and
+    /// `sourceBytes` (`build::job::copy_memory`, docs/install.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_entries: Option<i64>,
+    /// Bytes in use on the old volume's filesystem when the pre-copy read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_bytes: Option<i64>,
     /// Bytes the final copy wrote to the new volume: with its delta transfer only the blocks
     /// that changed since the pre-copy, so at most `bytesCopied` (the sizes of the files that
     /// changed).

@@ -8,11 +8,13 @@
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec, Volume,
-    VolumeMount,
+    Container, EnvVar, PersistentVolumeClaimVolumeSource, PodSpec, PodTemplateSpec,
+    ResourceRequirements, Volume, VolumeMount,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 use crate::api::{FirstPassTool, PlannedMember, StorageMigrationRequest};
 use crate::image::ImageRef;
@@ -104,8 +106,9 @@ macro_rules! statfs_format {
 ///
 /// Progress: `--info=progress2` reports the whole transfer (bytes, percent, rate, files) and
 /// `--no-inc-recursive` lets rsync know the whole tree before it starts, so its percentage is
-/// of the whole tree (the price: the whole file list in memory at once, on the order of 100
-/// bytes a file, so ten million files want about a GiB; `spec.copy.resources` must allow it). rsync separates its updates with carriage returns; `tr` turns them into
+/// of the whole tree (the price: the whole file list in memory at once, 136 bytes a file
+/// measured at a million files; the pods after the pre-copy get memory for it,
+/// [`copy_memory`]). rsync separates its updates with carriage returns; `tr` turns them into
 /// lines, line-buffered by `stdbuf` where the image has it (without it the lines come in blocks
 /// of 4 KiB), and `sed -u` writes every line to the log (`w /dev/stderr`, which GNU sed and
 /// busybox sed write without opening a file) while passing on only the lines without a `%` (the
@@ -451,8 +454,9 @@ pub fn job(
     subject: &str,
     kind: JobKind,
     deadline_seconds: i64,
-    verification: Verification,
+    pass: impl Into<Pass>,
 ) -> Job {
+    let pass = pass.into();
     let metadata = job_metadata(req, member, subject, kind);
     let pod_labels = metadata.labels.clone();
     Job {
@@ -467,7 +471,7 @@ pub fn job(
                     labels: pod_labels,
                     ..Default::default()
                 }),
-                spec: Some(job_pod_spec(req, image, member, kind, verification)),
+                spec: Some(job_pod_spec(req, image, member, kind, pass)),
             },
             ..Default::default()
         }),
@@ -496,7 +500,7 @@ fn job_pod_spec(
     image: &ImageRef,
     member: &PlannedMember,
     kind: JobKind,
-    verification: Verification,
+    pass: Pass,
 ) -> PodSpec {
     let (volumes, mounts) = job_volumes(member, kind);
     PodSpec {
@@ -507,7 +511,7 @@ fn job_pod_spec(
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(10),
         security_context: Some(security::pod_security(0)),
-        containers: vec![job_container(req, image, kind, mounts, verification)],
+        containers: vec![job_container(req, image, kind, mounts, pass)],
         volumes: Some(volumes),
         ..Default::default()
     }
@@ -553,7 +557,7 @@ fn job_container(
     image: &ImageRef,
     kind: JobKind,
     mounts: Vec<VolumeMount>,
-    verification: Verification,
+    pass: Pass,
 ) -> Container {
     Container {
         name: JOB_CONTAINER.to_string(),
@@ -566,11 +570,11 @@ fn job_container(
         ]),
         env: Some(job_env(
             kind,
-            verification,
+            pass.verification,
             pre_copy_kib(req),
             req.spec.copy.first_pass_tool,
         )),
-        resources: req.spec.copy.resources.clone(),
+        resources: job_resources(req.spec.copy.resources.as_ref(), kind, pass.source),
         security_context: Some(security::container_security(kind.capabilities())),
         volume_mounts: Some(mounts),
         termination_message_path: Some(TERMINATION_MESSAGE_PATH.to_string()),
@@ -630,6 +634,96 @@ pub enum Verification {
     /// Metadata of every entry, and the content of the regular files changed since these
     /// seconds since the epoch (`SINCE`).
     ChangedSince(i64),
+}
+
+/// What one Job's pass needs to know beyond the request and the member: what its
+/// verification compares, and what the old volume holds when a pre-copy has read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pass {
+    pub verification: Verification,
+    /// The old volume's contents as the pre-copy found them (`status.members[].sourceEntries`,
+    /// `sourceBytes`): the Job's memory comes from them ([`copy_memory`]).
+    pub source: Option<SourceContents>,
+}
+
+impl From<Verification> for Pass {
+    fn from(verification: Verification) -> Self {
+        Pass {
+            verification,
+            source: None,
+        }
+    }
+}
+
+/// Files and directories (inodes in use) and bytes in use on a filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SourceContents {
+    pub entries: i64,
+    pub bytes: i64,
+}
+
+/// The memory a copy pod holds at most, as a function of the old volume's contents:
+///
+/// `COPY_MEMORY_BASE_MIB` MiB + `COPY_MEMORY_PER_ENTRY` bytes × entries +
+/// bytes in use / `COPY_MEMORY_BYTES_PER_DELTA_BYTE`.
+///
+/// - The entries term is rsync's file list: `--no-inc-recursive` keeps the whole tree's list
+///   in memory, in the sender and again in the receiver and generator (one forked process,
+///   whose copy of it diverges as it works). `bench-files` measured the final pass with its
+///   verification at 10,000, 300,000 and 1,000,000 files of 4 KiB: 136 bytes a file at
+///   1,000,000 (129.5 MiB, anonymous memory of every process of the pass; docs/benchmarks.md);
+///   the constant is nearly twice that.
+/// - The bytes term is the delta transfer's block checksums of the largest file (rsync's
+///   blocks are at most 128 KiB, a checksum entry about 40 bytes, held by the generator and
+///   the sender's hash table): at most one 2,048th of the file, and no file is larger than the
+///   volume's bytes in use. Read in rsync's source, not measured.
+/// - The base is the processes themselves, the shell, `find` and `sort` of the verification.
+///
+/// Rounded up to whole MiB.
+pub fn copy_memory(source: SourceContents) -> Quantity {
+    let bytes = COPY_MEMORY_BASE_MIB
+        .saturating_mul(1 << 20)
+        .saturating_add(source.entries.max(0).saturating_mul(COPY_MEMORY_PER_ENTRY))
+        .saturating_add(source.bytes.max(0) / COPY_MEMORY_BYTES_PER_DELTA_BYTE);
+    let mib = (bytes.max(0) as u64).div_ceil(1 << 20);
+    Quantity(format!("{mib}Mi"))
+}
+
+/// See [`copy_memory`].
+pub const COPY_MEMORY_BASE_MIB: i64 = 64;
+/// See [`copy_memory`].
+pub const COPY_MEMORY_PER_ENTRY: i64 = 256;
+/// See [`copy_memory`].
+pub const COPY_MEMORY_BYTES_PER_DELTA_BYTE: i64 = 2048;
+
+/// The container's resources: the request's `spec.copy.resources` as given when they set a
+/// memory request or limit; else, for the kinds that hold rsync's file list (PreCopy, Copy,
+/// Verify) with the old volume's contents known, theirs plus a memory request and limit of
+/// [`copy_memory`]. A Measure Job (`du`, no file list) and a pass before any pre-copy read the
+/// volume get the request's resources alone.
+pub fn job_resources(
+    given: Option<&ResourceRequirements>,
+    kind: JobKind,
+    source: Option<SourceContents>,
+) -> Option<ResourceRequirements> {
+    let sets_memory =
+        |m: Option<&BTreeMap<String, Quantity>>| m.is_some_and(|m| m.contains_key("memory"));
+    let user_memory =
+        given.is_some_and(|r| sets_memory(r.requests.as_ref()) || sets_memory(r.limits.as_ref()));
+    let source = match (kind, source) {
+        (JobKind::Measure, _) | (_, None) => return given.cloned(),
+        (_, Some(_)) if user_memory => return given.cloned(),
+        (_, Some(s)) => s,
+    };
+    let memory = copy_memory(source);
+    let mut r = given.cloned().unwrap_or_default();
+    r.requests
+        .get_or_insert_with(Default::default)
+        .insert("memory".to_string(), memory.clone());
+    r.limits
+        .get_or_insert_with(Default::default)
+        .insert("memory".to_string(), memory);
+    Some(r)
 }
 
 /// `spec.copy.preCopyBandwidth` in whole KiB per second (rounded down, at least 1); `None`
@@ -736,6 +830,19 @@ impl FsReport {
     pub fn available_bytes(&self) -> i64 {
         self.block_size.saturating_mul(self.blocks_available)
     }
+
+    /// What the filesystem holds, for the copy's memory ([`copy_memory`]): its inodes in use
+    /// and bytes in use. `None` when it counts no inodes (btrfs reports 0 of them), so its
+    /// files cannot be known this way.
+    pub fn contents(&self) -> Option<SourceContents> {
+        (self.inodes > 0).then(|| SourceContents {
+            entries: self.inodes.saturating_sub(self.inodes_free).max(0),
+            bytes: self
+                .block_size
+                .saturating_mul(self.blocks.saturating_sub(self.blocks_free))
+                .max(0),
+        })
+    }
 }
 
 impl JobResult {
@@ -817,6 +924,94 @@ mod tests {
         JobKind::Copy,
         JobKind::Verify,
     ];
+
+    #[test]
+    fn copy_memory_follows_the_documented_formula() {
+        let m = |entries, bytes| copy_memory(SourceContents { entries, bytes }).0;
+        assert_eq!(m(0, 0), "64Mi");
+        // 64 MiB + 256 B × 1,000,000 (244.1 MiB) + 1 GiB / 2,048 (0.5 MiB), rounded up.
+        assert_eq!(m(1_000_000, 1 << 30), "309Mi");
+        assert_eq!(m(10_000_000, 0), "2506Mi");
+        // A 1 TiB file's delta checksums: 512 MiB more.
+        assert_eq!(m(0, 1 << 40), "576Mi");
+        assert_eq!(m(-5, -1), "64Mi", "nonsense counts add nothing");
+        assert_eq!(
+            m(i64::MAX, i64::MAX),
+            "8796093022208Mi",
+            "saturates, no overflow"
+        );
+    }
+
+    #[test]
+    fn memory_is_set_from_the_source_unless_the_request_sets_it() {
+        let q = |s: &str| Quantity(s.to_string());
+        let source = Some(SourceContents {
+            entries: 300_000,
+            bytes: 1 << 30,
+        });
+        let memory_of = |r: &Option<ResourceRequirements>, which: &str| {
+            let side = match which {
+                "requests" => r.as_ref().and_then(|r| r.requests.as_ref()),
+                _ => r.as_ref().and_then(|r| r.limits.as_ref()),
+            };
+            side.and_then(|m| m.get("memory")).map(|q| q.0.clone())
+        };
+        for kind in [JobKind::PreCopy, JobKind::Copy, JobKind::Verify] {
+            let r = job_resources(None, kind, source);
+            assert_eq!(memory_of(&r, "requests").as_deref(), Some("138Mi"));
+            assert_eq!(memory_of(&r, "limits").as_deref(), Some("138Mi"));
+            assert_eq!(
+                job_resources(None, kind, None),
+                None,
+                "unknown source: nothing set"
+            );
+        }
+        assert_eq!(
+            job_resources(None, JobKind::Measure, source),
+            None,
+            "du holds no list"
+        );
+        // The request's CPU stays, with the memory added.
+        let cpu = ResourceRequirements {
+            requests: Some([("cpu".to_string(), q("250m"))].into()),
+            ..Default::default()
+        };
+        let r = job_resources(Some(&cpu), JobKind::Copy, source).unwrap();
+        assert_eq!(r.requests.as_ref().unwrap()["cpu"], q("250m"));
+        assert_eq!(r.limits.as_ref().unwrap()["memory"], q("138Mi"));
+        // Memory the request sets (a request alone, or a limit alone) is kept as given.
+        for side in ["requests", "limits"] {
+            let mine: BTreeMap<String, Quantity> = [("memory".to_string(), q("3Gi"))].into();
+            let given = ResourceRequirements {
+                requests: (side == "requests").then(|| mine.clone()),
+                limits: (side == "limits").then_some(mine),
+                ..Default::default()
+            };
+            let r = job_resources(Some(&given), JobKind::Copy, source);
+            assert_eq!(r.as_ref(), Some(&given), "{side}");
+        }
+    }
+
+    #[test]
+    fn a_filesystem_without_inode_counts_tells_nothing_of_its_files() {
+        let fs = |inodes, inodes_free| FsReport {
+            fs_type: "btrfs".into(),
+            block_size: 4096,
+            blocks: 1000,
+            blocks_free: 400,
+            blocks_available: 400,
+            inodes,
+            inodes_free,
+        };
+        assert_eq!(fs(0, 0).contents(), None);
+        assert_eq!(
+            fs(100, 30).contents(),
+            Some(SourceContents {
+                entries: 70,
+                bytes: 600 * 4096
+            })
+        );
+    }
 
     #[test]
     fn job_snapshots() {

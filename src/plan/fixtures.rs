@@ -486,6 +486,8 @@ pub struct JobScript {
     pub hang: bool,
     /// Jobs whose name starts with this fail (e.g. one claim's copy: `etcd-1-wal-copy`).
     pub fail_named: Option<String>,
+    /// Pre-copies report an old volume of ext4 with this many inodes in use and 1 GiB in use.
+    pub source_entries: Option<i64>,
 }
 
 impl JobScript {
@@ -511,6 +513,10 @@ impl JobScript {
             "measure" => format!(r#"{{"usedBytes":{}}}"#, self.used_bytes),
             "verify" => format!("{{{verify}}}"),
             "copy" if verifies => format!(r#"{{"bytes":1048576,"files":3,{verify}}}"#),
+            "precopy" if self.source_entries.is_some() => format!(
+                r#"{{"bytes":1048576,"files":3,"sourceFilesystem":{{"type":"ext2/ext3","blockSize":4096,"blocks":1000000,"blocksFree":737856,"blocksAvailable":737856,"inodes":2000000,"inodesFree":{}}}}}"#,
+                2_000_000 - self.source_entries.unwrap_or(0)
+            ),
             _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
         };
         if verifying && self.differences != 0 {

@@ -232,10 +232,21 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
         &mb.subject,
         kind,
         deadline,
-        verify,
+        build::Pass {
+            verification: verify,
+            source: source_contents(&mb.ms.first_claim),
+        },
     );
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
+}
+
+/// The old volume's contents as the claim's pre-copy recorded them, if it did.
+fn source_contents(c: &ClaimStatus) -> Option<build::SourceContents> {
+    Some(build::SourceContents {
+        entries: c.source_entries?,
+        bytes: c.source_bytes.unwrap_or(0),
+    })
 }
 
 /// What a verification pass compares: nothing without `spec.copy.verify`; every file's content
@@ -655,6 +666,17 @@ fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     if let Some(ms) = ms_mut(cx, mb) {
         ms.message = Some(note.clone());
     }
+    let contents = result
+        .as_ref()
+        .and_then(|r| r.source_filesystem.as_ref())
+        .and_then(build::FsReport::contents);
+    if let Some(c) = contents {
+        record_claim(cx, mb, |s| {
+            s.source_entries = Some(c.entries);
+            s.source_bytes = Some(c.bytes);
+        });
+        check_memory_fits(cx, mb, c)?;
+    }
     advance(cx, mb, MemberStep::GatingStop);
     cx.event(
         EventType::Normal,
@@ -663,6 +685,46 @@ fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
     );
     delete_jobs(cx, mb, &[JobKind::PreCopy]);
     Ok(())
+}
+
+/// Before the member stops: a memory limit the request sets on its copy pods
+/// (`spec.copy.resources.limits.memory`) must hold what the final pass needs for the old
+/// volume's contents ([`build::copy_memory`]); else the final pass could be killed for memory
+/// while the member is down. The member still serves: the request fails here, naming both.
+fn check_memory_fits(cx: &Ctx, mb: &Member, c: build::SourceContents) -> Result<(), Failure> {
+    let limit = cx
+        .spec()
+        .copy
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("memory"));
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    let needed = build::copy_memory(c);
+    let (Some(have), Some(need)) = (
+        super::quantity::bytes(limit),
+        super::quantity::bytes(&needed),
+    ) else {
+        return Ok(());
+    };
+    if have >= need {
+        return Ok(());
+    }
+    Err(Failure::PreCopyFailed {
+        pod: mb.m.pod.clone(),
+        reason: format!(
+            "the final copy needs about {} of memory for the {} files and directories ({} in use) \
+             on {}, more than spec.copy.resources.limits.memory {}: raise or remove that limit \
+             (the member was not stopped)",
+            needed.0,
+            c.entries,
+            super::quantity::human(i128::from(c.bytes)),
+            mb.m.claim,
+            limit.0
+        ),
+    })
 }
 
 /// The PodDisruptionBudgets that select the member, then the engine's gate before the member

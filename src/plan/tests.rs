@@ -3316,3 +3316,78 @@ fn zookeeper_with_reconfig_hands_over_and_finishes_a_handover_cut_short() {
     assert_eq!(change.how, LeaderChangeKind::Handover);
     assert_eq!(change.to.as_deref(), Some("etcd-1"));
 }
+
+/// The memory limit on the Copy Jobs `log` created, by Job name.
+fn copy_job_memory(log: &[Action]) -> Vec<(String, Option<String>)> {
+    log.iter()
+        .filter_map(|a| match a {
+            Action::Create(Object::Job(j))
+                if j.labels().get(labels::JOB_KIND_LABEL).map(String::as_str) == Some("copy") =>
+            {
+                let limit = j
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.template.spec.as_ref())
+                    .and_then(|p| p.containers.first())
+                    .and_then(|c| c.resources.as_ref())
+                    .and_then(|r| r.limits.as_ref())
+                    .and_then(|l| l.get("memory"))
+                    .map(|q| q.0.clone());
+                Some((j.name_any(), limit))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The pre-copy's report of the old volume (300,000 inodes, 1 GiB in use) is recorded, and
+/// each final copy's pod gets its memory from it (64Mi + 256 B × 300,000 + 1 GiB / 2,048 =
+/// 138Mi, request and limit). A memory limit the request sets below that fails the first
+/// member once its pre-copy is done, before it stops; one above it is kept as given.
+#[test]
+fn final_copies_get_memory_for_what_the_pre_copy_found_and_a_lower_limit_fails_before_the_stop() {
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    for (limit, fails) in [(None, false), (Some("128Mi"), true), (Some("1Gi"), false)] {
+        let mut spec = spec_class_change("fast");
+        spec.copy.resources = limit.map(|l| ResourceRequirements {
+            limits: Some([("memory".to_string(), Quantity(l.to_string()))].into()),
+            ..Default::default()
+        });
+        let mut sim = Sim::new(observed(spec));
+        sim.jobs.source_entries = Some(300_000);
+        sim.run(600);
+        let s = sim.o.request.status.clone().unwrap();
+        if fails {
+            assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
+            let failure = s.failure.unwrap_or_default();
+            for want in [
+                "the final copy needs about 138Mi of memory for the 300000 files and directories (1Gi in use)",
+                "more than spec.copy.resources.limits.memory 128Mi",
+                "(the member was not stopped)",
+            ] {
+                assert!(failure.contains(want), "{want:?} not in {failure}");
+            }
+            assert!(copy_job_memory(&sim.log).is_empty(), "no final copy ran");
+            assert!(
+                sim.status()
+                    .members
+                    .iter()
+                    .all(|m| m.pod_deleted_at.is_none()),
+                "no member was stopped"
+            );
+            continue;
+        }
+        assert_eq!(s.phase, Phase::Successful, "{:?}", s.failure);
+        let copies = copy_job_memory(&sim.log);
+        assert_eq!(copies.len(), 3, "{copies:?}");
+        let want = limit.unwrap_or("138Mi");
+        for (job, memory) in copies {
+            assert_eq!(memory.as_deref(), Some(want), "{job}");
+        }
+        for m in &sim.status().members {
+            assert_eq!(m.first_claim.source_entries, Some(300_000), "{}", m.pod);
+            assert_eq!(m.first_claim.source_bytes, Some(1 << 30), "{}", m.pod);
+        }
+    }
+}
