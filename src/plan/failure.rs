@@ -70,6 +70,16 @@ pub enum Failure {
     /// The pre-copy Job of a member failed.
     #[error("pre-copy of member {pod} failed: {reason}")]
     PreCopyFailed { pod: String, reason: String },
+    /// The request's memory limit for copy pods (`spec.copy.resources.limits.memory`) is below
+    /// what the member's final copy needs for what its pre-copy found (`build::copy_memory`);
+    /// found before the member stops.
+    #[error(
+        "member {} was not stopped: its final copy needs about {} of memory for the {} files and \
+         directories ({} in use) on {}, more than spec.copy.resources.limits.memory {}; raise or \
+         remove that limit",
+        .0.pod, .0.needed, .0.entries, .0.bytes, .0.claim, .0.limit
+    )]
+    CopyMemoryTooLow(Box<MemoryShortfall>),
     /// The final copy Job of a member failed.
     #[error("copy of claim {claim} to {temp_claim} failed: {reason}")]
     CopyFailed {
@@ -218,6 +228,21 @@ pub enum Failure {
 /// How the message of [`Failure::StaleCopy`] of member `pod` begins.
 pub fn stale_copy_prefix(pod: &str) -> String {
     format!("member {pod} ran again after its final copy")
+}
+
+/// What [`Failure::CopyMemoryTooLow`] names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemoryShortfall {
+    pub pod: String,
+    pub claim: String,
+    /// `build::copy_memory` of what the pre-copy found.
+    pub needed: String,
+    /// Files and directories on the old volume.
+    pub entries: i64,
+    /// Bytes in use on it, for people.
+    pub bytes: String,
+    /// The request's limit.
+    pub limit: String,
 }
 
 /// What is known when a copy pass of a member runs out of space ([`Failure::OutOfSpace`]).

@@ -19,9 +19,9 @@ use super::runbook::{self, Stuck};
 use super::scaled;
 use super::stash::{StashKey, stash};
 use super::{
-    Action, Ctx, EventType, Failure, JobOutcome, Kind, Object, Propagation, claim_phase,
-    claim_volume, claims_held, claims_named, class_is_wffc, is_terminating, pod_finished,
-    pod_ready, pod_ready_since, progress, stuck, volume_policy,
+    Action, Ctx, EventType, Failure, JobOutcome, Kind, MemoryShortfall, Object, Propagation,
+    claim_phase, claim_volume, claims_held, claims_named, class_is_wffc, is_terminating,
+    pod_finished, pod_ready, pod_ready_since, progress, stuck, volume_policy,
 };
 use crate::api::conditions;
 use crate::api::{
@@ -712,19 +712,14 @@ fn check_memory_fits(cx: &Ctx, mb: &Member, c: build::SourceContents) -> Result<
     if have >= need {
         return Ok(());
     }
-    Err(Failure::PreCopyFailed {
+    Err(Failure::CopyMemoryTooLow(Box::new(MemoryShortfall {
         pod: mb.m.pod.clone(),
-        reason: format!(
-            "the final copy needs about {} of memory for the {} files and directories ({} in use) \
-             on {}, more than spec.copy.resources.limits.memory {}: raise or remove that limit \
-             (the member was not stopped)",
-            needed.0,
-            c.entries,
-            super::quantity::human(i128::from(c.bytes)),
-            mb.m.claim,
-            limit.0
-        ),
-    })
+        claim: mb.m.claim.clone(),
+        needed: needed.0,
+        entries: c.entries,
+        bytes: super::quantity::human(i128::from(c.bytes)),
+        limit: limit.0.clone(),
+    })))
 }
 
 /// The PodDisruptionBudgets that select the member, then the engine's gate before the member

@@ -57,7 +57,7 @@ pub mod stages;
 pub mod stash;
 
 pub use action::*;
-pub use failure::Failure;
+pub use failure::{Failure, MemoryShortfall};
 
 #[cfg(test)]
 mod admission_tests;

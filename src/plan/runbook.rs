@@ -154,6 +154,7 @@ impl From<&Failure> for Section {
             Deleted => Section::FailedDeleted,
             Aborted { .. } => Section::FailedAborted,
             PreCopyFailed { .. }
+            | CopyMemoryTooLow(_)
             | CopyFailed { .. }
             | VerifyFailed { .. }
             | NoVerification { .. }

@@ -1897,6 +1897,21 @@ fn failure_messages() {
         "pre-copy of member etcd-0 failed: BackoffLimitExceeded"
     );
     assert_eq!(
+        s(Failure::CopyMemoryTooLow(Box::new(
+            super::failure::MemoryShortfall {
+                pod: "etcd-0".into(),
+                claim: "data-etcd-0".into(),
+                needed: "309Mi".into(),
+                entries: 1_000_000,
+                bytes: "1Gi".into(),
+                limit: "256Mi".into(),
+            }
+        ))),
+        "member etcd-0 was not stopped: its final copy needs about 309Mi of memory for the \
+         1000000 files and directories (1Gi in use) on data-etcd-0, more than \
+         spec.copy.resources.limits.memory 256Mi; raise or remove that limit"
+    );
+    assert_eq!(
         s(Failure::CopyFailed {
             claim: "data-etcd-0".into(),
             temp_claim: "tmp".into(),
@@ -3362,9 +3377,9 @@ fn final_copies_get_memory_for_what_the_pre_copy_found_and_a_lower_limit_fails_b
             assert_eq!(s.phase, Phase::Failed, "{:?}", s.message);
             let failure = s.failure.unwrap_or_default();
             for want in [
-                "the final copy needs about 138Mi of memory for the 300000 files and directories (1Gi in use)",
-                "more than spec.copy.resources.limits.memory 128Mi",
-                "(the member was not stopped)",
+                "member etcd-0 was not stopped: its final copy needs about 138Mi of memory for the 300000 files and directories (1Gi in use) on data-etcd-0",
+                "more than spec.copy.resources.limits.memory 128Mi; raise or remove that limit",
+                "runbook: docs/runbook.md#failed-a-copy-verify-or-mounter-job-failed",
             ] {
                 assert!(failure.contains(want), "{want:?} not in {failure}");
             }
