@@ -219,10 +219,10 @@ if [ -z "${SINCE:-}" ]; then
 else
   vmode=Changed
   meta=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --dry-run --itemize-changes /source/ /target/) || vfail $?
-  marks=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -printf x) || vfail $?
-  content=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -exec sh -c 'exec rsync -aAXS --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || vfail $?
-  vout=$(printf '%s\n%s' "$meta" "$content" | grep .)
-  checked=${#marks}
+  content=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -exec sh -c 'echo "checked $#"; exec rsync -aAXS --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || vfail $?
+  checked=0
+  for c in $(printf '%s\n' "$content" | sed -n 's/^checked \([0-9][0-9]*\)$/\1/p'); do checked=$((checked + c)); done
+  vout=$(printf '%s\n%s' "$meta" "$content" | grep -v '^checked [0-9][0-9]*$' | grep .)
 fi
 # One difference per path (a file may differ in both passes of Changed).
 n=$(printf '%s' "$vout" | sed 's/^[^ ]* *//' | sort -u | grep -c .)
@@ -392,7 +392,9 @@ if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || 
 ///   xattrs and what exists on one side only), then a content pass (`--checksum`) over the
 ///   regular files whose inode changed (`find -newerct`) since then, in batches
 ///   (`find -exec ... +`, whose exit code also fails the script when `find` or a batch fails).
-///   `checkedFiles` counts those files.
+///   `checkedFiles` counts those files: each batch first prints `checked N` (its file count),
+///   which no `--itemize-changes` line can be (those start with 11 change letters and a
+///   space), so one walk both finds and counts them.
 pub const VERIFY_SCRIPT: &str = concat!(
     "set -u\n",
     verify_pass!(),
