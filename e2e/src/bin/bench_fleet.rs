@@ -50,6 +50,15 @@ struct Cli {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // Progress to stderr: stdout holds only the table (the harness's own subscriber, which
+    // `scenario` installs for tests, writes to stdout and stays unused once this one is set).
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,kube=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     anyhow::ensure!(
         cli.sets > 0 && cli.max_copies > 0,
         "--sets and --max-copies must be > 0"
