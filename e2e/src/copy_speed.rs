@@ -109,6 +109,21 @@ pub(crate) fn path_str(p: &Path) -> String {
     p.to_string_lossy().into_owned()
 }
 
+/// One of the operator's copy scripts with its paths rewritten to `source`, `target` and the
+/// result file `scratch`. One pass per path: each replacement's result is not searched again.
+pub(crate) fn script_at(script: &str, source: &Path, target: &Path, scratch: &Path) -> String {
+    script
+        .replace(SOURCE_PATH, &path_str(source))
+        .replace(TARGET_PATH, &path_str(target))
+        .replace(TERMINATION_MESSAGE_PATH, &path_str(scratch))
+}
+
+/// Writes back every dirty page, then drops the page cache: the next read comes from disk.
+pub(crate) fn drop_caches() -> Result<(), CopySpeedError> {
+    run("sync", &[])?;
+    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(io("drop_caches"))
+}
+
 /// The data sets: `big` (4 × 256 MiB from /dev/urandom) and `small` (100 × 1,000 files of
 /// 4 KiB), each in its own directory of the source.
 fn fill(source: &Path) -> Result<(), CopySpeedError> {
@@ -179,11 +194,7 @@ impl Tool {
                 ],
             ),
             Tool::PreCopy | Tool::PreCopyRsync => {
-                // One pass per path: each replacement's result is not searched again.
-                let script = PRECOPY_SCRIPT
-                    .replace(SOURCE_PATH, &path_str(from))
-                    .replace(TARGET_PATH, &path_str(to))
-                    .replace(TERMINATION_MESSAGE_PATH, &path_str(scratch));
+                let script = script_at(PRECOPY_SCRIPT, from, to, scratch);
                 let tool = if self == Tool::PreCopy { "Cp" } else { "Rsync" };
                 run_with("sh", &["-c", &script], &[("FIRST_PASS_TOOL", tool)])?;
                 // Which way it copied, from its result.
@@ -212,7 +223,7 @@ fn timed_copy(
     }
     std::fs::create_dir_all(to).map_err(io(to.display().to_string()))?;
     flush(to)?;
-    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(io("drop_caches"))?;
+    drop_caches()?;
     let started = Instant::now();
     tool.copy(from, to, scratch)?;
     flush(to)?;

@@ -31,11 +31,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::copy_speed::{CopySpeedError, flush, io, path_str, run, volume, volume_paths};
-use crate::provisioner::destroy_volume;
-use storage_migrator::build::job::{
-    COPY_SCRIPT, PRECOPY_SCRIPT, SOURCE_PATH, TARGET_PATH, TERMINATION_MESSAGE_PATH,
+use crate::copy_speed::{
+    CopySpeedError, drop_caches, flush, io, path_str, script_at, volume, volume_paths,
 };
+use crate::provisioner::destroy_volume;
+use storage_migrator::build::job::{COPY_SCRIPT, PRECOPY_SCRIPT};
 use storage_migrator::plan::VERIFY_CLOCK_MARGIN_SECONDS;
 
 /// Files per directory of the data set.
@@ -166,11 +166,6 @@ fn epoch_seconds() -> i64 {
         .unwrap_or_default()
 }
 
-fn drop_caches() -> Result<(), CopySpeedError> {
-    run("sync", &[])?;
-    std::fs::write("/proc/sys/vm/drop_caches", "3").map_err(io("drop_caches"))
-}
-
 fn file_path(root: &Path, i: u64) -> PathBuf {
     root.join(format!("d{:05}", i / PER_DIR))
         .join(format!("f{:04}", i % PER_DIR))
@@ -287,10 +282,7 @@ fn script_run(
     env: &[(&str, &str)],
     files: u64,
 ) -> Result<Run, CopySpeedError> {
-    let script = script
-        .replace(SOURCE_PATH, &path_str(source))
-        .replace(TARGET_PATH, &path_str(target))
-        .replace(TERMINATION_MESSAGE_PATH, &path_str(scratch));
+    let script = script_at(script, source, target, scratch);
     let cg = Arc::new(Cgroup::new(&format!(
         "bench-files-{files}-{}",
         std::process::id()

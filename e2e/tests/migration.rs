@@ -632,13 +632,8 @@ async fn check_copy_memory(ns: &TestNamespace, req: &StorageMigrationRequest) {
     let found: Vec<String> = status
         .members
         .iter()
-        .filter_map(|m| {
-            let source = storage_migrator::build::SourceContents {
-                entries: m.first_claim.source_entries?,
-                bytes: m.first_claim.source_bytes.unwrap_or(0),
-            };
-            Some(storage_migrator::build::copy_memory(source).0)
-        })
+        .filter_map(|m| storage_migrator::build::SourceContents::recorded(&m.first_claim))
+        .map(|source| storage_migrator::build::copy_memory(source).0)
         .collect();
     assert!(
         !found.is_empty(),

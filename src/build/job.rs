@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
-use crate::api::{FirstPassTool, PlannedMember, StorageMigrationRequest};
+use crate::api::{ClaimStatus, FirstPassTool, PlannedMember, StorageMigrationRequest};
 use crate::image::ImageRef;
 use crate::labels::JOB_KIND_LABEL;
 
@@ -664,6 +664,17 @@ pub struct SourceContents {
     pub bytes: i64,
 }
 
+impl SourceContents {
+    /// The old volume's contents as a claim's pre-copy recorded them
+    /// (`sourceEntries`, `sourceBytes`), if it did.
+    pub fn recorded(c: &ClaimStatus) -> Option<Self> {
+        Some(SourceContents {
+            entries: c.source_entries?,
+            bytes: c.source_bytes.unwrap_or(0),
+        })
+    }
+}
+
 /// The memory a copy pod holds at most, as a function of the old volume's contents:
 ///
 /// `COPY_MEMORY_BASE_MIB` MiB + `COPY_MEMORY_PER_ENTRY` bytes × entries +
@@ -712,10 +723,8 @@ pub fn job_resources(
         |m: Option<&BTreeMap<String, Quantity>>| m.is_some_and(|m| m.contains_key("memory"));
     let user_memory =
         given.is_some_and(|r| sets_memory(r.requests.as_ref()) || sets_memory(r.limits.as_ref()));
-    let source = match (kind, source) {
-        (JobKind::Measure, _) | (_, None) => return given.cloned(),
-        (_, Some(_)) if user_memory => return given.cloned(),
-        (_, Some(s)) => s,
+    let Some(source) = source.filter(|_| kind != JobKind::Measure && !user_memory) else {
+        return given.cloned();
     };
     let memory = copy_memory(source);
     let mut r = given.cloned().unwrap_or_default();

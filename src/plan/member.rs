@@ -234,19 +234,11 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
         deadline,
         build::Pass {
             verification: verify,
-            source: source_contents(&mb.ms.first_claim),
+            source: build::SourceContents::recorded(&mb.ms.first_claim),
         },
     );
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
-}
-
-/// The old volume's contents as the claim's pre-copy recorded them, if it did.
-fn source_contents(c: &ClaimStatus) -> Option<build::SourceContents> {
-    Some(build::SourceContents {
-        entries: c.source_entries?,
-        bytes: c.source_bytes.unwrap_or(0),
-    })
 }
 
 /// What a verification pass compares: nothing without `spec.copy.verify`; every file's content
