@@ -344,9 +344,11 @@ struct Window {
 }
 
 impl Window {
-    /// Whether `streak` overlaps the window, widened by the status times' precision.
+    /// Whether `streak` overlaps the window. Both times are written truncated to the second,
+    /// and `podDeletedAt` before the delete is sent: the pod went at or after `from`, and came
+    /// back before `to` + [`PRECISION`].
     fn overlaps(&self, streak: &Streak) -> bool {
-        streak.start <= self.to + PRECISION && streak.end() >= self.from - PRECISION
+        streak.start <= self.to + PRECISION && streak.end() >= self.from
     }
 
     /// Whether `streak` lies within the window, widened by the status times' precision.
@@ -499,8 +501,8 @@ async fn a_follower_cut_off_from_the_leader_holds_the_gate_naming_itself_until_i
 /// `Handover` from the leader, started before its pod was deleted. After: every member a
 /// participant in `/zookeeper/config`, one leader change in all (the leader's epoch one
 /// higher), no acknowledged znode lost, and no read refused for longer than [`SHORT`] while any
-/// member was stopped (the old leader too: it no longer led); at most one longer refused streak
-/// (the handover), no longer than [`ELECTION`].
+/// member was stopped (the old leader too: it no longer led); at most one longer refused streak,
+/// within the handover on record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_reconfig_the_leader_hands_over_before_it_stops_and_keeps_its_vote() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -589,7 +591,11 @@ fn handover_on_record(status: &Value, leader: &str) {
 }
 
 /// No refused streak longer than [`SHORT`] in any member's stop window (none leads when it
-/// stops), and at most one longer streak, the handover, no longer than [`ELECTION`].
+/// stops), and at most one longer streak: the handover's, within the handover on record (from
+/// the first `reconfig` to another member seen leading, and the reader's [`SHORT`] after it).
+/// How long that is, is ZooKeeper's: the followers re-elect after the leader leaves the voters,
+/// 1.6 and 1.9 s on an idle machine, 19.7 s in one CI run on a loaded one (see
+/// `docs/engines/zookeeper.md`); the operator bounds the whole handover at 30 s.
 fn refused_no_longer_than_one_handover(reads: &Reads, status: &Value) {
     assert!(reads.ok > 0, "the reader got no read served");
     let windows = windows(status);
@@ -608,10 +614,32 @@ fn refused_no_longer_than_one_handover(reads: &Reads, status: &Value) {
         .filter(|s| s.length > SHORT)
         .collect();
     assert!(
-        long.len() <= 1 && long.iter().all(|s| s.length <= ELECTION),
-        "more than one refused streak longer than {SHORT:?}, or one longer than {ELECTION:?}: \
-         {long:?}"
+        long.len() <= 1,
+        "more than one refused streak longer than {SHORT:?}: {long:?}"
     );
+    let (started, seen) = handover_interval(status);
+    let slack = jiff::SignedDuration::try_from(SHORT).unwrap_or_default();
+    for s in long {
+        assert!(
+            s.start >= started && s.end() <= seen + slack,
+            "the refused streak {s:?} is not the handover's ({started} to {seen})"
+        );
+    }
+}
+
+/// The handover on record, from its first `reconfig` to another member seen leading (both to
+/// the millisecond).
+fn handover_interval(status: &Value) -> (jiff::Timestamp, jiff::Timestamp) {
+    let change = &status["members"][2]["leaderChange"];
+    let started = (change["started"].as_str())
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .unwrap_or_else(|| panic!("the handover's start on record: {change}"));
+    let seconds = (change["seconds"].as_f64())
+        .unwrap_or_else(|| panic!("the handover's length on record: {change}"));
+    let seen = started
+        .checked_add(jiff::SignedDuration::from_secs_f64(seconds))
+        .unwrap_or_else(|e| panic!("{change}: {e}"));
+    (started, seen)
 }
 
 /// `handover: Reconfig` on an ensemble without dynamic reconfiguration (ZooKeeper's default) is
