@@ -187,16 +187,31 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
+/// The client of `KUBECONFIG` or the pod's ServiceAccount, which shows `health` every response
+/// (a refused call makes the readiness checks ask every permission again).
+async fn client_noting_refusals(health: Arc<Health>) -> Result<kube::Client, kube::Error> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(kube::Error::InferConfig)?;
+    let note = tower::util::MapResponseLayer::new(move |response: axum::http::Response<_>| {
+        health.note_response(&response);
+        response
+    });
+    Ok(kube::client::ClientBuilder::try_from(config)?
+        .with_layer(&note)
+        .build())
+}
+
 /// The controller under leader election, with the HTTP endpoints and the readiness checks.
 async fn run(
     client: kube::Client,
+    health: Arc<Health>,
     scope: WatchScope,
     settings: Settings,
     http_address: std::net::SocketAddr,
     lease: &LeaseArgs,
 ) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::new());
-    let health = Arc::new(Health::default());
     let (bound, server) = serve::bind(http_address, health.clone(), metrics.clone()).await?;
     tracing::info!(address = %bound, "serving /healthz, /readyz and /metrics");
     let server = tokio::spawn(server);
@@ -310,10 +325,11 @@ async fn main() -> anyhow::Result<()> {
             let scope = WatchScope::parse(&namespaces)?;
             init_tracing(log_format);
             let _failpoints = storage_migrator::failpoints::setup();
-            let client = kube::Client::try_default()
+            let health = Arc::new(Health::default());
+            let client = client_noting_refusals(health.clone())
                 .await
                 .context("cannot build a Kubernetes client (KUBECONFIG?)")?;
-            run(client, scope, settings, http_address, &lease).await?;
+            run(client, health, scope, settings, http_address, &lease).await?;
         }
         Command::Plan {
             file,

@@ -8,7 +8,10 @@
 //! - engine `Generic` with `leaderLabel`: the labelled pod is migrated last;
 //! - an operator killed without releasing its Lease, restarted under the same identity once the
 //!   renewal on record is past the fence's end but not yet expired: it waits for its own renewal
-//!   and keeps leading.
+//!   and keeps leading;
+//! - readiness: a call the API server refuses (a rule withdrawn from the operator's Role while
+//!   it is ready) turns `/readyz` to 503 naming the rule, and it is ready again once the rule is
+//!   back.
 //!
 //! The operator binary comes from `STORAGE_MIGRATOR_BIN` (default
 //! `<workspace>/target/debug/storage-migrator`).
@@ -18,14 +21,16 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use e2e::testing::helm::http_get;
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, scenario};
+use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, rbac, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role as RbacRole};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
@@ -375,4 +380,73 @@ async fn a_restart_under_the_same_identity_keeps_leading_past_a_stale_renewal() 
     let log = std::fs::read_to_string(second.log()).unwrap();
     assert!(log.contains("became the leader"), "{log}");
     assert!(!log.contains("stopped acting"), "{log}");
+}
+
+/// Waits up to `timeout` for `/readyz` at `addr` to answer `code`; the body it answered.
+async fn readyz_answers(addr: std::net::SocketAddr, code: u16, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    let mut last = None;
+    while Instant::now() < deadline {
+        match http_get(&addr.ip().to_string(), addr.port(), "/readyz").await {
+            Ok((c, body)) if c == code => return body,
+            answer => last = Some(answer),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("/readyz did not answer {code} within {timeout:?}; last: {last:?}");
+}
+
+/// Once ready, the readiness check asks only the API server (no permission reviews); a call the
+/// API server refuses with 403 makes it ask every permission again, within 30 s of the last
+/// check: here the claims rule is withdrawn from the operator's Role while it is ready, a
+/// request makes the operator list claims, and `/readyz` answers 503 naming the rule; with the
+/// rule back it is ready again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_call_makes_the_operator_not_ready_naming_the_rule_until_it_is_back() {
+    let (_cluster, ns) = scenario("ready-refused").await;
+    install_crd(&ns).await.unwrap();
+    let operator = Operator::start(&ns, 0, None).await.unwrap();
+    let addr = operator
+        .http_address(Duration::from_secs(30))
+        .await
+        .unwrap();
+    readyz_answers(addr, 200, Duration::from_secs(60)).await;
+    let roles: Api<RbacRole> = ns.api();
+    let name = rbac::service_account(&ns.name);
+    let granted = roles.get(&name).await.unwrap().rules.unwrap_or_default();
+    let claims_rule =
+        |r: &PolicyRule| (r.resources.iter().flatten()).any(|res| res == "persistentvolumeclaims");
+    let withdrawn: Vec<_> = granted.iter().filter(|r| !claims_rule(r)).collect();
+    assert!(
+        withdrawn.len() < granted.len(),
+        "no claims rule in {granted:?}"
+    );
+    let patch = |rules: serde_json::Value| Patch::Merge(json!({ "rules": rules }));
+    roles
+        .patch(&name, &PatchParams::default(), &patch(json!(withdrawn)))
+        .await
+        .unwrap();
+    create_request(
+        &ns,
+        "move",
+        json!({
+            "type": "StorageClassChange",
+            "target": {"kind": "StatefulSet", "name": SET},
+            "storageClassChange": {"storageClassName": "standard"},
+            "timeout": "5m",
+        }),
+    )
+    .await
+    .unwrap();
+    let body = readyz_answers(addr, 503, Duration::from_secs(120)).await;
+    info!(%body, "not ready after the refused call");
+    assert!(
+        body.contains("persistentvolumeclaims"),
+        "/readyz names the withdrawn rule: {body}"
+    );
+    roles
+        .patch(&name, &PatchParams::default(), &patch(json!(granted)))
+        .await
+        .unwrap();
+    readyz_answers(addr, 200, Duration::from_secs(120)).await;
 }

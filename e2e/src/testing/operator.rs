@@ -521,6 +521,30 @@ impl Operator {
         &self.log
     }
 
+    /// Where the process serves `/healthz`, `/readyz` and `/metrics` (it binds an ephemeral
+    /// port and logs it at start): the last `serving ... address=` line of its log, waited for
+    /// up to `timeout`.
+    pub async fn http_address(&self, timeout: Duration) -> Result<std::net::SocketAddr, String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            let found = (text.lines().rev())
+                .filter(|l| l.contains("serving /healthz"))
+                .find_map(|l| l.split("address=").nth(1)?.split_whitespace().next())
+                .and_then(|a| a.parse().ok());
+            if let Some(address) = found {
+                return Ok(address);
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "no `serving /healthz` line with an address in {} after {timeout:?}",
+                    self.log.display()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Waits until the process exits by itself (e.g. at a failpoint); its exit code (-1 when
     /// killed by a signal). Only for an operator started with failpoints: a supervised one is
     /// started again instead.
