@@ -698,12 +698,65 @@ pub async fn run(client: Client, scope: WatchScope, settings: Settings, metrics:
         );
         *ctx.copies() = ledger;
     }
-    let controllers = scope
-        .namespaces()
-        .into_iter()
-        .map(|ns| watch_namespace(client.clone(), ns, ctx.clone()));
-    futures::future::join_all(controllers).await;
+    watch_scope(client, &scope, ctx).await;
     info!("controller stopped");
+}
+
+/// How many volume events the fan-out keeps for a controller that has not taken them yet; one
+/// further behind loses the oldest (their wake-ups only: each request's own polls still run).
+const VOLUME_EVENTS: usize = 1024;
+
+/// A controller for each watched namespace ([`watch_namespace`]), and the one watch of the
+/// volumes' metadata they share: volumes are cluster-scoped, so a watch per namespace would
+/// receive every volume event of the cluster once per namespace.
+async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
+    let (events, _) = tokio::sync::broadcast::channel(VOLUME_EVENTS);
+    // Each controller subscribes here, before the fan-out sends its first event.
+    let controllers: Vec<_> = (scope.namespaces().into_iter())
+        .map(|ns| {
+            let volumes = volume_events(events.subscribe());
+            watch_namespace(client.clone(), ns, ctx.clone(), volumes)
+        })
+        .collect();
+    let fan_out = tokio::spawn(fan_out_volumes(client, events));
+    futures::future::join_all(controllers).await;
+    fan_out.abort();
+}
+
+type VolumeMeta = PartialObjectMeta<PersistentVolume>;
+
+/// Watches the metadata of every volume and sends each touched volume to the controllers.
+async fn fan_out_volumes(client: Client, to: tokio::sync::broadcast::Sender<VolumeMeta>) {
+    let events = metadata_of(Api::<VolumeMeta>::all(client));
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        match event {
+            // No controller left to receive it: nothing to wake.
+            Ok(volume) => drop(to.send(volume)),
+            Err(e) => error!(error = %e, "the watch of the volumes' metadata"),
+        }
+    }
+}
+
+/// One controller's share of the volume events.
+fn volume_events(
+    from: tokio::sync::broadcast::Receiver<VolumeMeta>,
+) -> impl futures::Stream<Item = Result<VolumeMeta, watcher::Error>> + Send + 'static {
+    use tokio::sync::broadcast::error::RecvError;
+    futures::stream::unfold(from, |mut from| async move {
+        loop {
+            match from.recv().await {
+                Ok(volume) => return Some((Ok(volume), from)),
+                Err(RecvError::Lagged(missed)) => {
+                    warn!(
+                        missed,
+                        "volume events dropped before this controller took them"
+                    )
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    })
 }
 
 /// Every request of the watched namespaces, listed before the first reconcile so that the copy
@@ -739,9 +792,14 @@ async fn list_requests(client: &Client, scope: &WatchScope) -> Vec<StorageMigrat
 
 /// One kube-runtime Controller over the requests of `namespace` (`None`: every namespace), the
 /// Jobs they own, and the metadata of the pods and claims in the same namespaces and of every
-/// volume: a helper pod wakes the request that owns it; a member pod, a claim or a volume the
-/// requests whose plan names it ([`requests_naming`]).
-async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Context>) {
+/// volume (`volumes`, from the one shared watch): a helper pod wakes the request that owns it; a
+/// member pod, a claim or a volume the requests whose plan names it ([`requests_naming`]).
+async fn watch_namespace(
+    client: Client,
+    namespace: Option<&str>,
+    ctx: Arc<Context>,
+    volumes: impl futures::Stream<Item = Result<VolumeMeta, watcher::Error>> + Send + 'static,
+) {
     let (requests, jobs, pods, claims) = match namespace {
         Some(ns) => (
             Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
@@ -756,7 +814,6 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
             Api::all(client.clone()),
         ),
     };
-    let volumes = Api::<PartialObjectMeta<PersistentVolume>>::all(client.clone());
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     let controller = Controller::new(requests, watcher::Config::default());
     let stores = [controller.store(), controller.store(), controller.store()];
@@ -775,7 +832,7 @@ async fn watch_namespace(client: Client, namespace: Option<&str>, ctx: Arc<Conte
             wake_naming(claim_store, claim_ctx, Named::Claim),
         )
         .watches_stream(
-            metadata_of(volumes),
+            volumes,
             wake_naming(volume_store, volume_ctx, Named::Volume),
         )
         .shutdown_on_signal()

@@ -10,10 +10,11 @@ use http::{Request, Response};
 use kube::client::Body;
 use serde_json::json;
 
-use super::{Context, watch_namespace};
+use super::{Context, watch_scope};
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
 use crate::plan::Settings;
+use crate::scope::WatchScope;
 
 /// One call as the API server sees it: method, path, query, and its Accept header.
 type Call = (String, String, String, String);
@@ -43,8 +44,9 @@ fn list(metadata: bool) -> Response<Body> {
         .unwrap()
 }
 
-/// The first `n` calls of one namespace's controller: lists answered empty, watches held open.
-async fn first_calls(namespace: Option<&'static str>, n: usize) -> BTreeSet<Call> {
+/// The first `n` calls of the controllers of `scope`: lists answered empty, watches held open;
+/// then none for half a second.
+async fn first_calls(scope: WatchScope, n: usize) -> BTreeSet<Call> {
     let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let image = ImageRef::parse("registry.example/storage-migrator:1").unwrap();
@@ -54,7 +56,7 @@ async fn first_calls(namespace: Option<&'static str>, n: usize) -> BTreeSet<Call
         settings,
         Arc::new(Metrics::new()),
     ));
-    let task = tokio::spawn(watch_namespace(client, namespace, ctx));
+    let task = tokio::spawn(async move { watch_scope(client, &scope, ctx).await });
     let (mut calls, mut held) = (BTreeSet::new(), Vec::new());
     while calls.len() < n {
         let next = tokio::time::timeout(Duration::from_secs(5), server.next_request()).await;
@@ -69,6 +71,10 @@ async fn first_calls(namespace: Option<&'static str>, n: usize) -> BTreeSet<Call
         }
         assert!(calls.insert(c.clone()), "called twice: {c:?}");
     }
+    let more = tokio::time::timeout(Duration::from_millis(500), server.next_request()).await;
+    if let Ok(Some((request, _))) = more {
+        panic!("a call more than the {n} expected: {:?}", call(&request));
+    }
     task.abort();
     calls
 }
@@ -81,6 +87,29 @@ const METADATA_WATCH: &str = "application/json;as=PartialObjectMetadata;g=meta.k
 /// Every kind listed then watched from `rv` 7: the requests in full; the Jobs by our label and,
 /// as kube-runtime's `owns` watches them, as metadata; pods, claims and volumes as metadata.
 fn expected(prefix: &str) -> BTreeSet<Call> {
+    let mut calls = expected_in(prefix);
+    // Volumes are cluster-scoped: watched across the cluster whatever the scope, once.
+    add(&mut calls, "/api/v1/persistentvolumes".into(), "", true);
+    calls
+}
+
+/// A list, then a watch from `rv` 7, of `path`.
+fn add(calls: &mut BTreeSet<Call>, path: String, selector: &str, metadata: bool) {
+    let amp = if selector.is_empty() { "" } else { "&" };
+    let list = format!("{amp}{selector}&limit=500");
+    let watch = format!(
+        "&watch=true&timeoutSeconds=290{amp}{selector}&allowWatchBookmarks=true&resourceVersion=7"
+    );
+    let (l, w) = match metadata {
+        true => (METADATA_LIST, METADATA_WATCH),
+        false => ("", ""),
+    };
+    calls.insert(("GET".into(), path.clone(), list, l.into()));
+    calls.insert(("GET".into(), path, watch, w.into()));
+}
+
+/// The calls of one namespace's controller (`prefix`: `/namespaces/NS`, or empty for all).
+fn expected_in(prefix: &str) -> BTreeSet<Call> {
     let ours = "labelSelector=app.kubernetes.io%2Fmanaged-by%3Dstorage-migrator";
     let all = [
         (
@@ -94,35 +123,38 @@ fn expected(prefix: &str) -> BTreeSet<Call> {
         ("/api/v1", "persistentvolumeclaims", "", true),
     ];
     let mut calls = BTreeSet::new();
-    let mut add = |path: String, selector: &str, metadata: bool| {
-        let amp = if selector.is_empty() { "" } else { "&" };
-        let list = format!("{amp}{selector}&limit=500");
-        let watch = format!(
-            "&watch=true&timeoutSeconds=290{amp}{selector}&allowWatchBookmarks=true&resourceVersion=7"
-        );
-        let (l, w) = match metadata {
-            true => (METADATA_LIST, METADATA_WATCH),
-            false => ("", ""),
-        };
-        calls.insert(("GET".into(), path.clone(), list, l.into()));
-        calls.insert(("GET".into(), path, watch, w.into()));
-    };
     for (group, kind, selector, metadata) in all {
-        add(format!("{group}{prefix}/{kind}"), selector, metadata);
+        add(
+            &mut calls,
+            format!("{group}{prefix}/{kind}"),
+            selector,
+            metadata,
+        );
     }
-    // Volumes are cluster-scoped: watched across the cluster whatever the scope.
-    add("/api/v1/persistentvolumes".into(), "", true);
     calls
+}
+
+fn namespaces(names: &[&str]) -> WatchScope {
+    WatchScope::parse(names).unwrap()
 }
 
 #[tokio::test]
 async fn a_namespace_is_watched_in_it_pods_claims_and_volumes_as_metadata_only() {
-    let calls = first_calls(Some("demo"), 10).await;
+    let calls = first_calls(namespaces(&["demo"]), 10).await;
     assert_eq!(calls, expected("/namespaces/demo"));
 }
 
 #[tokio::test]
 async fn every_namespace_is_watched_in_one_call_per_kind() {
-    let calls = first_calls(None, 10).await;
+    let calls = first_calls(WatchScope::All, 10).await;
     assert_eq!(calls, expected(""));
+}
+
+#[tokio::test]
+async fn watched_namespaces_share_one_watch_of_the_volumes() {
+    let calls = first_calls(namespaces(&["a", "b", "c"]), 26).await;
+    let mut want = expected("/namespaces/a");
+    want.extend(expected_in("/namespaces/b"));
+    want.extend(expected_in("/namespaces/c"));
+    assert_eq!(calls, want);
 }
