@@ -35,7 +35,7 @@ use tokio::sync::Notify;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::StorageMigrationRequest;
-use crate::cluster::{Cluster, ClusterError, Retry};
+use crate::cluster::{Cluster, ClusterError, Retry, VolumeCache};
 use crate::failpoints;
 use crate::labels;
 use crate::ledger::CopyLedger;
@@ -80,6 +80,8 @@ pub struct Context {
     copies: Mutex<CopyLedger>,
     /// Held while a decision that takes a copy slot is checked against the ledger and written.
     admission: tokio::sync::Mutex<()>,
+    /// The volumes the rounds read, kept until the watch sees them change.
+    volumes: Arc<VolumeCache>,
 }
 
 impl Context {
@@ -101,6 +103,7 @@ impl Context {
             wakers: Mutex::new(HashMap::new()),
             copies: Mutex::new(CopyLedger::default()),
             admission: tokio::sync::Mutex::new(()),
+            volumes: Arc::new(VolumeCache::default()),
         }
     }
 
@@ -153,6 +156,7 @@ impl Context {
     /// The cluster layer for one reconcile, with the operator's one recorder.
     fn cluster(&self) -> Cluster {
         Cluster::new(self.client.clone(), self.recorder.clone())
+            .with_volume_cache(self.volumes.clone())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
@@ -300,10 +304,10 @@ pub async fn reconcile(
             let round = Instant::now();
             ended = plan::Observed::has_ended(&current);
             ctx.note_copies(&obj, current.status.as_ref());
-            let Some((observed, engine)) = snapshot(&ctx, &cluster, &obj, current).await? else {
+            let Some((observed, engine, decision)) = decided(&ctx, &cluster, &obj, current).await?
+            else {
                 continue;
             };
-            let decision = plan::decide(&observed, &ctx.settings);
             let gathered = round.elapsed();
             record_phase(&ctx.metrics, &key, &observed, &decision);
             requeue = decision.requeue;
@@ -379,6 +383,46 @@ pub async fn reconcile(
     ctx.metrics
         .reconcile_finished(started.elapsed().as_secs_f64());
     result
+}
+
+/// The snapshot of `current` ([`snapshot`]) and the planner's decision on it. A decision made
+/// on volumes from the cache that [`needs_fresh_volumes`] is made again on volumes read now: a
+/// claim is deleted only on the `Retain` of its volume as it is at that moment.
+async fn decided(
+    ctx: &Context,
+    cluster: &Cluster,
+    obj: &Key,
+    current: StorageMigrationRequest,
+) -> Result<Option<(plan::Observed, EngineResult, plan::Decision)>, ClusterError> {
+    let Some((observed, engine)) = snapshot(ctx, cluster, obj, current).await? else {
+        return Ok(None);
+    };
+    let decision = plan::decide(&observed, &ctx.settings);
+    if !(cluster.caches_volumes() && needs_fresh_volumes(&decision)) {
+        return Ok(Some((observed, engine, decision)));
+    }
+    debug!("decided on kept volumes what needs them as they are now: reading them, deciding again");
+    let request = observed.request;
+    let fresh = cluster.uncached();
+    let Some((observed, engine)) = snapshot(ctx, &fresh, obj, request).await? else {
+        return Ok(None);
+    };
+    let decision = plan::decide(&observed, &ctx.settings);
+    Ok(Some((observed, engine, decision)))
+}
+
+type EngineResult = Result<crate::cluster::Engine, String>;
+
+/// Whether `decision` does what is decided on a volume's state: deletes a claim (its volume
+/// must be on `Retain`), gives a volume a policy other than `Retain`, or points a volume at a
+/// claim.
+pub fn needs_fresh_volumes(decision: &plan::Decision) -> bool {
+    (decision.actions.iter()).any(|a| match a {
+        Action::Delete { kind, .. } => *kind == plan::Kind::Claim,
+        Action::PatchReclaimPolicy { policy, .. } => policy != plan::retain::RETAIN,
+        Action::SetClaimRef { .. } => true,
+        _ => false,
+    })
 }
 
 /// Waits `up_to`, or until the request's waker is notified.
@@ -718,21 +762,29 @@ async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
             watch_namespace(client.clone(), ns, ctx.clone(), volumes)
         })
         .collect();
-    let fan_out = tokio::spawn(fan_out_volumes(client, events));
+    let fan_out = tokio::spawn(fan_out_volumes(client, ctx.volumes.clone(), events));
     futures::future::join_all(controllers).await;
     fan_out.abort();
 }
 
 type VolumeMeta = PartialObjectMeta<PersistentVolume>;
 
-/// Watches the metadata of every volume and sends each touched volume to the controllers.
-async fn fan_out_volumes(client: Client, to: tokio::sync::broadcast::Sender<VolumeMeta>) {
+/// Watches the metadata of every volume: each touched volume goes to `cache` (what it keeps of
+/// it may be stale now) and to the controllers.
+async fn fan_out_volumes(
+    client: Client,
+    cache: Arc<VolumeCache>,
+    to: tokio::sync::broadcast::Sender<VolumeMeta>,
+) {
     let events = metadata_of(Api::<VolumeMeta>::all(client));
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
         match event {
             // No controller left to receive it: nothing to wake.
-            Ok(volume) => drop(to.send(volume)),
+            Ok(volume) => {
+                cache.saw(&volume);
+                drop(to.send(volume))
+            }
             Err(e) => error!(error = %e, "the watch of the volumes' metadata"),
         }
     }
@@ -1191,6 +1243,41 @@ mod tests {
 
     /// A refused handover says so in the `HealthGate` condition (naming the error) once, and
     /// nothing is written for an ended request.
+    #[test]
+    fn claim_deletes_volume_policies_but_retain_and_claim_refs_are_decided_on_fresh_volumes() {
+        use crate::plan::{Decision, Kind, Propagation};
+        let decision = |action: Action| Decision {
+            actions: vec![
+                Action::LabelVolume {
+                    volume: "pv".into(),
+                },
+                action,
+            ],
+            requeue: Duration::ZERO,
+        };
+        let delete = |kind: Kind| Action::Delete {
+            kind,
+            name: "data-etcd-0".into(),
+            propagation: Propagation::Background,
+            uid: None,
+            resource_version: None,
+        };
+        let policy = |policy: &str| Action::PatchReclaimPolicy {
+            volume: "pv".into(),
+            policy: policy.into(),
+        };
+        let claim_ref = Action::SetClaimRef {
+            volume: "pv".into(),
+            claim: "data-etcd-0".into(),
+        };
+        for fresh in [delete(Kind::Claim), policy("Delete"), claim_ref] {
+            assert!(needs_fresh_volumes(&decision(fresh.clone())), "{fresh:?}");
+        }
+        for kept in [delete(Kind::Pod), delete(Kind::Job), policy("Retain")] {
+            assert!(!needs_fresh_volumes(&decision(kept.clone())), "{kept:?}");
+        }
+    }
+
     #[test]
     fn a_refused_handover_is_recorded_in_the_health_gate() {
         let t = crate::plan::fixtures::t;

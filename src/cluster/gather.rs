@@ -411,20 +411,29 @@ impl Cluster {
         Ok(by_name(claims))
     }
 
-    /// The volumes of [`volume_names`] that exist.
+    /// The volumes of [`volume_names`] that exist: from the [`super::VolumeCache`] when it
+    /// keeps one, else read now.
     async fn volumes(
         &self,
         claims: &BTreeMap<String, PersistentVolumeClaim>,
         status: &StorageMigrationRequestStatus,
     ) -> Result<BTreeMap<String, PersistentVolume>, ClusterError> {
         let pvs: Api<PersistentVolume> = Api::all(self.client.clone());
+        let cache = self.volumes.as_deref();
         let reads = volume_names(claims, status).into_iter().map(|v| {
             let pvs = &pvs;
             async move {
+                if let Some(pv) = cache.and_then(|c| c.get(&v)) {
+                    return Ok(Some((v, pv)));
+                }
+                let begun = cache.map(|c| c.begin(&v));
                 let pv = pvs
                     .get_opt(&v)
                     .await
                     .map_err(kube_err(format!("get PV {v}")))?;
+                if let Some((c, begun)) = cache.zip(begun) {
+                    c.keep(&v, pv.as_ref(), begun);
+                }
                 Ok::<_, ClusterError>(pv.map(|pv| (v, pv)))
             }
         });
@@ -613,6 +622,47 @@ mod tests {
         }
         assert_eq!(of(&set), None);
         assert_eq!(of(&StatefulSet::default()), None);
+    }
+
+    /// With a [`super::super::VolumeCache`], a volume is read once, then taken from the cache
+    /// until the watch reports another version of it; then read again.
+    #[tokio::test]
+    async fn volumes_come_from_the_cache_until_the_watch_sees_them_change() {
+        use super::super::mock::{Exchange, verify};
+        use http::Method;
+        use serde_json::json;
+        let cache = std::sync::Arc::new(super::super::VolumeCache::default());
+        let claim = fixtures::bound_claim("data-etcd-0", "standard", "1Gi", "pv-old-0");
+        let claims = BTreeMap::from([("data-etcd-0".to_string(), claim)]);
+        let pv = |version: &str| {
+            json!({"apiVersion": "v1", "kind": "PersistentVolume",
+                "metadata": {"name": "pv-old-0", "resourceVersion": version}})
+        };
+        let path = "/api/v1/persistentvolumes/pv-old-0";
+        let exchanges = vec![
+            Exchange::new(Method::GET, path).returns(pv("7")),
+            Exchange::new(Method::GET, path).returns(pv("8")),
+        ];
+        let watched = cache.clone();
+        let versions = verify(exchanges, move |cluster| async move {
+            let cluster = cluster.with_volume_cache(watched.clone());
+            let status = StorageMigrationRequestStatus::default();
+            let mut versions = Vec::new();
+            for round in 0..4 {
+                if round == 2 {
+                    let mut changed = PersistentVolume::default();
+                    changed.metadata.name = Some("pv-old-0".into());
+                    changed.metadata.resource_version = Some("8".into());
+                    watched.saw(&changed);
+                }
+                let read = cluster.volumes(&claims, &status).await.unwrap();
+                versions.push(read.get("pv-old-0").and_then(|v| v.resource_version()));
+            }
+            versions
+        })
+        .await;
+        let v = |s: &str| Some(s.to_string());
+        assert_eq!(versions, [v("7"), v("7"), v("8"), v("8")]);
     }
 
     #[test]

@@ -9,6 +9,8 @@
 //! - [`error`]: [`ClusterError`] and whether retrying it can help;
 //! - [`database`]: the database clients (etcd) and the Secrets they need, driven from here.
 
+use std::sync::Arc;
+
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::Api;
 use kube::runtime::events::Recorder;
@@ -25,6 +27,7 @@ pub mod execute;
 pub mod gather;
 pub mod raw;
 pub mod stash;
+pub mod volume_cache;
 
 #[cfg(test)]
 pub(crate) mod mock;
@@ -33,16 +36,39 @@ mod tests;
 
 pub use database::{Engine, EngineError};
 pub use error::{ClusterError, Retry};
+pub use volume_cache::VolumeCache;
 
 /// Everything the cluster layer needs for one request.
 pub struct Cluster {
     pub client: Client,
     pub recorder: Recorder,
+    /// Where volumes read by name are kept between rounds; `None`: each read is a GET.
+    volumes: Option<Arc<VolumeCache>>,
 }
 
 impl Cluster {
     pub fn new(client: Client, recorder: Recorder) -> Self {
-        Self { client, recorder }
+        Self {
+            client,
+            recorder,
+            volumes: None,
+        }
+    }
+
+    /// Reads volumes through `cache` ([`VolumeCache`]).
+    pub fn with_volume_cache(mut self, cache: Arc<VolumeCache>) -> Self {
+        self.volumes = Some(cache);
+        self
+    }
+
+    /// Whether volumes may come from the cache rather than be read now.
+    pub fn caches_volumes(&self) -> bool {
+        self.volumes.is_some()
+    }
+
+    /// The same cluster, reading every volume now.
+    pub fn uncached(&self) -> Self {
+        Self::new(self.client.clone(), self.recorder.clone())
     }
 
     fn ns_api<K>(&self, ns: &str) -> Api<K>

@@ -1,0 +1,186 @@
+//! The volumes the rounds read, kept between rounds: a volume read by name is read again only
+//! once the watch of the volumes' metadata saw it change (another `resourceVersion`, or its
+//! deletion), or once it is older than the cache's `max_age` (a watch that is down or behind
+//! cannot keep one longer). The rounds of a member's migration read the same few volumes
+//! about once a second (the swapped members' volumes stay on `Retain` through
+//! `plan::retain::keep_swapped`), which was a third of the operator's API requests.
+//!
+//! A decision that deletes a claim is never carried out on kept volumes: the controller reads
+//! them again and decides again first (`controller::decided`), so the
+//! `Retain` a claim delete relies on is read at that moment.
+//!
+//! A volume read while its watch event is on the way could be kept at the version before the
+//! event: so each name counts the changes the watch reported, and a read is kept only if none
+//! came between the start of its GET and its answer.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::PersistentVolume;
+use kube::ResourceExt;
+
+/// How long a kept volume is used at most without a change seen.
+pub const VOLUME_MAX_AGE: Duration = Duration::from_secs(10);
+
+/// See the module doc.
+#[derive(Debug)]
+pub struct VolumeCache {
+    max_age: Duration,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// The volumes kept, with when each was read.
+    kept: HashMap<String, (PersistentVolume, Instant)>,
+    /// For each name read at least once: the changes the watch reported, and when it was
+    /// last read (names not read for a while are forgotten).
+    changes: HashMap<String, (u64, Instant)>,
+}
+
+/// A read in progress: the name's change count when its GET started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Begun(u64);
+
+impl Default for VolumeCache {
+    fn default() -> Self {
+        Self::new(VOLUME_MAX_AGE)
+    }
+}
+
+impl VolumeCache {
+    pub fn new(max_age: Duration) -> Self {
+        Self {
+            max_age,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The volume `name` as kept, unless changed since or older than `max_age`.
+    pub fn get(&self, name: &str) -> Option<PersistentVolume> {
+        let inner = self.inner();
+        let (pv, read) = inner.kept.get(name)?;
+        (read.elapsed() < self.max_age).then(|| pv.clone())
+    }
+
+    /// Before a GET of `name`.
+    pub fn begin(&self, name: &str) -> Begun {
+        let mut inner = self.inner();
+        let now = Instant::now();
+        let forget = self.max_age * 6;
+        inner.changes.retain(|_, (_, read)| now - *read < forget);
+        inner.kept.retain(|_, (_, read)| now - *read < self.max_age);
+        let (count, read) = inner.changes.entry(name.to_string()).or_insert((0, now));
+        *read = now;
+        Begun(*count)
+    }
+
+    /// After the GET `begun`: keeps `pv` unless the watch reported a change of it since.
+    pub fn keep(&self, name: &str, pv: Option<&PersistentVolume>, begun: Begun) {
+        let mut inner = self.inner();
+        let unchanged = inner.changes.get(name).map(|(c, _)| Begun(*c)) == Some(begun);
+        match pv {
+            Some(pv) if unchanged => {
+                inner
+                    .kept
+                    .insert(name.to_string(), (pv.clone(), Instant::now()));
+            }
+            _ => {
+                inner.kept.remove(name);
+            }
+        }
+    }
+
+    /// The watch saw `volume` (changed, or deleted: its last version): what is kept of it goes
+    /// unless it is that very version.
+    pub fn saw(&self, volume: &impl ResourceExt) {
+        let name = volume.name_any();
+        let version = volume.resource_version();
+        let mut inner = self.inner();
+        let Inner { kept, changes } = &mut *inner;
+        let Some((count, _)) = changes.get_mut(&name) else {
+            return;
+        };
+        if kept.get(&name).map(|(pv, _)| pv.resource_version()) == Some(version) {
+            return;
+        }
+        *count += 1;
+        kept.remove(&name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn pv(name: &str, version: &str) -> PersistentVolume {
+        PersistentVolume {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                resource_version: Some(version.into()),
+                ..ObjectMeta::default()
+            },
+            ..PersistentVolume::default()
+        }
+    }
+
+    fn version(p: Option<PersistentVolume>) -> Option<String> {
+        p.and_then(|p| p.resource_version())
+    }
+
+    #[test]
+    fn a_volume_read_is_kept_until_the_watch_sees_another_version() {
+        let cache = VolumeCache::default();
+        assert_eq!(cache.get("pv-a"), None);
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        assert_eq!(version(cache.get("pv-a")), Some("7".into()));
+        // The watch reporting the version kept (a re-list) changes nothing.
+        cache.saw(&pv("pv-a", "7"));
+        assert_eq!(version(cache.get("pv-a")), Some("7".into()));
+        // Another volume's event neither.
+        cache.saw(&pv("pv-b", "9"));
+        assert_eq!(version(cache.get("pv-a")), Some("7".into()));
+        cache.saw(&pv("pv-a", "8"));
+        assert_eq!(cache.get("pv-a"), None);
+    }
+
+    #[test]
+    fn a_read_the_watch_saw_change_while_it_ran_is_not_kept() {
+        let cache = VolumeCache::default();
+        let begun = cache.begin("pv-a");
+        cache.saw(&pv("pv-a", "8"));
+        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        assert_eq!(cache.get("pv-a"), None);
+        // The next read, with no event between, is kept.
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", Some(&pv("pv-a", "8")), begun);
+        assert_eq!(version(cache.get("pv-a")), Some("8".into()));
+    }
+
+    #[test]
+    fn a_missing_volume_is_not_kept_and_forgets_what_was() {
+        let cache = VolumeCache::default();
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", None, begun);
+        assert_eq!(cache.get("pv-a"), None);
+    }
+
+    #[test]
+    fn a_kept_volume_older_than_the_max_age_is_read_again() {
+        let cache = VolumeCache::new(Duration::from_millis(20));
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        assert!(cache.get("pv-a").is_some());
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(cache.get("pv-a"), None);
+    }
+}
