@@ -771,8 +771,8 @@ fn budget_list() -> Value {
 /// PodDisruptionBudgets are read through `policy/v1`, in Preflight and while migrating only
 /// (not in another stage, nor once the request ended), each time they are needed.
 #[tokio::test]
-async fn budgets_are_read_through_policy_v1_in_preflight_and_while_migrating() {
-    use crate::api::Stage;
+async fn budgets_are_read_through_policy_v1_in_preflight_and_before_a_member_stops() {
+    use crate::api::{MemberStatus, MemberStep, Stage};
     let exchanges = vec![
         Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
         Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
@@ -783,17 +783,26 @@ async fn budgets_are_read_through_policy_v1_in_preflight_and_while_migrating() {
             ..Default::default()
         };
         let mut got = vec![cluster.budgets(NS, &status).await.unwrap()];
-        for stage in [Stage::Preflight, Stage::Migrating] {
-            status.stage = stage;
-            got.push(cluster.budgets(NS, &status).await.unwrap());
-        }
+        status.stage = Stage::Preflight;
+        got.push(cluster.budgets(NS, &status).await.unwrap());
+        status.stage = Stage::Migrating;
+        status.members = vec![MemberStatus {
+            pod: "etcd-0".into(),
+            step: MemberStep::GatingStop,
+            ..Default::default()
+        }];
+        got.push(cluster.budgets(NS, &status).await.unwrap());
         status.phase = Phase::Failed;
+        got.push(cluster.budgets(NS, &status).await.unwrap());
+        status.phase = Phase::Progressing;
+        status.members[0].step = MemberStep::Copying;
         got.push(cluster.budgets(NS, &status).await.unwrap());
         got
     })
     .await;
     assert!(got[0].is_empty(), "not read while finalizing");
     assert!(got[3].is_empty(), "not read once the request ended");
+    assert!(got[4].is_empty(), "not read while the member copies");
     for read in &got[1..3] {
         let [b] = read.as_slice() else {
             panic!("one budget: {read:?}");
@@ -818,6 +827,11 @@ async fn a_refused_list_of_budgets_is_an_error() {
         let got = super::mock::verify(exchanges, |cluster| async move {
             let status = StorageMigrationRequestStatus {
                 stage: Stage::Migrating,
+                members: vec![crate::api::MemberStatus {
+                    pod: "etcd-0".into(),
+                    step: crate::api::MemberStep::StoppingPod,
+                    ..Default::default()
+                }],
                 ..Default::default()
             };
             cluster.budgets(NS, &status).await

@@ -151,8 +151,8 @@ pub struct Observed {
     /// Other requests in the namespace on the same target, read in Preflight
     /// (`observe::reads_other_requests`; empty otherwise).
     pub other_requests: Vec<OtherRequest>,
-    /// The PodDisruptionBudgets of the namespace, read in Preflight and while migrating (empty
-    /// in other stages, and when the cluster serves no PodDisruptionBudget API).
+    /// The PodDisruptionBudgets of the namespace, read in Preflight and while a member is about
+    /// to stop (`observe::reads_budgets`; empty otherwise).
     pub budgets: Vec<disruption::Budget>,
     /// The database engine's view, or why it could not be had.
     pub health: Result<HealthReport, HealthUnavailable>,

@@ -30,6 +30,13 @@ pub fn reads_storage_classes(status: &StorageMigrationRequestStatus) -> bool {
     in_flight_step(status, &[MemberStep::CreatingClaim])
 }
 
+/// Whether the planner looks at the PodDisruptionBudgets: in Preflight, and while the member in
+/// flight is about to stop (`GatingStop`, `StoppingPod`: the gate before its pod is deleted, and
+/// the timeout's failure that names the budget holding it). A final request reads none.
+pub fn reads_budgets(status: &StorageMigrationRequestStatus) -> bool {
+    in_flight_step(status, &[MemberStep::GatingStop, MemberStep::StoppingPod])
+}
+
 /// Whether the planner looks at the other requests of the namespace: in Preflight only (a
 /// request waits there behind an earlier one on the same target). A final request reads none.
 pub fn reads_other_requests(status: &StorageMigrationRequestStatus) -> bool {
@@ -781,6 +788,28 @@ mod tests {
         status.members[0].step = MemberStep::Copying;
         status.phase = crate::api::Phase::Failed;
         assert!(!reads_claim_users(&status), "final");
+    }
+
+    #[test]
+    fn budgets_are_read_in_preflight_and_while_a_member_is_about_to_stop_only() {
+        let mut status = StorageMigrationRequestStatus::default();
+        assert!(reads_budgets(&status), "Preflight");
+        status.stage = Stage::Migrating;
+        status.members = vec![crate::api::MemberStatus {
+            pod: "etcd-0".into(),
+            step: MemberStep::PreCopying,
+            ..Default::default()
+        }];
+        assert!(!reads_budgets(&status));
+        for step in [MemberStep::GatingStop, MemberStep::StoppingPod] {
+            status.members[0].step = step;
+            assert!(reads_budgets(&status), "{step:?}");
+        }
+        status.members[0].step = MemberStep::Copying;
+        assert!(!reads_budgets(&status));
+        status.members[0].step = MemberStep::GatingStop;
+        status.phase = crate::api::Phase::Failed;
+        assert!(!reads_budgets(&status), "final");
     }
 
     #[test]
