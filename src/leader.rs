@@ -4,8 +4,9 @@
 //! Lease; a holder renews `grace` seconds before `duration` runs out; a candidate takes over
 //! only once the lease has expired by its own clock). That crate reports gaining and losing the
 //! lease, but a holder that cannot renew (API server unreachable, partitioned node) keeps
-//! believing it leads. So the controller also runs under a **fence**: this replica reads the
-//! Lease itself once each renewal is due (half a [`FENCE_PERIOD`] after it) and stops acting
+//! believing it leads. So the controller also runs under a **fence**: this replica watches the
+//! Lease (each renewal the watch shows moves the end on, with no read), reads it itself when a
+//! renewal is due and the watch has not shown it (half a [`FENCE_PERIOD`] after), and stops acting
 //! at `renewTime + duration - grace / 2` unless a later renewal of its own is on record. The holder renews at `renewTime + duration -
 //! grace`, so a working holder is never fenced; stopping `grace / 2` before the lease expires
 //! leaves room for clock skew and for calls already sent, so a replica that loses the lease has
@@ -27,7 +28,9 @@
 use std::future::Future;
 use std::time::{Duration, SystemTime};
 
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use thiserror::Error;
@@ -202,7 +205,9 @@ where
             Term::Finished
         }
         () = lost(&mut leading) => Term::Lost,
-        reason = fenced(&leases, cfg, valid_until) => Term::Fenced(reason),
+        reason = fenced(&leases, cfg, valid_until, renewals(leases.clone(), cfg)) => {
+            Term::Fenced(reason)
+        }
     };
     on_role(false);
     drop(leading);
@@ -263,9 +268,29 @@ async fn confirmed(leases: &Api<Lease>, cfg: &LeaseConfig) -> Result<SystemTime,
     }
 }
 
+/// The Lease each time it changes, as a watch of it (`metadata.name`) reports it, restarted
+/// with the watcher's backoff when it fails.
+fn renewals(leases: Api<Lease>, cfg: &LeaseConfig) -> impl Stream<Item = Lease> + Send + use<> {
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", cfg.name));
+    watcher(leases, config)
+        .default_backoff()
+        .applied_objects()
+        .filter_map(|lease| std::future::ready(lease.ok()))
+}
+
 /// Resolves, with the reason, once no renewal of ours is valid any more; `valid_until` is the
-/// end of the renewal [`confirmed`] found.
-async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig, mut valid_until: SystemTime) -> String {
+/// end of the renewal [`confirmed`] found. Each renewal the watch `renewals` reports moves the
+/// end on (another holder stops it at once); the Lease is read ([`next_reading_in`]) only when
+/// a renewal is due and the watch has not shown it, so a working holder reads nothing, and one
+/// whose watch is late or down is fenced exactly as without it.
+async fn fenced(
+    leases: &Api<Lease>,
+    cfg: &LeaseConfig,
+    mut valid_until: SystemTime,
+    renewals: impl Stream<Item = Lease>,
+) -> String {
+    futures::pin_mut!(renewals);
+    let mut watching = true;
     loop {
         let left = valid_until
             .duration_since(SystemTime::now())
@@ -278,7 +303,22 @@ async fn fenced(leases: &Api<Lease>, cfg: &LeaseConfig, mut valid_until: SystemT
                 cfg.margin()
             );
         }
-        tokio::time::sleep(next_reading_in(left, cfg.grace / 2)).await;
+        let wait = tokio::time::sleep(next_reading_in(left, cfg.grace / 2));
+        if watching {
+            tokio::select! {
+                seen = renewals.next() => {
+                    match seen.map(|lease| cfg.fence(Some(&lease))) {
+                        Some(FenceVerdict::Valid(until)) => valid_until = valid_until.max(until),
+                        Some(FenceVerdict::Stop(reason)) => return reason,
+                        None => watching = false,
+                    }
+                    continue;
+                }
+                () = wait => {}
+            }
+        } else {
+            wait.await;
+        }
         match read_fence(leases, cfg, valid_until).await {
             Some(FenceVerdict::Valid(until)) => valid_until = until,
             Some(FenceVerdict::Stop(reason)) => return reason,
@@ -448,7 +488,10 @@ mod tests {
         // The end is 0.3 s away: the fence reads again before it and sees the renewal.
         let (leases, server) = lease_server(vec![ours_renewed(Duration::ZERO)]);
         let (cfg, end) = (cfg(), SystemTime::now() + Duration::from_millis(300));
-        let fence = tokio::time::timeout(Duration::from_secs(1), fenced(&leases, &cfg, end));
+        let fence = tokio::time::timeout(
+            Duration::from_secs(1),
+            fenced(&leases, &cfg, end, futures::stream::pending()),
+        );
         assert!(fence.await.is_err(), "the fence stopped despite a renewal");
         drop(leases);
         assert_eq!(server.await.ok(), Some(1));
@@ -459,15 +502,54 @@ mod tests {
         let (leases, _server) = lease_server(vec![None]);
         let t0 = std::time::Instant::now();
         let end = SystemTime::now() + Duration::from_millis(300);
-        let reason = tokio::time::timeout(Duration::from_secs(2), fenced(&leases, &cfg(), end))
-            .await
-            .expect("the fence stops at the end of the term");
+        let no_watch = futures::stream::pending();
+        let reason = tokio::time::timeout(
+            Duration::from_secs(2),
+            fenced(&leases, &cfg(), end, no_watch),
+        )
+        .await
+        .expect("the fence stops at the end of the term");
         assert!(reason.contains("no renewal"), "{reason}");
         assert!(
             t0.elapsed() < Duration::from_millis(450),
             "{:?}",
             t0.elapsed()
         );
+    }
+
+    /// A renewal the watch reports moves the end on without a reading: here the API server
+    /// answers no reading at all, and the fence still holds past the old end.
+    #[tokio::test]
+    async fn a_renewal_the_watch_reports_extends_the_term_without_a_reading() {
+        let (leases, _server) = lease_server(vec![None]);
+        let end = SystemTime::now() + Duration::from_millis(300);
+        let watched = futures::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            ours_renewed(Duration::ZERO).unwrap_or_default()
+        })
+        .chain(futures::stream::pending());
+        let cfg = cfg();
+        let fence =
+            tokio::time::timeout(Duration::from_secs(1), fenced(&leases, &cfg, end, watched));
+        assert!(
+            fence.await.is_err(),
+            "the fence stopped despite the renewal"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_holder_the_watch_reports_stops_at_once() {
+        let (leases, _server) = lease_server(vec![None]);
+        let end = SystemTime::now() + Duration::from_secs(10);
+        let taken = lease(Some("op-1"), Some(SystemTime::now()));
+        let watched = futures::stream::once(async { taken }).chain(futures::stream::pending());
+        let reason = tokio::time::timeout(
+            Duration::from_millis(500),
+            fenced(&leases, &cfg(), end, watched),
+        )
+        .await
+        .expect("stopped at once");
+        assert!(reason.contains("held by op-1"), "{reason}");
     }
 
     #[test]

@@ -201,8 +201,8 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Lease,
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "create", "patch"],
-        why: "leader election (server-side apply of the Lease)",
+        verbs: &["get", "list", "watch", "create", "patch"],
+        why: "leader election (server-side apply of the Lease; the fence watches its renewals)",
     },
 ];
 

@@ -110,5 +110,5 @@ watched namespace. */}}
 {{- define "storage-migrator.rules.lease" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 {{- end }}
