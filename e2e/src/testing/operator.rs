@@ -322,7 +322,17 @@ impl Operator {
         ns: &TestNamespace,
         log: PathBuf,
     ) -> Result<Operator, OperatorError> {
-        Self::spawn_inner(bin, ns, Watching::All, log, None, &[]).await
+        Self::spawn_cluster_wide_with(bin, ns, log, &[]).await
+    }
+
+    /// [`Operator::spawn_cluster_wide`] with more flags for `run`.
+    pub async fn spawn_cluster_wide_with(
+        bin: &Path,
+        ns: &TestNamespace,
+        log: PathBuf,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
+        Self::spawn_inner(bin, ns, Watching::All, log, None, flags).await
     }
 
     /// [`Operator::spawn`] of an operator that also watches `others` (none: as `spawn`).
@@ -335,7 +345,8 @@ impl Operator {
         Self::spawn_watching_with(bin, ns, others, log, &[]).await
     }
 
-    async fn spawn_watching_with(
+    /// [`Operator::spawn_watching`] with more flags for `run`.
+    pub async fn spawn_watching_with(
         bin: &Path,
         ns: &TestNamespace,
         others: &[&TestNamespace],

@@ -63,6 +63,10 @@ pub struct Cli {
     /// The operator binary (default: `storage-migrator` next to this binary).
     #[arg(long, env = "STORAGE_MIGRATOR_BIN")]
     pub operator_bin: Option<PathBuf>,
+    /// One more argument for every operator's `run` (repeatable), e.g.
+    /// `--operator-arg=--lease-duration=60 --operator-arg=--lease-grace=20`.
+    #[arg(long = "operator-arg", allow_hyphen_values = true)]
+    pub operator_args: Vec<String>,
     /// Where the operator's logs go (default: `<temp dir>/bench-migration`).
     #[arg(long)]
     pub log_dir: Option<PathBuf>,

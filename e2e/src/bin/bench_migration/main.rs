@@ -171,6 +171,7 @@ fn settings(cli: &Cli) -> Result<Settings, BenchError> {
         first_pass_tool: cli.first_pass_tool.spec_value(),
         unrelated: Vec::new(),
         cluster_wide: cli.cluster_wide,
+        operator_args: cli.operator_args.clone(),
     })
 }
 

@@ -47,6 +47,8 @@ pub struct Settings {
     pub unrelated: Vec<TestNamespace>,
     /// Every scenario's operator watches every namespace (`--cluster-wide`).
     pub cluster_wide: bool,
+    /// More arguments for every operator's `run` (`--operator-arg`).
+    pub operator_args: Vec<String>,
 }
 
 #[derive(Debug)]
@@ -137,9 +139,11 @@ pub(crate) async fn start_operator(
 ) -> Result<Operator, BenchError> {
     let log = settings.log_dir.join(format!("{}-operator.log", ns.name));
     let others: Vec<&TestNamespace> = settings.unrelated.iter().collect();
+    let bin = &settings.operator_bin;
+    let flags: Vec<&str> = settings.operator_args.iter().map(String::as_str).collect();
     let mut op = match settings.cluster_wide {
-        true => Operator::spawn_cluster_wide(&settings.operator_bin, ns, log).await?,
-        false => Operator::spawn_watching(&settings.operator_bin, ns, &others, log).await?,
+        true => Operator::spawn_cluster_wide_with(bin, ns, log, &flags).await?,
+        false => Operator::spawn_watching_with(bin, ns, &others, log, &flags).await?,
     };
     op.check_running(OPERATOR_SETTLE).await?;
     Ok(op)
