@@ -10,7 +10,7 @@ use http::{Request, Response};
 use kube::client::Body;
 use serde_json::json;
 
-use super::{Context, watch_scope};
+use super::{Context, METADATA_PAGE, watch_scope};
 use crate::image::ImageRef;
 use crate::metrics::Metrics;
 use crate::plan::Settings;
@@ -93,10 +93,16 @@ fn expected(prefix: &str) -> BTreeSet<Call> {
     calls
 }
 
-/// A list, then a watch from `rv` 7, of `path`.
+/// A list, then a watch from `rv` 7, of `path`; the metadata watches of our own (pods, claims,
+/// volumes) list [`METADATA_PAGE`] objects a page, kube-runtime's (the Jobs `owns` watches) 500.
 fn add(calls: &mut BTreeSet<Call>, path: String, selector: &str, metadata: bool) {
     let amp = if selector.is_empty() { "" } else { "&" };
-    let list = format!("{amp}{selector}&limit=500");
+    let ours = ["pods", "persistentvolumeclaims", "persistentvolumes"];
+    let limit = match ours.iter().any(|kind| path.ends_with(&format!("/{kind}"))) {
+        true => METADATA_PAGE,
+        false => 500,
+    };
+    let list = format!("{amp}{selector}&limit={limit}");
     let watch = format!(
         "&watch=true&timeoutSeconds=290{amp}{selector}&allowWatchBookmarks=true&resourceVersion=7"
     );
