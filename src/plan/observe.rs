@@ -770,16 +770,24 @@ mod tests {
         assert_eq!(other_claim_users(&users, "data-etcd-9", "etcd-9"), None);
     }
 
+    /// A request migrating its one member, at `step`.
+    fn migrating_at(step: MemberStep) -> StorageMigrationRequestStatus {
+        StorageMigrationRequestStatus {
+            stage: Stage::Migrating,
+            members: vec![crate::api::MemberStatus {
+                pod: "etcd-0".into(),
+                step,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn claim_users_are_read_in_preflight_and_during_a_copy_only() {
         let mut status = StorageMigrationRequestStatus::default();
         assert!(reads_claim_users(&status), "Preflight");
-        status.stage = Stage::Migrating;
-        status.members = vec![crate::api::MemberStatus {
-            pod: "etcd-0".into(),
-            step: MemberStep::StoppingPod,
-            ..Default::default()
-        }];
+        status = migrating_at(MemberStep::StoppingPod);
         assert!(!reads_claim_users(&status));
         status.members[0].step = MemberStep::Copying;
         assert!(reads_claim_users(&status));
@@ -794,12 +802,7 @@ mod tests {
     fn budgets_are_read_in_preflight_and_while_a_member_is_about_to_stop_only() {
         let mut status = StorageMigrationRequestStatus::default();
         assert!(reads_budgets(&status), "Preflight");
-        status.stage = Stage::Migrating;
-        status.members = vec![crate::api::MemberStatus {
-            pod: "etcd-0".into(),
-            step: MemberStep::PreCopying,
-            ..Default::default()
-        }];
+        status = migrating_at(MemberStep::PreCopying);
         assert!(!reads_budgets(&status));
         for step in [MemberStep::GatingStop, MemberStep::StoppingPod] {
             status.members[0].step = step;
@@ -817,12 +820,7 @@ mod tests {
      {
         let mut status = StorageMigrationRequestStatus::default();
         assert!(reads_storage_classes(&status) && reads_other_requests(&status));
-        status.stage = Stage::Migrating;
-        status.members = vec![crate::api::MemberStatus {
-            pod: "etcd-0".into(),
-            step: MemberStep::CreatingClaim,
-            ..Default::default()
-        }];
+        status = migrating_at(MemberStep::CreatingClaim);
         assert!(reads_storage_classes(&status));
         assert!(!reads_other_requests(&status));
         status.members[0].step = MemberStep::Copying;
