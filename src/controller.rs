@@ -35,6 +35,7 @@ use tokio::sync::Notify;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::StorageMigrationRequest;
+use crate::cluster::replay::{Answers, Mode};
 use crate::cluster::{Cluster, ClusterError, Retry, VolumeCache};
 use crate::failpoints;
 use crate::labels;
@@ -296,15 +297,31 @@ pub async fn reconcile(
         let waker = ctx.waker(&obj);
         let mut requeue = plan::REQUEUE_PROGRESSING;
         let mut ended = false;
+        // After a decision that only wrote the status: the request as written, and the answers
+        // the decision was made on, for the next round (see `decided`).
+        let mut written: Option<StorageMigrationRequest> = None;
+        let mut replay: Option<Arc<Answers>> = None;
         for _ in 0..MAX_ROUNDS {
-            let Some(current) = cluster.fetch(&ns, &name).await? else {
-                ctx.gone(&obj);
-                return Ok(Requeue::await_change());
+            let current = match written.take() {
+                Some(current) => current,
+                None => match cluster.fetch(&ns, &name).await? {
+                    Some(current) => current,
+                    None => {
+                        ctx.gone(&obj);
+                        return Ok(Requeue::await_change());
+                    }
+                },
             };
             let round = Instant::now();
             ended = plan::Observed::has_ended(&current);
             ctx.note_copies(&obj, current.status.as_ref());
-            let Some((observed, engine, decision)) = decided(&ctx, &cluster, &obj, current).await?
+            let replaying = replay.take().filter(|a| a.replayable());
+            let Some(Decided {
+                observed,
+                engine,
+                decision,
+                answers,
+            }) = decided(&ctx, &cluster, &obj, current, replaying).await?
             else {
                 continue;
             };
@@ -354,7 +371,11 @@ pub async fn reconcile(
                 info!(reason = %e, "status write refused; deciding again on a fresh read");
                 continue;
             }
-            acted?;
+            let status_written = acted?;
+            if only_writes_status(&decision) {
+                written = status_written;
+                replay = Some(answers);
+            }
             debug!(
                 gather_ms = gathered.as_millis(),
                 act_ms = (round.elapsed() - gathered).as_millis(),
@@ -385,30 +406,94 @@ pub async fn reconcile(
     result
 }
 
-/// The snapshot of `current` ([`snapshot`]) and the planner's decision on it. A decision made
-/// on volumes from the cache that [`needs_fresh_volumes`] is made again on volumes read now: a
-/// claim is deleted only on the `Retain` of its volume as it is at that moment.
+/// A decision, with the snapshot it was made on and the answers of the reads behind it.
+struct Decided {
+    observed: plan::Observed,
+    engine: EngineResult,
+    decision: plan::Decision,
+    answers: Arc<Answers>,
+}
+
+/// How fresh the reads a decision is made on are, from the least to the most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Reads {
+    /// The last round's answers replayed ([`crate::cluster::replay`]), what they lack read
+    /// now; volumes from the cache.
+    Replayed,
+    /// Read now; volumes from the cache.
+    Fresh,
+    /// Read now, the volumes too.
+    FreshVolumes,
+}
+
+/// The reads `decision` must have been made on: those replayed, for a decision that only
+/// writes the status, publishes events and creates objects (a create of what exists fails or
+/// finds it: nothing is lost); volumes read now for one that [`needs_fresh_volumes`] when
+/// volumes are cached; fresh reads for any other (a delete, a patch, a handover, a stash).
+pub fn reads_needed(decision: &plan::Decision, caches_volumes: bool) -> Reads {
+    let replayable = (decision.actions.iter()).all(|a| {
+        matches!(
+            a,
+            Action::SetStatus(_) | Action::Event { .. } | Action::Create(_)
+        )
+    });
+    if caches_volumes && needs_fresh_volumes(decision) {
+        Reads::FreshVolumes
+    } else if replayable {
+        Reads::Replayed
+    } else {
+        Reads::Fresh
+    }
+}
+
+/// The snapshot of `current` ([`snapshot`]) and the planner's decision on it: on `replay`
+/// (the answers of the round before, which only wrote the status) when given, else on fresh
+/// reads. A decision that needs fresher reads than it was made on ([`reads_needed`]) is made
+/// again on them before anything of it is done: a claim is deleted only on the `Retain` of its
+/// volume as it is at that moment, and nothing but a status, events and creates is decided on
+/// replayed answers.
 async fn decided(
     ctx: &Context,
     cluster: &Cluster,
     obj: &Key,
-    current: StorageMigrationRequest,
-) -> Result<Option<(plan::Observed, EngineResult, plan::Decision)>, ClusterError> {
-    let Some((observed, engine)) = snapshot(ctx, cluster, obj, current).await? else {
-        return Ok(None);
+    mut current: StorageMigrationRequest,
+    replay: Option<Arc<Answers>>,
+) -> Result<Option<Decided>, ClusterError> {
+    let (mut reads, mut answers) = match replay {
+        Some(answers) => (Reads::Replayed, answers),
+        None => (Reads::Fresh, Answers::new()),
     };
-    let decision = plan::decide(&observed, &ctx.settings);
-    if !(cluster.caches_volumes() && needs_fresh_volumes(&decision)) {
-        return Ok(Some((observed, engine, decision)));
+    loop {
+        let reading = match reads {
+            Reads::Replayed => answers.client(cluster.client.clone(), Mode::Replay),
+            Reads::Fresh | Reads::FreshVolumes => {
+                answers.client(cluster.client.clone(), Mode::Record)
+            }
+        };
+        let reading = match reads {
+            Reads::FreshVolumes => cluster.uncached().reading_through(reading),
+            Reads::Replayed | Reads::Fresh => cluster.reading_through(reading),
+        };
+        let Some((observed, engine)) = snapshot(ctx, cluster, &reading, obj, current).await? else {
+            return Ok(None);
+        };
+        let decision = plan::decide(&observed, &ctx.settings);
+        let needed = reads_needed(&decision, cluster.caches_volumes());
+        if needed <= reads {
+            return Ok(Some(Decided {
+                observed,
+                engine,
+                decision,
+                answers,
+            }));
+        }
+        debug!(
+            ?reads,
+            ?needed,
+            "decided on reads older than the decision needs: reading, deciding again"
+        );
+        (reads, answers, current) = (needed, Answers::new(), observed.request);
     }
-    debug!("decided on kept volumes what needs them as they are now: reading them, deciding again");
-    let request = observed.request;
-    let fresh = cluster.uncached();
-    let Some((observed, engine)) = snapshot(ctx, &fresh, obj, request).await? else {
-        return Ok(None);
-    };
-    let decision = plan::decide(&observed, &ctx.settings);
-    Ok(Some((observed, engine, decision)))
 }
 
 type EngineResult = Result<crate::cluster::Engine, String>;
@@ -433,12 +518,14 @@ async fn pause(waker: &Notify, up_to: Duration) {
     }
 }
 
-/// The snapshot of `current` to decide on (see [`observe`]), with the engine's client; the
-/// other requests' copy slots from the ledger. An ended request reads nothing of the cluster
-/// (see `Observed::ended`).
+/// The snapshot of `current` to decide on, read through `reading` (see [`observe`]), with the
+/// engine's client (made on `live`: the database's view is never replayed); the other
+/// requests' copy slots from the ledger. An ended request reads nothing of the cluster (see
+/// `Observed::ended`).
 async fn snapshot(
     ctx: &Context,
-    cluster: &Cluster,
+    live: &Cluster,
+    reading: &Cluster,
     obj: &Key,
     current: StorageMigrationRequest,
 ) -> Result<Option<(plan::Observed, Result<crate::cluster::Engine, String>)>, ClusterError> {
@@ -447,8 +534,8 @@ async fn snapshot(
         let engine = Err("the request has ended".to_string());
         return Ok(Some((plan::Observed::ended(current, now), engine)));
     }
-    let engine = cluster.engine(&current).await.map_err(|e| e.to_string());
-    let Some(mut observed) = observe(cluster, current, &engine).await? else {
+    let engine = live.engine(&current).await.map_err(|e| e.to_string());
+    let Some(mut observed) = observe(reading, current, &engine).await? else {
         return Ok(None);
     };
     observed.copy_holders = ctx.copy_holders(obj);
@@ -457,6 +544,7 @@ async fn snapshot(
 
 /// Carries out a decision's actions in order, stopping at the first error; a status once
 /// written feeds the metrics and `noted` (a refused one does not: it is decided again).
+/// Returns the request as the last status write left it, if the decision wrote one.
 async fn act(
     cluster: &Cluster,
     metrics: &Metrics,
@@ -464,8 +552,9 @@ async fn act(
     observed: &plan::Observed,
     engine: &Result<crate::cluster::Engine, String>,
     decision: &plan::Decision,
-) -> Result<(), ClusterError> {
+) -> Result<Option<StorageMigrationRequest>, ClusterError> {
     let before = observed.request.status.as_ref();
+    let mut written = None;
     for action in &decision.actions {
         let done = cluster.execute(observed, engine, action).await;
         if let (Action::TransferLeadership { .. }, Err(e @ ClusterError::Engine(_))) =
@@ -473,14 +562,16 @@ async fn act(
         {
             report_handover_refused(cluster, &observed.request, e).await;
         }
-        done?;
+        if let Some(request) = done? {
+            written = Some(request);
+        }
         if let Action::SetStatus(after) = action {
             metrics.status_written(before, after);
             noted(after);
         }
         failpoints::after_action(before, action);
     }
-    Ok(())
+    Ok(written)
 }
 
 /// Feeds the phase gauge with the phase on record, or the one the decision is about to write.
@@ -667,6 +758,13 @@ fn phase_key(obj: &Key) -> String {
 
 fn changes_status(d: &plan::Decision) -> bool {
     matches!(d.actions.first(), Some(Action::SetStatus(_)))
+}
+
+/// Whether `d` writes the status and does nothing else but publish events: the next round may
+/// be decided on the answers `d` was decided on ([`decided`]).
+pub fn only_writes_status(d: &plan::Decision) -> bool {
+    let writes = d.actions.iter().any(|a| matches!(a, Action::SetStatus(_)));
+    writes && (d.actions.iter()).all(|a| matches!(a, Action::SetStatus(_) | Action::Event { .. }))
 }
 
 fn in_flight_member(d: &plan::Decision) -> Option<String> {
@@ -1281,6 +1379,83 @@ mod tests {
         }
         for kept in [delete(Kind::Pod), delete(Kind::Job), policy("Retain")] {
             assert!(!needs_fresh_volumes(&decision(kept.clone())), "{kept:?}");
+        }
+    }
+
+    /// Only a status, events and creates are decided on replayed answers; a delete, a patch, a
+    /// handover or a stash is decided again on fresh reads, and what needs the volumes as they
+    /// are now on volumes read now (when they are cached). Only a decision that writes the
+    /// status and nothing else (events aside) lets the next round replay its answers.
+    #[test]
+    fn replayed_answers_decide_only_statuses_events_and_creates() {
+        use crate::plan::{Decision, EventType, Kind, Object, Propagation};
+        let decision = |actions: Vec<Action>| Decision {
+            actions,
+            requeue: Duration::ZERO,
+        };
+        let status = || Action::SetStatus(Box::default());
+        let event = || Action::Event {
+            type_: EventType::Normal,
+            reason: "MemberMigrated".into(),
+            message: "etcd-0".into(),
+        };
+        let create = || {
+            let claim = crate::plan::fixtures::bound_claim("tmp", "fast", "1Gi", "pv");
+            Action::Create(Object::Claim(Box::new(claim)))
+        };
+        let delete = |kind: Kind| Action::Delete {
+            kind,
+            name: "x".into(),
+            propagation: Propagation::Background,
+            uid: None,
+            resource_version: None,
+        };
+        let replayed = [
+            vec![status()],
+            vec![status(), event()],
+            vec![create()],
+            vec![status(), create()],
+            vec![],
+        ];
+        for actions in replayed {
+            let d = decision(actions);
+            assert_eq!(reads_needed(&d, true), Reads::Replayed, "{d:?}");
+        }
+        let fresh = [
+            vec![status(), delete(Kind::Pod)],
+            vec![Action::TransferLeadership {
+                from: "etcd-0".into(),
+                to: "etcd-1".into(),
+            }],
+            vec![Action::Stash {
+                config_map: "move-stash".into(),
+                key: "pod-etcd-0".into(),
+                value: "v".into(),
+            }],
+            vec![Action::AddFinalizer],
+            vec![Action::LabelVolume {
+                volume: "pv".into(),
+            }],
+        ];
+        for actions in fresh {
+            let d = decision(actions);
+            assert_eq!(reads_needed(&d, true), Reads::Fresh, "{d:?}");
+        }
+        let claim_delete = decision(vec![status(), delete(Kind::Claim)]);
+        assert_eq!(reads_needed(&claim_delete, true), Reads::FreshVolumes);
+        assert_eq!(reads_needed(&claim_delete, false), Reads::Fresh, "no cache");
+        assert!(only_writes_status(&decision(vec![status()])));
+        assert!(only_writes_status(&decision(vec![event(), status()])));
+        for not_only in [
+            vec![],
+            vec![event()],
+            vec![status(), create()],
+            vec![status(), Action::AddFinalizer],
+        ] {
+            assert!(
+                !only_writes_status(&decision(not_only.clone())),
+                "{not_only:?}"
+            );
         }
     }
 

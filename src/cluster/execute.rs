@@ -24,20 +24,23 @@ use crate::labels;
 use crate::plan::{Action, EventType, Kind, Object, Observed, Propagation};
 
 impl Cluster {
-    /// Carries out one action (see its contract in `plan::action`).
+    /// Carries out one action (see its contract in `plan::action`); a status write returns the
+    /// request as the API server stored it.
     pub async fn execute(
         &self,
         o: &Observed,
         engine: &Result<Engine, String>,
         action: &Action,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<Option<StorageMigrationRequest>, ClusterError> {
         let req = &o.request;
         let ns = namespace(req)?;
         let name = req.name_any();
         match action {
             Action::SetStatus(status) => {
                 let rv = req.metadata.resource_version.as_deref();
-                self.set_status(&ns, &name, status, rv).await?
+                let written = self.set_status(&ns, &name, status, rv).await?;
+                debug!(action = %action.name(), "done");
+                return Ok(Some(written));
             }
             Action::AddFinalizer => self.set_finalizer(&ns, &name, true).await?,
             Action::RemoveFinalizer => self.set_finalizer(&ns, &name, false).await?,
@@ -99,7 +102,7 @@ impl Cluster {
             Action::LabelVolume { volume } => self.label_volume(volume, &name).await?,
         }
         debug!(action = %action.name(), "done");
-        Ok(())
+        Ok(None)
     }
 
     /// Writes `status` as the status of `req`, on the condition that the request is still as
@@ -111,7 +114,9 @@ impl Cluster {
     ) -> Result<(), ClusterError> {
         let ns = namespace(req)?;
         let rv = req.metadata.resource_version.as_deref();
-        self.set_status(&ns, &req.name_any(), status, rv).await
+        self.set_status(&ns, &req.name_any(), status, rv)
+            .await
+            .map(drop)
     }
 
     /// Applies the status (server-side apply, forced, our field manager) on the condition that
@@ -122,13 +127,15 @@ impl Cluster {
     /// `kubectl` or a policy engine may add some) are kept, and a field we stop sending is
     /// removed only when we owned it. `force`: no other manager's claim on a field we decide
     /// (a manual `kubectl edit --subresource=status`) blocks the operator's own state.
+    ///
+    /// Returns the request as written (its new `resourceVersion`).
     async fn set_status(
         &self,
         ns: &str,
         name: &str,
         status: &StorageMigrationRequestStatus,
         resource_version: Option<&str>,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<StorageMigrationRequest, ClusterError> {
         let result = self
             .ns_api::<StorageMigrationRequest>(ns)
             .patch_status(
@@ -138,7 +145,7 @@ impl Cluster {
             )
             .await;
         match (result, resource_version) {
-            (Ok(_), _) => Ok(()),
+            (Ok(written), _) => Ok(written),
             (Err(e), Some(rv)) if is_status(&e, 409) => Err(ClusterError::StaleStatus {
                 request: format!("{ns}/{name}"),
                 resource_version: rv.to_string(),

@@ -6,6 +6,7 @@
 //!   [`budgets`]: the PodDisruptionBudgets (`policy/v1`);
 //! - [`execute`]: one function per action;
 //! - [`raw`]: GET/LIST/CREATE keeping the raw JSON the API server returned;
+//! - [`replay`]: one round's answers, replayed to the round that follows a status write;
 //! - [`error`]: [`ClusterError`] and whether retrying it can help;
 //! - [`database`]: the database clients (etcd) and the Secrets they need, driven from here.
 
@@ -26,6 +27,7 @@ pub mod error;
 pub mod execute;
 pub mod gather;
 pub mod raw;
+pub mod replay;
 pub mod stash;
 pub mod volume_cache;
 
@@ -69,6 +71,16 @@ impl Cluster {
     /// The same cluster, reading every volume now.
     pub fn uncached(&self) -> Self {
         Self::new(self.client.clone(), self.recorder.clone())
+    }
+
+    /// The same cluster (its recorder, its volume cache), reading through `client` (a
+    /// [`replay`] client).
+    pub fn reading_through(&self, client: Client) -> Self {
+        Self {
+            client,
+            recorder: self.recorder.clone(),
+            volumes: self.volumes.clone(),
+        }
     }
 
     fn ns_api<K>(&self, ns: &str) -> Api<K>

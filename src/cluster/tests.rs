@@ -274,6 +274,9 @@ async fn set_status_applies_the_status_subresource_with_our_field_manager() {
         ..Default::default()
     };
     let action = Action::SetStatus(Box::new(status.clone()));
+    let mut stored = request_json(&o);
+    stored["metadata"]["resourceVersion"] = json!("42");
+    stored["status"] = json_of(&status);
     let expected = Exchange::new(Method::PATCH, &format!("{REQUESTS}/{REQ}/status"))
         .query(&format!(
             "&force=true&fieldManager={}",
@@ -284,10 +287,20 @@ async fn set_status_applies_the_status_subresource_with_our_field_manager() {
             "kind": "StorageMigrationRequest",
             "status": json_of(&status),
         }))
-        .returns(request_json(&o));
-    execute(o.clone(), action.clone(), vec![expected])
-        .await
-        .unwrap();
+        .returns(stored);
+    // The request as the API server stored it is returned (the next round may start from it).
+    let written = super::mock::verify(vec![expected], {
+        let (o, action) = (o.clone(), action.clone());
+        move |cluster| async move {
+            let engine = Err("no engine in this test".to_string());
+            cluster.execute(&o, &engine, &action).await
+        }
+    })
+    .await
+    .unwrap()
+    .expect("a status write returns the request");
+    assert_eq!(written.metadata.resource_version.as_deref(), Some("42"));
+    assert_eq!(written.status.map(|s| s.phase), Some(Phase::Progressing));
     let gone = Exchange::new(Method::PATCH, &format!("{REQUESTS}/{REQ}/status"))
         .query(&format!(
             "&force=true&fieldManager={}",
@@ -474,14 +487,9 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
     assert!(matches!(err, Err(ClusterError::Engine(_))));
 }
 
-/// Gathering reads exactly these, each once, concurrently where they do not depend on each
-/// other (so in any order here): the set (raw), its member pods by its selector, our Jobs and
-/// helper pods, the claims and their volumes, the classes, the other requests, and (in
-/// Preflight) the namespace and the PodDisruptionBudgets; the FailedCreate Events of a running
-/// Job that has no pod.
-#[tokio::test]
-async fn gather_reads_everything_the_planner_needs() {
-    let o = observed();
+/// Every read of a gather in Preflight of a StatefulSet's request (the fixture `observed`), with
+/// its answer.
+fn everything_gathered(o: &Observed) -> Vec<Exchange> {
     let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
     let mut pod = json_of(&fixtures::member_pod(0));
     pod["metadata"]["annotations"] = json!({"unknown.example.com/kept": "yes"});
@@ -489,7 +497,7 @@ async fn gather_reads_everything_the_planner_needs() {
     let mut helper = json_of(&fixtures::member_pod(1));
     helper["metadata"]["name"] = json!("mounter-etcd-1");
     helper["metadata"]["labels"] = json!({labels::REQUEST_LABEL: REQ, "app": "etcd"});
-    let mut other = request_json(&o);
+    let mut other = request_json(o);
     other["metadata"]["name"] = json!("other");
     let mut stash = stash_config_map_json(&format!("uid-{REQ}"));
     stash["data"] = json!({"statefulset": "not base64!"});
@@ -538,7 +546,7 @@ async fn gather_reads_everything_the_planner_needs() {
         Exchange::new(Method::GET, &pv("pv-old-0")).returns(volume_json()),
         Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
             .returns(list(vec![json_of(&fixtures::class("fast", "Immediate"))])),
-        Exchange::new(Method::GET, REQUESTS).returns(list(vec![request_json(&o), other])),
+        Exchange::new(Method::GET, REQUESTS).returns(list(vec![request_json(o), other])),
         // In Preflight only: the namespace, for its Pod Security level.
         Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
             "apiVersion": "v1", "kind": "Namespace",
@@ -550,6 +558,18 @@ async fn gather_reads_everything_the_planner_needs() {
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
             .returns(list(vec![pod.clone(), backup, helper_too])),
     ];
+    exchanges
+}
+
+/// Gathering reads exactly these, each once, concurrently where they do not depend on each
+/// other (so in any order here): the set (raw), its member pods by its selector, our Jobs and
+/// helper pods, the claims and their volumes, the classes, the other requests, and (in
+/// Preflight) the namespace and the PodDisruptionBudgets; the FailedCreate Events of a running
+/// Job that has no pod.
+#[tokio::test]
+async fn gather_reads_everything_the_planner_needs() {
+    let o = observed();
+    let exchanges = everything_gathered(&o);
     let request = o.request.clone();
     let observed = super::mock::verify_unordered(exchanges, move |cluster| async move {
         let engine = Err("no engine in this test".to_string());
@@ -886,4 +906,115 @@ async fn classes_and_other_requests_are_read_only_where_the_planner_looks_at_the
     })
     .await;
     assert_eq!(read, [(true, true), (true, true), (true, true)]);
+}
+
+/// A round decided again after a status write gathers on the answers of the round before
+/// (`replay`): the same snapshot, with no request sent but the volume's (volumes are never
+/// replayed: their cache is fed by a watch).
+#[tokio::test]
+async fn a_replayed_gather_builds_the_same_snapshot_reading_only_the_volumes() {
+    use super::replay::{Answers, Mode};
+    let o = observed();
+    let answers = Answers::new();
+    let gather = |mode: Mode| {
+        let (answers, request) = (answers.clone(), o.request.clone());
+        move |cluster: super::Cluster| async move {
+            let reading = cluster.reading_through(answers.client(cluster.client.clone(), mode));
+            let engine = Err("no engine in this test".to_string());
+            reading.gather(request, &engine).await
+        }
+    };
+    let recorded = super::mock::verify_unordered(everything_gathered(&o), gather(Mode::Record))
+        .await
+        .unwrap();
+    let kept = answers.len();
+    assert_eq!(
+        kept,
+        everything_gathered(&o).len() - 1,
+        "all but the volume"
+    );
+    let volume = Exchange::new(Method::GET, &pv("pv-old-0")).returns(volume_json());
+    let replayed = super::mock::verify(vec![volume], gather(Mode::Replay))
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), kept);
+    let names = |o: &Observed| {
+        (
+            o.pods.keys().cloned().collect::<Vec<_>>(),
+            o.helper_pods.keys().cloned().collect::<Vec<_>>(),
+            o.jobs.keys().cloned().collect::<Vec<_>>(),
+            o.claims.keys().cloned().collect::<Vec<_>>(),
+            o.volumes.keys().cloned().collect::<Vec<_>>(),
+            o.storage_classes.keys().cloned().collect::<Vec<_>>(),
+            o.budgets.iter().map(|b| b.name.clone()).collect::<Vec<_>>(),
+        )
+    };
+    assert_eq!(names(&replayed), names(&recorded));
+    assert_eq!(replayed.claim_users, recorded.claim_users);
+    assert_eq!(replayed.namespace_labels, recorded.namespace_labels);
+    assert_eq!(
+        replayed.pods["etcd-0"].raw(),
+        recorded.pods["etcd-0"].raw(),
+        "the raw JSON as returned"
+    );
+    assert_eq!(
+        replayed.jobs["move-etcd-0-copy"].refused,
+        recorded.jobs["move-etcd-0-copy"].refused
+    );
+    assert_eq!(replayed.stash.errors.len(), recorded.stash.errors.len());
+    assert!(
+        replayed.now >= recorded.now,
+        "the snapshot's time is the replay's"
+    );
+}
+
+/// A replayed round reads what the status it decides on asks for and the round before did
+/// not read (here the budgets, read before a member stops but not while it copies), and keeps
+/// that answer too; a read the API server refused is never kept.
+#[tokio::test]
+async fn a_replayed_round_reads_what_the_round_before_did_not() {
+    use super::replay::{Answers, Mode};
+    use crate::api::{MemberStatus, MemberStep, Stage};
+    let answers = Answers::new();
+    let exchanges = vec![
+        Exchange::new(Method::GET, BUDGETS).fails(503, "ServiceUnavailable"),
+        Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
+    ];
+    let status = |step| StorageMigrationRequestStatus {
+        stage: Stage::Migrating,
+        members: vec![MemberStatus {
+            pod: "etcd-0".into(),
+            step,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let reads = super::mock::verify(exchanges, {
+        let answers = answers.clone();
+        move |cluster| async move {
+            let replaying =
+                cluster.reading_through(answers.client(cluster.client.clone(), Mode::Replay));
+            let copying = replaying.budgets(NS, &status(MemberStep::Copying)).await;
+            let refused = replaying.budgets(NS, &status(MemberStep::GatingStop)).await;
+            let read = replaying.budgets(NS, &status(MemberStep::GatingStop)).await;
+            let replayed = replaying
+                .budgets(NS, &status(MemberStep::StoppingPod))
+                .await;
+            (copying, refused, read, replayed)
+        }
+    })
+    .await;
+    let (copying, refused, read, replayed) = reads;
+    assert!(
+        copying.unwrap().is_empty(),
+        "not read while the member copies"
+    );
+    assert_eq!(refused.unwrap_err().retry(), Retry::Transient);
+    let (read, replayed) = (read.unwrap(), replayed.unwrap());
+    assert_eq!(read.len(), 1);
+    assert_eq!(
+        replayed, read,
+        "answered from the kept answer, no request sent"
+    );
+    assert_eq!(answers.len(), 1);
 }
