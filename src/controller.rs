@@ -29,7 +29,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::reflector::{self, reflector};
+use kube::runtime::{PredicateConfig, WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use tokio::sync::Notify;
 use tracing::{Instrument, debug, error, info, info_span, warn};
@@ -965,12 +966,18 @@ async fn watch_namespace(
         ),
     };
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
-    let controller = Controller::new(requests, watcher::Config::default());
+    // The store sees every change of the requests (the mappers read their plans); a reconcile
+    // is started only by a change a status write does not make (`request_trigger`).
+    let (reader, writer) = reflector::store();
+    let changes = reflector(writer, watcher(requests, watcher::Config::default()))
+        .applied_objects()
+        .predicate_filter(request_trigger, PredicateConfig::default());
+    let controller = Controller::for_stream(changes, reader);
     let stores = [controller.store(), controller.store(), controller.store()];
     let [pod_store, claim_store, volume_store] = stores;
     let (pod_ctx, claim_ctx, volume_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
     controller
-        .owns(jobs, owned)
+        .owns_stream(job_changes(jobs, owned))
         .watches_stream(metadata_of(pods), move |pod: PartialObjectMeta<Pod>| {
             let mut keys = owner_requests(&pod);
             keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
@@ -1002,6 +1009,77 @@ async fn watch_namespace(
             }
         })
         .await;
+}
+
+/// Our Jobs' changes that may end what a request waits on: a Job's appearance, its conditions
+/// (`Complete`, `Failed`), a failed pod, its deletion; not the counts of its active and ready
+/// pods, which change a few times in each Job's first second and end nothing (a running copy is
+/// looked at again by the request's requeue). Full objects, as only ours are watched.
+fn job_changes(
+    api: Api<Job>,
+    config: watcher::Config,
+) -> impl futures::Stream<Item = Result<Job, watcher::Error>> + Send + 'static {
+    let mut seen: HashMap<String, u64> = HashMap::new();
+    watcher(api, config)
+        .default_backoff()
+        .filter_map(move |event| {
+            let changed = match event {
+                Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) => {
+                    let (uid, trigger) = (job.uid().unwrap_or_default(), job_trigger(&job));
+                    (seen.insert(uid, trigger) != Some(trigger)).then_some(Ok(job))
+                }
+                Ok(watcher::Event::Delete(job)) => {
+                    seen.remove(&job.uid().unwrap_or_default());
+                    Some(Ok(job))
+                }
+                // A new list: every Job counts as new again.
+                Ok(watcher::Event::Init) => {
+                    seen.clear();
+                    None
+                }
+                Ok(watcher::Event::InitDone) => None,
+                Err(e) => Some(Err(e)),
+            };
+            futures::future::ready(changed)
+        })
+}
+
+/// What of a Job starts a reconcile of its request when it changes ([`job_changes`]).
+pub fn job_trigger(job: &Job) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let status = job.status.as_ref();
+    let conditions: Vec<(&str, &str)> = (status.and_then(|s| s.conditions.as_deref()))
+        .unwrap_or_default()
+        .iter()
+        .map(|c| (c.type_.as_str(), c.status.as_str()))
+        .collect();
+    let failed = status.and_then(|s| s.failed);
+    let deleted = job.metadata.deletion_timestamp.is_some();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (conditions, failed, deleted).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// What of a request starts a reconcile when it changes: its spec (`generation`), labels,
+/// annotations (`abort`), finalizers and deletion; not its status, which the operator writes
+/// itself: each status write would otherwise be followed by a reconcile that reads everything
+/// again to find nothing new. A request waiting on something is looked at again by its requeue
+/// and by the watches of what it waits on, as before.
+pub fn request_trigger(r: &StorageMigrationRequest) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let m = &r.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    let deleted = m.deletion_timestamp.as_ref().map(|t| t.0.to_string());
+    (
+        &m.uid,
+        m.generation,
+        &m.labels,
+        &m.annotations,
+        &m.finalizers,
+        deleted,
+    )
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// The mapper of a watch of `named` objects: the requests whose plan names the object, woken
@@ -1457,6 +1535,89 @@ mod tests {
                 "{not_only:?}"
             );
         }
+    }
+
+    /// A status write (and the resourceVersion it brings) starts no reconcile; a spec edit, an
+    /// abort annotation, a label, a finalizer and a deletion do.
+    #[test]
+    fn only_what_a_status_write_does_not_change_starts_a_reconcile() {
+        let base = planned("demo", "move", "etcd-0", "data-etcd-0", Phase::Progressing);
+        let base = base.as_ref().clone();
+        let trigger = request_trigger(&base);
+        assert!(trigger.is_some());
+        let mut status_only = base.clone();
+        status_only.metadata.resource_version = Some("99".into());
+        if let Some(s) = status_only.status.as_mut() {
+            s.phase = Phase::Successful;
+            s.message = Some("done".into());
+        }
+        assert_eq!(request_trigger(&status_only), trigger, "a status write");
+        let changes: [fn(&mut StorageMigrationRequest); 5] = [
+            |r| r.metadata.generation = Some(2),
+            |r| {
+                r.annotations_mut()
+                    .insert(labels::ABORT_ANNOTATION.into(), "now".into());
+            },
+            |r| {
+                r.labels_mut().insert("team".into(), "db".into());
+            },
+            |r| r.metadata.finalizers = Some(vec!["storagemigrator.io/cleanup".into()]),
+            |r| {
+                r.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        crate::plan::fixtures::t(0),
+                    ))
+            },
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut changed = base.clone();
+            change(&mut changed);
+            assert_ne!(request_trigger(&changed), trigger, "change {i}");
+        }
+    }
+
+    /// A Job's active and ready counts starting no reconcile; its conditions, a failed pod and
+    /// its deletion do.
+    #[test]
+    fn a_jobs_conditions_failures_and_deletion_start_a_reconcile_its_pod_counts_do_not() {
+        use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+        let job = |active: Option<i32>, ready: Option<i32>| Job {
+            status: Some(JobStatus {
+                active,
+                ready,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let created = job(None, None);
+        let trigger = job_trigger(&created);
+        assert_eq!(job_trigger(&job(Some(1), None)), trigger, "a pod active");
+        assert_eq!(job_trigger(&job(Some(1), Some(1))), trigger, "a pod ready");
+        let condition = |type_: &str| JobCondition {
+            type_: type_.into(),
+            status: "True".into(),
+            ..Default::default()
+        };
+        let mut complete = job(Some(1), Some(1));
+        if let Some(s) = complete.status.as_mut() {
+            s.conditions = Some(vec![condition("SuccessCriteriaMet")]);
+        }
+        let met = job_trigger(&complete);
+        assert_ne!(met, trigger);
+        if let Some(s) = complete.status.as_mut() {
+            s.conditions = Some(vec![condition("SuccessCriteriaMet"), condition("Complete")]);
+        }
+        assert_ne!(job_trigger(&complete), met, "Complete");
+        let mut failed = job(Some(1), None);
+        if let Some(s) = failed.status.as_mut() {
+            s.failed = Some(1);
+        }
+        assert_ne!(job_trigger(&failed), trigger, "a pod failed");
+        let mut deleted = created.clone();
+        deleted.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::plan::fixtures::t(0)),
+        );
+        assert_ne!(job_trigger(&deleted), trigger, "deleting");
     }
 
     #[test]

@@ -84,8 +84,8 @@ async fn first_calls(scope: WatchScope, n: usize) -> BTreeSet<Call> {
 const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1";
 const METADATA_WATCH: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
-/// Every kind listed then watched from `rv` 7: the requests in full; the Jobs by our label and,
-/// as kube-runtime's `owns` watches them, as metadata; pods, claims and volumes as metadata.
+/// Every kind listed then watched from `rv` 7: the requests in full; our Jobs (by our label) in
+/// full, for their conditions (`job_changes`); pods, claims and volumes as metadata.
 fn expected(prefix: &str) -> BTreeSet<Call> {
     let mut calls = expected_in(prefix);
     // Volumes are cluster-scoped: watched across the cluster whatever the scope, once.
@@ -94,7 +94,7 @@ fn expected(prefix: &str) -> BTreeSet<Call> {
 }
 
 /// A list, then a watch from `rv` 7, of `path`; the metadata watches of our own (pods, claims,
-/// volumes) list [`METADATA_PAGE`] objects a page, kube-runtime's (the Jobs `owns` watches) 500.
+/// volumes) list [`METADATA_PAGE`] objects a page, the others kube-runtime's default 500.
 fn add(calls: &mut BTreeSet<Call>, path: String, selector: &str, metadata: bool) {
     let amp = if selector.is_empty() { "" } else { "&" };
     let ours = ["pods", "persistentvolumeclaims", "persistentvolumes"];
@@ -124,7 +124,7 @@ fn expected_in(prefix: &str) -> BTreeSet<Call> {
             "",
             false,
         ),
-        ("/apis/batch/v1", "jobs", ours, true),
+        ("/apis/batch/v1", "jobs", ours, false),
         ("/api/v1", "pods", "", true),
         ("/api/v1", "persistentvolumeclaims", "", true),
     ];
