@@ -728,8 +728,8 @@ fn gating_stop(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             return Ok(());
         }
     };
-    if let Some(reason) = unstable_member(cx) {
-        waiting_for_health(cx, &reason);
+    if let Some((reason, stable_at)) = unstable_member(cx) {
+        waiting_for_stability(cx, &reason, stable_at);
         return Ok(());
     }
     if handover_unfinished(cx, &report, &pod) {
@@ -876,8 +876,9 @@ fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
             return false;
         }
     };
-    if let Some(reason) = unstable_member(cx) {
-        waiting_for_health(cx, &format!("member pod {pod} is not deleted: {reason}"));
+    if let Some((reason, stable_at)) = unstable_member(cx) {
+        let reason = format!("member pod {pod} is not deleted: {reason}");
+        waiting_for_stability(cx, &reason, stable_at);
         return false;
     }
     if handover_unfinished(cx, &report, pod) {
@@ -910,16 +911,36 @@ fn gate_still_open(cx: &mut Ctx, pod: &str) -> bool {
 }
 
 /// Why the gate waits for stability, if it does: the first member pod of the plan that has not
-/// been running and Ready, with no restart, for `--stable-window` ([`super::stability`]).
-fn unstable_member(cx: &Ctx) -> Option<String> {
+/// been running and Ready, with no restart, for `--stable-window` ([`super::stability`]); and
+/// when every member will be, if none changes before.
+fn unstable_member(cx: &Ctx) -> Option<(String, Option<k8s_openapi::jiff::Timestamp>)> {
     let plan = cx.status.plan.as_ref()?;
-    super::stability::first_unstable(
-        plan.members
-            .iter()
-            .map(|m| (m.pod.as_str(), cx.o.pods.get(&m.pod).map(|p| p.typed()))),
-        cx.o.now,
-        cx.settings.stable_window,
-    )
+    let pods = || {
+        (plan.members.iter()).map(|m| (m.pod.as_str(), cx.o.pods.get(&m.pod).map(|p| p.typed())))
+    };
+    let window = cx.settings.stable_window;
+    let reason = super::stability::first_unstable(pods(), cx.o.now, window)?;
+    let stable_at = super::stability::stable_at(pods().map(|(_, p)| p), window);
+    Some((reason, stable_at))
+}
+
+/// The gate waits for the members to be stable: as [`waiting_for_health`], but looking again
+/// only when they will be (`stable_at`, when known), not every 2 s: a member pod that changes
+/// before (a restart, Ready lost) wakes the request through the watch of the pods.
+fn waiting_for_stability(
+    cx: &mut Ctx,
+    reason: &str,
+    stable_at: Option<k8s_openapi::jiff::Timestamp>,
+) {
+    if cx.set_condition(conditions::HEALTH_GATE, false, "Waiting", reason) {
+        cx.event(EventType::Warning, "WaitingForHealth", reason.to_string());
+    }
+    let until = stable_at.and_then(|at| Duration::try_from(at.duration_since(cx.o.now)).ok());
+    match until {
+        // Just past it: the gate counts whole seconds since times on record in whole seconds.
+        Some(until) => cx.wait_longer(until + Duration::from_millis(100)),
+        None => cx.wait(Duration::from_secs(2)),
+    }
 }
 
 /// Health gate closed: a condition and an Event (once per reason), and look again soon.

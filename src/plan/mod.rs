@@ -377,6 +377,10 @@ pub(crate) struct Ctx<'a> {
     pub status: StorageMigrationRequestStatus,
     pub actions: Vec<Action>,
     pub requeue: Duration,
+    /// The shortest wait asked with [`Ctx::wait`], if any.
+    asked: Option<Duration>,
+    /// A wait longer than the default asked with [`Ctx::wait_longer`], if any.
+    longer: Option<Duration>,
     pub now: Time,
     /// The first transition this decision tried that [`machine`] refused (see [`Ctx::finish`]).
     rejected: Option<machine::TransitionError>,
@@ -401,6 +405,8 @@ impl<'a> Ctx<'a> {
             status,
             actions: Vec::new(),
             requeue: REQUEUE_PROGRESSING,
+            asked: None,
+            longer: None,
             now: Time(o.now),
             rejected: None,
         }
@@ -465,6 +471,22 @@ impl<'a> Ctx<'a> {
 
     pub fn wait(&mut self, requeue: Duration) {
         self.requeue = self.requeue.min(requeue);
+        self.asked = Some(self.asked.map_or(requeue, |a| a.min(requeue)));
+    }
+
+    /// Looks again after `requeue`, even if longer than the default [`REQUEUE_PROGRESSING`]:
+    /// for a wait whose end the planner knows and whose other causes a watch reports. Any
+    /// other wait of the same decision ([`Ctx::wait`], or a requeue set outright) wins.
+    pub fn wait_longer(&mut self, requeue: Duration) {
+        self.longer = Some(self.longer.map_or(requeue, |l| l.min(requeue)));
+    }
+
+    /// The requeue of the decision: [`Ctx::wait_longer`]'s when nothing else asked for one.
+    fn requeue(&self) -> Duration {
+        match self.longer {
+            Some(longer) if self.asked.is_none() && self.requeue == REQUEUE_PROGRESSING => longer,
+            _ => self.requeue,
+        }
     }
 
     pub fn set_condition(
@@ -517,6 +539,7 @@ impl<'a> Ctx<'a> {
                 "the planner tried to delete a claim whose volume is not seen on Retain: {why}"
             ));
         }
+        let requeue = self.requeue();
         let mut status = self.status;
         if status.stage != Stage::Preflight {
             progress::summarize(&mut status, pre_copy);
@@ -526,10 +549,7 @@ impl<'a> Ctx<'a> {
             actions.push(Action::SetStatus(Box::new(status)));
         }
         actions.extend(self.actions);
-        Decision {
-            actions,
-            requeue: self.requeue,
-        }
+        Decision { actions, requeue }
     }
 
     /// Nothing of this decision is kept (a bug of the planner, and half a decision is not safe

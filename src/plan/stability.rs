@@ -82,6 +82,30 @@ pub fn first_unstable<'p>(
         .find_map(|(name, pod)| unstable(name, pod, now, window))
 }
 
+/// When every one of `pods` will have been running and Ready for `window`, if none restarts or
+/// turns unready before: the latest of their `Ready` transitions and container starts, plus the
+/// window. `None` when one of them is missing, not Ready or not running (nothing tells when it
+/// will be), or has no time on record.
+pub fn stable_at<'p>(
+    pods: impl IntoIterator<Item = Option<&'p Pod>>,
+    window: Duration,
+) -> Option<Timestamp> {
+    let mut latest: Option<Timestamp> = None;
+    for pod in pods {
+        let status = pod?.status.as_ref()?;
+        let ready = (status.conditions.as_deref().unwrap_or_default().iter())
+            .find(|c| c.type_ == "Ready" && c.status == "True")?;
+        let mut since = ready.last_transition_time.as_ref()?.0;
+        for c in status.container_statuses.as_deref().unwrap_or_default() {
+            let running = c.state.as_ref()?.running.as_ref()?;
+            since = since.max(running.started_at.as_ref()?.0);
+        }
+        latest = Some(latest.map_or(since, |l| l.max(since)));
+    }
+    let window = k8s_openapi::jiff::SignedDuration::try_from(window).ok()?;
+    latest?.checked_add(window).ok()
+}
+
 fn seconds_since(t: Option<&Time>, now: Timestamp) -> Option<i64> {
     t.map(|t| now.as_second() - t.0.as_second())
 }
@@ -204,6 +228,32 @@ mod tests {
             unstable("etcd-1", Some(&pod(100, 100, 9)), ts(100), Duration::ZERO),
             None
         );
+    }
+
+    /// The members are stable when the last of them to become Ready or to start has been so
+    /// for the window; nothing tells when a missing, unready or waiting member will be.
+    #[test]
+    fn the_members_are_stable_the_window_after_the_last_ready_or_start() {
+        let (a, b) = (pod(90, 88, 0), pod(95, 97, 2));
+        assert_eq!(stable_at([Some(&a), Some(&b)], W), Some(ts(107)));
+        assert_eq!(stable_at([Some(&a)], W), Some(ts(100)));
+        assert_eq!(stable_at([Some(&a), None], W), None);
+        let mut unready = pod(0, 0, 0);
+        if let Some(c) = (unready.status.as_mut())
+            .and_then(|s| s.conditions.as_mut())
+            .and_then(|c| c.first_mut())
+        {
+            c.status = "False".into();
+        }
+        assert_eq!(stable_at([Some(&a), Some(&unready)], W), None);
+        let mut waiting = pod(0, 0, 1);
+        if let Some(c) = (waiting.status.as_mut())
+            .and_then(|s| s.container_statuses.as_mut())
+            .and_then(|c| c.first_mut())
+        {
+            c.state = Some(ContainerState::default());
+        }
+        assert_eq!(stable_at([Some(&waiting)], W), None);
     }
 
     #[test]

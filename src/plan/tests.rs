@@ -446,6 +446,40 @@ fn the_gate_holds_until_a_member_that_restarted_is_stable_for_the_window() {
     assert_ne!(sim.step_of("etcd-0"), MemberStep::GatingStop);
 }
 
+/// Waiting only for the window, the gate looks again when the last member to become Ready
+/// will have been so for the window (a member pod that changes before wakes the request), not
+/// every 2 s; when nothing tells when (a member not Ready), every 2 s.
+#[test]
+fn the_gate_waiting_on_the_window_looks_again_when_it_ends() {
+    let mut sim = Sim::at(MemberStep::GatingStop);
+    let now = sim.o.now;
+    let ready = |ago: i64, status: &str| PodCondition {
+        type_: "Ready".into(),
+        status: status.into(),
+        last_transition_time: Some(Time(
+            now - k8s_openapi::jiff::SignedDuration::from_secs(ago),
+        )),
+        ..Default::default()
+    };
+    for (pod, ago) in [("etcd-0", 60), ("etcd-1", 60), ("etcd-2", 3)] {
+        sim.o.pods.get_mut(pod).unwrap().update(|p| {
+            p.status.as_mut().unwrap().conditions = Some(vec![ready(ago, "True")]);
+        });
+    }
+    let d = decide(&sim.o, &sim.settings);
+    assert_eq!(
+        d.requeue,
+        SETTINGS.stable_window - Duration::from_secs(3) + Duration::from_millis(100)
+    );
+    sim.o.pods.get_mut("etcd-2").unwrap().update(|p| {
+        p.status.as_mut().unwrap().conditions = Some(vec![ready(3, "False")]);
+    });
+    assert_eq!(
+        decide(&sim.o, &sim.settings).requeue,
+        Duration::from_secs(2)
+    );
+}
+
 #[test]
 fn accept_records_the_plan_before_anything() {
     let o = observed(spec_class_change("fast"));
