@@ -303,31 +303,20 @@ pub async fn reconcile(
         let mut written: Option<StorageMigrationRequest> = None;
         let mut replay: Option<Arc<Answers>> = None;
         for _ in 0..MAX_ROUNDS {
-            let current = match written.take() {
-                Some(current) => current,
-                None => match cluster.fetch(&ns, &name).await? {
-                    Some(current) => current,
-                    None => {
-                        ctx.gone(&obj);
-                        return Ok(Requeue::await_change());
-                    }
-                },
+            let Some(current) = current_request(&cluster, &obj, written.take()).await? else {
+                ctx.gone(&obj);
+                return Ok(Requeue::await_change());
             };
             let round = Instant::now();
             ended = plan::Observed::has_ended(&current);
             ctx.note_copies(&obj, current.status.as_ref());
             let replaying = replay.take().filter(|a| a.replayable());
-            let Some(Decided {
-                observed,
-                engine,
-                decision,
-                answers,
-            }) = decided(&ctx, &cluster, &obj, current, replaying).await?
-            else {
+            let Some(decided) = decided(&ctx, &cluster, &obj, current, replaying).await? else {
                 continue;
             };
+            let (observed, decision) = (&decided.observed, &decided.decision);
             let gathered = round.elapsed();
-            record_phase(&ctx.metrics, &key, &observed, &decision);
+            record_phase(&ctx.metrics, &key, observed, decision);
             requeue = decision.requeue;
             if decision.actions.is_empty() {
                 debug!(
@@ -342,48 +331,20 @@ pub async fn reconcile(
                 pause(&waker, requeue).await;
                 continue;
             }
-            // A decision that takes a copy slot is written while no other is, and only if it
-            // was made on the slots as they are now; else it is made again.
-            let taking = plan::slots::takes_slot(observed.request.status.as_ref(), &decision);
-            let _admitted = match taking {
-                true => Some(ctx.admission.lock().await),
-                false => None,
+            let Carried::Done(status_written) = carry_out(&ctx, &cluster, &obj, &decided).await?
+            else {
+                continue;
             };
-            if taking && ctx.copy_holders(&obj) != observed.copy_holders {
-                debug!("copy slots changed while deciding; deciding again");
-                continue;
-            }
-            let member = in_flight_member(&decision).unwrap_or_default();
-            let noted =
-                |s: &crate::api::StorageMigrationRequestStatus| ctx.note_copies(&obj, Some(s));
-            let acted = act(
-                &cluster,
-                &ctx.metrics,
-                &noted,
-                &observed,
-                &engine,
-                &decision,
-            )
-            .instrument(info_span!("member", member = %member))
-            .await;
-            if let Err(e @ ClusterError::StaleStatus { .. }) = acted {
-                // Decided on a view that is no longer current (another replica wrote, or the
-                // request was edited): nothing of this decision was done; read and decide again.
-                info!(reason = %e, "status write refused; deciding again on a fresh read");
-                continue;
-            }
-            let status_written = acted?;
-            if only_writes_status(&decision) {
-                written = status_written;
-                replay = Some(answers);
-            }
             debug!(
                 gather_ms = gathered.as_millis(),
                 act_ms = (round.elapsed() - gathered).as_millis(),
                 actions = ?decision.actions.iter().map(Action::name).collect::<Vec<_>>(),
                 "round"
             );
-            if decision.requeue > Duration::ZERO && !changes_status(&decision) {
+            if only_writes_status(decision) {
+                written = status_written.map(|r| *r);
+                replay = Some(decided.answers);
+            } else if decision.requeue > Duration::ZERO && !changes_status(decision) {
                 // Only side effects (a create, a delete): give them a moment before looking,
                 // no longer than the planner asked to wait (the claim swap polls faster), and
                 // no longer than until a watched object of this request changes.
@@ -405,6 +366,67 @@ pub async fn reconcile(
     ctx.metrics
         .reconcile_finished(started.elapsed().as_secs_f64());
     result
+}
+
+/// The request to decide on: as the last status write returned it (`written`), else as read
+/// now (`None` once it is gone).
+async fn current_request(
+    cluster: &Cluster,
+    obj: &Key,
+    written: Option<StorageMigrationRequest>,
+) -> Result<Option<StorageMigrationRequest>, ClusterError> {
+    match written {
+        Some(current) => Ok(Some(current)),
+        None => {
+            let ns = obj.namespace.as_deref().unwrap_or_default();
+            cluster.fetch(ns, &obj.name).await
+        }
+    }
+}
+
+/// What carrying out a decision came to.
+enum Carried {
+    /// Nothing of it was done: it was made on copy slots that changed since, or its status
+    /// write was refused as made on a view no longer current. Decide again on a fresh read.
+    Again,
+    /// Done; with the request as its last status write left it, if it wrote one.
+    Done(Option<Box<StorageMigrationRequest>>),
+}
+
+/// Carries out `decided`'s decision ([`act`]). A decision that takes a copy slot is written
+/// while no other is, and only if it was made on the slots as they are now.
+async fn carry_out(
+    ctx: &Context,
+    cluster: &Cluster,
+    obj: &Key,
+    decided: &Decided,
+) -> Result<Carried, ClusterError> {
+    let (observed, decision) = (&decided.observed, &decided.decision);
+    let taking = plan::slots::takes_slot(observed.request.status.as_ref(), decision);
+    let _admitted = match taking {
+        true => Some(ctx.admission.lock().await),
+        false => None,
+    };
+    if taking && ctx.copy_holders(obj) != observed.copy_holders {
+        debug!("copy slots changed while deciding; deciding again");
+        return Ok(Carried::Again);
+    }
+    let member = in_flight_member(decision).unwrap_or_default();
+    let noted = |s: &crate::api::StorageMigrationRequestStatus| ctx.note_copies(obj, Some(s));
+    let engine = &decided.engine;
+    let acted = act(cluster, &ctx.metrics, &noted, observed, engine, decision)
+        .instrument(info_span!("member", member = %member))
+        .await;
+    match acted {
+        // Decided on a view that is no longer current (another replica wrote, or the request
+        // was edited): nothing of this decision was done; read and decide again.
+        Err(e @ ClusterError::StaleStatus { .. }) => {
+            info!(reason = %e, "status write refused; deciding again on a fresh read");
+            Ok(Carried::Again)
+        }
+        Err(e) => Err(e),
+        Ok(written) => Ok(Carried::Done(written.map(Box::new))),
+    }
 }
 
 /// A decision, with the snapshot it was made on and the answers of the reads behind it.
