@@ -1018,3 +1018,29 @@ async fn a_replayed_round_reads_what_the_round_before_did_not() {
     );
     assert_eq!(answers.len(), 1);
 }
+
+/// A read the API server answered 404 (a StatefulSet orphan-deleted mid-migration) is
+/// replayed as 404: the replayed round sees it absent too, with no request sent.
+#[tokio::test]
+async fn a_not_found_answer_is_replayed_as_not_found() {
+    use super::replay::{Answers, Mode};
+    use k8s_openapi::api::apps::v1::StatefulSet;
+    let answers = Answers::new();
+    let exchanges =
+        vec![Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(404, "NotFound")];
+    let (read, replayed) = super::mock::verify(exchanges, {
+        let answers = answers.clone();
+        move |cluster| async move {
+            let recording = answers.client(cluster.client.clone(), Mode::Record);
+            let replaying = answers.client(cluster.client.clone(), Mode::Replay);
+            let sets = |c: kube::Client| kube::Api::<StatefulSet>::namespaced(c, NS);
+            let read = sets(recording).get_opt("etcd").await;
+            let replayed = sets(replaying).get_opt("etcd").await;
+            (read, replayed)
+        }
+    })
+    .await;
+    assert!(matches!(read, Ok(None)), "{read:?}");
+    assert!(matches!(replayed, Ok(None)), "{replayed:?}");
+    assert_eq!(answers.len(), 1);
+}
