@@ -44,6 +44,7 @@ use crate::ledger::CopyLedger;
 use crate::metrics::Metrics;
 use crate::plan::Settings;
 use crate::plan::{self, Action};
+use crate::quiet::Quiet;
 use crate::scope::WatchScope;
 
 /// Most decide→act rounds in one reconcile before yielding to the queue.
@@ -78,6 +79,8 @@ pub struct Context {
     failures: Mutex<Failures>,
     /// One waker per request seen: a watched change of what it waits for ends its pause.
     wakers: Mutex<HashMap<Key, Arc<Notify>>>,
+    /// The watched changes of each request, against its last round that decided nothing.
+    quiet: Mutex<Quiet<Key>>,
     /// The copy slots held and awaited (kept only when the operator caps copies).
     copies: Mutex<CopyLedger>,
     /// Held while a decision that takes a copy slot is checked against the ledger and written.
@@ -103,6 +106,7 @@ impl Context {
             settings,
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
             wakers: Mutex::new(HashMap::new()),
+            quiet: Mutex::new(Quiet::default()),
             copies: Mutex::new(CopyLedger::default()),
             admission: tokio::sync::Mutex::new(()),
             volumes: Arc::new(VolumeCache::default()),
@@ -140,8 +144,16 @@ impl Context {
         self.wakers().entry(key.clone()).or_default().clone()
     }
 
-    /// Ends the current (or next) pause of each request of `keys` that has a waker.
+    fn quiet(&self) -> std::sync::MutexGuard<'_, Quiet<Key>> {
+        self.quiet.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a watched change of each request of `keys` ([`Quiet`]), and ends the current (or
+    /// next) pause of those that have a waker.
     fn wake(&self, keys: &[Key]) {
+        for key in keys {
+            self.quiet().changed(key);
+        }
         let wakers = self.wakers();
         for key in keys {
             if let Some(w) = wakers.get(key) {
@@ -176,6 +188,7 @@ impl Context {
         self.note_copies(obj, None);
         self.forget(obj);
         self.drop_waker(obj);
+        self.quiet().forget(obj);
         self.metrics.request_phase(&phase_key(obj), None);
     }
 }
@@ -293,79 +306,99 @@ pub async fn reconcile(
     let span = info_span!("reconcile", request = %key);
     let started = Instant::now();
     let result = async {
-        let cluster = ctx.cluster();
         let obj = ObjectRef::from_obj(req.as_ref());
-        let waker = ctx.waker(&obj);
-        let mut requeue = plan::REQUEUE_PROGRESSING;
-        let mut ended = false;
-        // After a decision that only wrote the status: the request as written, and the answers
-        // the decision was made on, for the next round (see `decided`).
-        let mut written: Option<StorageMigrationRequest> = None;
-        let mut replay: Option<Arc<Answers>> = None;
-        for _ in 0..MAX_ROUNDS {
-            let Some(current) = current_request(&cluster, &obj, written.take()).await? else {
-                ctx.gone(&obj);
-                return Ok(Requeue::await_change());
-            };
-            let round = Instant::now();
-            ended = plan::Observed::has_ended(&current);
-            ctx.note_copies(&obj, current.status.as_ref());
-            let replaying = replay.take().filter(|a| a.replayable());
-            let Some(decided) = decided(&ctx, &cluster, &obj, current, replaying).await? else {
-                continue;
-            };
-            let (observed, decision) = (&decided.observed, &decided.decision);
-            let gathered = round.elapsed();
-            record_phase(&ctx.metrics, &key, observed, decision);
-            requeue = decision.requeue;
-            if decision.actions.is_empty() {
-                debug!(
-                    gather_ms = gathered.as_millis(),
-                    ?requeue,
-                    "round: nothing to do"
-                );
-                if !plan::slots::waiting(observed.request.status.as_ref()) {
-                    break;
-                }
-                // Waiting for a copy slot: until one is given back, or the planner's pause.
-                pause(&waker, requeue).await;
-                continue;
-            }
-            let Carried::Done(status_written) = carry_out(&ctx, &cluster, &obj, &decided).await?
-            else {
-                continue;
-            };
+        if let Some(left) = ctx.quiet().remaining(&obj, Instant::now()) {
             debug!(
-                gather_ms = gathered.as_millis(),
-                act_ms = (round.elapsed() - gathered).as_millis(),
-                actions = ?decision.actions.iter().map(Action::name).collect::<Vec<_>>(),
-                "round"
+                ?left,
+                "nothing watched changed since a round decided nothing: waiting on"
             );
-            if only_writes_status(decision) {
-                written = status_written.map(|r| *r);
-                replay = Some(decided.answers);
-            } else if decision.requeue > Duration::ZERO && !changes_status(decision) {
-                // Only side effects (a create, a delete): give them a moment before looking,
-                // no longer than the planner asked to wait (the claim swap polls faster), and
-                // no longer than until a watched object of this request changes.
-                pause(&waker, decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
-            }
+            return Ok(Requeue::requeue(left));
         }
-        ctx.forget(&obj);
-        // An ended request is looked at again only when it changes (a deletion, a spec edit).
-        Ok(if ended {
-            Requeue::await_change()
-        } else if requeue.is_zero() {
-            Requeue::requeue(Duration::from_millis(100))
-        } else {
-            Requeue::requeue(requeue)
-        })
+        rounds(&ctx, &obj, &key).await
     }
     .instrument(span)
     .await;
     ctx.metrics
         .reconcile_finished(started.elapsed().as_secs_f64());
     result
+}
+
+/// The decide→act rounds of one reconcile of the request `obj` (`key`: its namespace/name), at
+/// most [`MAX_ROUNDS`]: until a round decides nothing, or the request is gone.
+async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterError> {
+    let cluster = ctx.cluster();
+    let waker = ctx.waker(obj);
+    let mut requeue = plan::REQUEUE_PROGRESSING;
+    let mut ended = false;
+    // After a decision that only wrote the status: the request as written, and the answers
+    // the decision was made on, for the next round (see `decided`).
+    let mut written: Option<StorageMigrationRequest> = None;
+    let mut replay: Option<Arc<Answers>> = None;
+    // The count of watched changes when the reads a round decides on began ([`Quiet`]): a
+    // replayed round's are those of the round it replays.
+    let mut replayed_seen: Option<u64> = None;
+    for _ in 0..MAX_ROUNDS {
+        let seen = (replayed_seen.take()).unwrap_or_else(|| ctx.quiet().count(obj));
+        let Some(current) = current_request(&cluster, obj, written.take()).await? else {
+            ctx.gone(obj);
+            return Ok(Requeue::await_change());
+        };
+        let round = Instant::now();
+        ended = plan::Observed::has_ended(&current);
+        ctx.note_copies(obj, current.status.as_ref());
+        let replaying = replay.take().filter(|a| a.replayable());
+        let Some(decided) = decided(ctx, &cluster, obj, current, replaying).await? else {
+            continue;
+        };
+        let (observed, decision) = (&decided.observed, &decided.decision);
+        let gathered = round.elapsed();
+        record_phase(&ctx.metrics, key, observed, decision);
+        requeue = decision.requeue;
+        if decision.actions.is_empty() {
+            debug!(
+                gather_ms = gathered.as_millis(),
+                ?requeue,
+                "round: nothing to do"
+            );
+            if !plan::slots::waiting(observed.request.status.as_ref()) {
+                if !ended {
+                    ctx.quiet().settle(obj, seen, Instant::now() + requeue);
+                }
+                break;
+            }
+            // Waiting for a copy slot: until one is given back, or the planner's pause.
+            pause(&waker, requeue).await;
+            continue;
+        }
+        let Carried::Done(status_written) = carry_out(ctx, &cluster, obj, &decided).await? else {
+            continue;
+        };
+        debug!(
+            gather_ms = gathered.as_millis(),
+            act_ms = (round.elapsed() - gathered).as_millis(),
+            actions = ?decision.actions.iter().map(Action::name).collect::<Vec<_>>(),
+            "round"
+        );
+        if only_writes_status(decision) {
+            written = status_written.map(|r| *r);
+            replay = Some(decided.answers);
+            replayed_seen = Some(seen);
+        } else if decision.requeue > Duration::ZERO && !changes_status(decision) {
+            // Only side effects (a create, a delete): give them a moment before looking,
+            // no longer than the planner asked to wait (the claim swap polls faster), and
+            // no longer than until a watched object of this request changes.
+            pause(&waker, decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
+        }
+    }
+    ctx.forget(obj);
+    // An ended request is looked at again only when it changes (a deletion, a spec edit).
+    Ok(if ended {
+        Requeue::await_change()
+    } else if requeue.is_zero() {
+        Requeue::requeue(Duration::from_millis(100))
+    } else {
+        Requeue::requeue(requeue)
+    })
 }
 
 /// The request to decide on: as the last status write returned it (`written`), else as read
@@ -487,15 +520,11 @@ async fn decided(
         None => (Reads::Fresh, Answers::new()),
     };
     loop {
+        let client = |mode| answers.client(cluster.client.clone(), mode);
         let reading = match reads {
-            Reads::Replayed => answers.client(cluster.client.clone(), Mode::Replay),
-            Reads::Fresh | Reads::FreshVolumes => {
-                answers.client(cluster.client.clone(), Mode::Record)
-            }
-        };
-        let reading = match reads {
-            Reads::FreshVolumes => cluster.uncached().reading_through(reading),
-            Reads::Replayed | Reads::Fresh => cluster.reading_through(reading),
+            Reads::Replayed => cluster.reading_through(client(Mode::Replay)),
+            Reads::Fresh => cluster.reading_through(client(Mode::Record)),
+            Reads::FreshVolumes => cluster.uncached().reading_through(client(Mode::Record)),
         };
         let Some((observed, engine)) = snapshot(ctx, cluster, &reading, obj, current).await? else {
             return Ok(None);
@@ -991,15 +1020,27 @@ async fn watch_namespace(
     // The store sees every change of the requests (the mappers read their plans); a reconcile
     // is started only by a change a status write does not make (`request_trigger`).
     let (reader, writer) = reflector::store();
+    let request_ctx = ctx.clone();
     let changes = reflector(writer, watcher(requests, watcher::Config::default()))
         .applied_objects()
-        .predicate_filter(request_trigger, PredicateConfig::default());
+        .predicate_filter(request_trigger, PredicateConfig::default())
+        .inspect(move |request| {
+            if let Ok(request) = request {
+                request_ctx.wake(&[ObjectRef::from_obj(request)]);
+            }
+        });
     let controller = Controller::for_stream(changes, reader);
     let stores = [controller.store(), controller.store(), controller.store()];
     let [pod_store, claim_store, volume_store] = stores;
     let (pod_ctx, claim_ctx, volume_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
+    let job_ctx = ctx.clone();
+    let job_changes = job_changes(jobs, owned).inspect(move |job| {
+        if let Ok(job) = job {
+            job_ctx.wake(&owner_requests(job));
+        }
+    });
     controller
-        .owns_stream(job_changes(jobs, owned))
+        .owns_stream(job_changes)
         .watches_stream(metadata_of(pods), move |pod: PartialObjectMeta<Pod>| {
             let mut keys = owner_requests(&pod);
             keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
@@ -1033,53 +1074,71 @@ async fn watch_namespace(
         .await;
 }
 
-/// Our Jobs' changes that may end what a request waits on: a Job's appearance, its conditions
-/// (`Complete`, `Failed`), a failed pod, its deletion; not the counts of its active and ready
-/// pods, which change a few times in each Job's first second and end nothing (a running copy is
-/// looked at again by the request's requeue). Full objects, as only ours are watched.
+/// Our Jobs' changes that may end what a request waits on: its conditions (`Complete`,
+/// `Failed`), a failed pod, its deletion; not its appearance (it is ours: the round that created
+/// it looks at it), nor the counts of its active and ready pods, which change a few times in each
+/// Job's first second and end nothing (a running copy is looked at again by the request's
+/// requeue, `plan::member::copy_poll`). Full objects, as only ours are watched.
+///
+/// Not kube-runtime's `predicate_filter`: it drops an event whose hash did not change, a
+/// deletion too, and a Job's deletion must wake its request (a Job deleted to be replaced).
 fn job_changes(
     api: Api<Job>,
     config: watcher::Config,
 ) -> impl futures::Stream<Item = Result<Job, watcher::Error>> + Send + 'static {
-    let mut seen: HashMap<String, u64> = HashMap::new();
+    let mut triggers = JobTriggers::default();
     watcher(api, config)
         .default_backoff()
-        .filter_map(move |event| {
-            let changed = match event {
-                Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) => {
-                    let (uid, trigger) = (job.uid().unwrap_or_default(), job_trigger(&job));
-                    (seen.insert(uid, trigger) != Some(trigger)).then_some(Ok(job))
-                }
-                Ok(watcher::Event::Delete(job)) => {
-                    seen.remove(&job.uid().unwrap_or_default());
-                    Some(Ok(job))
-                }
-                // A new list: every Job counts as new again.
-                Ok(watcher::Event::Init) => {
-                    seen.clear();
-                    None
-                }
-                Ok(watcher::Event::InitDone) => None,
-                Err(e) => Some(Err(e)),
-            };
-            futures::future::ready(changed)
-        })
+        .filter_map(move |event| futures::future::ready(triggers.changed(event)))
+}
+
+/// The trigger ([`job_trigger`]) of each Job the watch of our Jobs has seen, by uid.
+#[derive(Debug, Default)]
+pub struct JobTriggers {
+    seen: HashMap<String, u64>,
+}
+
+impl JobTriggers {
+    /// The Job of `event` when it starts a reconcile ([`job_changes`]). A Job first seen as
+    /// created is no change (the round that created it goes on looking at it); one first seen
+    /// ended, after a new list of the watch, is.
+    pub fn changed(
+        &mut self,
+        event: Result<watcher::Event<Job>, watcher::Error>,
+    ) -> Option<Result<Job, watcher::Error>> {
+        match event {
+            Ok(watcher::Event::Apply(job) | watcher::Event::InitApply(job)) => {
+                let (uid, trigger) = (job.uid().unwrap_or_default(), job_trigger(&job));
+                let before = (self.seen.insert(uid, trigger))
+                    .unwrap_or_else(|| job_trigger(&Job::default()));
+                (before != trigger).then_some(Ok(job))
+            }
+            Ok(watcher::Event::Delete(job)) => {
+                self.seen.remove(&job.uid().unwrap_or_default());
+                Some(Ok(job))
+            }
+            // A new list: every Job counts as new again.
+            Ok(watcher::Event::Init) => {
+                self.seen.clear();
+                None
+            }
+            Ok(watcher::Event::InitDone) => None,
+            Err(e) => Some(Err(e)),
+        }
+    }
 }
 
 /// What of a Job starts a reconcile of its request when it changes ([`job_changes`]).
 pub fn job_trigger(job: &Job) -> u64 {
-    use std::hash::{Hash, Hasher};
     let status = job.status.as_ref();
     let conditions: Vec<(&str, &str)> = (status.and_then(|s| s.conditions.as_deref()))
         .unwrap_or_default()
         .iter()
         .map(|c| (c.type_.as_str(), c.status.as_str()))
         .collect();
-    let failed = status.and_then(|s| s.failed);
+    let failed = status.and_then(|s| s.failed).filter(|n| *n > 0);
     let deleted = job.metadata.deletion_timestamp.is_some();
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (conditions, failed, deleted).hash(&mut hasher);
-    hasher.finish()
+    hash_of(&(conditions, failed, deleted))
 }
 
 /// What of a request starts a reconcile when it changes: its spec (`generation`), labels,
@@ -1088,20 +1147,24 @@ pub fn job_trigger(job: &Job) -> u64 {
 /// again to find nothing new. A request waiting on something is looked at again by its requeue
 /// and by the watches of what it waits on, as before.
 pub fn request_trigger(r: &StorageMigrationRequest) -> Option<u64> {
-    use std::hash::{Hash, Hasher};
     let m = &r.metadata;
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
     let deleted = m.deletion_timestamp.as_ref().map(|t| t.0.to_string());
-    (
+    Some(hash_of(&(
         &m.uid,
         m.generation,
         &m.labels,
         &m.annotations,
         &m.finalizers,
         deleted,
-    )
-        .hash(&mut hasher);
-    Some(hasher.finish())
+    )))
+}
+
+/// The hash a trigger compares ([`job_trigger`], [`request_trigger`]).
+fn hash_of(value: &impl std::hash::Hash) -> u64 {
+    use std::hash::Hasher;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The mapper of a watch of `named` objects: the requests whose plan names the object, woken
@@ -1150,7 +1213,8 @@ pub enum Named {
 }
 
 /// The requests not yet ended, in `obj`'s namespace (any, for a volume), whose plan names `obj`
-/// ([`Named`]): a change of it may be what they wait for.
+/// ([`Named`]) and which wait on such changes now ([`plan::observe::wakes_on_members`]): a change
+/// of it may be what they wait for.
 pub fn requests_naming<K: Resource>(
     requests: &[Arc<StorageMigrationRequest>],
     obj: &K,
@@ -1163,8 +1227,10 @@ pub fn requests_naming<K: Resource>(
     let names_it = |r: &StorageMigrationRequest| {
         let status = r.status.as_ref();
         let ended = status.is_some_and(|s| s.phase.is_final());
+        let waits = status.is_none_or(plan::observe::wakes_on_members);
         let claims = status.map(crate::plan::claims::request_claims);
         !ended
+            && waits
             && claims.into_iter().flatten().any(|c| match named {
                 Named::Pod => c.pod() == name,
                 Named::Claim => c.claim() == name || c.temp_claim() == name,
@@ -1273,6 +1339,54 @@ mod tests {
         );
         volume.metadata.name = Some("data-etcd-0".into());
         assert!(requests_naming(&requests, &volume, Named::Volume).is_empty());
+    }
+
+    #[test]
+    fn a_request_whose_member_copies_is_not_woken_by_its_pods_claims_or_volumes() {
+        use crate::api::{MemberStatus, MemberStep, Stage};
+        let at = |step: MemberStep| {
+            let mut r =
+                (*planned("demo", "a", "etcd-0", "data-etcd-0", Phase::Progressing)).clone();
+            if let Some(s) = r.status.as_mut() {
+                s.stage = Stage::Migrating;
+                s.members = vec![MemberStatus {
+                    step,
+                    ..Default::default()
+                }];
+            }
+            [Arc::new(r)]
+        };
+        let pod: Pod = object("demo", "etcd-0");
+        let claim: PersistentVolumeClaim = object("demo", "data-etcd-0");
+        let mut volume = PartialObjectMeta::<PersistentVolume>::default();
+        volume.metadata.name = Some("pv-data-etcd-0".into());
+        for step in [MemberStep::PreCopying, MemberStep::Copying] {
+            let requests = at(step);
+            assert!(
+                requests_naming(&requests, &pod, Named::Pod).is_empty(),
+                "{step:?}"
+            );
+            assert!(requests_naming(&requests, &claim, Named::Claim).is_empty());
+            assert!(requests_naming(&requests, &volume, Named::Volume).is_empty());
+        }
+        for step in [
+            MemberStep::CreatingClaim,
+            MemberStep::StoppingPod,
+            MemberStep::DeletingOldClaim,
+            MemberStep::RecreatingPod,
+        ] {
+            let requests = at(step);
+            assert_eq!(
+                requests_naming(&requests, &pod, Named::Pod),
+                [key("a")],
+                "{step:?}"
+            );
+            assert_eq!(requests_naming(&requests, &claim, Named::Claim), [key("a")]);
+            assert_eq!(
+                requests_naming(&requests, &volume, Named::Volume),
+                [key("a")]
+            );
+        }
     }
 
     #[test]
@@ -1640,6 +1754,51 @@ mod tests {
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(crate::plan::fixtures::t(0)),
         );
         assert_ne!(job_trigger(&deleted), trigger, "deleting");
+    }
+
+    #[test]
+    fn a_job_seen_created_starts_no_reconcile_one_seen_ended_or_deleted_does() {
+        use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
+        use watcher::Event;
+        let job = |uid: &str, complete: bool| {
+            let mut job = object::<Job>("ns", uid);
+            job.metadata.uid = Some(uid.into());
+            job.status = Some(JobStatus {
+                active: Some(1),
+                failed: Some(0),
+                conditions: complete.then(|| {
+                    vec![JobCondition {
+                        type_: "Complete".into(),
+                        status: "True".into(),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            });
+            job
+        };
+        let passes = |t: &mut JobTriggers, e: Event<Job>| t.changed(Ok(e)).is_some();
+        let mut t = JobTriggers::default();
+        assert!(!passes(&mut t, Event::Apply(job("a", false))), "created");
+        assert!(!passes(&mut t, Event::Apply(job("a", false))), "unchanged");
+        assert!(passes(&mut t, Event::Apply(job("a", true))), "complete");
+        assert!(
+            !passes(&mut t, Event::Apply(job("a", true))),
+            "still complete"
+        );
+        assert!(passes(&mut t, Event::Delete(job("a", true))), "deleted");
+        // A new list after a restart of the watch: a Job that ended meanwhile is a change.
+        assert!(!passes(&mut t, Event::Init));
+        assert!(
+            !passes(&mut t, Event::InitApply(job("b", false))),
+            "running"
+        );
+        assert!(passes(&mut t, Event::InitApply(job("c", true))), "ended");
+        assert!(!passes(&mut t, Event::InitDone));
+        assert!(
+            t.changed(Err(watcher::Error::NoResourceVersion)).is_some(),
+            "errors pass"
+        );
     }
 
     #[test]

@@ -31,5 +31,6 @@ pub mod permissions;
 pub mod plan;
 pub mod plugin;
 pub mod quantity;
+pub mod quiet;
 pub mod scope;
 pub mod serve;

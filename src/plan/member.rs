@@ -48,6 +48,18 @@ pub const BIND_NUDGE_FALLBACK_SECONDS: i64 = 2;
 /// event, and the step of the binding nudges (whole seconds after a claim's creation).
 pub const SWAP_POLL: Duration = Duration::from_millis(500);
 
+/// How often a running Job is looked at again, for its progress and a stuck pod: a quarter of
+/// the time it has run, at least [`COPY_POLL_MIN`], at most [`COPY_POLL_MAX`]. Its end (its
+/// `Complete` or `Failed` condition, a failed pod) wakes the request at once through the watch of
+/// our Jobs (`controller::job_trigger`), so this bounds only how old the status's progress is and
+/// how late a stuck pod is seen (its limit, `--helper-start-timeout`, is minutes). A copy of an
+/// hour is looked at about 360 times, not 3,600; one of a few seconds every second, as before.
+pub fn copy_poll(running: Duration) -> Duration {
+    (running / 4).clamp(COPY_POLL_MIN, COPY_POLL_MAX)
+}
+pub const COPY_POLL_MIN: Duration = Duration::from_secs(1);
+pub const COPY_POLL_MAX: Duration = Duration::from_secs(10);
+
 /// Forward (the normal flow) or carrying a swapped member forward during a rollback (no health
 /// gates, no waiting for readiness: the rollback must end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -290,7 +302,10 @@ fn run_job(
             Some(Trouble::Stuck(reason)) => Err(failed(reason)),
             _ => {
                 record_progress(cx, mb, kind);
-                cx.wait(Duration::from_secs(1));
+                let created = job.and_then(|j| j.job.creation_timestamp());
+                let running = created.map_or(0, |t| cx.o.now.as_second() - t.0.as_second());
+                let running = Duration::from_secs(u64::try_from(running).unwrap_or(0));
+                cx.wait_longer(copy_poll(running));
                 Ok(None)
             }
         },

@@ -919,6 +919,26 @@ fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
 }
 
 #[test]
+fn a_running_copy_is_looked_at_every_quarter_of_its_age_between_one_and_ten_seconds() {
+    use crate::plan::member::{COPY_POLL_MAX, COPY_POLL_MIN, copy_poll};
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.hang = true;
+    sim.run(60);
+    assert_eq!(sim.step_of("etcd-0"), MemberStep::PreCopying);
+    let name = build::job_name(REQ, "etcd-0", JobKind::PreCopy);
+    let created = sim.o.now;
+    let job = &mut sim.o.jobs.get_mut(&name).unwrap().job;
+    job.metadata.creation_timestamp = Some(Time(created));
+    for (ran, poll) in [(0, 1), (2, 1), (8, 2), (20, 5), (40, 10), (100, 10)] {
+        sim.o.now = created + std::time::Duration::from_secs(ran);
+        let d = decide(&sim.o, &SETTINGS);
+        assert_eq!(d.requeue, Duration::from_secs(poll), "after {ran} s");
+    }
+    assert_eq!(copy_poll(Duration::ZERO), COPY_POLL_MIN);
+    assert_eq!(copy_poll(Duration::from_secs(86_400)), COPY_POLL_MAX);
+}
+
+#[test]
 fn deleting_a_progressing_request_rolls_back_then_lets_it_go() {
     let mut sim = Sim::new(observed(spec_class_change("fast")));
     for _ in 0..400 {
