@@ -379,7 +379,9 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
             actions = ?decision.actions.iter().map(Action::name).collect::<Vec<_>>(),
             "round"
         );
-        if only_writes_status(decision) {
+        if only_starts_jobs(decision) {
+            break;
+        } else if only_writes_status(decision) {
             written = status_written.map(|r| *r);
             replay = Some(decided.answers);
             replayed_seen = Some(seen);
@@ -817,6 +819,17 @@ fn changes_status(d: &plan::Decision) -> bool {
 pub fn only_writes_status(d: &plan::Decision) -> bool {
     let writes = d.actions.iter().any(|a| matches!(a, Action::SetStatus(_)));
     writes && (d.actions.iter()).all(|a| matches!(a, Action::SetStatus(_) | Action::Event { .. }))
+}
+
+/// Whether `d` starts a Job and does nothing else but write the status and publish events:
+/// nothing it did is worth looking at until the Job reports, which the watch of our Jobs wakes
+/// the request for ([`job_trigger`]); its reconcile ends there rather than read again a round
+/// later to find the Job running.
+pub fn only_starts_jobs(d: &plan::Decision) -> bool {
+    let is_job = |a: &Action| matches!(a, Action::Create(plan::Object::Job(_)));
+    d.actions.iter().any(is_job)
+        && (d.actions.iter())
+            .all(|a| is_job(a) || matches!(a, Action::SetStatus(_) | Action::Event { .. }))
 }
 
 fn in_flight_member(d: &plan::Decision) -> Option<String> {
@@ -1660,6 +1673,17 @@ mod tests {
         assert_eq!(reads_needed(&claim_delete, false), Reads::Fresh, "no cache");
         assert!(only_writes_status(&decision(vec![status()])));
         assert!(only_writes_status(&decision(vec![event(), status()])));
+        let job = || Action::Create(Object::Job(Box::default()));
+        assert!(only_starts_jobs(&decision(vec![job()])));
+        assert!(only_starts_jobs(&decision(vec![status(), event(), job()])));
+        for not_only in [
+            vec![status()],
+            vec![create(), job()],
+            vec![job(), delete(Kind::Job)],
+        ] {
+            let d = decision(not_only.clone());
+            assert!(!only_starts_jobs(&d), "{not_only:?}");
+        }
         for not_only in [
             vec![],
             vec![event()],
