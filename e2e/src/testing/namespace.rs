@@ -16,11 +16,16 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use tracing::{info, warn};
 
+use storage_migrator::api::StorageMigrationRequest;
+use storage_migrator::labels;
+
 use crate::testing::cluster::TestCluster;
 use crate::testing::objects::{fixture_path, set_template_class};
 use crate::testing::{ETCD_READY, FIELD_MANAGER, TestError};
 
 /// A namespace owned by one test; deleted on drop, unless the test panicked and `E2E_KEEP=1`.
+/// Dropped by a failed test, its requests first lose the operator's finalizer
+/// ([`release_requests`]).
 pub struct TestNamespace {
     pub name: String,
     pub cluster: TestCluster,
@@ -41,6 +46,7 @@ impl Drop for TestNamespace {
         // namespace to be gone).
         let config = self.cluster.config.clone();
         let name = self.name.clone();
+        let failed = std::thread::panicking();
         let handle = std::thread::spawn(move || {
             let rt = match tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -51,6 +57,9 @@ impl Drop for TestNamespace {
             };
             rt.block_on(async {
                 let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+                if failed {
+                    release_requests(&client, &name).await?;
+                }
                 let api: Api<Namespace> = Api::all(client);
                 let dp = DeleteParams {
                     propagation_policy: Some(PropagationPolicy::Background),
@@ -69,6 +78,40 @@ impl Drop for TestNamespace {
             Err(_) => warn!(namespace = %self.name, "namespace deletion thread panicked"),
         }
     }
+}
+
+/// Takes the operator's finalizer off every request of the namespace `ns` of a failed test.
+/// Its operator stopped with the test, so nothing would take it off: the namespace would stay
+/// `Terminating` for good, and an operator watching every namespace that a later test or
+/// benchmark starts would pick its requests up.
+async fn release_requests(client: &kube::Client, ns: &str) -> Result<(), String> {
+    let api: Api<StorageMigrationRequest> = Api::namespaced(client.clone(), ns);
+    let requests = match api.list(&Default::default()).await {
+        Ok(list) => list.items,
+        Err(kube::Error::Api(s)) if s.is_not_found() => return Ok(()),
+        Err(e) => return Err(format!("cannot list the requests to release them: {e}")),
+    };
+    for r in requests {
+        let kept: Vec<&String> = (r.finalizers().iter())
+            .filter(|f| f.as_str() != labels::FINALIZER)
+            .collect();
+        if kept.len() == r.finalizers().len() {
+            continue;
+        }
+        let patch = serde_json::json!({
+            "metadata": {"finalizers": kept, "resourceVersion": r.resource_version()}
+        });
+        let name = r.name_any();
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => warn!(namespace = %ns, request = %name, "the failed test's request released"),
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => return Err(format!("cannot release request {name}: {e}")),
+        }
+    }
+    Ok(())
 }
 
 impl TestNamespace {
