@@ -151,9 +151,11 @@ impl Context {
     /// Counts a watched change of each request of `keys` ([`Quiet`]), and ends the current (or
     /// next) pause of those that have a waker.
     fn wake(&self, keys: &[Key]) {
+        let mut quiet = self.quiet();
         for key in keys {
-            self.quiet().changed(key);
+            quiet.changed(key);
         }
+        drop(quiet);
         let wakers = self.wakers();
         for key in keys {
             if let Some(w) = wakers.get(key) {
@@ -817,8 +819,7 @@ fn changes_status(d: &plan::Decision) -> bool {
 /// Whether `d` writes the status and does nothing else but publish events: the next round may
 /// be decided on the answers `d` was decided on ([`decided`]).
 pub fn only_writes_status(d: &plan::Decision) -> bool {
-    let writes = d.actions.iter().any(|a| matches!(a, Action::SetStatus(_)));
-    writes && (d.actions.iter()).all(|a| matches!(a, Action::SetStatus(_) | Action::Event { .. }))
+    does_besides_status(d, |a| matches!(a, Action::SetStatus(_)))
 }
 
 /// Whether `d` starts a Job and does nothing else but write the status and publish events:
@@ -826,10 +827,13 @@ pub fn only_writes_status(d: &plan::Decision) -> bool {
 /// the request for ([`job_trigger`]); its reconcile ends there rather than read again a round
 /// later to find the Job running.
 pub fn only_starts_jobs(d: &plan::Decision) -> bool {
-    let is_job = |a: &Action| matches!(a, Action::Create(plan::Object::Job(_)));
-    d.actions.iter().any(is_job)
-        && (d.actions.iter())
-            .all(|a| is_job(a) || matches!(a, Action::SetStatus(_) | Action::Event { .. }))
+    does_besides_status(d, |a| matches!(a, Action::Create(plan::Object::Job(_))))
+}
+
+/// Whether `d` has an action that is `this`, and none but those, status writes and events.
+fn does_besides_status(d: &plan::Decision, this: impl Fn(&Action) -> bool) -> bool {
+    let status_or_event = |a: &Action| matches!(a, Action::SetStatus(_) | Action::Event { .. });
+    d.actions.iter().any(&this) && (d.actions.iter()).all(|a| this(a) || status_or_event(a))
 }
 
 fn in_flight_member(d: &plan::Decision) -> Option<String> {

@@ -882,13 +882,18 @@ fn timeout_while_jobs_hang_rolls_back() {
     assert_eq!(sim.o.claims.len(), 3);
 }
 
-#[test]
-fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
+/// A simulation whose first member's pre-copy Job runs and does not end, with the Job's name.
+fn pre_copy_running() -> (Sim, String) {
     let mut sim = Sim::new(observed(spec_class_change("fast")));
     sim.jobs.hang = true;
     sim.run(60);
     assert_eq!(sim.step_of("etcd-0"), MemberStep::PreCopying);
-    let name = build::job_name(REQ, "etcd-0", JobKind::PreCopy);
+    (sim, build::job_name(REQ, "etcd-0", JobKind::PreCopy))
+}
+
+#[test]
+fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
+    let (mut sim, name) = pre_copy_running();
     let reading = crate::api::CopyProgress {
         pass: crate::api::CopyPass::PreCopy,
         bytes_done: 512,
@@ -921,11 +926,7 @@ fn a_running_copy_reports_its_progress_and_an_unchanged_one_writes_nothing() {
 #[test]
 fn a_running_copy_is_looked_at_every_quarter_of_its_age_between_one_and_ten_seconds() {
     use crate::plan::member::{COPY_POLL_MAX, COPY_POLL_MIN, copy_poll};
-    let mut sim = Sim::new(observed(spec_class_change("fast")));
-    sim.jobs.hang = true;
-    sim.run(60);
-    assert_eq!(sim.step_of("etcd-0"), MemberStep::PreCopying);
-    let name = build::job_name(REQ, "etcd-0", JobKind::PreCopy);
+    let (mut sim, name) = pre_copy_running();
     let created = sim.o.now;
     let job = &mut sim.o.jobs.get_mut(&name).unwrap().job;
     job.metadata.creation_timestamp = Some(Time(created));
