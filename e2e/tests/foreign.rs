@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, scenario};
+use e2e::testing::{ETCD_READY, FINAL_EVENT, TestCluster, TestNamespace, etcd, scenario};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams, PropagationPolicy};
@@ -256,7 +256,10 @@ async fn a_set_recreated_for_the_whole_request_fails_it_naming_the_set() {
         run.before,
         "every member on its original claim and volume"
     );
-    let events = ns.events_for("held").await.unwrap();
+    let events = ns
+        .events_through("held", "Failed", FINAL_EVENT)
+        .await
+        .unwrap();
     for reason in ["Blocked", "RollingBack", "Failed"] {
         assert!(
             events.iter().any(|e| e.starts_with(reason)),
@@ -310,7 +313,10 @@ async fn a_set_recreated_then_removed_lets_the_request_finish() {
     for (claim, (_, class, _)) in claims(ns).await {
         assert_eq!(class, run.cluster.wffc_storage_class, "{claim}");
     }
-    let events = ns.events_for("resumes").await.unwrap();
+    let events = ns
+        .events_through("resumes", "Successful", FINAL_EVENT)
+        .await
+        .unwrap();
     for reason in ["Blocked", "Unblocked", "Successful"] {
         assert!(
             events.iter().any(|e| e.starts_with(reason)),

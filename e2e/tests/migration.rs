@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{ETCD_READY, TestCluster, TestNamespace, etcd, node_satisfies, scenario};
+use e2e::testing::{
+    ETCD_READY, FINAL_EVENT, TestCluster, TestNamespace, etcd, node_satisfies, scenario,
+};
 use etcd_client::{Client as EtcdClient, ConnectOptions, GetOptions};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, PersistentVolume, PersistentVolumeClaim, Pod};
@@ -382,7 +384,10 @@ async fn storage_class_change_while_a_client_writes() {
         "no pod restarted after the set's recreation"
     );
 
-    let events = ns.events_for("to-fast").await.unwrap();
+    let events = ns
+        .events_through("to-fast", "Successful", FINAL_EVENT)
+        .await
+        .unwrap();
     for reason in [
         "Accepted",
         "StatefulSetOrphaned",
@@ -533,7 +538,10 @@ async fn shrink_and_a_denied_shrink_below_used_bytes() {
             );
         }
     }
-    let events = ns.events_for("shrink").await.unwrap();
+    let events = ns
+        .events_through("shrink", "Successful", FINAL_EVENT)
+        .await
+        .unwrap();
     for reason in [
         "ClaimCreated",
         "Copied",

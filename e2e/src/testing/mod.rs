@@ -105,6 +105,10 @@ pub fn init_tracing() {
 /// How long the etcd fixture may take to reach 3/3 Ready.
 pub const ETCD_READY: Duration = Duration::from_secs(300);
 
+/// How long a request's final Event may follow its final status (written first) on a busy
+/// machine.
+pub const FINAL_EVENT: Duration = Duration::from_secs(60);
+
 /// The start of every scenario: tracing, the cluster `KUBECONFIG` points at, and a fresh
 /// namespace for `test`. Panics with a clear message when the cluster cannot be reached.
 pub async fn scenario(test: &str) -> (TestCluster, TestNamespace) {

@@ -110,6 +110,19 @@ impl TestNamespace {
             .collect())
     }
 
+    /// The events about `name` (as [`Self::events_for`]) once one with reason `last` is there.
+    /// The operator writes a step's status before its events, so a test that saw a request's
+    /// final phase waits for the final event before it reads them all.
+    pub async fn events_through(
+        &self,
+        name: &str,
+        last: &str,
+        timeout: Duration,
+    ) -> Result<Vec<String>, TestError> {
+        self.wait_for_event(name, last, timeout).await?;
+        self.events_for(name).await
+    }
+
     /// Waits for an event with `reason` about object `name` (watch + timeout); returns its
     /// message.
     pub async fn wait_for_event(
