@@ -215,9 +215,10 @@ pub struct CopySpec {
     pub verify_mode: VerifyMode,
     /// Image of the copy, verify and measure Jobs and of the mounter pods; must provide `sh`,
     /// `rsync`, `du`, `stat`, GNU `find`, `sed`, `grep`, `sort`, `tr`, `head`, `tail`, `sync` and
-    /// `sleep`, and should provide GNU `cp` (else the pre-copy copies with rsync). Allowed only when the operator runs
-    /// with `--allow-request-mover-image` (otherwise the request is Denied, reason
-    /// `MoverImageNotAllowed`). Default: the operator's own image (its `--image`), which has them.
+    /// `sleep`, and should provide GNU `cp` (else the pre-copy copies with rsync). Allowed only
+    /// when the operator runs with `--allow-request-mover-image` (otherwise the request is Denied,
+    /// reason `MoverImageNotAllowed`). Default: the operator's own image (its `--image`), which has
+    /// them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mover_image: Option<String>,
     /// Resources (requests and limits) of the copy Jobs' container.

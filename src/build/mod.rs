@@ -123,9 +123,9 @@ fn member_meta(req: &StorageMigrationRequest, name: String, pod: &str, owned: bo
 /// Why: `spec.nodeName` bypasses the scheduler, so a WaitForFirstConsumer claim would never get
 /// its `volume.kubernetes.io/selected-node` and stay Pending; going through the scheduler also
 /// lets it honour the volumes' node affinity. `matchFields` on the name rather than
-/// `matchExpressions` on [`labels::HOSTNAME_LABEL`]: the hostname label is not the node name on every
-/// cloud (e.g. AWS names nodes `ip-….ec2.internal`, labels them `ip-…`), while the member's node
-/// is known by name (`pod.spec.nodeName`).
+/// `matchExpressions` on [`labels::HOSTNAME_LABEL`]: the hostname label is not the node name on
+/// every cloud (e.g. AWS names nodes `ip-….ec2.internal`, labels them `ip-…`), while the member's
+/// node is known by name (`pod.spec.nodeName`).
 pub fn pinned_to_node(node: &str) -> Affinity {
     Affinity {
         node_affinity: Some(NodeAffinity {

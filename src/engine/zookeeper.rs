@@ -523,8 +523,8 @@ impl Rules for ZooKeeperRules {
 
     /// Denied whatever `apply` says: the members cannot be read, a member refuses the words
     /// (the whitelist), or runs standalone, or `handover: Reconfig` meets an ensemble without
-    /// [`RECONFIG_SETTING`] (the client's problem). A member out of sync only waits (`apply: Always`)
-    /// or is refused by `apply: IfReady` ([`Rules::healthy_for_start`]).
+    /// [`RECONFIG_SETTING`] (the client's problem). A member out of sync only waits (`apply:
+    /// Always`) or is refused by `apply: IfReady` ([`Rules::healthy_for_start`]).
     fn preflight(&self, health: &Result<HealthReport, HealthUnavailable>) -> Result<(), String> {
         let report = match health {
             Err(e) => return Err(format!("the ZooKeeper members cannot be read: {e}")),

@@ -172,8 +172,8 @@ pub enum Action {
     /// that is already terminating past its grace period on a node that is NotReady, Unknown or
     /// gone, and then only when the Node is gone, tainted `node.kubernetes.io/out-of-service`,
     /// or the request sets `spec.forceDeleteOnLostNode` (see `plan::helpers::lost_pod` and
-    /// `LostPod::force`), for our own helper pods stuck the same way, and for those that have finished
-    /// (`Succeeded`, `Failed`: every container has exited) and name a claim being swapped.
+    /// `LostPod::force`), for our own helper pods stuck the same way, and for those that have
+    /// finished (`Succeeded`, `Failed`: every container has exited) and name a claim being swapped.
     ///
     /// - `uid`: sent as the delete's uid precondition, so that a successor of the same name is
     ///   never deleted; a failed precondition (409) is a success.

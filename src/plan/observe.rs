@@ -52,9 +52,9 @@ pub fn in_preflight(status: &StorageMigrationRequestStatus) -> bool {
 /// Whether a change of a member pod, a member's claim or a volume may be what a request in
 /// `status` waits for: not while its member in flight copies (`PreCopying`, `Copying`). That
 /// member waits on its Job, whose end wakes the request through the watch of our Jobs, and its
-/// running copy is looked at every few seconds anyway (`member::copy_poll`); meanwhile the claims' `Unused`
-/// condition (Kubernetes 1.36+) changes as each copy pod starts and ends, and the other members'
-/// pods as they restart, each of which would start a round that finds nothing to do.
+/// running copy is looked at every few seconds anyway (`member::copy_poll`); meanwhile the claims'
+/// `Unused` condition (Kubernetes 1.36+) changes as each copy pod starts and ends, and the other
+/// members' pods as they restart, each of which would start a round that finds nothing to do.
 pub fn wakes_on_members(status: &StorageMigrationRequestStatus) -> bool {
     let copying = [MemberStep::PreCopying, MemberStep::Copying];
     !(status.stage == Stage::Migrating && in_flight_step(status, &copying))

@@ -723,8 +723,8 @@ fn uncovered(cx: &Ctx, h: &engine::FinalHash, what: &str) -> Option<String> {
     ))
 }
 
-/// Generic: every migrated member's verification is on record (of each of its claims); with verification off nothing
-/// vouches for the copies and the old volumes stay on Retain.
+/// Generic: every migrated member's verification is on record (of each of its claims); with
+/// verification off nothing vouches for the copies and the old volumes stay on Retain.
 fn generic_final_check(cx: &mut Ctx) -> Result<FinalCheck, Failure> {
     if !cx.spec().copy.verify {
         return Ok(FinalCheck::Passed {
