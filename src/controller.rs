@@ -39,6 +39,7 @@ use crate::api::StorageMigrationRequest;
 use crate::cluster::replay::{Answers, Mode};
 use crate::cluster::{Cluster, ClusterError, Retry, VolumeCache};
 use crate::failpoints;
+use crate::kept::Kept;
 use crate::labels;
 use crate::ledger::CopyLedger;
 use crate::metrics::Metrics;
@@ -81,6 +82,9 @@ pub struct Context {
     wakers: Mutex<HashMap<Key, Arc<Notify>>>,
     /// The watched changes of each request, against its last round that decided nothing.
     quiet: Mutex<Quiet<Key>>,
+    /// Each live request as its last round read or wrote it, while the watch of the requests
+    /// delivered no change of it since ([`Kept`]).
+    kept: Mutex<Kept<Key, StorageMigrationRequest>>,
     /// The copy slots held and awaited (kept only when the operator caps copies).
     copies: Mutex<CopyLedger>,
     /// Held while a decision that takes a copy slot is checked against the ledger and written.
@@ -107,6 +111,7 @@ impl Context {
             failures: Mutex::new(Failures::new(MAX_TRACKED)),
             wakers: Mutex::new(HashMap::new()),
             quiet: Mutex::new(Quiet::default()),
+            kept: Mutex::new(Kept::default()),
             copies: Mutex::new(CopyLedger::default()),
             admission: tokio::sync::Mutex::new(()),
             volumes: Arc::new(VolumeCache::default()),
@@ -164,6 +169,16 @@ impl Context {
         }
     }
 
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept<Key, StorageMigrationRequest>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A change of the request `key` other than its status, or its removal, delivered by the
+    /// watch: the copy of it kept is void ([`Kept`]).
+    fn request_changed(&self, key: &Key) {
+        self.kept().changed(key);
+    }
+
     /// Drops a request's waker (the request is gone).
     fn drop_waker(&self, key: &Key) {
         self.wakers().remove(key);
@@ -191,6 +206,7 @@ impl Context {
         self.forget(obj);
         self.drop_waker(obj);
         self.quiet().forget(obj);
+        self.kept().forget(obj);
         self.metrics.request_phase(&phase_key(obj), None);
     }
 }
@@ -332,16 +348,15 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
     let waker = ctx.waker(obj);
     let mut requeue = plan::REQUEUE_PROGRESSING;
     let mut ended = false;
-    // After a decision that only wrote the status: the request as written, and the answers
-    // the decision was made on, for the next round (see `decided`).
-    let mut written: Option<StorageMigrationRequest> = None;
+    // After a decision that only wrote the status: the answers it was made on, for the next
+    // round (see `decided`).
     let mut replay: Option<Arc<Answers>> = None;
     // The count of watched changes when the reads a round decides on began ([`Quiet`]): a
     // replayed round's are those of the round it replays.
     let mut replayed_seen: Option<u64> = None;
     for _ in 0..MAX_ROUNDS {
         let seen = (replayed_seen.take()).unwrap_or_else(|| ctx.quiet().count(obj));
-        let Some(current) = current_request(&cluster, obj, written.take()).await? else {
+        let Some((current, kept_at)) = current_request(ctx, &cluster, obj).await? else {
             ctx.gone(obj);
             return Ok(Requeue::await_change());
         };
@@ -357,6 +372,7 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
         record_phase(&ctx.metrics, key, observed, decision);
         requeue = decision.requeue;
         if decision.actions.is_empty() {
+            keep_request(ctx, obj, decision, &observed.request, None, kept_at);
             debug!(
                 gather_ms = gathered.as_millis(),
                 ?requeue,
@@ -375,6 +391,14 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
         let Carried::Done(status_written) = carry_out(ctx, &cluster, obj, &decided).await? else {
             continue;
         };
+        keep_request(
+            ctx,
+            obj,
+            decision,
+            &observed.request,
+            status_written,
+            kept_at,
+        );
         debug!(
             gather_ms = gathered.as_millis(),
             act_ms = (round.elapsed() - gathered).as_millis(),
@@ -384,7 +408,6 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
         if only_starts_jobs(decision) {
             break;
         } else if only_writes_status(decision) {
-            written = status_written.map(|r| *r);
             replay = Some(decided.answers);
             replayed_seen = Some(seen);
         } else if decision.requeue > Duration::ZERO && !changes_status(decision) {
@@ -405,19 +428,42 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
     })
 }
 
-/// The request to decide on: as the last status write returned it (`written`), else as read
-/// now (`None` once it is gone).
+/// The request to decide on, with the count of its watched changes ([`Kept`]) it holds at: the
+/// copy kept by the last round, else as read now (`None` once it is gone).
 async fn current_request(
+    ctx: &Context,
     cluster: &Cluster,
     obj: &Key,
-    written: Option<StorageMigrationRequest>,
-) -> Result<Option<StorageMigrationRequest>, ClusterError> {
-    match written {
-        Some(current) => Ok(Some(current)),
-        None => {
-            let ns = obj.namespace.as_deref().unwrap_or_default();
-            cluster.fetch(ns, &obj.name).await
-        }
+) -> Result<Option<(StorageMigrationRequest, u64)>, ClusterError> {
+    let kept = ctx.kept().take(obj);
+    if let Some(kept) = kept {
+        return Ok(Some(kept));
+    }
+    let seen = ctx.kept().count(obj);
+    let ns = obj.namespace.as_deref().unwrap_or_default();
+    let read = cluster.fetch(ns, &obj.name).await?;
+    Ok(read.map(|r| (r, seen)))
+}
+
+/// Keeps the request for the next round ([`Kept`]), as `decision`'s status write returned it
+/// (`written`) or else as it was decided on, valid while no change of it counted since `seen`:
+/// not after a decision that changed its metadata (a finalizer: the copy does not carry it), nor
+/// once it has ended (an ended request is looked at again only when it changes).
+fn keep_request(
+    ctx: &Context,
+    obj: &Key,
+    decision: &plan::Decision,
+    decided_on: &StorageMigrationRequest,
+    written: Option<Box<StorageMigrationRequest>>,
+    seen: u64,
+) {
+    let metadata = |a: &Action| matches!(a, Action::AddFinalizer | Action::RemoveFinalizer);
+    if decision.actions.iter().any(metadata) {
+        return;
+    }
+    let copy = written.map_or_else(|| decided_on.clone(), |r| *r);
+    if !plan::Observed::has_ended(&copy) {
+        ctx.kept().keep(obj, copy, seen);
     }
 }
 
@@ -1038,12 +1084,20 @@ async fn watch_namespace(
     // is started only by a change a status write does not make (`request_trigger`).
     let (reader, writer) = reflector::store();
     let request_ctx = ctx.clone();
+    let removal_ctx = ctx.clone();
     let changes = reflector(writer, watcher(requests, watcher::Config::default()))
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(request)) = event {
+                removal_ctx.request_changed(&ObjectRef::from_obj(request));
+            }
+        })
         .applied_objects()
         .predicate_filter(request_trigger, PredicateConfig::default())
         .inspect(move |request| {
             if let Ok(request) = request {
-                request_ctx.wake(&[ObjectRef::from_obj(request)]);
+                let key = ObjectRef::from_obj(request);
+                request_ctx.request_changed(&key);
+                request_ctx.wake(&[key]);
             }
         });
     let controller = Controller::for_stream(changes, reader);
@@ -1284,6 +1338,14 @@ mod tests {
     use super::*;
     use crate::api::{Phase, Plan, PlannedMember, StorageMigrationRequestStatus};
 
+    /// A context whose client reaches no API server.
+    fn offline_context() -> Context {
+        let config = kube::Config::new("http://127.0.0.1:1".parse().expect("uri"));
+        let client = kube::Client::try_from(config).expect("client");
+        let settings = crate::plan::fixtures::SETTINGS.clone();
+        Context::new(client, settings, Arc::new(Metrics::new()))
+    }
+
     fn key(name: &str) -> Key {
         Key::new(name).within("demo")
     }
@@ -1420,14 +1482,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_wake_ends_a_pause_and_one_before_it_is_kept() {
-        let ctx = Context::new(
-            kube::Client::try_from(kube::Config::new(
-                "http://127.0.0.1:1".parse().expect("uri"),
-            ))
-            .expect("client"),
-            crate::plan::fixtures::SETTINGS.clone(),
-            Arc::new(Metrics::default()),
-        );
+        let ctx = offline_context();
         // No waker yet: nothing to wake, nothing made.
         ctx.wake(&[key("a")]);
         assert!(ctx.wakers().is_empty());
@@ -1446,14 +1501,7 @@ mod tests {
     /// reconcile) leaves nothing behind: no failures, no waker, no entry in the phase gauge.
     #[tokio::test]
     async fn a_request_gone_leaves_no_phase_gauge_entry() {
-        let ctx = Context::new(
-            kube::Client::try_from(kube::Config::new(
-                "http://127.0.0.1:1".parse().expect("uri"),
-            ))
-            .expect("client"),
-            crate::plan::fixtures::SETTINGS.clone(),
-            Arc::new(Metrics::new()),
-        );
+        let ctx = offline_context();
         let progressing = |m: &Metrics| {
             m.encode()
                 .expect("metrics")
@@ -1904,6 +1952,80 @@ mod tests {
             matches!(acted, Err(ClusterError::StaleStatus { .. })),
             "{acted:?}"
         );
+    }
+
+    /// A round decides on the request as the last round read or wrote it, without reading it
+    /// again, while the watch delivered no change of it; a change, a finalizer written (the
+    /// copy does not carry it) or an ended request make the next round read it.
+    #[tokio::test]
+    async fn a_round_decides_on_the_request_kept_until_the_watch_sees_it_change() {
+        use crate::cluster::mock::{Exchange, verify};
+        use crate::plan::fixtures::{NS, REQ, observed, spec_class_change};
+        let ctx = Arc::new(offline_context());
+        let read = observed(spec_class_change("fast")).request;
+        let obj = ObjectRef::from_obj(&read);
+        let path = format!(
+            "/apis/storagemigrator.io/v1alpha1/namespaces/{NS}/storagemigrationrequests/{REQ}"
+        );
+        let body = serde_json::to_value(&read).expect("json");
+        let get = || vec![Exchange::new(http::Method::GET, &path).returns(body.clone())];
+        let round = |exchanges: Vec<Exchange>| {
+            let (ctx, obj) = (ctx.clone(), obj.clone());
+            verify(exchanges, move |cluster| async move {
+                let current = current_request(&ctx, &cluster, &obj).await;
+                current.expect("no error").expect("the request is there")
+            })
+        };
+        let decision = |actions| plan::Decision {
+            actions,
+            requeue: Duration::ZERO,
+        };
+        let status_only = decision(vec![Action::SetStatus(Box::default())]);
+        let (first, seen) = round(get()).await;
+        let mut written = first.clone();
+        written.metadata.resource_version = Some("43".into());
+        keep_request(
+            &ctx,
+            &obj,
+            &status_only,
+            &first,
+            Some(Box::new(written)),
+            seen,
+        );
+        let (kept, at) = round(vec![]).await;
+        assert_eq!(kept.metadata.resource_version.as_deref(), Some("43"));
+        assert_eq!(at, seen);
+        // Kept again by a round that wrote nothing: still no read.
+        keep_request(&ctx, &obj, &decision(vec![]), &kept, None, at);
+        let (again, _) = round(vec![]).await;
+        assert_eq!(again.metadata.resource_version.as_deref(), Some("43"));
+        // A change the watch delivered voids it.
+        keep_request(&ctx, &obj, &status_only, &again, None, at);
+        ctx.request_changed(&obj);
+        let (reread, seen) = round(get()).await;
+        assert_ne!(seen, at, "counted from the change");
+        // A finalizer written: not kept.
+        let finalizer = decision(vec![
+            Action::SetStatus(Box::default()),
+            Action::AddFinalizer,
+        ]);
+        keep_request(&ctx, &obj, &finalizer, &reread, None, seen);
+        let (reread, seen) = round(get()).await;
+        // An ended request: not kept.
+        let mut ended = reread.clone();
+        ended.status.get_or_insert_default().phase = crate::api::Phase::Successful;
+        keep_request(
+            &ctx,
+            &obj,
+            &status_only,
+            &reread,
+            Some(Box::new(ended)),
+            seen,
+        );
+        round(get()).await;
+        // Gone: forgotten.
+        ctx.gone(&obj);
+        assert!(ctx.kept().is_empty());
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod controller;
 pub mod engine;
 pub mod failpoints;
 pub mod image;
+pub mod kept;
 pub mod labels;
 pub mod leader;
 pub mod ledger;
