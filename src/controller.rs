@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use kube::core::PartialObjectMeta;
@@ -1101,8 +1101,8 @@ async fn watch_namespace(
             }
         });
     let controller = Controller::for_stream(changes, reader);
-    let stores = [controller.store(), controller.store(), controller.store()];
-    let [pod_store, claim_store, volume_store] = stores;
+    let stores = [(); 4].map(|()| controller.store());
+    let [pod_store, claim_store, volume_store, stopping_store] = stores;
     let (pod_ctx, claim_ctx, volume_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
     let job_ctx = ctx.clone();
     let job_changes = job_changes(jobs, owned).inspect(move |job| {
@@ -1112,12 +1112,15 @@ async fn watch_namespace(
     });
     controller
         .owns_stream(job_changes)
-        .watches_stream(metadata_of(pods), move |pod: PartialObjectMeta<Pod>| {
-            let mut keys = owner_requests(&pod);
-            keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
-            pod_ctx.wake(&keys);
-            keys
-        })
+        .watches_stream(
+            pod_changes(pods, stopping_store),
+            move |pod: PartialObjectMeta<Pod>| {
+                let mut keys = owner_requests(&pod);
+                keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
+                pod_ctx.wake(&keys);
+                keys
+            },
+        )
         .watches_stream(
             metadata_of(claims),
             wake_naming(claim_store, claim_ctx, Named::Claim),
@@ -1261,9 +1264,54 @@ fn metadata_of<K>(
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    watcher(api, watcher::Config::default().page_size(METADATA_PAGE))
-        .default_backoff()
+    metadata_events(api).touched_objects()
+}
+
+/// The watch events of the objects of `api` (metadata only), retried with the watcher's default
+/// backoff.
+fn metadata_events<K>(
+    api: Api<PartialObjectMeta<K>>,
+) -> impl futures::Stream<Item = Result<watcher::Event<PartialObjectMeta<K>>, watcher::Error>>
++ Send
++ 'static
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    watcher(api, watcher::Config::default().page_size(METADATA_PAGE)).default_backoff()
+}
+
+/// The changes of the pods of `api` (metadata only) that may matter to a request of `store`
+/// ([`pod_event_matters`]).
+fn pod_changes(
+    api: Api<PartialObjectMeta<Pod>>,
+    store: kube::runtime::reflector::Store<StorageMigrationRequest>,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + 'static {
+    metadata_events(api)
+        .try_filter(move |event| futures::future::ready(pod_event_matters(&store.state(), event)))
         .touched_objects()
+}
+
+/// Whether a pod's watch event may matter to a request: not an update of a terminating pod that
+/// no request controls (not a helper pod) and that every request whose plan names it waits, at
+/// `StoppingPod`, to be gone ([`plan::observe::waits_for_pod_gone`]): those updates come a few
+/// at once as its containers stop, and each started a round that decided nothing. Its deletion
+/// always matters, as does every event of any other pod.
+pub fn pod_event_matters(
+    requests: &[Arc<StorageMigrationRequest>],
+    event: &watcher::Event<PartialObjectMeta<Pod>>,
+) -> bool {
+    let watcher::Event::Apply(pod) = event else {
+        return true;
+    };
+    if pod.metadata.deletion_timestamp.is_none() || !owner_requests(pod).is_empty() {
+        return true;
+    }
+    let name = pod.name_any();
+    let mut naming = naming(requests, pod, Named::Pod).peekable();
+    naming.peek().is_none()
+        || !naming.all(|r| {
+            (r.status.as_ref()).is_some_and(|s| plan::observe::waits_for_pod_gone(s, &name))
+        })
 }
 
 /// Objects per page of the metadata watches' lists (kube-runtime's default is 500). Those lists
@@ -1291,11 +1339,23 @@ pub fn requests_naming<K: Resource>(
     obj: &K,
     named: Named,
 ) -> Vec<Key> {
-    let (ns, name) = (obj.meta().namespace.as_deref(), obj.meta().name.as_deref());
-    let Some(name) = name else {
-        return Vec::new();
-    };
-    let names_it = |r: &StorageMigrationRequest| {
+    naming(requests, obj, named)
+        .map(|r| ObjectRef::from_obj(r.as_ref()))
+        .collect()
+}
+
+/// The requests of [`requests_naming`].
+fn naming<'r, K: Resource>(
+    requests: &'r [Arc<StorageMigrationRequest>],
+    obj: &K,
+    named: Named,
+) -> impl Iterator<Item = &'r Arc<StorageMigrationRequest>> {
+    let ns = obj.meta().namespace.clone();
+    let name = obj.meta().name.clone();
+    let names_it = move |r: &StorageMigrationRequest| {
+        let Some(name) = name.as_deref() else {
+            return false;
+        };
         let status = r.status.as_ref();
         let ended = status.is_some_and(|s| s.phase.is_final());
         let waits = status.is_none_or(plan::observe::wakes_on_members);
@@ -1308,14 +1368,9 @@ pub fn requests_naming<K: Resource>(
                 Named::Volume => c.volumes().iter().any(|(_, v)| *v == name),
             })
     };
-    let in_scope = |r: &StorageMigrationRequest| {
-        named == Named::Volume || r.metadata.namespace.as_deref() == ns
-    };
-    requests
-        .iter()
-        .filter(|r| in_scope(r) && names_it(r))
-        .map(|r| ObjectRef::from_obj(r.as_ref()))
-        .collect()
+    let in_scope =
+        move |r: &StorageMigrationRequest| named == Named::Volume || r.metadata.namespace == ns;
+    requests.iter().filter(move |r| in_scope(r) && names_it(r))
 }
 
 /// The request that controls a pod (a mounter pod carries our label and the request as its
@@ -1478,6 +1533,62 @@ mod tests {
         owner.controller = Some(false);
         mounter.metadata.owner_references = Some(vec![owner]);
         assert!(owner_requests(&mounter).is_empty());
+    }
+
+    /// The updates of a terminating member pod that its request waits, at `StoppingPod`, to be
+    /// gone are dropped before they wake anything; its deletion, the pod at another step, a
+    /// helper pod, a pod not terminating and one another request also waits on are not.
+    #[test]
+    fn a_stopping_members_termination_wakes_its_request_only_when_the_pod_is_gone() {
+        use crate::api::{MemberStatus, MemberStep, Stage};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+        let at = |name: &str, step: MemberStep| {
+            let mut r =
+                (*planned("demo", name, "etcd-0", "data-etcd-0", Phase::Progressing)).clone();
+            if let Some(s) = r.status.as_mut() {
+                s.stage = Stage::Migrating;
+                s.members = vec![MemberStatus {
+                    pod: "etcd-0".into(),
+                    step,
+                    ..Default::default()
+                }];
+            }
+            Arc::new(r)
+        };
+        let mut pod = PartialObjectMeta::<Pod>::default();
+        pod.metadata.namespace = Some("demo".into());
+        pod.metadata.name = Some("etcd-0".into());
+        let serving = watcher::Event::Apply(pod.clone());
+        pod.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::now()));
+        let (updated, gone) = (
+            watcher::Event::Apply(pod.clone()),
+            watcher::Event::Delete(pod.clone()),
+        );
+        let stopping = [at("a", MemberStep::StoppingPod)];
+        assert!(!pod_event_matters(&stopping, &updated));
+        assert!(pod_event_matters(&stopping, &gone));
+        assert!(pod_event_matters(&stopping, &serving));
+        assert!(pod_event_matters(
+            &stopping,
+            &watcher::Event::InitApply(pod.clone())
+        ));
+        assert!(pod_event_matters(
+            &[at("a", MemberStep::RecreatingPod)],
+            &updated
+        ));
+        assert!(pod_event_matters(&[], &updated), "no request names it");
+        let both = [stopping[0].clone(), at("b", MemberStep::GatingStop)];
+        assert!(pod_event_matters(&both, &updated));
+        let mut helper = pod.clone();
+        helper.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "storagemigrator.io/v1alpha1".into(),
+            kind: "StorageMigrationRequest".into(),
+            name: "a".into(),
+            uid: "uid-a".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        assert!(pod_event_matters(&stopping, &watcher::Event::Apply(helper)));
     }
 
     #[tokio::test]

@@ -60,6 +60,17 @@ pub fn wakes_on_members(status: &StorageMigrationRequestStatus) -> bool {
     !(status.stage == Stage::Migrating && in_flight_step(status, &copying))
 }
 
+/// Whether a request in `status` waits, at `StoppingPod`, for its member in flight's pod `pod`
+/// to be gone: the updates of that pod's termination (a few, as its containers stop) decide
+/// nothing for it; its deletion is what it waits for.
+pub fn waits_for_pod_gone(status: &StorageMigrationRequestStatus, pod: &str) -> bool {
+    status.stage == Stage::Migrating
+        && !status.phase.is_final()
+        && super::in_flight(status)
+            .and_then(|i| status.members.get(i))
+            .is_some_and(|m| m.step == MemberStep::StoppingPod && m.pod == pod)
+}
+
 /// Whether `status` is in Preflight, or in Migrating with its member in flight at one of
 /// `steps`; false for a final request.
 fn in_flight_step(status: &StorageMigrationRequestStatus, steps: &[MemberStep]) -> bool {
