@@ -406,6 +406,9 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
             "round"
         );
         if only_starts_jobs(decision) {
+            // Nothing to look at until the Job reports or the planner's wait is over: a
+            // reconcile queued by a change this round's reads already saw waits it out.
+            ctx.quiet().settle(obj, seen, Instant::now() + requeue);
             break;
         } else if only_writes_status(decision) {
             replay = Some(decided.answers);
@@ -528,7 +531,8 @@ pub enum Reads {
     Replayed,
     /// Read now; volumes from the cache.
     Fresh,
-    /// Read now, the volumes too.
+    /// The volumes read now; the rest read now, or in the same decision a moment before
+    /// ([`reread_mode`]).
     FreshVolumes,
 }
 
@@ -565,16 +569,15 @@ async fn decided(
     mut current: StorageMigrationRequest,
     replay: Option<Arc<Answers>>,
 ) -> Result<Option<Decided>, ClusterError> {
-    let (mut reads, mut answers) = match replay {
-        Some(answers) => (Reads::Replayed, answers),
-        None => (Reads::Fresh, Answers::new()),
+    let (mut reads, mut answers, mut mode) = match replay {
+        Some(answers) => (Reads::Replayed, answers, Mode::Replay),
+        None => (Reads::Fresh, Answers::new(), Mode::Record),
     };
     loop {
-        let client = |mode| answers.client(cluster.client.clone(), mode);
+        let client = answers.client(cluster.client.clone(), mode);
         let reading = match reads {
-            Reads::Replayed => cluster.reading_through(client(Mode::Replay)),
-            Reads::Fresh => cluster.reading_through(client(Mode::Record)),
-            Reads::FreshVolumes => cluster.uncached().reading_through(client(Mode::Record)),
+            Reads::FreshVolumes => cluster.uncached().reading_through(client),
+            Reads::Replayed | Reads::Fresh => cluster.reading_through(client),
         };
         let Some((observed, engine)) = snapshot(ctx, cluster, &reading, obj, current).await? else {
             return Ok(None);
@@ -594,7 +597,23 @@ async fn decided(
             ?needed,
             "decided on reads older than the decision needs: reading, deciding again"
         );
-        (reads, answers, current) = (needed, Answers::new(), observed.request);
+        mode = reread_mode(reads, needed);
+        if mode == Mode::Record {
+            answers = Answers::new();
+        }
+        (reads, current) = (needed, observed.request);
+    }
+}
+
+/// How a decision made on `made_on` reads that needs `needed` is made again: after fresh reads,
+/// one that needs fresh volumes replays those reads, made a moment before in the same
+/// decision, and reads only the volumes now (volumes are never replayed; a gather reads them
+/// after the claims anyway); any other reads everything anew.
+pub fn reread_mode(made_on: Reads, needed: Reads) -> Mode {
+    if made_on == Reads::Fresh && needed == Reads::FreshVolumes {
+        Mode::Replay
+    } else {
+        Mode::Record
     }
 }
 
@@ -1858,6 +1877,17 @@ mod tests {
                 "{not_only:?}"
             );
         }
+    }
+
+    /// A decision made on fresh reads that needs the volumes read now is made again on the same
+    /// answers, only the volumes read; any other decision needing fresher reads reads anew
+    /// (replayed answers may be a second old).
+    #[test]
+    fn fresh_reads_are_replayed_when_only_the_volumes_must_be_read_again() {
+        use Reads::{Fresh, FreshVolumes, Replayed};
+        assert_eq!(reread_mode(Fresh, FreshVolumes), Mode::Replay);
+        assert_eq!(reread_mode(Replayed, FreshVolumes), Mode::Record);
+        assert_eq!(reread_mode(Replayed, Fresh), Mode::Record);
     }
 
     /// A status write (and the resourceVersion it brings) starts no reconcile; a spec edit, an

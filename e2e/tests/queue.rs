@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use e2e::testing::operator::{
     Operator, create_request, install_crd, summary, wait_final, wait_status,
 };
-use e2e::testing::{ETCD_READY, TestNamespace, etcd, scenario};
+use e2e::testing::{ETCD_READY, FINAL_EVENT, TestNamespace, etcd, scenario};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use serde_json::json;
 use storage_migrator::api::{Phase, StorageMigrationRequestStatus};
@@ -134,11 +134,12 @@ async fn requests_on_one_set_are_judged_one_at_a_time_oldest_first() {
     .unwrap();
     info!(status = %summary(&waiting), "q3-shrink waits");
     assert!(waiting.metadata.finalizers.unwrap_or_default().is_empty());
-    let events = ns.events_for("q3-shrink").await.unwrap();
-    assert!(
-        events.iter().any(|e| e.starts_with("Queued")),
-        "no Queued event in {events:?}"
-    );
+    // The status is written before the step's events: wait for the event, do not list them.
+    let queued = ns
+        .wait_for_event("q3-shrink", "Queued", FINAL_EVENT)
+        .await
+        .unwrap();
+    assert!(queued.contains("q2-move"), "Queued event: {queued}");
 
     let moved = wait_final(&ns, "q2-move", MIGRATION).await.unwrap();
     info!(took = ?started.elapsed(), status = %summary(&moved), "q2-move done");
