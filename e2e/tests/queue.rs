@@ -139,7 +139,11 @@ async fn requests_on_one_set_are_judged_one_at_a_time_oldest_first() {
         .wait_for_event("q3-shrink", "Queued", FINAL_EVENT)
         .await
         .unwrap();
-    assert!(queued.contains("q2-move"), "Queued event: {queued}");
+    // Emitted once, when it starts waiting: behind q1-bad or q2-move, whichever was ahead then.
+    assert!(
+        queued.starts_with("waiting for request q"),
+        "Queued event: {queued}"
+    );
 
     let moved = wait_final(&ns, "q2-move", MIGRATION).await.unwrap();
     info!(took = ?started.elapsed(), status = %summary(&moved), "q2-move done");
