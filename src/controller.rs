@@ -179,6 +179,12 @@ impl Context {
         self.kept().changed(key);
     }
 
+    /// The watch of the requests failed or lists them anew: every copy kept is void
+    /// ([`Kept::changed_all`]).
+    fn requests_relisted(&self) {
+        self.kept().changed_all();
+    }
+
     /// Drops a request's waker (the request is gone).
     fn drop_waker(&self, key: &Key) {
         self.wakers().remove(key);
@@ -438,11 +444,10 @@ async fn current_request(
     cluster: &Cluster,
     obj: &Key,
 ) -> Result<Option<(StorageMigrationRequest, u64)>, ClusterError> {
-    let kept = ctx.kept().take(obj);
-    if let Some(kept) = kept {
-        return Ok(Some(kept));
-    }
-    let seen = ctx.kept().count(obj);
+    let seen = match ctx.kept().take(obj) {
+        Ok(kept) => return Ok(Some(kept)),
+        Err(seen) => seen,
+    };
     let ns = obj.namespace.as_deref().unwrap_or_default();
     let read = cluster.fetch(ns, &obj.name).await?;
     Ok(read.map(|r| (r, seen)))
@@ -1105,10 +1110,15 @@ async fn watch_namespace(
     let request_ctx = ctx.clone();
     let removal_ctx = ctx.clone();
     let changes = reflector(writer, watcher(requests, watcher::Config::default()))
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(request)) = event {
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(request)) => {
                 removal_ctx.request_changed(&ObjectRef::from_obj(request));
             }
+            // A failure, or a new list (after one, or a watch too far behind): a request
+            // deleted or edited meanwhile may never come as an event of its own, and the next
+            // list comes only after a backoff.
+            Ok(watcher::Event::Init) | Err(_) => removal_ctx.requests_relisted(),
+            Ok(_) => {}
         })
         .applied_objects()
         .predicate_filter(request_trigger, PredicateConfig::default())
@@ -2145,6 +2155,12 @@ mod tests {
         ctx.request_changed(&obj);
         let (reread, seen) = round(get()).await;
         assert_ne!(seen, at, "counted from the change");
+        // So does a new list of the requests (the watch failed, or fell too far behind).
+        keep_request(&ctx, &obj, &status_only, &reread, None, seen);
+        ctx.requests_relisted();
+        let (reread, relisted) = round(get()).await;
+        assert_ne!(relisted, seen, "counted from the new list");
+        let seen = relisted;
         // A finalizer written: not kept.
         let finalizer = decision(vec![
             Action::SetStatus(Box::default()),

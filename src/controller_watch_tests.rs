@@ -164,3 +164,62 @@ async fn watched_namespaces_share_one_watch_of_the_volumes() {
     want.extend(expected_in("/namespaces/c"));
     assert_eq!(calls, want);
 }
+
+/// A failed list of the requests is retried after a growing delay (the controller's backoff of
+/// its triggers), not at once in a loop: an API server that fails them (during an upgrade, a
+/// CRD being replaced) would otherwise get a list call per round trip, and the log an error each.
+/// The request copies kept from round to round are void from the first failure on: the request
+/// may be deleted or edited while the list fails.
+#[tokio::test(start_paused = true)]
+async fn a_failing_list_of_the_requests_is_retried_after_a_backoff_and_voids_kept_copies() {
+    let (service, mut server) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(service, "default");
+    let settings = Settings::new(ImageRef::parse("registry.example/storage-migrator:1").unwrap());
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        settings,
+        Arc::new(Metrics::new()),
+    ));
+    // A copy of a request kept from before the failure (the request could be deleted while
+    // the list fails).
+    let kept: super::Key = kube::runtime::reflector::ObjectRef::new("r").within("demo");
+    let seen = ctx.kept().count(&kept);
+    let request = crate::plan::fixtures::request(crate::plan::fixtures::spec_shrink("1Gi"));
+    ctx.kept().keep(&kept, request, seen);
+    let scope = namespaces(&["demo"]);
+    let watching = ctx.clone();
+    let task = tokio::spawn(async move { watch_scope(client, &scope, watching).await });
+    let window = Duration::from_secs(30);
+    let end = tokio::time::Instant::now() + window;
+    let (mut request_lists, mut held) = (0, Vec::new());
+    while request_lists <= 100 {
+        let left = end.saturating_duration_since(tokio::time::Instant::now());
+        let Ok(Some((request, send))) = tokio::time::timeout(left, server.next_request()).await
+        else {
+            break;
+        };
+        let c = call(&request);
+        if c.2.contains("watch=true") {
+            held.push(send);
+        } else if c.1.ends_with("/storagemigrationrequests") {
+            request_lists += 1;
+            let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "etcdserver: leader changed", "reason": "InternalError", "code": 500});
+            let failed = Response::builder().status(500);
+            send.send_response(
+                failed
+                    .body(Body::from(status.to_string().into_bytes()))
+                    .unwrap(),
+            );
+        } else {
+            send.send_response(list(c.3.contains("PartialObjectMetadata")));
+        }
+    }
+    task.abort();
+    assert!(ctx.kept().take(&kept).is_err(), "the kept copy is void");
+    assert!(
+        (2..=10).contains(&request_lists),
+        "{request_lists} lists of the requests in {window:?} of failures: want a few retries, \
+         each after a growing delay"
+    );
+}

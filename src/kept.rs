@@ -63,9 +63,20 @@ impl<K: Hash + Eq + Clone, V> Kept<K, V> {
     }
 
     /// The copy kept of `key`, taken out (a round that ends well keeps one again), with the
-    /// count it was kept at; `None` when there is none.
-    pub fn take(&mut self, key: &K) -> Option<(V, u64)> {
-        self.by_key.get_mut(key)?.copy.take()
+    /// count it was kept at; when there is none, `Err` with the count to read it against.
+    pub fn take(&mut self, key: &K) -> Result<(V, u64), u64> {
+        let entry = self.by_key.entry(key.clone()).or_default();
+        entry.copy.take().ok_or(entry.changes)
+    }
+
+    /// Voids every copy, as if each request had changed: the watch of the requests failed or
+    /// lists them anew, and what changed meanwhile (a deletion too) may never come as a change
+    /// of its own.
+    pub fn changed_all(&mut self) {
+        for entry in self.by_key.values_mut() {
+            entry.changes += 1;
+            entry.copy = None;
+        }
     }
 
     /// Forgets `key` (the request is gone).
@@ -93,9 +104,13 @@ mod tests {
         let mut kept = Kept::default();
         let seen = kept.count(&"a");
         kept.keep(&"a", "written", seen);
-        assert_eq!(kept.take(&"a"), Some(("written", seen)));
-        assert_eq!(kept.take(&"a"), None, "taken out: a round keeps one again");
-        assert_eq!(kept.take(&"b"), None);
+        assert_eq!(kept.take(&"a"), Ok(("written", seen)));
+        assert_eq!(
+            kept.take(&"a"),
+            Err(seen),
+            "taken out: a round keeps one again"
+        );
+        assert_eq!(kept.take(&"b"), Err(0));
     }
 
     #[test]
@@ -104,15 +119,15 @@ mod tests {
         let seen = kept.count(&"a");
         kept.keep(&"a", "read", seen);
         kept.changed(&"a");
-        assert_eq!(kept.take(&"a"), None, "changed after it was kept");
+        assert_eq!(kept.take(&"a"), Err(seen + 1), "changed after it was kept");
         // A change between the count and the read or write: not kept at all.
         let seen = kept.count(&"a");
         kept.changed(&"a");
         kept.keep(&"a", "read", seen);
-        assert_eq!(kept.take(&"a"), None, "changed before it was kept");
+        assert_eq!(kept.take(&"a"), Err(seen + 1), "changed before it was kept");
         let seen = kept.count(&"a");
         kept.keep(&"a", "read again", seen);
-        assert_eq!(kept.take(&"a"), Some(("read again", seen)));
+        assert_eq!(kept.take(&"a"), Ok(("read again", seen)));
     }
 
     #[test]
@@ -122,8 +137,24 @@ mod tests {
         kept.keep(&"a", 1, a);
         kept.keep(&"b", 2, b);
         kept.changed(&"b");
-        assert_eq!(kept.take(&"a"), Some((1, a)));
-        assert_eq!(kept.take(&"b"), None);
+        assert_eq!(kept.take(&"a"), Ok((1, a)));
+        assert_eq!(kept.take(&"b"), Err(b + 1));
+    }
+
+    #[test]
+    fn a_new_list_of_the_requests_voids_every_copy() {
+        let mut kept = Kept::default();
+        let (a, b) = (kept.count(&"a"), kept.count(&"b"));
+        kept.keep(&"a", 1, a);
+        kept.keep(&"b", 2, b);
+        kept.changed_all();
+        assert_eq!(kept.take(&"a"), Err(a + 1));
+        assert_eq!(kept.take(&"b"), Err(b + 1));
+        // A copy read before the new list, kept after it: void too.
+        let seen = kept.count(&"a");
+        kept.changed_all();
+        kept.keep(&"a", 3, seen);
+        assert_eq!(kept.take(&"a"), Err(seen + 1));
     }
 
     #[test]
@@ -134,6 +165,6 @@ mod tests {
         assert_eq!(kept.len(), 1);
         kept.forget(&"a");
         assert!(kept.is_empty());
-        assert_eq!(kept.take(&"a"), None);
+        assert_eq!(kept.take(&"a"), Err(0));
     }
 }
