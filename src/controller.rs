@@ -169,6 +169,23 @@ impl Context {
         }
     }
 
+    /// [`Context::wake`] for a watched change of `obj` (a `kind`), traced: which change woke
+    /// which request is what tells a round that decided nothing from one that did.
+    fn wake_by<K: Resource>(&self, keys: &[Key], kind: &str, obj: &K) {
+        if !keys.is_empty() {
+            let m = obj.meta();
+            tracing::trace!(
+                kind,
+                name = m.name.as_deref().unwrap_or_default(),
+                resource_version = m.resource_version.as_deref().unwrap_or_default(),
+                terminating = m.deletion_timestamp.is_some(),
+                requests = ?keys.iter().map(|k| k.name.as_str()).collect::<Vec<_>>(),
+                "watched change wakes"
+            );
+        }
+        self.wake(keys);
+    }
+
     fn kept(&self) -> std::sync::MutexGuard<'_, Kept<Key, StorageMigrationRequest>> {
         self.kept.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -419,10 +436,11 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
         } else if only_writes_status(decision) {
             replay = Some(decided.answers);
             replayed_seen = Some(seen);
-        } else if decision.requeue > Duration::ZERO && !changes_status(decision) {
-            // Only side effects (a create, a delete): give them a moment before looking,
-            // no longer than the planner asked to wait (the claim swap polls faster), and
-            // no longer than until a watched object of this request changes.
+        } else if decision.requeue > Duration::ZERO {
+            // Side effects (a create, a delete), with or without a status: give them a moment
+            // before looking, no longer than the planner asked to wait (the claim swap polls
+            // faster), and no longer than until a watched object of this request changes. A
+            // step the new status leads to that has work at once asks for no wait.
             pause(&waker, decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
         }
     }
@@ -639,8 +657,8 @@ pub fn needs_fresh_volumes(decision: &plan::Decision) -> bool {
 /// Waits `up_to`, or until the request's waker is notified.
 async fn pause(waker: &Notify, up_to: Duration) {
     tokio::select! {
-        () = tokio::time::sleep(up_to) => {}
-        () = waker.notified() => {}
+        () = tokio::time::sleep(up_to) => tracing::trace!("pause: waited it out"),
+        () = waker.notified() => tracing::trace!("pause: ended by a watched change"),
     }
 }
 
@@ -880,10 +898,6 @@ fn phase_key(obj: &Key) -> String {
         obj.namespace.as_deref().unwrap_or_default(),
         obj.name
     )
-}
-
-fn changes_status(d: &plan::Decision) -> bool {
-    matches!(d.actions.first(), Some(Action::SetStatus(_)))
 }
 
 /// Whether `d` writes the status and does nothing else but publish events: the next round may
@@ -1130,28 +1144,34 @@ async fn watch_namespace(
             }
         });
     let controller = Controller::for_stream(changes, reader);
-    let stores = [(); 4].map(|()| controller.store());
-    let [pod_store, claim_store, volume_store, stopping_store] = stores;
+    let stores = [(); 5].map(|()| controller.store());
+    let [
+        pod_store,
+        claim_store,
+        volume_store,
+        stopping_store,
+        deleting_store,
+    ] = stores;
     let (pod_ctx, claim_ctx, volume_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
     let job_ctx = ctx.clone();
     let job_changes = job_changes(jobs, owned).inspect(move |job| {
         if let Ok(job) = job {
-            job_ctx.wake(&owner_requests(job));
+            job_ctx.wake_by(&owner_requests(job), "Job", job);
         }
     });
     controller
         .owns_stream(job_changes)
         .watches_stream(
-            pod_changes(pods, stopping_store),
+            changes_that_matter(pods, stopping_store, Named::Pod),
             move |pod: PartialObjectMeta<Pod>| {
                 let mut keys = owner_requests(&pod);
                 keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
-                pod_ctx.wake(&keys);
+                pod_ctx.wake_by(&keys, "Pod", &pod);
                 keys
             },
         )
         .watches_stream(
-            metadata_of(claims),
+            changes_that_matter(claims, deleting_store, Named::Claim),
             wake_naming(claim_store, claim_ctx, Named::Claim),
         )
         .watches_stream(
@@ -1177,11 +1197,12 @@ async fn watch_namespace(
         .await;
 }
 
-/// Our Jobs' changes that may end what a request waits on: its conditions (`Complete`,
-/// `Failed`), a failed pod, its deletion; not its appearance (it is ours: the round that created
-/// it looks at it), nor the counts of its active and ready pods, which change a few times in each
-/// Job's first second and end nothing (a running copy is looked at again by the request's
-/// requeue, `plan::member::copy_poll`). Full objects, as only ours are watched.
+/// Our Jobs' changes that may end what a request waits on: its ending conditions (`Complete`,
+/// `Failed`: [`ENDING_JOB_CONDITIONS`]), a failed pod, its deletion; not its appearance (it is
+/// ours: the round that created it looks at it), nor its interim conditions, nor the counts of
+/// its active and ready pods, which change a few times in each Job's first second and end
+/// nothing (a running copy is looked at again by the request's requeue,
+/// `plan::member::copy_poll`). Full objects, as only ours are watched.
 ///
 /// Not kube-runtime's `predicate_filter`: it drops an event whose hash did not change, a
 /// deletion too, and a Job's deletion must wake its request (a Job deleted to be replaced).
@@ -1231,12 +1252,18 @@ impl JobTriggers {
     }
 }
 
+/// The conditions of a Job that end what a request waits on ([`plan::observe::job_outcome`]
+/// reads no other): not `SuccessCriteriaMet` and `FailureTarget`, which the Job controller sets
+/// while the Job's pods still terminate, a moment before `Complete` or `Failed`.
+const ENDING_JOB_CONDITIONS: [&str; 2] = ["Complete", "Failed"];
+
 /// What of a Job starts a reconcile of its request when it changes ([`job_changes`]).
 pub fn job_trigger(job: &Job) -> u64 {
     let status = job.status.as_ref();
     let conditions: Vec<(&str, &str)> = (status.and_then(|s| s.conditions.as_deref()))
         .unwrap_or_default()
         .iter()
+        .filter(|c| ENDING_JOB_CONDITIONS.contains(&c.type_.as_str()))
         .map(|c| (c.type_.as_str(), c.status.as_str()))
         .collect();
     let failed = status.and_then(|s| s.failed).filter(|n| *n > 0);
@@ -1279,7 +1306,7 @@ fn wake_naming<K: Resource>(
 ) -> impl Fn(K) -> Vec<Key> + Send + Sync + 'static {
     move |obj: K| {
         let keys = requests_naming(&store.state(), &obj, named);
-        ctx.wake(&keys);
+        ctx.wake_by(&keys, named.kind(), &obj);
         keys
     }
 }
@@ -1309,38 +1336,50 @@ where
     watcher(api, watcher::Config::default().page_size(METADATA_PAGE)).default_backoff()
 }
 
-/// The changes of the pods of `api` (metadata only) that may matter to a request of `store`
-/// ([`pod_event_matters`]).
-fn pod_changes(
-    api: Api<PartialObjectMeta<Pod>>,
+/// The changes of the pods or claims of `api` (metadata only) that may matter to a request of
+/// `store` ([`event_matters`]).
+fn changes_that_matter<K>(
+    api: Api<PartialObjectMeta<K>>,
     store: kube::runtime::reflector::Store<StorageMigrationRequest>,
-) -> impl futures::Stream<Item = Result<PartialObjectMeta<Pod>, watcher::Error>> + Send + 'static {
+    named: Named,
+) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
     metadata_events(api)
-        .try_filter(move |event| futures::future::ready(pod_event_matters(&store.state(), event)))
+        .try_filter(move |event| {
+            futures::future::ready(event_matters(&store.state(), event, named))
+        })
         .touched_objects()
 }
 
-/// Whether a pod's watch event may matter to a request: not an update of a terminating pod that
-/// no request controls (not a helper pod) and that every request whose plan names it waits, at
-/// `StoppingPod`, to be gone ([`plan::observe::waits_for_pod_gone`]): those updates come a few
-/// at once as its containers stop, and each started a round that decided nothing. Its deletion
-/// always matters, as does every event of any other pod.
-pub fn pod_event_matters(
+/// Whether a pod's or a claim's watch event may matter to a request: not an update of a
+/// terminating object that no request controls (not a helper pod) and that every request whose
+/// plan names it waits to be gone, having deleted it: a member pod at `StoppingPod`
+/// ([`plan::observe::waits_for_pod_gone`]), a member's claims at `DeletingOldClaim` and
+/// `DeletingTempClaim` ([`plan::observe::waits_for_claim_gone`]). Those updates come a few at
+/// once as its containers stop or its finalizers are released, and each started a round that
+/// decided nothing. Its deletion always matters, as does every event of any other object; a
+/// request that misses a change still looks again at its requeue.
+pub fn event_matters<K: Resource>(
     requests: &[Arc<StorageMigrationRequest>],
-    event: &watcher::Event<PartialObjectMeta<Pod>>,
+    event: &watcher::Event<K>,
+    named: Named,
 ) -> bool {
-    let watcher::Event::Apply(pod) = event else {
+    let watcher::Event::Apply(obj) = event else {
         return true;
     };
-    if pod.metadata.deletion_timestamp.is_none() || !owner_requests(pod).is_empty() {
+    if obj.meta().deletion_timestamp.is_none() || !owner_requests(obj).is_empty() {
         return true;
     }
-    let name = pod.name_any();
-    let mut naming = naming(requests, pod, Named::Pod).peekable();
-    naming.peek().is_none()
-        || !naming.all(|r| {
-            (r.status.as_ref()).is_some_and(|s| plan::observe::waits_for_pod_gone(s, &name))
-        })
+    let name = obj.name_any();
+    let waits_gone = |s: &crate::api::StorageMigrationRequestStatus| match named {
+        Named::Pod => plan::observe::waits_for_pod_gone(s, &name),
+        Named::Claim => plan::observe::waits_for_claim_gone(s, &name),
+        Named::Volume => false,
+    };
+    let mut naming = naming(requests, obj, named).peekable();
+    naming.peek().is_none() || !naming.all(|r| r.status.as_ref().is_some_and(waits_gone))
 }
 
 /// Objects per page of the metadata watches' lists (kube-runtime's default is 500). Those lists
@@ -1358,6 +1397,17 @@ pub enum Named {
     Claim,
     /// A member's old or new volume (cluster-scoped: in any request's namespace).
     Volume,
+}
+
+impl Named {
+    /// The kind of object it names.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Named::Pod => "Pod",
+            Named::Claim => "PersistentVolumeClaim",
+            Named::Volume => "PersistentVolume",
+        }
+    }
 }
 
 /// The requests not yet ended, in `obj`'s namespace (any, for a volume), whose plan names `obj`
@@ -1564,26 +1614,73 @@ mod tests {
         assert!(owner_requests(&mounter).is_empty());
     }
 
+    /// Request `name`, migrating, its member etcd-0 (claim data-etcd-0) in flight at `step`.
+    fn member_at(name: &str, step: crate::api::MemberStep) -> Arc<StorageMigrationRequest> {
+        use crate::api::{MemberStatus, Stage};
+        let mut r = (*planned("demo", name, "etcd-0", "data-etcd-0", Phase::Progressing)).clone();
+        if let Some(s) = r.status.as_mut() {
+            s.stage = Stage::Migrating;
+            s.members = vec![MemberStatus {
+                pod: "etcd-0".into(),
+                step,
+                ..Default::default()
+            }];
+        }
+        Arc::new(r)
+    }
+
+    /// The updates of a member's terminating claims that its request, having deleted them, waits
+    /// at `DeletingOldClaim` or `DeletingTempClaim` to be gone are dropped before they wake
+    /// anything; their deletion, the claims at another step, a claim not terminating, another
+    /// member's claim and a claim another request also waits on are not.
+    #[test]
+    fn a_deleted_claims_termination_wakes_its_request_only_when_the_claim_is_gone() {
+        use crate::api::MemberStep;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let deleting = [member_at("a", MemberStep::DeletingOldClaim)];
+        let status = deleting[0].status.as_ref().expect("status");
+        let claims = crate::plan::claims::request_claims(status);
+        let temp = claims.first().expect("a claim").temp_claim().to_string();
+        let claim = |name: &str, terminating: bool| {
+            let mut c = PartialObjectMeta::<PersistentVolumeClaim>::default();
+            c.metadata.namespace = Some("demo".into());
+            c.metadata.name = Some(name.into());
+            c.metadata.deletion_timestamp =
+                terminating.then(|| Time(k8s_openapi::jiff::Timestamp::now()));
+            c
+        };
+        for name in ["data-etcd-0", temp.as_str()] {
+            let updated = watcher::Event::Apply(claim(name, true));
+            assert!(!event_matters(&deleting, &updated, Named::Claim), "{name}");
+            let gone = watcher::Event::Delete(claim(name, true));
+            assert!(event_matters(&deleting, &gone, Named::Claim), "{name}");
+            let bound = watcher::Event::Apply(claim(name, false));
+            assert!(event_matters(&deleting, &bound, Named::Claim), "{name}");
+            let later = [member_at("a", MemberStep::DeletingTempClaim)];
+            assert_eq!(
+                event_matters(&later, &updated, Named::Claim),
+                name == "data-etcd-0",
+                "at DeletingTempClaim only the temporary claim is waited on: {name}"
+            );
+            for step in [MemberStep::RetainingVolumes, MemberStep::RecreatingClaim] {
+                let other = [member_at("a", step)];
+                assert!(event_matters(&other, &updated, Named::Claim), "{step:?}");
+            }
+            let both = [deleting[0].clone(), member_at("b", MemberStep::GatingStop)];
+            assert!(event_matters(&both, &updated, Named::Claim), "{name}");
+        }
+        let elsewhere = watcher::Event::Apply(claim("data-etcd-1", true));
+        assert!(event_matters(&deleting, &elsewhere, Named::Claim));
+    }
+
     /// The updates of a terminating member pod that its request waits, at `StoppingPod`, to be
     /// gone are dropped before they wake anything; its deletion, the pod at another step, a
     /// helper pod, a pod not terminating and one another request also waits on are not.
     #[test]
     fn a_stopping_members_termination_wakes_its_request_only_when_the_pod_is_gone() {
-        use crate::api::{MemberStatus, MemberStep, Stage};
+        use crate::api::MemberStep;
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
-        let at = |name: &str, step: MemberStep| {
-            let mut r =
-                (*planned("demo", name, "etcd-0", "data-etcd-0", Phase::Progressing)).clone();
-            if let Some(s) = r.status.as_mut() {
-                s.stage = Stage::Migrating;
-                s.members = vec![MemberStatus {
-                    pod: "etcd-0".into(),
-                    step,
-                    ..Default::default()
-                }];
-            }
-            Arc::new(r)
-        };
+        let at = member_at;
         let mut pod = PartialObjectMeta::<Pod>::default();
         pod.metadata.namespace = Some("demo".into());
         pod.metadata.name = Some("etcd-0".into());
@@ -1594,20 +1691,19 @@ mod tests {
             watcher::Event::Delete(pod.clone()),
         );
         let stopping = [at("a", MemberStep::StoppingPod)];
-        assert!(!pod_event_matters(&stopping, &updated));
-        assert!(pod_event_matters(&stopping, &gone));
-        assert!(pod_event_matters(&stopping, &serving));
-        assert!(pod_event_matters(
-            &stopping,
-            &watcher::Event::InitApply(pod.clone())
-        ));
-        assert!(pod_event_matters(
-            &[at("a", MemberStep::RecreatingPod)],
-            &updated
-        ));
-        assert!(pod_event_matters(&[], &updated), "no request names it");
+        assert!(!event_matters(&stopping, &updated, Named::Pod));
+        assert!(event_matters(&stopping, &gone, Named::Pod));
+        assert!(event_matters(&stopping, &serving, Named::Pod));
+        let listed = watcher::Event::InitApply(pod.clone());
+        assert!(event_matters(&stopping, &listed, Named::Pod));
+        let recreating = [at("a", MemberStep::RecreatingPod)];
+        assert!(event_matters(&recreating, &updated, Named::Pod));
+        assert!(
+            event_matters(&[], &updated, Named::Pod),
+            "no request names it"
+        );
         let both = [stopping[0].clone(), at("b", MemberStep::GatingStop)];
-        assert!(pod_event_matters(&both, &updated));
+        assert!(event_matters(&both, &updated, Named::Pod));
         let mut helper = pod.clone();
         helper.metadata.owner_references = Some(vec![OwnerReference {
             api_version: "storagemigrator.io/v1alpha1".into(),
@@ -1617,7 +1713,8 @@ mod tests {
             controller: Some(true),
             ..Default::default()
         }]);
-        assert!(pod_event_matters(&stopping, &watcher::Event::Apply(helper)));
+        let helper = watcher::Event::Apply(helper);
+        assert!(event_matters(&stopping, &helper, Named::Pod));
     }
 
     #[tokio::test]
@@ -1939,8 +2036,8 @@ mod tests {
         }
     }
 
-    /// A Job's active and ready counts starting no reconcile; its conditions, a failed pod and
-    /// its deletion do.
+    /// A Job's active and ready counts and its interim conditions starting no reconcile; its
+    /// ending conditions, a failed pod and its deletion do.
     #[test]
     fn a_jobs_conditions_failures_and_deletion_start_a_reconcile_its_pod_counts_do_not() {
         use k8s_openapi::api::batch::v1::{JobCondition, JobStatus};
@@ -1966,11 +2063,24 @@ mod tests {
             s.conditions = Some(vec![condition("SuccessCriteriaMet")]);
         }
         let met = job_trigger(&complete);
-        assert_ne!(met, trigger);
+        assert_eq!(met, trigger, "SuccessCriteriaMet: the pod still terminates");
         if let Some(s) = complete.status.as_mut() {
             s.conditions = Some(vec![condition("SuccessCriteriaMet"), condition("Complete")]);
         }
         assert_ne!(job_trigger(&complete), met, "Complete");
+        let mut failing = job(Some(1), None);
+        if let Some(s) = failing.status.as_mut() {
+            s.conditions = Some(vec![condition("FailureTarget")]);
+        }
+        assert_eq!(
+            job_trigger(&failing),
+            trigger,
+            "FailureTarget: not Failed yet"
+        );
+        if let Some(s) = failing.status.as_mut() {
+            s.conditions = Some(vec![condition("FailureTarget"), condition("Failed")]);
+        }
+        assert_ne!(job_trigger(&failing), trigger, "Failed");
         let mut failed = job(Some(1), None);
         if let Some(s) = failed.status.as_mut() {
             s.failed = Some(1);

@@ -126,7 +126,8 @@ fn on_claim(i: usize, m: &PlannedMember, ms: &MemberStatus, mode: Mode, slot: us
 /// ([`foreign::hold_member`]); when a step only recorded the advance to a step of
 /// [`machine::PASSED_IN_ONE_DECISION`] (no action but Events), the next one runs in the same
 /// decision: the claim swap's steps that find nothing to wait for cost no reconcile round of
-/// the member's downtime. The status, written before any action, records the last step entered.
+/// the member's downtime. The status, written before any action, records the last step entered;
+/// the decision waits as the last step run asks ([`advance`]'s "at once" is for a step not run).
 /// Not into `RecreatingPod` from a round that did not read the database's health (its gate
 /// needs it; see [`super::reads_health`]).
 pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
@@ -141,6 +142,7 @@ pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
             return Ok(());
         }
         let (from, acted_before) = (step_of(cx, i), cx.actions.len());
+        let requeue_before = cx.requeue;
         step(cx, i, Mode::Forward)?;
         let to = step_of(cx, i);
         let to_step = to.map(|(step, _)| step);
@@ -154,6 +156,9 @@ pub(crate) fn forward(cx: &mut Ctx, i: usize) -> Result<(), Failure> {
         if to == from || acted || !passable || cx.rejected.is_some() {
             break;
         }
+        // The step advanced to runs now: its own waits decide when to look again, not the
+        // advance's "at once" ([`advance`]), which is for a step not yet run.
+        cx.requeue = requeue_before;
     }
     Ok(())
 }

@@ -71,6 +71,30 @@ pub fn waits_for_pod_gone(status: &StorageMigrationRequestStatus, pod: &str) -> 
             .is_some_and(|m| m.step == MemberStep::StoppingPod && m.pod == pod)
 }
 
+/// Whether a request in `status` waits for `claim`, which it deleted, to be gone: its member in
+/// flight's claim or temporary claim at `DeletingOldClaim` (which deletes both), its temporary
+/// claim at `DeletingTempClaim`, of the claim the member works on (`claimIndex`). The updates of
+/// that claim while it terminates (its finalizers, released one at a time) decide nothing for
+/// it; its deletion is what it waits for.
+pub fn waits_for_claim_gone(status: &StorageMigrationRequestStatus, claim: &str) -> bool {
+    if status.stage != Stage::Migrating || status.phase.is_final() {
+        return false;
+    }
+    let Some(member) = super::in_flight(status).and_then(|i| status.members.get(i)) else {
+        return false;
+    };
+    let claims = super::claims::request_claims(status);
+    let Some(on) = (claims.iter()).find(|c| c.pod() == member.pod && c.slot == member.claim_index)
+    else {
+        return false;
+    };
+    match member.step {
+        MemberStep::DeletingOldClaim => on.claim() == claim || on.temp_claim() == claim,
+        MemberStep::DeletingTempClaim => on.temp_claim() == claim,
+        _ => false,
+    }
+}
+
 /// Whether `status` is in Preflight, or in Migrating with its member in flight at one of
 /// `steps`; false for a final request.
 fn in_flight_step(status: &StorageMigrationRequestStatus, steps: &[MemberStep]) -> bool {

@@ -3461,3 +3461,39 @@ fn final_copies_get_memory_for_what_the_pre_copy_found_and_a_lower_limit_fails_b
         }
     }
 }
+
+/// A decision that passes into a step of the claim swap and runs it there waits as that step
+/// asks (the claims deleted: `SWAP_POLL`, or until a watched change), not "at once" as the
+/// advance alone would: the round at once found the claims still terminating.
+#[test]
+fn a_step_passed_into_in_one_decision_sets_its_own_wait() {
+    let mut sim = Sim::at(MemberStep::RetainingVolumes);
+    for _ in 0..20 {
+        let d = decide(&sim.o, &SETTINGS);
+        let deletes_claim = (d.actions.iter()).any(|a| {
+            matches!(
+                a,
+                Action::Delete {
+                    kind: Kind::Claim,
+                    ..
+                }
+            )
+        });
+        if deletes_claim {
+            let s = first_status(&d);
+            assert_eq!(
+                s.members[0].step,
+                MemberStep::DeletingOldClaim,
+                "passed into"
+            );
+            let names: Vec<_> = d.actions.iter().map(Action::name).collect();
+            assert_eq!(d.requeue, SWAP_POLL, "{names:?}");
+            return;
+        }
+        for a in &d.actions {
+            sim.apply(a);
+        }
+        sim.settle();
+    }
+    panic!("no claim deleted from RetainingVolumes on");
+}
