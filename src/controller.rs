@@ -436,11 +436,14 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
         } else if only_writes_status(decision) {
             replay = Some(decided.answers);
             replayed_seen = Some(seen);
-        } else if decision.requeue > Duration::ZERO {
-            // Side effects (a create, a delete), with or without a status: give them a moment
-            // before looking, no longer than the planner asked to wait (the claim swap polls
-            // faster), and no longer than until a watched object of this request changes. A
-            // step the new status leads to that has work at once asks for no wait.
+        } else if decision.requeue > Duration::ZERO
+            && (!changes_status(decision) || leaves_work_to_others(decision))
+        {
+            // Only side effects, or a status with work others carry out (a create, a delete):
+            // give them a moment before looking, no longer than the planner asked to wait (the
+            // claim swap polls faster), and no longer than until a watched object of this
+            // request changes. After a status with only writes of our own (the stash, a
+            // finalizer), the next round looks at once: nothing else is to happen first.
             pause(&waker, decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
         }
     }
@@ -898,6 +901,29 @@ fn phase_key(obj: &Key) -> String {
         obj.namespace.as_deref().unwrap_or_default(),
         obj.name
     )
+}
+
+/// Whether `d` writes the status (first, as a decision always does).
+fn changes_status(d: &plan::Decision) -> bool {
+    matches!(d.actions.first(), Some(Action::SetStatus(_)))
+}
+
+/// Whether `d` starts work that others carry out and a watched change reports: a create, a
+/// delete, a claim bound to a volume, a Deployment scaled, a leader handed over, a binding
+/// nudged.
+pub fn leaves_work_to_others(d: &plan::Decision) -> bool {
+    (d.actions.iter()).any(|a| {
+        matches!(
+            a,
+            Action::Create(_)
+                | Action::Delete { .. }
+                | Action::ForceDeletePod { .. }
+                | Action::SetClaimRef { .. }
+                | Action::ScaleDeployment { .. }
+                | Action::TransferLeadership { .. }
+                | Action::AnnotateClaim { .. }
+        )
+    })
 }
 
 /// Whether `d` writes the status and does nothing else but publish events: the next round may
@@ -1983,6 +2009,34 @@ mod tests {
                 !only_writes_status(&decision(not_only.clone())),
                 "{not_only:?}"
             );
+        }
+        // Work others carry out, which a watched change reports: a round after it pauses for
+        // it; one after only our own writes (the stash, a finalizer) looks at once.
+        for others in [
+            vec![status(), delete(Kind::Pod)],
+            vec![status(), event(), create()],
+            vec![status(), job()],
+            vec![Action::SetClaimRef {
+                volume: "pv".into(),
+                claim: "data-etcd-0".into(),
+            }],
+        ] {
+            assert!(
+                leaves_work_to_others(&decision(others.clone())),
+                "{others:?}"
+            );
+        }
+        let stash = Action::Stash {
+            config_map: "move-stash".into(),
+            key: "pod-etcd-0".into(),
+            value: "v".into(),
+        };
+        for own in [
+            vec![status(), stash],
+            vec![status(), Action::AddFinalizer, event()],
+            vec![status()],
+        ] {
+            assert!(!leaves_work_to_others(&decision(own.clone())), "{own:?}");
         }
     }
 
