@@ -1144,32 +1144,8 @@ async fn watch_namespace(
         ),
     };
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
-    // The store sees every change of the requests (the mappers read their plans); a reconcile
-    // is started only by a change a status write does not make (`request_trigger`).
     let (reader, writer) = reflector::store();
-    let request_ctx = ctx.clone();
-    let removal_ctx = ctx.clone();
-    let changes = reflector(writer, watcher(requests, watcher::Config::default()))
-        .inspect(move |event| match event {
-            Ok(watcher::Event::Delete(request)) => {
-                removal_ctx.request_changed(&ObjectRef::from_obj(request));
-            }
-            // A failure, or a new list (after one, or a watch too far behind): a request
-            // deleted or edited meanwhile may never come as an event of its own, and the next
-            // list comes only after a backoff.
-            Ok(watcher::Event::Init) | Err(_) => removal_ctx.requests_relisted(),
-            Ok(_) => {}
-        })
-        .applied_objects()
-        .predicate_filter(request_trigger, PredicateConfig::default())
-        .inspect(move |request| {
-            if let Ok(request) = request {
-                let key = ObjectRef::from_obj(request);
-                request_ctx.request_changed(&key);
-                request_ctx.wake(&[key]);
-            }
-        });
-    let controller = Controller::for_stream(changes, reader);
+    let controller = Controller::for_stream(request_changes(requests, writer, &ctx), reader);
     let stores = [(); 5].map(|()| controller.store());
     let [
         pod_store,
@@ -1221,6 +1197,38 @@ async fn watch_namespace(
             }
         })
         .await;
+}
+
+/// The changes of the requests of `api` that start a reconcile: `writer`'s store sees every
+/// change (the mappers read the plans), a reconcile is started only by a change a status write
+/// does not make ([`request_trigger`]). Each change other than the status, a deletion, a
+/// failure of the watch and a new list void the request copies kept ([`Kept`]).
+fn request_changes(
+    api: Api<StorageMigrationRequest>,
+    writer: reflector::store::Writer<StorageMigrationRequest>,
+    ctx: &Arc<Context>,
+) -> impl futures::Stream<Item = Result<StorageMigrationRequest, watcher::Error>> + Send + 'static {
+    let (removal_ctx, request_ctx) = (ctx.clone(), ctx.clone());
+    reflector(writer, watcher(api, watcher::Config::default()))
+        .inspect(move |event| match event {
+            Ok(watcher::Event::Delete(request)) => {
+                removal_ctx.request_changed(&ObjectRef::from_obj(request));
+            }
+            // A failure, or a new list (after one, or a watch too far behind): a request
+            // deleted or edited meanwhile may never come as an event of its own, and the next
+            // list comes only after a backoff.
+            Ok(watcher::Event::Init) | Err(_) => removal_ctx.requests_relisted(),
+            Ok(_) => {}
+        })
+        .applied_objects()
+        .predicate_filter(request_trigger, PredicateConfig::default())
+        .inspect(move |request| {
+            if let Ok(request) = request {
+                let key = ObjectRef::from_obj(request);
+                request_ctx.request_changed(&key);
+                request_ctx.wake(&[key]);
+            }
+        })
 }
 
 /// Our Jobs' changes that may end what a request waits on: its ending conditions (`Complete`,
