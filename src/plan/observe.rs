@@ -64,11 +64,14 @@ pub fn wakes_on_members(status: &StorageMigrationRequestStatus) -> bool {
 /// to be gone: the updates of that pod's termination (a few, as its containers stop) decide
 /// nothing for it; its deletion is what it waits for.
 pub fn waits_for_pod_gone(status: &StorageMigrationRequestStatus, pod: &str) -> bool {
-    status.stage == Stage::Migrating
-        && !status.phase.is_final()
-        && super::in_flight(status)
-            .and_then(|i| status.members.get(i))
-            .is_some_and(|m| m.step == MemberStep::StoppingPod && m.pod == pod)
+    migrating_member(status).is_some_and(|m| m.step == MemberStep::StoppingPod && m.pod == pod)
+}
+
+/// The member in flight of a request in `status` that migrates and has not ended.
+fn migrating_member(status: &StorageMigrationRequestStatus) -> Option<&crate::api::MemberStatus> {
+    (status.stage == Stage::Migrating && !status.phase.is_final())
+        .then(|| super::in_flight(status).and_then(|i| status.members.get(i)))
+        .flatten()
 }
 
 /// Whether a request in `status` waits for `claim`, which it deleted, to be gone: its member in
@@ -77,10 +80,7 @@ pub fn waits_for_pod_gone(status: &StorageMigrationRequestStatus, pod: &str) -> 
 /// that claim while it terminates (its finalizers, released one at a time) decide nothing for
 /// it; its deletion is what it waits for.
 pub fn waits_for_claim_gone(status: &StorageMigrationRequestStatus, claim: &str) -> bool {
-    if status.stage != Stage::Migrating || status.phase.is_final() {
-        return false;
-    }
-    let Some(member) = super::in_flight(status).and_then(|i| status.members.get(i)) else {
+    let Some(member) = migrating_member(status) else {
         return false;
     };
     let claims = super::claims::request_claims(status);
