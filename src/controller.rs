@@ -17,14 +17,17 @@
 //! doubling to 60 s), a permanent one (403, 422, a bad spec, a decode error) is logged once and
 //! looked at again only after [`PERMANENT_REQUEUE`] (or when the request changes).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::storage::v1::StorageClass;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action as Requeue, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -36,8 +39,9 @@ use tokio::sync::Notify;
 use tracing::{Instrument, debug, error, info, info_span, warn};
 
 use crate::api::StorageMigrationRequest;
+use crate::cluster::read_cache::Watched;
 use crate::cluster::replay::{Answers, Mode};
-use crate::cluster::{Cluster, ClusterError, Retry, VolumeCache};
+use crate::cluster::{Cluster, ClusterError, ReadCache, Retry, VolumeCache};
 use crate::failpoints;
 use crate::kept::Kept;
 use crate::labels;
@@ -91,6 +95,8 @@ pub struct Context {
     admission: tokio::sync::Mutex<()>,
     /// The volumes the rounds read, kept until the watch sees them change.
     volumes: Arc<VolumeCache>,
+    /// The reads of watched kinds the rounds made, kept until their watches see a change.
+    reads: Arc<ReadCache>,
 }
 
 impl Context {
@@ -115,6 +121,7 @@ impl Context {
             copies: Mutex::new(CopyLedger::default()),
             admission: tokio::sync::Mutex::new(()),
             volumes: Arc::new(VolumeCache::default()),
+            reads: Arc::new(ReadCache::default()),
         }
     }
 
@@ -211,6 +218,7 @@ impl Context {
     fn cluster(&self) -> Cluster {
         Cluster::new(self.client.clone(), self.recorder.clone())
             .with_volume_cache(self.volumes.clone())
+            .with_read_cache(self.reads.clone())
     }
 
     fn failures(&self) -> std::sync::MutexGuard<'_, Failures> {
@@ -549,45 +557,71 @@ struct Decided {
     answers: Arc<Answers>,
 }
 
-/// How fresh the reads a decision is made on are, from the least to the most.
+/// How fresh the reads a decision must be made on are, from the least to the most.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Reads {
-    /// The last round's answers replayed ([`crate::cluster::replay`]), what they lack read
-    /// now; volumes from the cache.
+    /// Any: the last round's answers replayed ([`crate::cluster::replay`]), reads of watched
+    /// kinds kept while their watches saw no change ([`crate::cluster::read_cache`]), volumes
+    /// from the cache.
     Replayed,
-    /// Read now; volumes from the cache.
+    /// Made in this decision, with what it acts on read now ([`kinds_read_now`]).
     Fresh,
-    /// The volumes read now; the rest read now, or in the same decision a moment before
-    /// ([`reread_mode`]).
+    /// As [`Reads::Fresh`], and the volumes whose state it acts on read now
+    /// ([`volumes_read_now`]).
     FreshVolumes,
 }
 
-/// The reads `decision` must have been made on: those replayed, for a decision that only
-/// writes the status, publishes events and creates objects (a create of what exists fails or
-/// finds it: nothing is lost); volumes read now for one that [`needs_fresh_volumes`] when
-/// volumes are cached; fresh reads for any other (a delete, a patch, a handover, a stash).
-pub fn reads_needed(decision: &plan::Decision, caches_volumes: bool) -> Reads {
-    let replayable = (decision.actions.iter()).all(|a| {
-        matches!(
-            a,
-            Action::SetStatus(_) | Action::Event { .. } | Action::Create(_)
-        )
-    });
-    if caches_volumes && needs_fresh_volumes(decision) {
+/// The reads `decision` must have been made on (from `observed`): kept or replayed ones, for
+/// a decision whose every action [`kept_reads_suffice`]; volumes read now for one that
+/// [`volumes_read_now`] names when volumes are cached; fresh reads for any other (a delete of
+/// what is not ours, a patch, a handover, a stash).
+pub fn reads_needed(
+    decision: &plan::Decision,
+    observed: &plan::Observed,
+    caches_volumes: bool,
+) -> Reads {
+    let kept_suffice = (decision.actions.iter()).all(|a| kept_reads_suffice(a, observed));
+    if caches_volumes && !volumes_read_now(decision, observed).is_empty() {
         Reads::FreshVolumes
-    } else if replayable {
+    } else if kept_suffice {
         Reads::Replayed
     } else {
         Reads::Fresh
     }
 }
 
+/// Whether `action` may be carried out on kept or replayed reads (see `decided`): a status,
+/// events and creates (a create of what exists fails or finds it: nothing is lost); giving a
+/// volume `Retain` (keeping its data loses nothing, whatever the volume's state); deleting one
+/// of our Jobs, or of our helper pods, by its uid (a successor of the same name is never
+/// deleted, and a Job's end and a helper's use are not undone: a deletion decided on what they
+/// were a moment ago is the one decided on what they are).
+pub fn kept_reads_suffice(action: &Action, observed: &plan::Observed) -> bool {
+    match action {
+        Action::SetStatus(_) | Action::Event { .. } | Action::Create(_) => true,
+        Action::PatchReclaimPolicy { policy, .. } => policy == plan::retain::RETAIN,
+        Action::Delete {
+            kind, name, uid, ..
+        } => {
+            uid.is_some()
+                && match kind {
+                    plan::Kind::Job => observed.jobs.contains_key(name),
+                    plan::Kind::Pod => observed.helper_pods.contains_key(name),
+                    _ => false,
+                }
+        }
+        _ => false,
+    }
+}
+
 /// The snapshot of `current` ([`snapshot`]) and the planner's decision on it: on `replay`
-/// (the answers of the round before, which only wrote the status) when given, else on fresh
-/// reads. A decision that needs fresher reads than it was made on ([`reads_needed`]) is made
-/// again on them before anything of it is done: a claim is deleted only on the `Retain` of its
-/// volume as it is at that moment, and nothing but a status, events and creates is decided on
-/// replayed answers.
+/// (the answers of the round before, which only wrote the status) when given, else on kept
+/// and fresh reads. A decision that needs fresher reads than it was made on ([`reads_needed`])
+/// is made again before anything of it is done, on the answers the API server gave since this
+/// decision began, with the watched kinds it acts on ([`kinds_read_now`]) and the volumes whose
+/// state it acts on ([`volumes_read_now`]) read now. So a claim is deleted only on the `Retain`
+/// of its volume as it is at that moment, a pod only as the pods are now, and nothing but what
+/// [`kept_reads_suffice`] for is decided on replayed or kept answers.
 async fn decided(
     ctx: &Context,
     cluster: &Cluster,
@@ -595,66 +629,155 @@ async fn decided(
     mut current: StorageMigrationRequest,
     replay: Option<Arc<Answers>>,
 ) -> Result<Option<Decided>, ClusterError> {
-    let (mut reads, mut answers, mut mode) = match replay {
-        Some(answers) => (Reads::Replayed, answers, Mode::Replay),
-        None => (Reads::Fresh, Answers::new(), Mode::Record),
+    let began = Instant::now();
+    let mut made_on = MadeOn {
+        replayed: replay.is_some(),
+        kinds: BTreeSet::new(),
+        volumes: cluster.caches_volumes().then(BTreeSet::new),
+    };
+    let (mut answers, mut mode) = match replay {
+        Some(answers) => (answers, Mode::Replay),
+        None => (Answers::new(), Mode::Record),
     };
     loop {
-        let client = answers.client(cluster.client.clone(), mode);
-        let reading = match reads {
-            Reads::FreshVolumes => cluster.uncached().reading_through(client),
-            Reads::Replayed | Reads::Fresh => cluster.reading_through(client),
-        };
+        let client = answers.client(cluster.kept_reads(&made_on.kinds), mode);
+        let volumes_now = made_on.volumes.clone().unwrap_or_default();
+        let reading = (cluster.reading_through(client)).reading_volumes_now(volumes_now);
         let Some((observed, engine)) = snapshot(ctx, cluster, &reading, obj, current).await? else {
             return Ok(None);
         };
         let decision = plan::decide(&observed, &ctx.settings);
-        let needed = reads_needed(&decision, cluster.caches_volumes());
-        if needed <= reads {
+        let Some((kinds, volumes)) = made_on.lacks(&decision, &observed) else {
             return Ok(Some(Decided {
                 observed,
                 engine,
                 decision,
                 answers,
             }));
-        }
+        };
         debug!(
-            ?reads,
-            ?needed,
+            ?made_on,
+            ?kinds,
+            ?volumes,
             "decided on reads older than the decision needs: reading, deciding again"
         );
-        mode = reread_mode(reads, needed);
-        if mode == Mode::Record {
-            answers = Answers::new();
+        (answers, mode) = (answers.read_since(began), Mode::Replay);
+        current = observed.request;
+        made_on.replayed = false;
+        made_on.kinds.extend(kinds);
+        if let Some(read) = &mut made_on.volumes {
+            read.extend(volumes);
         }
-        (reads, current) = (needed, observed.request);
     }
 }
 
-/// How a decision made on `made_on` reads that needs `needed` is made again: after fresh reads,
-/// one that needs fresh volumes replays those reads, made a moment before in the same
-/// decision, and reads only the volumes now (volumes are never replayed; a gather reads them
-/// after the claims anyway); any other reads everything anew.
-pub fn reread_mode(made_on: Reads, needed: Reads) -> Mode {
-    if made_on == Reads::Fresh && needed == Reads::FreshVolumes {
-        Mode::Replay
-    } else {
-        Mode::Record
+/// What a decision was made on (see [`decided`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MadeOn {
+    /// On the answers of the round before (its reads of the kinds not watched among them).
+    pub replayed: bool,
+    /// The watched kinds read now, not kept.
+    pub kinds: BTreeSet<Watched>,
+    /// The volumes read now, not kept (`None`: volumes are not kept, each is read now).
+    pub volumes: Option<BTreeSet<String>>,
+}
+
+impl MadeOn {
+    /// What `decision` (made on `observed`) needs read now that it was not made on: `None`
+    /// when it may be carried out as it is ([`reads_needed`], [`kinds_read_now`],
+    /// [`volumes_read_now`]).
+    pub fn lacks(
+        &self,
+        decision: &plan::Decision,
+        observed: &plan::Observed,
+    ) -> Option<(BTreeSet<Watched>, BTreeSet<String>)> {
+        if reads_needed(decision, observed, self.volumes.is_some()) == Reads::Replayed {
+            return None;
+        }
+        let kinds: BTreeSet<Watched> = kinds_read_now(decision);
+        let volumes = match &self.volumes {
+            Some(_) => volumes_read_now(decision, observed),
+            None => BTreeSet::new(),
+        };
+        let read = self.volumes.as_ref();
+        let volumes_read = read.is_none_or(|read| volumes.is_subset(read));
+        let enough = !self.replayed && kinds.is_subset(&self.kinds) && volumes_read;
+        (!enough).then_some((kinds, volumes))
     }
+}
+
+/// The watched kinds ([`Watched`]) whose reads `decision` must have made now, not kept: those
+/// it acts on (a pod, claim, Job, set or stash it deletes, what it stashes and the stash, the
+/// pods of a handover or a scale, a claim or set it patches); none for what acts on the request,
+/// a volume (see [`volumes_read_now`]) or only creates; none for what [`kept_reads_suffice`]
+/// for.
+pub fn kinds_read_now(decision: &plan::Decision) -> BTreeSet<Watched> {
+    let of_kind = |kind: &plan::Kind| match kind {
+        plan::Kind::Pod => Watched::Pods,
+        plan::Kind::Claim => Watched::Claims,
+        plan::Kind::Job => Watched::Jobs,
+        plan::Kind::StatefulSet => Watched::StatefulSets,
+        plan::Kind::ConfigMap => Watched::ConfigMaps,
+    };
+    let mut kinds = BTreeSet::new();
+    for action in &decision.actions {
+        match action {
+            Action::Delete { kind, .. } => {
+                kinds.insert(of_kind(kind));
+                // A member is stopped only while no budget that selects it forbids.
+                if *kind == plan::Kind::Pod {
+                    kinds.insert(Watched::Budgets);
+                }
+            }
+            Action::ForceDeletePod { .. }
+            | Action::TransferLeadership { .. }
+            | Action::ScaleDeployment { .. } => _ = kinds.insert(Watched::Pods),
+            Action::Stash { key, .. } => {
+                kinds.insert(Watched::ConfigMaps);
+                kinds.insert(match key.as_str() {
+                    labels::STASH_STATEFULSET_KEY => Watched::StatefulSets,
+                    k if k.starts_with(labels::STASH_CLAIM_KEY_PREFIX) => Watched::Claims,
+                    _ => Watched::Pods,
+                });
+            }
+            Action::RemoveOwnerReferences { .. } | Action::AnnotateClaim { .. } => {
+                _ = kinds.insert(Watched::Claims)
+            }
+            Action::PatchRetentionPolicy { .. } => _ = kinds.insert(Watched::StatefulSets),
+            Action::SetStatus(_)
+            | Action::AddFinalizer
+            | Action::RemoveFinalizer
+            | Action::Event { .. }
+            | Action::Create(_)
+            | Action::PatchReclaimPolicy { .. }
+            | Action::SetClaimRef { .. }
+            | Action::LabelVolume { .. } => {}
+        }
+    }
+    kinds
 }
 
 type EngineResult = Result<crate::cluster::Engine, String>;
 
-/// Whether `decision` does what is decided on a volume's state: deletes a claim (its volume
-/// must be on `Retain`), gives a volume a policy other than `Retain`, or points a volume at a
-/// claim.
-pub fn needs_fresh_volumes(decision: &plan::Decision) -> bool {
-    (decision.actions.iter()).any(|a| match a {
-        Action::Delete { kind, .. } => *kind == plan::Kind::Claim,
-        Action::PatchReclaimPolicy { policy, .. } => policy != plan::retain::RETAIN,
-        Action::SetClaimRef { .. } => true,
-        _ => false,
-    })
+/// The volumes `decision` does what is decided on the state of (read from `observed`): each
+/// volume of a claim it deletes (it must be on `Retain`), each it gives a policy other than
+/// `Retain`, each it points at a claim. Those are read now, not taken from the cache, before
+/// the decision is carried out (`decided`).
+pub fn volumes_read_now(decision: &plan::Decision, observed: &plan::Observed) -> BTreeSet<String> {
+    let claim_volume = |claim: &str| {
+        let claim = observed.claims.get(claim)?;
+        claim.spec.as_ref()?.volume_name.clone()
+    };
+    (decision.actions.iter())
+        .filter_map(|a| match a {
+            Action::Delete { kind, name, .. } if *kind == plan::Kind::Claim => claim_volume(name),
+            Action::PatchReclaimPolicy { volume, policy } if policy != plan::retain::RETAIN => {
+                Some(volume.clone())
+            }
+            Action::SetClaimRef { volume, .. } => Some(volume.clone()),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Waits `up_to`, or until the request's waker is notified.
@@ -1039,9 +1162,14 @@ async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
             watch_namespace(client.clone(), ns, ctx.clone(), volumes)
         })
         .collect();
+    let classes = Api::<PartialObjectMeta<StorageClass>>::all(client.clone());
+    let config = watcher::Config::default();
+    let class_feed = kept_read_feed(classes, config, ctx.reads.clone(), Watched::StorageClasses);
+    let classes = tokio::spawn(run_feeds(vec![class_feed]));
     let fan_out = tokio::spawn(fan_out_volumes(client, ctx.volumes.clone(), events));
     futures::future::join_all(controllers).await;
     fan_out.abort();
+    classes.abort();
 }
 
 type VolumeMeta = PartialObjectMeta<PersistentVolume>;
@@ -1143,6 +1271,7 @@ async fn watch_namespace(
             Api::all(client.clone()),
         ),
     };
+    let kept_reads = tokio::spawn(kept_read_changes(&client, namespace, &ctx.reads));
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     let (reader, writer) = reflector::store();
     let controller = Controller::for_stream(request_changes(requests, writer, &ctx), reader);
@@ -1156,7 +1285,7 @@ async fn watch_namespace(
     ] = stores;
     let (pod_ctx, claim_ctx, volume_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
     let job_ctx = ctx.clone();
-    let job_changes = job_changes(jobs, owned).inspect(move |job| {
+    let job_changes = job_changes(jobs, owned, ctx.reads.clone()).inspect(move |job| {
         if let Ok(job) = job {
             job_ctx.wake_by(&owner_requests(job), "Job", job);
         }
@@ -1164,7 +1293,7 @@ async fn watch_namespace(
     controller
         .owns_stream(job_changes)
         .watches_stream(
-            changes_that_matter(pods, stopping_store, Named::Pod),
+            changes_that_matter(pods, stopping_store, Named::Pod, ctx.reads.clone()),
             move |pod: PartialObjectMeta<Pod>| {
                 let mut keys = owner_requests(&pod);
                 keys.extend(requests_naming(&pod_store.state(), &pod, Named::Pod));
@@ -1173,7 +1302,7 @@ async fn watch_namespace(
             },
         )
         .watches_stream(
-            changes_that_matter(claims, deleting_store, Named::Claim),
+            changes_that_matter(claims, deleting_store, Named::Claim, ctx.reads.clone()),
             wake_naming(claim_store, claim_ctx, Named::Claim),
         )
         .watches_stream(
@@ -1197,6 +1326,7 @@ async fn watch_namespace(
             }
         })
         .await;
+    kept_reads.abort();
 }
 
 /// The changes of the requests of `api` that start a reconcile: `writer`'s store sees every
@@ -1243,10 +1373,12 @@ fn request_changes(
 fn job_changes(
     api: Api<Job>,
     config: watcher::Config,
+    reads: Arc<ReadCache>,
 ) -> impl futures::Stream<Item = Result<Job, watcher::Error>> + Send + 'static {
     let mut triggers = JobTriggers::default();
     watcher(api, config)
         .default_backoff()
+        .inspect(move |event| reads.saw(Watched::Jobs, event))
         .filter_map(move |event| futures::future::ready(triggers.changed(event)))
 }
 
@@ -1354,20 +1486,77 @@ fn metadata_of<K>(
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    metadata_events(api).touched_objects()
+    metadata_events(api, watcher::Config::default()).touched_objects()
 }
 
-/// The watch events of the objects of `api` (metadata only), retried with the watcher's default
-/// backoff.
+/// The watch events of the objects of `api` (metadata only) that `config` selects, retried
+/// with the watcher's default backoff.
 fn metadata_events<K>(
     api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
 ) -> impl futures::Stream<Item = Result<watcher::Event<PartialObjectMeta<K>>, watcher::Error>>
 + Send
 + 'static
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    watcher(api, watcher::Config::default().page_size(METADATA_PAGE)).default_backoff()
+    watcher(api, config.page_size(METADATA_PAGE)).default_backoff()
+}
+
+/// The watches of `namespace` (`None`: every namespace) that only tell the [`ReadCache`] what
+/// changed: the metadata of the StatefulSets, the PodDisruptionBudgets and our ConfigMaps (the
+/// stashes, by our label). They wake no request: a request waits on no change of them.
+fn kept_read_changes(
+    client: &Client,
+    namespace: Option<&str>,
+    reads: &Arc<ReadCache>,
+) -> impl Future<Output = ()> + Send + 'static {
+    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<PartialObjectMeta<K>>
+    where
+        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        }
+    }
+    let ours = watcher::Config::default().labels(&labels::managed_by_selector());
+    let all = watcher::Config::default;
+    let sets = api::<StatefulSet>(client, namespace);
+    let budgets = api::<PodDisruptionBudget>(client, namespace);
+    let maps = api::<ConfigMap>(client, namespace);
+    run_feeds(vec![
+        kept_read_feed(sets, all(), reads.clone(), Watched::StatefulSets),
+        kept_read_feed(budgets, all(), reads.clone(), Watched::Budgets),
+        kept_read_feed(maps, ours, reads.clone(), Watched::ConfigMaps),
+    ])
+}
+
+/// The metadata watch of `api` (what `config` selects): each change of `kind` told to `reads`.
+fn kept_read_feed<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+    reads: Arc<ReadCache>,
+    kind: Watched,
+) -> futures::stream::BoxStream<'static, Result<(), watcher::Error>>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    (metadata_events(api, config).inspect(move |event| reads.saw(kind, event)))
+        .map_ok(|_| ())
+        .boxed()
+}
+
+/// Runs `feeds` ([`kept_read_feed`]) for as long as they run: a failure is logged and retried
+/// with the watcher's backoff (and voids what is kept of its kind).
+async fn run_feeds(feeds: Vec<futures::stream::BoxStream<'static, Result<(), watcher::Error>>>) {
+    (futures::stream::select_all(feeds))
+        .for_each(|event| async move {
+            if let Err(e) = event {
+                error!(error = %e, "a watch the read cache follows");
+            }
+        })
+        .await
 }
 
 /// The changes of the pods or claims of `api` (metadata only) that may matter to a request of
@@ -1376,11 +1565,23 @@ fn changes_that_matter<K>(
     api: Api<PartialObjectMeta<K>>,
     store: kube::runtime::reflector::Store<StorageMigrationRequest>,
     named: Named,
+    reads: Arc<ReadCache>,
 ) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    metadata_events(api)
+    // Volumes have their own cache (`VolumeCache`), fed by their own watch.
+    let kind = match named {
+        Named::Pod => Some(Watched::Pods),
+        Named::Claim => Some(Watched::Claims),
+        Named::Volume => None,
+    };
+    metadata_events(api, watcher::Config::default())
+        .inspect(move |event| {
+            if let Some(kind) = kind {
+                reads.saw(kind, event)
+            }
+        })
         .try_filter(move |event| {
             futures::future::ready(event_matters(&store.state(), event, named))
         })
@@ -1897,13 +2098,19 @@ mod tests {
 
     /// A refused handover says so in the `HealthGate` condition (naming the error) once, and
     /// nothing is written for an ended request.
+    /// The volumes read now before a decision is carried out: those of the claims it deletes,
+    /// those it gives a policy other than `Retain`, those it points at a claim; no other.
     #[test]
-    fn claim_deletes_volume_policies_but_retain_and_claim_refs_are_decided_on_fresh_volumes() {
+    fn the_volumes_of_claim_deletes_policies_but_retain_and_claim_refs_are_read_now() {
         use crate::plan::{Decision, Kind, Propagation};
+        let mut observed =
+            crate::plan::fixtures::observed(crate::plan::fixtures::spec_shrink("1Gi"));
+        let claim = crate::plan::fixtures::bound_claim("data-etcd-0", "standard", "1Gi", "pv-old");
+        observed.claims.insert("data-etcd-0".into(), claim);
         let decision = |action: Action| Decision {
             actions: vec![
                 Action::LabelVolume {
-                    volume: "pv".into(),
+                    volume: "pv-label".into(),
                 },
                 action,
             ],
@@ -1924,18 +2131,135 @@ mod tests {
             volume: "pv".into(),
             claim: "data-etcd-0".into(),
         };
-        for fresh in [delete(Kind::Claim), policy("Delete"), claim_ref] {
-            assert!(needs_fresh_volumes(&decision(fresh.clone())), "{fresh:?}");
+        let now = |action: Action| volumes_read_now(&decision(action), &observed);
+        assert_eq!(
+            now(delete(Kind::Claim)),
+            BTreeSet::from(["pv-old".to_string()])
+        );
+        for fresh in [policy("Delete"), claim_ref] {
+            assert_eq!(
+                now(fresh.clone()),
+                BTreeSet::from(["pv".to_string()]),
+                "{fresh:?}"
+            );
         }
         for kept in [delete(Kind::Pod), delete(Kind::Job), policy("Retain")] {
-            assert!(!needs_fresh_volumes(&decision(kept.clone())), "{kept:?}");
+            assert!(now(kept.clone()).is_empty(), "{kept:?}");
+        }
+        let mut unbound = delete(Kind::Claim);
+        if let Action::Delete { name, .. } = &mut unbound {
+            *name = "not-there".into();
+        }
+        assert!(
+            now(unbound).is_empty(),
+            "no volume known: the claim is read now instead"
+        );
+    }
+
+    /// A decision is carried out on what it was made on only when that holds what it acts on
+    /// read now: not the round before's answers, the kinds it acts on, the volumes whose state
+    /// it acts on (when volumes are kept).
+    #[test]
+    fn a_decision_is_made_again_until_what_it_acts_on_was_read_now() {
+        use crate::plan::{Decision, Kind, Propagation};
+        let mut observed =
+            crate::plan::fixtures::observed(crate::plan::fixtures::spec_shrink("1Gi"));
+        let claim = crate::plan::fixtures::bound_claim("data-etcd-0", "standard", "1Gi", "pv-old");
+        observed.claims.insert("data-etcd-0".into(), claim);
+        let decision = |actions: Vec<Action>| Decision {
+            actions,
+            requeue: Duration::ZERO,
+        };
+        let delete = |kind: Kind, name: &str| Action::Delete {
+            kind,
+            name: name.into(),
+            propagation: Propagation::Background,
+            uid: Some("uid".into()),
+            resource_version: None,
+        };
+        let made_on = |replayed: bool, kinds: &[Watched], volumes: Option<&[&str]>| MadeOn {
+            replayed,
+            kinds: kinds.iter().copied().collect(),
+            volumes: volumes.map(|v| v.iter().map(|v| v.to_string()).collect()),
+        };
+        let set = |kinds: &[Watched]| kinds.iter().copied().collect::<BTreeSet<_>>();
+        let names = |v: &[&str]| v.iter().map(|v| v.to_string()).collect::<BTreeSet<_>>();
+        let status = decision(vec![Action::SetStatus(Box::default())]);
+        assert_eq!(
+            made_on(true, &[], Some(&[])).lacks(&status, &observed),
+            None
+        );
+        let stop = decision(vec![delete(Kind::Pod, "etcd-0")]);
+        let pods = Some((set(&[Watched::Pods, Watched::Budgets]), names(&[])));
+        assert_eq!(made_on(true, &[], Some(&[])).lacks(&stop, &observed), pods);
+        assert_eq!(made_on(false, &[], Some(&[])).lacks(&stop, &observed), pods);
+        let pods_now = made_on(false, &[Watched::Pods, Watched::Budgets], Some(&[]));
+        assert_eq!(pods_now.lacks(&stop, &observed), None);
+        assert_eq!(
+            made_on(true, &[Watched::Pods, Watched::Budgets], Some(&[])).lacks(&stop, &observed),
+            pods,
+            "the round before's answers are never enough"
+        );
+        let swap = decision(vec![delete(Kind::Claim, "data-etcd-0")]);
+        let claims = set(&[Watched::Claims]);
+        let needs = Some((claims.clone(), names(&["pv-old"])));
+        let claims_now = made_on(false, &[Watched::Claims], Some(&[]));
+        assert_eq!(claims_now.lacks(&swap, &observed), needs);
+        let all_now = made_on(false, &[Watched::Claims], Some(&["pv-old"]));
+        assert_eq!(all_now.lacks(&swap, &observed), None);
+        let uncached = made_on(false, &[Watched::Claims], None);
+        assert_eq!(
+            uncached.lacks(&swap, &observed),
+            None,
+            "every volume is read now"
+        );
+        let finalizer = decision(vec![Action::AddFinalizer]);
+        assert_eq!(
+            made_on(false, &[], Some(&[])).lacks(&finalizer, &observed),
+            None
+        );
+        let nothing = Some((set(&[]), names(&[])));
+        assert_eq!(
+            made_on(true, &[], Some(&[])).lacks(&finalizer, &observed),
+            nothing
+        );
+    }
+
+    /// A stash is made on the stash and on what it stashes read now.
+    #[test]
+    fn a_stash_reads_now_the_stash_and_what_it_stashes() {
+        let stash = |key: &str| plan::Decision {
+            actions: vec![Action::Stash {
+                config_map: "move-stash".into(),
+                key: key.into(),
+                value: "v".into(),
+            }],
+            requeue: Duration::ZERO,
+        };
+        for (key, kind) in [
+            (
+                labels::STASH_STATEFULSET_KEY.to_string(),
+                Watched::StatefulSets,
+            ),
+            (
+                format!("{}data-etcd-0", labels::STASH_CLAIM_KEY_PREFIX),
+                Watched::Claims,
+            ),
+            (
+                format!("{}etcd-0", labels::STASH_POD_KEY_PREFIX),
+                Watched::Pods,
+            ),
+        ] {
+            let want = BTreeSet::from([Watched::ConfigMaps, kind]);
+            assert_eq!(kinds_read_now(&stash(&key)), want, "{key}");
         }
     }
 
-    /// Only a status, events and creates are decided on replayed answers; a delete, a patch, a
-    /// handover or a stash is decided again on fresh reads, and what needs the volumes as they
-    /// are now on volumes read now (when they are cached). Only a decision that writes the
-    /// status and nothing else (events aside) lets the next round replay its answers.
+    /// Only a status, events, creates, `Retain` and deletes of our Jobs and helper pods by uid
+    /// are decided on replayed or kept answers; a delete of anything else, a patch, a handover
+    /// or a stash is decided again on fresh reads, and what needs the volumes as they are now on
+    /// volumes read now (when they are cached). Only a decision that writes the status and
+    /// nothing else (events aside) lets the next round replay its answers.
     #[test]
     fn replayed_answers_decide_only_statuses_events_and_creates() {
         use crate::plan::{Decision, EventType, Kind, Object, Propagation};
@@ -1967,12 +2291,54 @@ mod tests {
             vec![status(), create()],
             vec![],
         ];
+        let mut observed =
+            crate::plan::fixtures::observed(crate::plan::fixtures::spec_shrink("1Gi"));
+        let job = crate::plan::ObservedJob {
+            job: Job::default(),
+            outcome: crate::plan::JobOutcome::Running,
+            progress: None,
+            refused: None,
+        };
+        observed.jobs.insert("x".into(), job);
+        observed.helper_pods.insert("x".into(), Pod::default());
+        let ours = |kind: Kind| match delete(kind) {
+            Action::Delete {
+                kind,
+                name,
+                propagation,
+                resource_version,
+                ..
+            } => Action::Delete {
+                kind,
+                name,
+                propagation,
+                uid: Some("uid-x".into()),
+                resource_version,
+            },
+            other => other,
+        };
+        let replayed = replayed.into_iter().chain([
+            vec![status(), ours(Kind::Job)],
+            vec![ours(Kind::Pod)],
+            vec![Action::PatchReclaimPolicy {
+                volume: "pv".into(),
+                policy: "Retain".into(),
+            }],
+        ]);
         for actions in replayed {
             let d = decision(actions);
-            assert_eq!(reads_needed(&d, true), Reads::Replayed, "{d:?}");
+            assert_eq!(reads_needed(&d, &observed, true), Reads::Replayed, "{d:?}");
+        }
+        // A member pod (no helper of this name), by uid too.
+        let mut theirs = ours(Kind::Pod);
+        if let Action::Delete { name, .. } = &mut theirs {
+            *name = "etcd-0".into();
         }
         let fresh = [
             vec![status(), delete(Kind::Pod)],
+            vec![status(), delete(Kind::Job)],
+            vec![theirs],
+            vec![ours(Kind::StatefulSet)],
             vec![Action::TransferLeadership {
                 from: "etcd-0".into(),
                 to: "etcd-1".into(),
@@ -1989,11 +2355,17 @@ mod tests {
         ];
         for actions in fresh {
             let d = decision(actions);
-            assert_eq!(reads_needed(&d, true), Reads::Fresh, "{d:?}");
+            assert_eq!(reads_needed(&d, &observed, true), Reads::Fresh, "{d:?}");
         }
+        let claim = crate::plan::fixtures::bound_claim("x", "standard", "1Gi", "pv-x");
+        observed.claims.insert("x".into(), claim);
         let claim_delete = decision(vec![status(), delete(Kind::Claim)]);
-        assert_eq!(reads_needed(&claim_delete, true), Reads::FreshVolumes);
-        assert_eq!(reads_needed(&claim_delete, false), Reads::Fresh, "no cache");
+        assert_eq!(
+            reads_needed(&claim_delete, &observed, true),
+            Reads::FreshVolumes
+        );
+        let no_cache = reads_needed(&claim_delete, &observed, false);
+        assert_eq!(no_cache, Reads::Fresh, "no cache");
         assert!(only_writes_status(&decision(vec![status()])));
         assert!(only_writes_status(&decision(vec![event(), status()])));
         let job = || Action::Create(Object::Job(Box::default()));
@@ -2046,17 +2418,6 @@ mod tests {
         ] {
             assert!(!leaves_work_to_others(&decision(own.clone())), "{own:?}");
         }
-    }
-
-    /// A decision made on fresh reads that needs the volumes read now is made again on the same
-    /// answers, only the volumes read; any other decision needing fresher reads reads anew
-    /// (replayed answers may be a second old).
-    #[test]
-    fn fresh_reads_are_replayed_when_only_the_volumes_must_be_read_again() {
-        use Reads::{Fresh, FreshVolumes, Replayed};
-        assert_eq!(reread_mode(Fresh, FreshVolumes), Mode::Replay);
-        assert_eq!(reread_mode(Replayed, FreshVolumes), Mode::Record);
-        assert_eq!(reread_mode(Replayed, Fresh), Mode::Record);
     }
 
     /// A status write (and the resourceVersion it brings) starts no reconcile; a spec edit, an

@@ -85,20 +85,27 @@ const METADATA_LIST: &str = "application/json;as=PartialObjectMetadataList;g=met
 const METADATA_WATCH: &str = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1";
 
 /// Every kind listed then watched from `rv` 7: the requests in full; our Jobs (by our label) in
-/// full, for their conditions (`job_changes`); pods, claims and volumes as metadata.
+/// full, for their conditions (`job_changes`); pods, claims, volumes, StatefulSets,
+/// PodDisruptionBudgets, StorageClasses and our ConfigMaps (by our label) as metadata.
 fn expected(prefix: &str) -> BTreeSet<Call> {
     let mut calls = expected_in(prefix);
-    // Volumes are cluster-scoped: watched across the cluster whatever the scope, once.
+    // Volumes and StorageClasses are cluster-scoped: watched across the cluster whatever the
+    // scope, once.
     add(&mut calls, "/api/v1/persistentvolumes".into(), "", true);
+    add(
+        &mut calls,
+        "/apis/storage.k8s.io/v1/storageclasses".into(),
+        "",
+        true,
+    );
     calls
 }
 
-/// A list, then a watch from `rv` 7, of `path`; the metadata watches of our own (pods, claims,
-/// volumes) list [`METADATA_PAGE`] objects a page, the others kube-runtime's default 500.
+/// A list, then a watch from `rv` 7, of `path`; the metadata watches list [`METADATA_PAGE`]
+/// objects a page, the others kube-runtime's default 500.
 fn add(calls: &mut BTreeSet<Call>, path: String, selector: &str, metadata: bool) {
     let amp = if selector.is_empty() { "" } else { "&" };
-    let ours = ["pods", "persistentvolumeclaims", "persistentvolumes"];
-    let limit = match ours.iter().any(|kind| path.ends_with(&format!("/{kind}"))) {
+    let limit = match metadata {
         true => METADATA_PAGE,
         false => 500,
     };
@@ -127,6 +134,9 @@ fn expected_in(prefix: &str) -> BTreeSet<Call> {
         ("/apis/batch/v1", "jobs", ours, false),
         ("/api/v1", "pods", "", true),
         ("/api/v1", "persistentvolumeclaims", "", true),
+        ("/apis/apps/v1", "statefulsets", "", true),
+        ("/apis/policy/v1", "poddisruptionbudgets", "", true),
+        ("/api/v1", "configmaps", ours, true),
     ];
     let mut calls = BTreeSet::new();
     for (group, kind, selector, metadata) in all {
@@ -146,19 +156,19 @@ fn namespaces(names: &[&str]) -> WatchScope {
 
 #[tokio::test]
 async fn a_namespace_is_watched_in_it_pods_claims_and_volumes_as_metadata_only() {
-    let calls = first_calls(namespaces(&["demo"]), 10).await;
+    let calls = first_calls(namespaces(&["demo"]), 18).await;
     assert_eq!(calls, expected("/namespaces/demo"));
 }
 
 #[tokio::test]
 async fn every_namespace_is_watched_in_one_call_per_kind() {
-    let calls = first_calls(WatchScope::All, 10).await;
+    let calls = first_calls(WatchScope::All, 18).await;
     assert_eq!(calls, expected(""));
 }
 
 #[tokio::test]
 async fn watched_namespaces_share_one_watch_of_the_volumes() {
-    let calls = first_calls(namespaces(&["a", "b", "c"]), 26).await;
+    let calls = first_calls(namespaces(&["a", "b", "c"]), 46).await;
     let mut want = expected("/namespaces/a");
     want.extend(expected_in("/namespaces/b"));
     want.extend(expected_in("/namespaces/c"));

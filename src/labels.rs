@@ -150,6 +150,17 @@ pub fn request_selector(request_name: &str) -> String {
     format!("{REQUEST_LABEL}={request_name}")
 }
 
+/// Label selector of what the operator created for one request: [`request_selector`] and
+/// [`managed_by_selector`], so that the watch of our objects (by the latter) sees every object
+/// a list by it returns (`cluster::read_cache`).
+pub fn owned_selector(request_name: &str) -> String {
+    format!(
+        "{},{}",
+        request_selector(request_name),
+        managed_by_selector()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,5 +203,10 @@ mod tests {
             managed_by_selector(),
             format!("{MANAGED_BY_LABEL}={}", labels[MANAGED_BY_LABEL])
         );
+        let owned: BTreeMap<String, String> = (owned_selector("move").split(','))
+            .filter_map(|t| t.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(owned, labels, "every owned label");
     }
 }

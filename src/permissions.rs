@@ -67,8 +67,9 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Watched,
         group: "apps",
         resource: "statefulsets",
-        verbs: &["get", "create", "delete", "patch"],
-        why: "protect, orphan-delete and recreate the target StatefulSet",
+        verbs: &["get", "list", "watch", "create", "delete", "patch"],
+        why: "protect, orphan-delete and recreate the target StatefulSet; watched as metadata: \
+              a set read is kept until it changes",
     },
     Rule {
         scope: RuleScope::Watched,
@@ -138,8 +139,9 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Cluster,
         group: "storage.k8s.io",
         resource: "storageclasses",
-        verbs: &["list"],
-        why: "preflight: the target class and its binding mode",
+        verbs: &["list", "watch"],
+        why: "preflight: the target class and its binding mode; watched as metadata: a list \
+              read is kept until one changes",
     },
     Rule {
         scope: RuleScope::Watched,
@@ -152,8 +154,9 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Watched,
         group: "policy",
         resource: "poddisruptionbudgets",
-        verbs: &["list"],
-        why: "a member is not stopped while a PodDisruptionBudget that selects it allows none",
+        verbs: &["list", "watch"],
+        why: "a member is not stopped while a PodDisruptionBudget that selects it allows none; \
+              watched as metadata: a list read is kept until one changes",
     },
     Rule {
         scope: RuleScope::Watched,
@@ -166,8 +169,9 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Watched,
         group: "",
         resource: "configmaps",
-        verbs: &["get", "create", "patch", "delete"],
-        why: "the stash ConfigMap of each request",
+        verbs: &["get", "list", "watch", "create", "patch", "delete"],
+        why: "the stash ConfigMap of each request; ours watched as metadata (by our label): a \
+              stash read is kept until it changes",
     },
     Rule {
         scope: RuleScope::Watched,

@@ -203,7 +203,10 @@ impl Cluster {
         value: &str,
     ) -> Result<(), ClusterError> {
         let cms: Api<ConfigMap> = self.ns_api(ns);
-        let current = cms
+        // The stash as kept from this decision's read (`read_cache`): the patch carries its
+        // resourceVersion, so a stash changed since is refused (409), never overwritten.
+        let kept: Api<ConfigMap> = Api::namespaced(self.kept_reads(&Default::default()), ns);
+        let current = kept
             .get_opt(cm)
             .await
             .map_err(kube_err(format!("get stash ConfigMap {cm}")))?;
@@ -256,12 +259,37 @@ impl Cluster {
 
     async fn patch_reclaim_policy(&self, volume: &str, policy: &str) -> Result<(), ClusterError> {
         let patch = build::reclaim_policy_patch(policy);
-        merge(&self.volume_api(), volume, &patch, "reclaim policy").await
+        self.patch_volume(volume, &patch, "reclaim policy").await
     }
 
     async fn set_claim_ref(&self, ns: &str, volume: &str, claim: &str) -> Result<(), ClusterError> {
         let patch = build::claim_ref_patch(ns, claim);
-        merge(&self.volume_api(), volume, &patch, "claimRef").await
+        self.patch_volume(volume, &patch, "claimRef").await
+    }
+
+    /// A merge patch of `volume`; the volume it answers with is what a read of it would answer
+    /// now, and is kept as such ([`super::VolumeCache`]) unless the watch saw it change meanwhile.
+    async fn patch_volume(
+        &self,
+        volume: &str,
+        patch: &Value,
+        what: &str,
+    ) -> Result<(), ClusterError> {
+        let begun = self.volumes.as_ref().map(|c| c.begin(volume));
+        let patched = self
+            .volume_api()
+            .patch(volume, &PatchParams::default(), &Patch::Merge(patch))
+            .await;
+        match patched {
+            Ok(pv) => {
+                if let Some((cache, begun)) = self.volumes.as_ref().zip(begun) {
+                    cache.keep(volume, Some(&pv), begun);
+                }
+                Ok(())
+            }
+            Err(e) if is_status(&e, 404) => Ok(()),
+            Err(e) => Err(kube_err(format!("patch {what} of {volume}"))(e)),
+        }
     }
 
     /// Removes the ownerReferences with these uids from the claim as it is now.
@@ -326,7 +354,7 @@ impl Cluster {
 
     async fn label_volume(&self, volume: &str, request: &str) -> Result<(), ClusterError> {
         let patch = build::migrated_by_label_patch(request);
-        merge(&self.volume_api(), volume, &patch, "label").await
+        self.patch_volume(volume, &patch, "label").await
     }
 }
 

@@ -300,7 +300,7 @@ impl Cluster {
         request: &str,
         status: &StorageMigrationRequestStatus,
     ) -> Result<JobsAndHelpers, ClusterError> {
-        let owned = ListParams::default().labels(&labels::request_selector(request));
+        let owned = ListParams::default().labels(&labels::owned_selector(request));
         let job_list = self
             .ns_api::<Job>(ns)
             .list(&owned)
@@ -412,7 +412,7 @@ impl Cluster {
     }
 
     /// The volumes of [`volume_names`] that exist: from the [`super::VolumeCache`] when it
-    /// keeps one, else read now.
+    /// keeps one and it is not to be read now (`Cluster::reading_volumes_now`), else read now.
     async fn volumes(
         &self,
         claims: &BTreeMap<String, PersistentVolumeClaim>,
@@ -423,7 +423,8 @@ impl Cluster {
         let reads = volume_names(claims, status).into_iter().map(|v| {
             let pvs = &pvs;
             async move {
-                if let Some(pv) = cache.and_then(|c| c.get(&v)) {
+                let kept = cache.filter(|_| !self.volumes_now.contains(&v));
+                if let Some(pv) = kept.and_then(|c| c.get(&v)) {
                     return Ok(Some((v, pv)));
                 }
                 let begun = cache.map(|c| c.begin(&v));

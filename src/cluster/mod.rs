@@ -7,9 +7,12 @@
 //! - [`execute`]: one function per action;
 //! - [`raw`]: GET/LIST/CREATE keeping the raw JSON the API server returned;
 //! - [`replay`]: one round's answers, replayed to the round that follows a status write;
+//! - [`read_cache`]: reads of watched kinds kept from round to round while their watches see
+//!   no change;
 //! - [`error`]: [`ClusterError`] and whether retrying it can help;
 //! - [`database`]: the database clients (etcd) and the Secrets they need, driven from here.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -27,6 +30,7 @@ pub mod error;
 pub mod execute;
 pub mod gather;
 pub mod raw;
+pub mod read_cache;
 pub mod replay;
 pub mod stash;
 pub mod volume_cache;
@@ -38,6 +42,7 @@ mod tests;
 
 pub use database::{Engine, EngineError};
 pub use error::{ClusterError, Retry};
+pub use read_cache::ReadCache;
 pub use volume_cache::VolumeCache;
 
 /// Everything the cluster layer needs for one request.
@@ -46,6 +51,11 @@ pub struct Cluster {
     pub recorder: Recorder,
     /// Where volumes read by name are kept between rounds; `None`: each read is a GET.
     volumes: Option<Arc<VolumeCache>>,
+    /// The volumes read now whatever the cache keeps of them.
+    volumes_now: Arc<BTreeSet<String>>,
+    /// Where the reads of watched kinds are kept between rounds, with the client `client`
+    /// wraps (see [`Cluster::with_read_cache`]); `None`: every read goes to the API server.
+    reads: Option<(Arc<ReadCache>, Client)>,
 }
 
 impl Cluster {
@@ -54,6 +64,28 @@ impl Cluster {
             client,
             recorder,
             volumes: None,
+            volumes_now: Arc::default(),
+            reads: None,
+        }
+    }
+
+    /// Keeps the reads of watched kinds in `cache` ([`ReadCache`]): this cluster's client reads
+    /// now (and counts its writes as changes); [`Cluster::kept_reads`] answers from `cache`.
+    pub fn with_read_cache(mut self, cache: Arc<ReadCache>) -> Self {
+        let plain = self.client.clone();
+        self.client = cache.client(plain.clone(), read_cache::Use::ReadNow);
+        self.reads = Some((cache, plain));
+        self
+    }
+
+    /// A client that answers the reads of watched kinds but those of `now` from the
+    /// [`ReadCache`] when it keeps them; this cluster's client when there is no cache.
+    pub fn kept_reads(&self, now: &BTreeSet<read_cache::Watched>) -> Client {
+        match &self.reads {
+            Some((cache, plain)) => {
+                cache.client(plain.clone(), read_cache::Use::KeptBut(now.clone()))
+            }
+            None => self.client.clone(),
         }
     }
 
@@ -68,18 +100,23 @@ impl Cluster {
         self.volumes.is_some()
     }
 
-    /// The same cluster, reading every volume now.
-    pub fn uncached(&self) -> Self {
-        Self::new(self.client.clone(), self.recorder.clone())
+    /// The same cluster, reading `volumes` now whatever the cache keeps of them.
+    pub fn reading_volumes_now(self, volumes: BTreeSet<String>) -> Self {
+        Self {
+            volumes_now: Arc::new(volumes),
+            ..self
+        }
     }
 
-    /// The same cluster (its recorder, its volume cache), reading through `client` (a
-    /// [`replay`] client).
+    /// The same cluster (its recorder, its caches), reading through `client` (a [`replay`]
+    /// client).
     pub fn reading_through(&self, client: Client) -> Self {
         Self {
             client,
             recorder: self.recorder.clone(),
             volumes: self.volumes.clone(),
+            volumes_now: self.volumes_now.clone(),
+            reads: self.reads.clone(),
         }
     }
 

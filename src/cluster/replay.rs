@@ -39,13 +39,19 @@ pub enum Mode {
     Replay,
 }
 
-/// One kept answer: its status, headers and body.
+/// One kept answer: its status, headers and body, and when the API server gave it.
 #[derive(Debug, Clone)]
-struct Answer {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    pub(super) headers: HeaderMap,
+    pub(super) body: Bytes,
+    pub(super) read: Instant,
 }
+
+/// The extension of a response answered from a kept answer: when the API server gave it (a
+/// response without one was read now).
+#[derive(Debug, Clone, Copy)]
+struct ReadAt(Instant);
 
 /// The answers of one round's reads, by the URI read. See the module doc.
 #[derive(Debug)]
@@ -59,6 +65,19 @@ impl Answers {
         Arc::new(Self {
             taken: Instant::now(),
             kept: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The answers of these the API server gave at `since` or later (those read in the
+    /// decision that began then), to replay to the same decision made again.
+    pub fn read_since(&self, since: Instant) -> Arc<Self> {
+        let kept = (self.answers().iter())
+            .filter(|(_, a)| a.read >= since)
+            .map(|(k, a)| (k.clone(), a.clone()))
+            .collect();
+        Arc::new(Self {
+            taken: self.taken,
+            kept: Mutex::new(kept),
         })
     }
 
@@ -110,26 +129,41 @@ impl Answers {
         if !matches!(response.status(), StatusCode::OK | StatusCode::NOT_FOUND) {
             return Ok(response);
         }
+        let (answer, response) = Answer::collect(response).await?;
+        self.answers().insert(key, answer);
+        Ok(response)
+    }
+}
+
+impl Answer {
+    /// The answer of `response`, read in full, and the response to pass on.
+    pub(super) async fn collect(
+        response: Response<Body>,
+    ) -> Result<(Self, Response<Body>), kube::Error> {
         let (parts, body) = response.into_parts();
         let body = body.collect_bytes().await?;
         let mut headers = parts.headers.clone();
         headers.remove(CONTENT_LENGTH);
         headers.remove(CONTENT_ENCODING);
-        let answer = Answer {
+        let read = parts
+            .extensions
+            .get::<ReadAt>()
+            .map_or_else(Instant::now, |r| r.0);
+        let answer = Self {
             status: parts.status,
             headers,
             body: body.clone(),
+            read,
         };
-        self.answers().insert(key, answer);
-        Ok(Response::from_parts(parts, Body::from(body)))
+        Ok((answer, Response::from_parts(parts, Body::from(body))))
     }
-}
 
-impl Answer {
-    fn response(self) -> Response<Body> {
+    /// The response this answer gives again, with when it was read.
+    pub(super) fn response(self) -> Response<Body> {
         let mut response = Response::new(Body::from(self.body));
         *response.status_mut() = self.status;
         *response.headers_mut() = self.headers;
+        response.extensions_mut().insert(ReadAt(self.read));
         response
     }
 }
@@ -206,6 +240,33 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(replayable_read(&upgrade), None);
+    }
+
+    /// A decision made again on fresher reads replays only what the API server answered since
+    /// it began: not the round before's answers, nor those kept from earlier rounds.
+    #[tokio::test]
+    async fn only_the_answers_read_since_a_moment_are_taken_again() {
+        let began = Instant::now();
+        let answer = |read: Instant| Answer {
+            status: StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::from_static(b"{}"),
+            read,
+        };
+        let answers = Answers::new();
+        let earlier = began - Duration::from_millis(5);
+        answers.answers().insert("/kept".into(), answer(earlier));
+        answers
+            .answers()
+            .insert("/now".into(), answer(Instant::now()));
+        // A response given again carries when it was read, and is recorded so.
+        let (again, _) = Answer::collect(answer(earlier).response()).await.unwrap();
+        assert_eq!(again.read, earlier);
+        answers.answers().insert("/again".into(), again);
+        let since = answers.read_since(began);
+        let mut kept: Vec<String> = since.answers().keys().cloned().collect();
+        kept.sort();
+        assert_eq!(kept, ["/now"]);
     }
 
     #[test]

@@ -138,6 +138,36 @@ async fn patch_reclaim_policy_merges_one_field_and_a_missing_volume_is_a_success
     execute(observed(), action, vec![gone]).await.unwrap();
 }
 
+/// The volume a patch answers with is kept as its read (the watch's echo of the patch then
+/// changes nothing); a read of it is not sent again.
+#[tokio::test]
+async fn a_patched_volume_is_kept_as_the_patch_answered_it() {
+    let cache = std::sync::Arc::new(super::VolumeCache::default());
+    let action = Action::PatchReclaimPolicy {
+        volume: "pv-old-0".into(),
+        policy: "Retain".into(),
+    };
+    let mut answered = volume_json();
+    answered["metadata"]["name"] = json!("pv-old-0");
+    answered["metadata"]["resourceVersion"] = json!("42");
+    let ok = Exchange::new(Method::PATCH, &pv("pv-old-0")).returns(answered);
+    let kept = cache.clone();
+    super::mock::verify(vec![ok], move |cluster| async move {
+        let cluster = cluster.with_volume_cache(kept);
+        let engine: Result<super::Engine, String> = Err("no engine in this test".into());
+        cluster
+            .execute(&observed(), &engine, &action)
+            .await
+            .map(drop)
+    })
+    .await
+    .unwrap();
+    let volume = cache
+        .get("pv-old-0")
+        .and_then(|v| v.metadata.resource_version);
+    assert_eq!(volume.as_deref(), Some("42"));
+}
+
 #[tokio::test]
 async fn set_claim_ref_names_the_claim_and_clears_the_stale_binding() {
     let action = Action::SetClaimRef {
@@ -514,10 +544,7 @@ fn everything_gathered(o: &Observed) -> Vec<Exchange> {
             "reason": "FailedCreate", "message": message, "lastTimestamp": at,
         })
     };
-    let owned = format!(
-        "labelSelector={}%3D{REQ}",
-        labels::REQUEST_LABEL.replace('/', "%2F")
-    );
+    let owned = owned_query();
     let mut backup = pod.clone();
     backup["metadata"]["name"] = json!("backup-1");
     backup["metadata"]["labels"] = json!({});
@@ -647,10 +674,7 @@ async fn gather_reads_everything_the_planner_needs() {
 #[tokio::test]
 async fn gather_reports_the_first_failed_read_in_a_fixed_order() {
     let o = observed();
-    let owned = format!(
-        "labelSelector={}%3D{REQ}",
-        labels::REQUEST_LABEL.replace('/', "%2F")
-    );
+    let owned = owned_query();
     let exchanges = vec![
         Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(403, "Forbidden"),
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash")
@@ -679,10 +703,7 @@ async fn gather_reports_the_first_failed_read_in_a_fixed_order() {
 async fn gather_reads_a_running_copys_progress_from_its_log() {
     let o = observed();
     let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
-    let owned = format!(
-        "labelSelector={}%3D{REQ}",
-        labels::REQUEST_LABEL.replace('/', "%2F")
-    );
+    let owned = owned_query();
     let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
         "name": "etcd-0-copy-abc123", "namespace": NS,
         "labels": {labels::REQUEST_LABEL: REQ, labels::JOB_KIND_LABEL: "copy"},
@@ -1043,4 +1064,11 @@ async fn a_not_found_answer_is_replayed_as_not_found() {
     assert!(matches!(read, Ok(None)), "{read:?}");
     assert!(matches!(replayed, Ok(None)), "{replayed:?}");
     assert_eq!(answers.len(), 1);
+}
+
+/// The query of the lists of what the operator created for request `REQ`.
+fn owned_query() -> String {
+    form_urlencoded::Serializer::new(String::new())
+        .append_pair("labelSelector", &labels::owned_selector(REQ))
+        .finish()
 }

@@ -14,10 +14,11 @@ rule with its RuleScope); a unit test compares the two, so edit both together.
 - apiGroups: [""]
   resources: ["nodes"]
   verbs: ["get"]
-# Preflight: target class exists, binding modes match.
+# Preflight: target class exists, binding modes match; watched as metadata, so that a list
+# read is kept until a class changes.
 - apiGroups: ["storage.k8s.io"]
   resources: ["storageclasses"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{/* Objects in the requests' namespaces: the ClusterRole (all namespaces) or a Role in each
@@ -35,10 +36,10 @@ watched namespace. */}}
   resources: ["storagemigrationrequests/finalizers"]
   verbs: ["update"]
 # Read, protect (retention policy, Kubernetes 1.23+), orphan-delete and recreate the target
-# StatefulSet.
+# StatefulSet; the sets' metadata watched, so that a set read is kept until it changes.
 - apiGroups: ["apps"]
   resources: ["statefulsets"]
-  verbs: ["get", "create", "delete", "patch"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # A Deployment's claim: read the Deployment, scale it to zero and back (never its template);
 # a claim target's pod leads through its ReplicaSet to its Deployment.
 - apiGroups: ["apps"]
@@ -73,10 +74,11 @@ watched namespace. */}}
   resources: ["jobs"]
   verbs: ["list", "watch", "create", "delete"]
 # The stash ConfigMap <request>-stash: created, read, patched one key at a time, deleted after
-# success.
+# success; ours watched as metadata (by our label), so that a stash read is kept until it
+# changes.
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # etcd engine: TLS and auth Secrets named in a request (get by name only, never list).
 - apiGroups: [""]
   resources: ["secrets"]
@@ -100,10 +102,10 @@ watched namespace. */}}
   resources: ["namespaces"]
   verbs: ["get"]
 # A member is not stopped while a PodDisruptionBudget that selects it allows no disruption
-# (policy/v1).
+# (policy/v1); watched as metadata, so that a list read is kept until a budget changes.
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["list"]
+  verbs: ["list", "watch"]
 {{- end }}
 
 {{/* Leader election: a Role in the release namespace. */}}
