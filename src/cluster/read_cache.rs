@@ -236,8 +236,9 @@ struct Shows {
 }
 
 impl Shows {
-    /// What the answer `body` to the read of `path` (`target`) with `query` shows.
-    fn of(target: &Target, path: &str, query: &str, body: &[u8]) -> Self {
+    /// What the answer `body` to the read of `path` (`target`) with `query` shows; `None`
+    /// when it is not an object or a list of them (nothing can tell when it goes stale).
+    fn of(target: &Target, path: &str, query: &str, body: &[u8]) -> Option<Self> {
         #[derive(serde::Deserialize, Default)]
         struct Items {
             #[serde(default)]
@@ -249,7 +250,7 @@ impl Shows {
         struct Item {
             metadata: ObjectMeta,
         }
-        let parsed: Items = serde_json::from_slice(body).unwrap_or_default();
+        let parsed: Items = serde_json::from_slice(body).ok()?;
         let metas: Vec<ObjectMeta> = match target.list {
             true => parsed.items.into_iter().map(|i| i.metadata).collect(),
             false => vec![parsed.metadata]
@@ -266,7 +267,7 @@ impl Shows {
         };
         if !target.list {
             shows.object = path.rsplit('/').next().map(str::to_string);
-            return shows;
+            return Some(shows);
         }
         for (key, value) in form_urlencoded::parse(query.as_bytes()) {
             match key.as_ref() {
@@ -275,7 +276,7 @@ impl Shows {
                 _ => {}
             }
         }
-        shows
+        Some(shows)
     }
 
     /// Whether `change` may make this answer stale: a new version or the deletion of an object
@@ -567,8 +568,9 @@ impl ReadCache {
             return Ok(response);
         }
         let (answer, response) = Answer::collect(response).await?;
-        if keepable(&target, &query, &answer) {
-            let shows = Shows::of(&target, &path, &query, &answer.body);
+        if keepable(&target, &query, &answer)
+            && let Some(shows) = Shows::of(&target, &path, &query, &answer.body)
+        {
             self.keep(key, &target, begun, answer, shows);
         }
         Ok(response)
@@ -601,8 +603,9 @@ impl ReadCache {
         let change = Change::of_answer(name.as_deref(), &answer.body, deleted);
         let written = written_object(target, &method, &path, &change);
         self.changed(target.kind, &target.namespace, change);
-        if let Some((key, object)) = written.filter(|(_, o)| keepable(o, "", &answer)) {
-            let shows = Shows::of(&object, &key, "", &answer.body);
+        if let Some((key, object)) = written.filter(|(_, o)| keepable(o, "", &answer))
+            && let Some(shows) = Shows::of(&object, &key, "", &answer.body)
+        {
             self.keep(key, &object, begun, answer, shows);
         }
         Ok(response)
@@ -783,7 +786,7 @@ mod tests {
         let target = target(PODS).unwrap();
         let query = "&labelSelector=app%3Detcd";
         let body = serde_json::to_vec(&pod_list(vec![pod("etcd-0", "5", "etcd")])).unwrap();
-        let shows = Shows::of(&target, PODS, query, &body);
+        let shows = Shows::of(&target, PODS, query, &body).unwrap();
         assert!(
             !shows.changed_by(&change("etcd-0", "5", "etcd")),
             "the version shown"
@@ -815,9 +818,11 @@ mod tests {
             PODS,
             "&fieldSelector=metadata.name%3Detcd-0",
             &body,
-        );
+        )
+        .unwrap();
         assert!(!by_name.changed_by(&change("etcd-1", "7", "etcd")));
         let set_based = Shows::of(&target, PODS, "&labelSelector=app+in+%28a%2Cb%29", &body);
+        let set_based = set_based.unwrap();
         assert!(
             set_based.changed_by(&change("x", "1", "c")),
             "not read: may match"
@@ -827,6 +832,11 @@ mod tests {
             "/api/v1/namespaces/demo/configmaps/s",
             "",
             b"{}",
+        )
+        .unwrap();
+        assert!(
+            Shows::of(&target, PODS, query, b"not json").is_none(),
+            "an answer that shows nothing readable is not kept"
         );
         assert!(
             object.changed_by(&change("s", "1", "")),

@@ -9,18 +9,18 @@
 //! the snapshot is what a gather would have built had the API server answered the same.
 //!
 //! Never replayed: anything but a plain GET (writes, watches, followed logs, exec and
-//! port-forward upgrades, the API server's proxy to a pod), and the volumes, which have their
-//! own cache fed by a watch ([`super::VolumeCache`]). The database's own view is not read
-//! through the API server and is read anew in every round. A decision made on replayed
-//! answers that does more than write the status, publish events and create objects is made
-//! again on fresh reads before anything of it is done (`controller::decided`).
+//! port-forward upgrades, the API server's proxy to a pod, another representation such as
+//! metadata only), and the volumes, which have their own cache fed by a watch
+//! ([`super::VolumeCache`]). The database's own view is not read through the API server and is
+//! read anew in every round. A decision made on replayed answers that does more than what kept
+//! reads suffice for is made again before anything of it is done (`controller::decided`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, UPGRADE};
+use http::header::{ACCEPT, CONTENT_ENCODING, CONTENT_LENGTH, UPGRADE};
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use kube::Client;
 use kube::client::Body;
@@ -177,7 +177,13 @@ pub fn replayable_read<B>(request: &Request<B>) -> Option<String> {
     let streams = query
         .split('&')
         .any(|p| matches!(p, "watch=true" | "watch=1" | "follow=true" | "follow=1"));
+    // Another representation of the same path (`as=PartialObjectMetadataList`, a Table) is
+    // another answer: never kept under the path's key.
+    let transformed = (request.headers().get(ACCEPT))
+        .and_then(|a| a.to_str().ok())
+        .is_some_and(|a| a.contains(";as="));
     let refused = request.method() != Method::GET
+        || transformed
         || request.headers().contains_key(UPGRADE)
         || streams
         || path.starts_with("/api/v1/persistentvolumes")
@@ -235,6 +241,14 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(replayable_read(&patch), None);
+        let metadata = Request::get("/api/v1/namespaces/demo/pods")
+            .header(
+                ACCEPT,
+                "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1",
+            )
+            .body(())
+            .unwrap();
+        assert_eq!(replayable_read(&metadata), None, "another representation");
         let upgrade = Request::get("/api/v1/namespaces/demo/pods/etcd-0/exec2")
             .header(UPGRADE, "websocket")
             .body(())
