@@ -2293,52 +2293,13 @@ mod tests {
         ];
         let mut observed =
             crate::plan::fixtures::observed(crate::plan::fixtures::spec_shrink("1Gi"));
-        let job = crate::plan::ObservedJob {
-            job: Job::default(),
-            outcome: crate::plan::JobOutcome::Running,
-            progress: None,
-            refused: None,
-        };
-        observed.jobs.insert("x".into(), job);
-        observed.helper_pods.insert("x".into(), Pod::default());
-        let ours = |kind: Kind| match delete(kind) {
-            Action::Delete {
-                kind,
-                name,
-                propagation,
-                resource_version,
-                ..
-            } => Action::Delete {
-                kind,
-                name,
-                propagation,
-                uid: Some("uid-x".into()),
-                resource_version,
-            },
-            other => other,
-        };
-        let replayed = replayed.into_iter().chain([
-            vec![status(), ours(Kind::Job)],
-            vec![ours(Kind::Pod)],
-            vec![Action::PatchReclaimPolicy {
-                volume: "pv".into(),
-                policy: "Retain".into(),
-            }],
-        ]);
         for actions in replayed {
             let d = decision(actions);
             assert_eq!(reads_needed(&d, &observed, true), Reads::Replayed, "{d:?}");
         }
-        // A member pod (no helper of this name), by uid too.
-        let mut theirs = ours(Kind::Pod);
-        if let Action::Delete { name, .. } = &mut theirs {
-            *name = "etcd-0".into();
-        }
         let fresh = [
             vec![status(), delete(Kind::Pod)],
             vec![status(), delete(Kind::Job)],
-            vec![theirs],
-            vec![ours(Kind::StatefulSet)],
             vec![Action::TransferLeadership {
                 from: "etcd-0".into(),
                 to: "etcd-1".into(),
@@ -2417,6 +2378,57 @@ mod tests {
             vec![status()],
         ] {
             assert!(!leaves_work_to_others(&decision(own.clone())), "{own:?}");
+        }
+    }
+
+    /// Our own Jobs and helper pods deleted by uid, and `Retain` given, are decided on kept
+    /// reads too; a member pod, a Job without its uid, a StatefulSet are not.
+    #[test]
+    fn our_jobs_and_helpers_by_uid_and_retain_are_decided_on_kept_reads() {
+        use crate::plan::{Decision, Kind, Propagation};
+        let decision = |actions: Vec<Action>| Decision {
+            actions,
+            requeue: Duration::ZERO,
+        };
+        let delete = |kind: Kind, name: &str, uid: Option<&str>| Action::Delete {
+            kind,
+            name: name.into(),
+            propagation: Propagation::Background,
+            uid: uid.map(String::from),
+            resource_version: None,
+        };
+        let mut observed =
+            crate::plan::fixtures::observed(crate::plan::fixtures::spec_shrink("1Gi"));
+        let job = crate::plan::ObservedJob {
+            job: Job::default(),
+            outcome: crate::plan::JobOutcome::Running,
+            progress: None,
+            refused: None,
+        };
+        observed.jobs.insert("x".into(), job);
+        observed.helper_pods.insert("x".into(), Pod::default());
+        let retain = Action::PatchReclaimPolicy {
+            volume: "pv".into(),
+            policy: "Retain".into(),
+        };
+        for kept in [
+            vec![
+                Action::SetStatus(Box::default()),
+                delete(Kind::Job, "x", Some("u")),
+            ],
+            vec![delete(Kind::Pod, "x", Some("u"))],
+            vec![retain],
+        ] {
+            let d = decision(kept);
+            assert_eq!(reads_needed(&d, &observed, true), Reads::Replayed, "{d:?}");
+        }
+        for fresh in [
+            delete(Kind::Job, "x", None),
+            delete(Kind::Pod, "etcd-0", Some("u")),
+            delete(Kind::StatefulSet, "x", Some("u")),
+        ] {
+            let d = decision(vec![fresh]);
+            assert_eq!(reads_needed(&d, &observed, true), Reads::Fresh, "{d:?}");
         }
     }
 

@@ -27,8 +27,8 @@ use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
     ClaimUser, Workload, claim_users, copy_log_pod, effective_spec, expected_members, job_outcome,
-    may_target, measured_bytes, reads_claim_users, reads_other_requests, reads_storage_classes,
-    target_claim_users, target_workload, terminating_pod_nodes,
+    may_target, measured_bytes, pods_behind_jobs, reads_claim_users, reads_other_requests,
+    reads_storage_classes, target_claim_users, target_workload, terminating_pod_nodes,
 };
 use crate::plan::{self, Autoscaler, Observed, ObservedJob, OtherRequest};
 
@@ -306,12 +306,12 @@ impl Cluster {
             .list(&owned)
             .await
             .map_err(kube_err("list jobs"))?;
-        let helper_pods = by_name(
-            self.ns_api::<Pod>(ns)
-                .list(&owned)
-                .await
-                .map_err(kube_err("list helper pods"))?,
-        );
+        let mut helper_pods = by_name(list_owned_pods(self.client.clone(), ns, &owned).await?);
+        if pods_behind_jobs(&job_list.items, &helper_pods) {
+            // Kept from before a Job ended (`read_cache`): read as they are now, which shows
+            // the end of every Job that has ended.
+            helper_pods = by_name(list_owned_pods(self.read_now(), ns, &owned).await?);
+        }
         let mut jobs = BTreeMap::new();
         for job in job_list {
             let name = job.name_any();
@@ -488,6 +488,16 @@ impl Cluster {
             })
             .collect())
     }
+}
+
+/// Our helper pods of `ns` (`owned`: the request's selector), read through `client`.
+async fn list_owned_pods(
+    client: kube::Client,
+    ns: &str,
+    owned: &ListParams,
+) -> Result<ObjectList<Pod>, ClusterError> {
+    let pods = Api::<Pod>::namespaced(client, ns).list(owned).await;
+    pods.map_err(kube_err("list helper pods"))
 }
 
 /// The engine's view of the members, only where the planner uses it

@@ -95,6 +95,15 @@ impl Cluster {
         self
     }
 
+    /// A client that reads now, past the [`ReadCache`] and the replayed answers this cluster may
+    /// read through (and keeps what it read in the cache).
+    pub fn read_now(&self) -> Client {
+        match &self.reads {
+            Some((cache, plain)) => cache.client(plain.clone(), read_cache::Use::ReadNow),
+            None => self.client.clone(),
+        }
+    }
+
     /// Whether volumes may come from the cache rather than be read now.
     pub fn caches_volumes(&self) -> bool {
         self.volumes.is_some()

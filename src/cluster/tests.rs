@@ -699,6 +699,60 @@ async fn gather_reports_the_first_failed_read_in_a_fixed_order() {
 
 /// A running copy Job's progress is read from the tail of its running pod's log; a log that
 /// cannot be read gives no reading and no error.
+/// A Job seen ended while the helper pods listed do not show its pod's end (a list kept from
+/// before, `read_cache`): the pods are listed again, and the Job's result read from them.
+#[tokio::test]
+async fn gather_lists_the_helper_pods_again_when_a_job_ended_after_them() {
+    let o = observed();
+    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
+    let owned = owned_query();
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "etcd-0-copy-abc123", "namespace": NS,
+        "labels": {labels::REQUEST_LABEL: REQ, labels::JOB_KIND_LABEL: "copy"},
+    }, "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
+    let pod = |state: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "etcd-0-copy-abc123-xyz", "namespace": NS,
+        "labels": {labels::REQUEST_LABEL: REQ, "job-name": "etcd-0-copy-abc123"},
+    }, "status": {"containerStatuses": [{"name": "mover", "image": "i", "imageID": "",
+        "ready": false, "restartCount": 0, "state": state}]}})
+    };
+    let running = pod(json!({"running": {}}));
+    let ended = pod(json!({"terminated": {"exitCode": 0, "message": "{\"bytes\": 7}"}}));
+    let exchanges = vec![
+        Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(404, "NotFound"),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash")
+            .fails(404, "NotFound"),
+        Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![job])),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![running])),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
+            .query(&format!("&{owned}"))
+            .returns(list(vec![ended])),
+        Exchange::new(Method::GET, CLAIMS).returns(list(vec![])),
+        Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses").returns(list(vec![])),
+        Exchange::new(Method::GET, REQUESTS).returns(list(vec![])),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
+        })),
+        Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods").returns(list(vec![])),
+    ];
+    let request = o.request.clone();
+    let observed = super::mock::verify_unordered(exchanges, move |cluster| async move {
+        let engine = Err("no engine in this test".to_string());
+        cluster.gather(request, &engine).await
+    })
+    .await
+    .unwrap();
+    let outcome = &observed.jobs["etcd-0-copy-abc123"].outcome;
+    let message = Some("{\"bytes\": 7}".to_string());
+    assert_eq!(outcome, &crate::plan::JobOutcome::Succeeded { message });
+}
+
 #[tokio::test]
 async fn gather_reads_a_running_copys_progress_from_its_log() {
     let o = observed();

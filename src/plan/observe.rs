@@ -397,6 +397,32 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
     JobOutcome::Running
 }
 
+/// Whether `pods` (our helper pods) are older than one of `jobs`: a Job has ended (`Complete`
+/// or `Failed`) while none of its pods has a container that terminated. The Job controller ends
+/// a Job only after its pod's end, so pods listed after the Job show that end; a list kept from
+/// an earlier round (`cluster::read_cache`) may not, and the Job's result (its pod's
+/// termination message) would be missed.
+pub fn pods_behind_jobs(jobs: &[Job], pods: &BTreeMap<String, Pod>) -> bool {
+    let ended = |job: &Job| {
+        let conditions = job.status.as_ref().and_then(|s| s.conditions.as_deref());
+        (conditions.unwrap_or_default().iter())
+            .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
+    };
+    let terminated = |pod: &&Pod| {
+        let statuses = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_deref());
+        (statuses.unwrap_or_default().iter())
+            .any(|c| c.state.as_ref().is_some_and(|s| s.terminated.is_some()))
+    };
+    (jobs.iter().filter(|j| ended(j))).any(|j| {
+        !super::helpers::job_pods(&j.name_any(), pods)
+            .iter()
+            .any(terminated)
+    })
+}
+
 /// The pod whose log shows a running copy Job's progress, and the pass it copies: the Job's
 /// newest pod, when the Job is a PreCopy or Copy Job, still running, and its pod `Running`.
 pub fn copy_log_pod(
@@ -521,6 +547,34 @@ mod tests {
             ..Default::default()
         };
         (name.to_string(), pod)
+    }
+
+    /// An ended Job whose pods show no end yet: its pods were listed before it ended.
+    #[test]
+    fn pods_that_do_not_show_an_ended_jobs_end_are_behind_it() {
+        let ended = job(&[("Complete", "Completed", None)]);
+        let done = BTreeMap::from([job_pod("p", "job-name", 0, Some("{}"))]);
+        assert!(!pods_behind_jobs(std::slice::from_ref(&ended), &done));
+        let mut running = job_pod("p", "job-name", 0, None);
+        if let Some(s) = running.1.status.as_mut() {
+            s.container_statuses = Some(vec![ContainerStatus {
+                name: "copy".into(),
+                state: Some(ContainerState {
+                    running: Some(Default::default()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }]);
+        }
+        let not_yet = BTreeMap::from([running]);
+        assert!(pods_behind_jobs(std::slice::from_ref(&ended), &not_yet));
+        assert!(
+            pods_behind_jobs(&[ended], &BTreeMap::new()),
+            "no pod listed"
+        );
+        assert!(!pods_behind_jobs(&[job(&[])], &not_yet), "a running Job");
+        let failed = job(&[("Failed", "DeadlineExceeded", None)]);
+        assert!(pods_behind_jobs(&[failed], &not_yet));
     }
 
     #[test]
