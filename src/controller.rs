@@ -1229,10 +1229,7 @@ async fn list_requests(client: &Client, scope: &WatchScope) -> Vec<StorageMigrat
         let mut all = Vec::new();
         let mut failed = None;
         for ns in scope.namespaces() {
-            let api: Api<StorageMigrationRequest> = match ns {
-                Some(ns) => Api::namespaced(client.clone(), ns),
-                None => Api::all(client.clone()),
-            };
+            let api = scoped_api::<StorageMigrationRequest>(client, ns);
             match api.list(&Default::default()).await {
                 Ok(list) => all.extend(list.items),
                 Err(e) => failed = Some(e),
@@ -1257,20 +1254,10 @@ async fn watch_namespace(
     ctx: Arc<Context>,
     volumes: impl futures::Stream<Item = Result<VolumeMeta, watcher::Error>> + Send + 'static,
 ) {
-    let (requests, jobs, pods, claims) = match namespace {
-        Some(ns) => (
-            Api::<StorageMigrationRequest>::namespaced(client.clone(), ns),
-            Api::<Job>::namespaced(client.clone(), ns),
-            Api::<PartialObjectMeta<Pod>>::namespaced(client.clone(), ns),
-            Api::<PartialObjectMeta<PersistentVolumeClaim>>::namespaced(client.clone(), ns),
-        ),
-        None => (
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-        ),
-    };
+    let requests = scoped_api::<StorageMigrationRequest>(&client, namespace);
+    let jobs = scoped_api::<Job>(&client, namespace);
+    let pods = scoped_api::<PartialObjectMeta<Pod>>(&client, namespace);
+    let claims = scoped_api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace);
     let kept_reads = tokio::spawn(kept_read_changes(&client, namespace, &ctx.reads));
     let owned = watcher::Config::default().labels(&labels::managed_by_selector());
     let (reader, writer) = reflector::store();
@@ -1503,6 +1490,17 @@ where
     watcher(api, config.page_size(METADATA_PAGE)).default_backoff()
 }
 
+/// The objects of kind `K` in `namespace`, or in every namespace (`None`).
+fn scoped_api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
 /// The watches of `namespace` (`None`: every namespace) that only tell the [`ReadCache`] what
 /// changed: the metadata of the StatefulSets, the PodDisruptionBudgets and our ConfigMaps (the
 /// stashes, by our label). They wake no request: a request waits on no change of them.
@@ -1511,20 +1509,11 @@ fn kept_read_changes(
     namespace: Option<&str>,
     reads: &Arc<ReadCache>,
 ) -> impl Future<Output = ()> + Send + 'static {
-    fn api<K>(client: &Client, namespace: Option<&str>) -> Api<PartialObjectMeta<K>>
-    where
-        K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
-    {
-        match namespace {
-            Some(ns) => Api::namespaced(client.clone(), ns),
-            None => Api::all(client.clone()),
-        }
-    }
     let ours = watcher::Config::default().labels(&labels::managed_by_selector());
     let all = watcher::Config::default;
-    let sets = api::<StatefulSet>(client, namespace);
-    let budgets = api::<PodDisruptionBudget>(client, namespace);
-    let maps = api::<ConfigMap>(client, namespace);
+    let sets = scoped_api::<PartialObjectMeta<StatefulSet>>(client, namespace);
+    let budgets = scoped_api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace);
+    let maps = scoped_api::<PartialObjectMeta<ConfigMap>>(client, namespace);
     run_feeds(vec![
         kept_read_feed(sets, all(), reads.clone(), Watched::StatefulSets),
         kept_read_feed(budgets, all(), reads.clone(), Watched::Budgets),
@@ -2096,8 +2085,6 @@ mod tests {
         );
     }
 
-    /// A refused handover says so in the `HealthGate` condition (naming the error) once, and
-    /// nothing is written for an ended request.
     /// The volumes read now before a decision is carried out: those of the claims it deletes,
     /// those it gives a policy other than `Retain`, those it points at a claim; no other.
     #[test]
@@ -2573,6 +2560,8 @@ mod tests {
         );
     }
 
+    /// A refused handover says so in the `HealthGate` condition (naming the error) once, and
+    /// nothing is written for an ended request.
     #[test]
     fn a_refused_handover_is_recorded_in_the_health_gate() {
         let t = crate::plan::fixtures::t;

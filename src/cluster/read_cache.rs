@@ -514,7 +514,8 @@ impl ReadCache {
     }
 
     /// How many answers are kept, of `kind` in `namespace`.
-    pub fn len_of(&self, kind: Watched, namespace: &str) -> usize {
+    #[cfg(test)]
+    fn len_of(&self, kind: Watched, namespace: &str) -> usize {
         let inner = self.inner();
         (inner.kept.values())
             .filter(|k| k.kind == kind && k.namespace == namespace)

@@ -520,7 +520,7 @@ async fn transfer_leadership_without_an_engine_fails_without_a_request() {
 /// Every read of a gather in Preflight of a StatefulSet's request (the fixture `observed`), with
 /// its answer.
 fn everything_gathered(o: &Observed) -> Vec<Exchange> {
-    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
+    let list = list_of;
     let mut pod = json_of(&fixtures::member_pod(0));
     pod["metadata"]["annotations"] = json!({"unknown.example.com/kept": "yes"});
     pod["spec"]["someFutureField"] = json!({"kept": true});
@@ -697,105 +697,97 @@ async fn gather_reports_the_first_failed_read_in_a_fixed_order() {
     assert!(err.starts_with("get StatefulSet demo/etcd"), "{err}");
 }
 
-/// A running copy Job's progress is read from the tail of its running pod's log; a log that
-/// cannot be read gives no reading and no error.
-/// A Job seen ended while the helper pods listed do not show its pod's end (a list kept from
-/// before, `read_cache`): the pods are listed again, and the Job's result read from them.
-#[tokio::test]
-async fn gather_lists_the_helper_pods_again_when_a_job_ended_after_them() {
-    let o = observed();
-    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
-    let owned = owned_query();
-    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+/// A list answer of `items`.
+fn list_of(items: Vec<Value>) -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items})
+}
+
+/// The copy Job of member etcd-0, with `status`.
+fn copy_job(status: Value) -> Value {
+    json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
         "name": "etcd-0-copy-abc123", "namespace": NS,
         "labels": {labels::REQUEST_LABEL: REQ, labels::JOB_KIND_LABEL: "copy"},
-    }, "status": {"conditions": [{"type": "Complete", "status": "True"}]}});
-    let pod = |state: Value| {
-        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+    }, "status": status})
+}
+
+/// The pod of [`copy_job`], with `status`.
+fn copy_pod(status: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": "etcd-0-copy-abc123-xyz", "namespace": NS,
         "labels": {labels::REQUEST_LABEL: REQ, "job-name": "etcd-0-copy-abc123"},
-    }, "status": {"containerStatuses": [{"name": "mover", "image": "i", "imageID": "",
-        "ready": false, "restartCount": 0, "state": state}]}})
-    };
-    let running = pod(json!({"running": {}}));
-    let ended = pod(json!({"terminated": {"exitCode": 0, "message": "{\"bytes\": 7}"}}));
-    let exchanges = vec![
+    }, "status": status})
+}
+
+/// The reads of a gather of [`observed`] that finds our Job `job` and, at each list of our
+/// helper pods in turn, one of `pods`; `more` (a log read) among them.
+fn job_gather(job: Value, pods: Vec<Value>, more: Vec<Exchange>) -> Vec<Exchange> {
+    let owned = format!("&{}", owned_query());
+    let mut exchanges = vec![
         Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(404, "NotFound"),
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash")
             .fails(404, "NotFound"),
         Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
-            .query(&format!("&{owned}"))
-            .returns(list(vec![job])),
+            .query(&owned)
+            .returns(list_of(vec![job])),
+    ];
+    exchanges.extend(pods.into_iter().map(|pod| {
         Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
-            .query(&format!("&{owned}"))
-            .returns(list(vec![running])),
-        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
-            .query(&format!("&{owned}"))
-            .returns(list(vec![ended])),
-        Exchange::new(Method::GET, CLAIMS).returns(list(vec![])),
-        Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses").returns(list(vec![])),
-        Exchange::new(Method::GET, REQUESTS).returns(list(vec![])),
+            .query(&owned)
+            .returns(list_of(vec![pod]))
+    }));
+    exchanges.extend(more);
+    exchanges.extend([
+        Exchange::new(Method::GET, CLAIMS).returns(list_of(vec![])),
+        Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
+            .returns(list_of(vec![])),
+        Exchange::new(Method::GET, REQUESTS).returns(list_of(vec![])),
         Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
             "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
         })),
         Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
-        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods").returns(list(vec![])),
-    ];
-    let request = o.request.clone();
-    let observed = super::mock::verify_unordered(exchanges, move |cluster| async move {
+        Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods").returns(list_of(vec![])),
+    ]);
+    exchanges
+}
+
+/// The gather of [`observed`] against `exchanges`, in any order.
+async fn gather_unordered(exchanges: Vec<Exchange>) -> Result<Observed, ClusterError> {
+    let request = observed().request;
+    super::mock::verify_unordered(exchanges, move |cluster| async move {
         let engine = Err("no engine in this test".to_string());
         cluster.gather(request, &engine).await
     })
     .await
-    .unwrap();
+}
+
+/// A Job seen ended while the helper pods listed do not show its pod's end (a list kept from
+/// before, `read_cache`): the pods are listed again, and the Job's result read from them.
+#[tokio::test]
+async fn gather_lists_the_helper_pods_again_when_a_job_ended_after_them() {
+    let job = copy_job(json!({"conditions": [{"type": "Complete", "status": "True"}]}));
+    let pod = |state: Value| {
+        copy_pod(
+            json!({"containerStatuses": [{"name": "mover", "image": "i", "imageID": "",
+            "ready": false, "restartCount": 0, "state": state}]}),
+        )
+    };
+    let running = pod(json!({"running": {}}));
+    let ended = pod(json!({"terminated": {"exitCode": 0, "message": "{\"bytes\": 7}"}}));
+    let exchanges = job_gather(job, vec![running, ended], Vec::new());
+    let observed = gather_unordered(exchanges).await.unwrap();
     let outcome = &observed.jobs["etcd-0-copy-abc123"].outcome;
     let message = Some("{\"bytes\": 7}".to_string());
     assert_eq!(outcome, &crate::plan::JobOutcome::Succeeded { message });
 }
 
+/// A running copy Job's progress is read from the tail of its running pod's log; a log that
+/// cannot be read gives no reading and no error.
 #[tokio::test]
 async fn gather_reads_a_running_copys_progress_from_its_log() {
-    let o = observed();
-    let list = |items: Vec<Value>| json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": items});
-    let owned = owned_query();
-    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
-        "name": "etcd-0-copy-abc123", "namespace": NS,
-        "labels": {labels::REQUEST_LABEL: REQ, labels::JOB_KIND_LABEL: "copy"},
-    }, "status": {}});
-    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": "etcd-0-copy-abc123-xyz", "namespace": NS,
-        "labels": {labels::REQUEST_LABEL: REQ, "job-name": "etcd-0-copy-abc123"},
-    }, "status": {"phase": "Running"}});
     let log = "/api/v1/namespaces/demo/pods/etcd-0-copy-abc123-xyz/log";
-    let exchanges = |answer: Exchange| {
-        vec![
-            Exchange::new(Method::GET, &format!("{SETS}/etcd")).fails(404, "NotFound"),
-            Exchange::new(Method::GET, "/api/v1/namespaces/demo/configmaps/move-stash")
-                .fails(404, "NotFound"),
-            Exchange::new(Method::GET, "/apis/batch/v1/namespaces/demo/jobs")
-                .query(&format!("&{owned}"))
-                .returns(list(vec![job.clone()])),
-            Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods")
-                .query(&format!("&{owned}"))
-                .returns(list(vec![pod.clone()])),
-            answer,
-            Exchange::new(Method::GET, CLAIMS).returns(list(vec![])),
-            Exchange::new(Method::GET, "/apis/storage.k8s.io/v1/storageclasses")
-                .returns(list(vec![])),
-            Exchange::new(Method::GET, REQUESTS).returns(list(vec![])),
-            Exchange::new(Method::GET, "/api/v1/namespaces/demo").returns(json!({
-                "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "demo"},
-            })),
-            Exchange::new(Method::GET, BUDGETS).returns(budget_list()),
-            Exchange::new(Method::GET, "/api/v1/namespaces/demo/pods").returns(list(vec![])),
-        ]
-    };
     let gather = |answer: Exchange| {
-        let request = o.request.clone();
-        super::mock::verify_unordered(exchanges(answer), move |cluster| async move {
-            let engine = Err("no engine in this test".to_string());
-            cluster.gather(request, &engine).await
-        })
+        let (job, pod) = (copy_job(json!({})), copy_pod(json!({"phase": "Running"})));
+        gather_unordered(job_gather(job, vec![pod], vec![answer]))
     };
     let tail = "&container=mover&tailLines=40";
     let text =
