@@ -1175,23 +1175,34 @@ async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
 type VolumeMeta = PartialObjectMeta<PersistentVolume>;
 
 /// Watches the metadata of every volume: each touched volume goes to `cache` (what it keeps of
-/// it may be stale now) and to the controllers.
+/// it may be stale now) and to the controllers; a failure or a new list of the watch voids
+/// what `cache` keeps (a deletion meanwhile comes as no event).
 async fn fan_out_volumes(
     client: Client,
     cache: Arc<VolumeCache>,
     to: tokio::sync::broadcast::Sender<VolumeMeta>,
 ) {
-    let events = metadata_of(Api::<VolumeMeta>::all(client));
+    let events = metadata_events(Api::<VolumeMeta>::all(client), watcher::Config::default());
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
-        match event {
-            // No controller left to receive it: nothing to wake.
-            Ok(volume) => {
-                cache.saw(&volume);
-                drop(to.send(volume))
+        let volume = match event {
+            Ok(
+                watcher::Event::Apply(v) | watcher::Event::InitApply(v) | watcher::Event::Delete(v),
+            ) => v,
+            Ok(watcher::Event::Init) => {
+                cache.relisted();
+                continue;
             }
-            Err(e) => error!(error = %e, "the watch of the volumes' metadata"),
-        }
+            Ok(watcher::Event::InitDone) => continue,
+            Err(e) => {
+                cache.relisted();
+                error!(error = %e, "the watch of the volumes' metadata");
+                continue;
+            }
+        };
+        cache.saw(&volume);
+        // No controller left to receive it: nothing to wake.
+        drop(to.send(volume));
     }
 }
 
@@ -1462,18 +1473,6 @@ fn wake_naming<K: Resource>(
         ctx.wake_by(&keys, named.kind(), &obj);
         keys
     }
-}
-
-/// The changes of the objects of `api` (an `Api<PartialObjectMeta<_>>`: metadata only; every
-/// change, a status-only one too, changes the resourceVersion), retried with the watcher's
-/// default backoff.
-fn metadata_of<K>(
-    api: Api<PartialObjectMeta<K>>,
-) -> impl futures::Stream<Item = Result<PartialObjectMeta<K>, watcher::Error>> + Send + 'static
-where
-    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
-{
-    metadata_events(api, watcher::Config::default()).touched_objects()
 }
 
 /// The watch events of the objects of `api` (metadata only) that `config` selects, retried

@@ -14,6 +14,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::NamespaceResourceScope;
 use kube::api::Api;
@@ -44,6 +45,15 @@ pub use database::{Engine, EngineError};
 pub use error::{ClusterError, Retry};
 pub use read_cache::ReadCache;
 pub use volume_cache::VolumeCache;
+
+/// How long the [`ReadCache`] and the [`VolumeCache`] use a kept read at most without a change
+/// seen. Both are voided at once by a failure or a new list of the watch that feeds them, so
+/// this bounds only what a watch that lags without failing could hide; Kubernetes' own
+/// controllers trust their watches with no such bound. A decision that acts on more than the
+/// status, events and creates reads what it acts on now (`controller::decided`), whatever is
+/// kept. Longer than `--stable-window`'s default (10 s), so waiting it out does not make every
+/// kept read go at once.
+pub const KEPT_MAX_AGE: Duration = Duration::from_secs(30);
 
 /// Everything the cluster layer needs for one request.
 pub struct Cluster {

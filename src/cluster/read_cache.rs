@@ -11,8 +11,8 @@
 //! - the watch of that kind did not fail or list anew,
 //! - the operator wrote nothing of that kind in that namespace (its own write invalidates at
 //!   once, before the watch reports it),
-//! - and the answer is younger than the cache's `max_age` (a watch that is behind or silent
-//!   cannot keep one longer).
+//! - and the answer is younger than the cache's `max_age` ([`super::KEPT_MAX_AGE`]: a watch
+//!   that lags without failing cannot keep one longer).
 //!
 //! A kind watched by our label ([`Watched::by_label`]: Jobs, ConfigMaps) is kept only for a
 //! list by a selector that requires our label, or for an object that carries it: a change of
@@ -37,9 +37,6 @@ use kube::runtime::watcher;
 
 use super::replay::{Answer, replayable_read};
 use crate::labels::{MANAGED_BY_LABEL, MANAGED_BY_VALUE};
-
-/// How long a kept answer is used at most without a change seen.
-pub const READ_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// The kinds the operator watches, whose reads may be kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -385,7 +382,7 @@ impl Inner {
 
 impl Default for ReadCache {
     fn default() -> Self {
-        Self::new(READ_MAX_AGE)
+        Self::new(super::KEPT_MAX_AGE)
     }
 }
 
@@ -421,9 +418,13 @@ impl ReadCache {
             return;
         };
         let change = change();
+        let before = kept.len();
         kept.retain(|_, k| {
             k.kind != kind || k.namespace != namespace || !k.shows.changed_by(&change)
         });
+        if kept.len() < before {
+            tracing::trace!(?kind, name = ?change.name, version = ?change.version, deleted = change.deleted, voided = before - kept.len(), "kept reads voided");
+        }
         *counted += 1;
         recent.changes.push_back((*counted, change));
         if recent.changes.len() > RECENT_CHANGES

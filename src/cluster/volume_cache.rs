@@ -1,7 +1,8 @@
 //! The volumes the rounds read, kept between rounds: a volume read by name is read again only
 //! once the watch of the volumes' metadata saw it change (another `resourceVersion`, or its
-//! deletion), or once it is older than the cache's `max_age` (a watch that is down or behind
-//! cannot keep one longer). The rounds of a member's migration read the same few volumes
+//! deletion), until that watch fails or lists anew (a change, a deletion, may have gone
+//! unseen), or once it is older than the cache's `max_age` ([`super::KEPT_MAX_AGE`]: a watch
+//! that lags without failing cannot keep one longer). The rounds of a member's migration read the same few volumes
 //! about once a second (the swapped members' volumes stay on `Retain` through
 //! `plan::retain::keep_swapped`), which was a third of the operator's API requests.
 //!
@@ -19,9 +20,6 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
-
-/// How long a kept volume is used at most without a change seen.
-pub const VOLUME_MAX_AGE: Duration = Duration::from_secs(10);
 
 /// See the module doc.
 #[derive(Debug)]
@@ -45,7 +43,7 @@ pub struct Begun(u64);
 
 impl Default for VolumeCache {
     fn default() -> Self {
-        Self::new(VOLUME_MAX_AGE)
+        Self::new(super::KEPT_MAX_AGE)
     }
 }
 
@@ -93,6 +91,16 @@ impl VolumeCache {
             _ => {
                 inner.kept.remove(name);
             }
+        }
+    }
+
+    /// The watch of the volumes failed or lists anew: a change or a deletion may have gone
+    /// unseen, so nothing kept is used, and no read under way is kept.
+    pub fn relisted(&self) {
+        let mut inner = self.inner();
+        inner.kept.clear();
+        for (count, _) in inner.changes.values_mut() {
+            *count += 1;
         }
     }
 
@@ -172,6 +180,23 @@ mod tests {
         let begun = cache.begin("pv-a");
         cache.keep("pv-a", None, begun);
         assert_eq!(cache.get("pv-a"), None);
+    }
+
+    #[test]
+    fn a_failure_or_new_list_of_the_watch_voids_every_kept_volume_and_read_under_way() {
+        let cache = VolumeCache::default();
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        let under_way = cache.begin("pv-b");
+        cache.relisted();
+        // A volume deleted while the watch was down comes as no event of its own.
+        assert_eq!(cache.get("pv-a"), None);
+        cache.keep("pv-b", Some(&pv("pv-b", "3")), under_way);
+        assert_eq!(cache.get("pv-b"), None);
+        // A read begun after the new list is kept again.
+        let begun = cache.begin("pv-a");
+        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        assert_eq!(version(cache.get("pv-a")), Some("7".into()));
     }
 
     #[test]
