@@ -19,12 +19,13 @@ const MAIN_HEADER: [&str; 9] = [
     "files verified by content",
 ];
 
-const COST_HEADER: [&str; 6] = [
+const COST_HEADER: [&str; 7] = [
     "size",
     "preCopy",
     "members",
     "operator peak RSS",
     "operator API requests (per member)",
+    "without the access reviews of the operator's start (per member)",
     "by verb",
 ];
 
@@ -226,6 +227,10 @@ fn cost_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
             |b| human_bytes(i64::try_from(b).unwrap_or(i64::MAX)),
         ),
         requests.map_or_else(|| "?".into(), |r| per_member(r.total())),
+        requests.map_or_else(
+            || "?".into(),
+            |r| per_member(r.total().saturating_sub(r.access_reviews)),
+        ),
         by_verb.unwrap_or_else(|| "?".into()),
     ]
 }
@@ -347,7 +352,8 @@ mod tests {
             plain_restart: Duration::from_millis(4000),
             peak_rss: Some(23 << 20),
             requests: Some(crate::frugal::Requests {
-                by_verb: [("get".to_string(), 900), ("list".to_string(), 101)].into(),
+                by_verb: [("get".to_string(), 900), ("create".to_string(), 101)].into(),
+                access_reviews: 57,
             }),
         };
         let out = tables(&[
@@ -374,8 +380,10 @@ mod tests {
         assert_eq!(cells[6..9], ["4.0", "3.2", "1.62×"], "{out}");
         // The operator's cost: 1001 requests over 2 members.
         assert!(out.contains("| 23.0 MiB "), "{out}");
+        // 57 of them the access reviews of the operator's start.
         assert!(out.contains("| 1001 (501) "), "{out}");
-        assert!(out.contains("| get 900, list 101 |"), "{out}");
+        assert!(out.contains("| 944 (472) "), "{out}");
+        assert!(out.contains("| create 101, get 900 |"), "{out}");
         // Where the downtime went, per member, and the worst claim swap.
         let phases: Vec<&str> = out
             .lines()
