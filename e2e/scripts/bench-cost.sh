@@ -14,19 +14,22 @@
 # The fleet runs before the unrelated objects exist; the unrelated namespaces are deleted when
 # their run ends.
 #
-# Needs: the workspace's binaries built (`cargo build --workspace --all-features --bins`, or
-# --release: BIN_DIR), a local cluster up with the operator's image loaded (docs/benchmarks.md),
+# The operator measured is its release build, as users run it (the image's): the script builds
+# it (`cargo build --release --bin storage-migrator`) unless STORAGE_MIGRATOR_BIN names one. A
+# debug build is slower in every round (the claim swap) and larger (RSS).
+# Needs: the workspace's binaries built (`cargo build --workspace --all-features --bins`:
+# BIN_DIR), a local cluster up with the operator's image loaded (docs/benchmarks.md),
 # KUBECONFIG pointing at it (its audit log beside it), root (bench-files mounts loop devices).
 # Usage: KUBECONFIG=DIR/kubeconfig e2e/scripts/bench-cost.sh [REPORT]   (default: bench-cost.md)
 # Env (defaults are issue 30's sizes; smaller ones for a quick try):
-#   BIN_DIR=target/debug  STORAGE_MIGRATOR_BIN=$BIN_DIR/storage-migrator
+#   BIN_DIR=target/debug  STORAGE_MIGRATOR_BIN=target/release/storage-migrator (built)
 #   IDLE_REQUESTS=100  IDLE_MINUTES=5  FLEET_SETS=30  FLEET_MAX_COPIES=2  UNRELATED=5000
 #   FILE_COUNTS=10000,300000,1000000  FILES_DIR=/var/tmp/bench-files  LOG_DIR=<report>.logs
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 REPORT="${1:-bench-cost.md}"
-BIN_DIR="${BIN_DIR:-$ROOT/target/debug}"
-export STORAGE_MIGRATOR_BIN="${STORAGE_MIGRATOR_BIN:-$BIN_DIR/storage-migrator}"
+TARGET="${CARGO_TARGET_DIR:-$ROOT/target}"
+BIN_DIR="${BIN_DIR:-$TARGET/debug}"
 export E2E_LOCALCLUSTER=1
 IDLE_REQUESTS="${IDLE_REQUESTS:-100}"
 IDLE_MINUTES="${IDLE_MINUTES:-5}"
@@ -46,6 +49,12 @@ fail() { echo "bench-cost.sh: $*" >&2; exit 1; }
 for bin in bench-migration bench-fleet bench-files; do
   [ -x "$BIN_DIR/$bin" ] || fail "$BIN_DIR/$bin is missing: cargo build --workspace --all-features --bins"
 done
+if [ -z "${STORAGE_MIGRATOR_BIN:-}" ]; then
+  (cd "$ROOT" && cargo build --release --bin storage-migrator) ||
+    fail "cannot build the operator's release binary (cargo build --release --bin storage-migrator)"
+  STORAGE_MIGRATOR_BIN="$TARGET/release/storage-migrator"
+fi
+export STORAGE_MIGRATOR_BIN
 [ -x "$STORAGE_MIGRATOR_BIN" ] || fail "the operator binary $STORAGE_MIGRATOR_BIN is missing"
 mkdir -p "$LOG_DIR"
 : > "$REPORT"

@@ -1,12 +1,18 @@
 //! What the operator cost during a scenario: its peak resident memory (read by the harness from
 //! `/proc`) and its API requests, counted from the API server's own audit log (every request
 //! of a ServiceAccount, once per audit ID: a watch is logged when it starts and again when it
-//! ends). The access reviews the operator makes once at its start (each permission it needs,
-//! `permissions::refused`) are counted among them, and apart: they are no member's cost.
+//! ends).
+//!
+//! What the operator does once at its start is no member's cost: the access reviews of every
+//! permission it needs (`permissions::refused`) and the first lists of its watches, page by
+//! page (100 objects a page: 102 pages beside 10,000 unrelated pods and claims). A scenario
+//! waits until the operator's requests are quiet ([`wait_quiet`]) before it creates its request,
+//! and the requests from then on are the migration's; every request is counted too.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
@@ -55,6 +61,63 @@ pub fn count_requests_between(
     })
 }
 
+/// Waits until `user` has made no request for `quiet` (the audit log at `path` read as it
+/// grows), at most `limit`; returns that moment. `None` when the requests never went quiet.
+pub async fn wait_quiet(
+    path: &Path,
+    user: &str,
+    quiet: Duration,
+    limit: Duration,
+) -> Result<Option<jiff::Timestamp>, BenchError> {
+    let deadline = Instant::now() + limit;
+    let quiet_ms = i64::try_from(quiet.as_millis()).unwrap_or(i64::MAX);
+    let (mut offset, mut last) = (0, None);
+    loop {
+        let latest;
+        (offset, latest) = latest_request(path, user, offset)?;
+        last = last.max(latest);
+        let now = jiff::Timestamp::now();
+        if let Some(last) = last
+            && now.as_millisecond() - last.as_millisecond() >= quiet_ms
+        {
+            return Ok(Some(now));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// From byte `offset` of the log at `path` on: where its last whole line ends, and when the
+/// API server received the last request of `user` in it.
+fn latest_request(
+    path: &Path,
+    user: &str,
+    offset: u64,
+) -> Result<(u64, Option<jiff::Timestamp>), BenchError> {
+    let io = |source| BenchError::Audit {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    file.seek(SeekFrom::Start(offset)).map_err(io)?;
+    let (mut reader, mut line) = (BufReader::new(file), String::new());
+    let (mut read_to, mut latest) = (offset, None);
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line).map_err(io)?;
+        // The end, or a line the API server is still writing: read again from its start.
+        if n == 0 || !line.ends_with('\n') {
+            return Ok((read_to, latest));
+        }
+        read_to += n as u64;
+        if let Some(seen) = request_at(&line, user) {
+            latest = latest.max(Some(seen.received));
+        }
+    }
+}
+
 /// Every request a line of the log at `path` is, once per audit ID, by verb.
 fn count(path: &Path, request: impl Fn(&str) -> Option<Seen>) -> Result<Requests, BenchError> {
     let io = |source| BenchError::Audit {
@@ -96,6 +159,31 @@ fn request_at(line: &str, user: &str) -> Option<Seen> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_last_request_is_read_from_whole_lines_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit.log");
+        let me = "system:serviceaccount:ns:ns-storage-migrator";
+        let line = |id: &str, user: &str, at: &str| {
+            serde_json::json!({
+                "kind": "Event", "auditID": id, "stage": "ResponseComplete", "verb": "get",
+                "user": {"username": user}, "requestReceivedTimestamp": at,
+            })
+            .to_string()
+        };
+        let first = format!("{}\n", line("a", me, "2026-12-05T09:00:01Z"));
+        let other = format!("{}\n", line("b", "someone", "2026-12-05T09:00:05Z"));
+        let partial = line("c", me, "2026-12-05T09:00:09Z");
+        std::fs::write(&path, format!("{first}{other}{partial}")).unwrap();
+        let (to, latest) = latest_request(&path, me, 0).unwrap();
+        assert_eq!(to, (first.len() + other.len()) as u64);
+        assert_eq!(latest, Some("2026-12-05T09:00:01Z".parse().unwrap()));
+        // The line finished: read from where the last whole line ended.
+        std::fs::write(&path, format!("{first}{other}{partial}\n")).unwrap();
+        let (_, latest) = latest_request(&path, me, to).unwrap();
+        assert_eq!(latest, Some("2026-12-05T09:00:09Z".parse().unwrap()));
+    }
 
     #[test]
     fn requests_are_counted_once_per_audit_id_for_the_user_only() {

@@ -19,13 +19,14 @@ const MAIN_HEADER: [&str; 9] = [
     "files verified by content",
 ];
 
-const COST_HEADER: [&str; 7] = [
+const COST_HEADER: [&str; 8] = [
     "size",
     "preCopy",
     "members",
     "operator peak RSS",
     "operator API requests (per member)",
-    "without the access reviews of the operator's start (per member)",
+    "at its start (access reviews)",
+    "the migration's, after its start (per member)",
     "by verb",
 ];
 
@@ -214,6 +215,12 @@ fn cost_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
         let n = u64::try_from(members).unwrap_or(1).max(1);
         format!("{total} ({})", total.div_ceil(n))
     };
+    let migration = row.migration_requests.as_ref();
+    let start = requests.zip(migration).map(|(all, migration)| {
+        let at_start = all.total().saturating_sub(migration.total());
+        let reviews = all.access_reviews.saturating_sub(migration.access_reviews);
+        format!("{at_start} ({reviews})")
+    });
     let by_verb = requests.map(|r| {
         let each: Vec<String> = r.by_verb.iter().map(|(v, n)| format!("{v} {n}")).collect();
         each.join(", ")
@@ -227,10 +234,8 @@ fn cost_row(size: &str, mode: &str, row: &Row) -> Vec<String> {
             |b| human_bytes(i64::try_from(b).unwrap_or(i64::MAX)),
         ),
         requests.map_or_else(|| "?".into(), |r| per_member(r.total())),
-        requests.map_or_else(
-            || "?".into(),
-            |r| per_member(r.total().saturating_sub(r.access_reviews)),
-        ),
+        start.unwrap_or_else(|| "?".into()),
+        migration.map_or_else(|| "?".into(), |r| per_member(r.total())),
         by_verb.unwrap_or_else(|| "?".into()),
     ]
 }
@@ -355,6 +360,11 @@ mod tests {
                 by_verb: [("get".to_string(), 900), ("create".to_string(), 101)].into(),
                 access_reviews: 57,
             }),
+            started: None,
+            migration_requests: Some(crate::frugal::Requests {
+                by_verb: [("get".to_string(), 800), ("create".to_string(), 40)].into(),
+                access_reviews: 0,
+            }),
         };
         let out = tables(&[
             ("64Mi".into(), true, Ok(row)),
@@ -380,9 +390,10 @@ mod tests {
         assert_eq!(cells[6..9], ["4.0", "3.2", "1.62×"], "{out}");
         // The operator's cost: 1001 requests over 2 members.
         assert!(out.contains("| 23.0 MiB "), "{out}");
-        // 57 of them the access reviews of the operator's start.
+        // 161 of them at the operator's start (57 access reviews), 840 the migration's.
         assert!(out.contains("| 1001 (501) "), "{out}");
-        assert!(out.contains("| 944 (472) "), "{out}");
+        assert!(out.contains("| 161 (57) "), "{out}");
+        assert!(out.contains("| 840 (420) "), "{out}");
         assert!(out.contains("| create 101, get 900 |"), "{out}");
         // Where the downtime went, per member, and the worst claim swap.
         let phases: Vec<&str> = out

@@ -19,7 +19,7 @@ use tracing::{info, warn};
 use crate::BenchError;
 use crate::availability::{Availability, watch_availability};
 use crate::cli::DataSize;
-use crate::frugal::{Requests, count_requests};
+use crate::frugal::{Requests, count_requests, count_requests_between, wait_quiet};
 use crate::phases::{Noted, Phases, phases, request_events};
 use crate::workload::{SET, fill_member, statefulset};
 
@@ -33,6 +33,10 @@ const VOLUMES_GONE: Duration = Duration::from_secs(180);
 /// How long the operator must keep running after its start to count as started.
 const OPERATOR_SETTLE: Duration = Duration::from_secs(1);
 pub(crate) const OPERATOR_STOP: Duration = Duration::from_secs(15);
+/// How long the operator's requests must pause before its start counts as over.
+const START_QUIET: Duration = Duration::from_secs(2);
+/// How long its start may take at most (beside 10,000 unrelated objects: 3 s).
+const START_LIMIT: Duration = Duration::from_secs(60);
 
 /// What every scenario shares.
 pub struct Settings {
@@ -78,6 +82,10 @@ pub struct Row {
     pub peak_rss: Option<u64>,
     /// The operator's API requests, from its start until it was stopped.
     pub requests: Option<Requests>,
+    /// When the operator's start was over (its requests quiet), before the request was created.
+    pub started: Option<jiff::Timestamp>,
+    /// Its requests from then on: the migration's.
+    pub migration_requests: Option<Requests>,
 }
 
 /// Deletes the last member's pod under its StatefulSet and waits until the pod watcher sees it
@@ -240,6 +248,8 @@ fn row(
         plain_restart,
         peak_rss: None,
         requests: None,
+        started: None,
+        migration_requests: None,
     })
 }
 
@@ -260,6 +270,7 @@ async fn scenario_body(
     ns.wait_statefulset_ready(SET, settings.replicas, SET_READY)
         .await?;
     *operator = Some(start_operator(ns, settings).await?);
+    let started = operator_started(&ns.name).await;
     let migration = migrate(ns, pre_copy, settings.first_pass_tool).await?;
     let events = request_events(&ns.api(), REQUEST)
         .await
@@ -269,6 +280,7 @@ async fn scenario_body(
         });
     let mut row = row(ns, migration, restart, &events)?;
     row.peak_rss = operator.as_ref().and_then(Operator::peak_rss_bytes);
+    row.started = started;
     Ok(row)
 }
 
@@ -315,16 +327,51 @@ async fn cleanup(ns: TestNamespace) -> Result<(), BenchError> {
     }
 }
 
-/// The requests of the operator of `ns` (its ServiceAccount) in the audit log; `None`, with a
-/// warning, where the log cannot be read (a cluster without one).
-fn operator_requests(ns: &str) -> Option<Requests> {
-    let user = format!(
+/// The user the operator of `ns` is (its ServiceAccount).
+fn operator_user(ns: &str) -> String {
+    format!(
         "system:serviceaccount:{ns}:{}",
         e2e::testing::rbac::service_account(ns)
-    );
+    )
+}
+
+/// When the start of the operator of `ns` is over: its requests quiet ([`wait_quiet`]); `None`,
+/// with a warning, where they never were or the audit log cannot be read.
+async fn operator_started(ns: &str) -> Option<jiff::Timestamp> {
+    let waited = match e2e::testing::rbac::audit_log() {
+        Ok(path) => wait_quiet(&path, &operator_user(ns), START_QUIET, START_LIMIT)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    match waited {
+        Ok(Some(at)) => Some(at),
+        Ok(None) => {
+            warn!(limit = ?START_LIMIT, "the operator's requests were never quiet: the migration's are not counted apart");
+            None
+        }
+        Err(e) => {
+            warn!(error = %e, "the operator's start is not told apart");
+            None
+        }
+    }
+}
+
+/// The requests of the operator of `ns` in the audit log, all of them and from `from` on;
+/// `None`, with a warning, where the log cannot be read (a cluster without one).
+fn operator_requests(
+    ns: &str,
+    from: Option<jiff::Timestamp>,
+) -> Option<(Requests, Option<Requests>)> {
+    let user = operator_user(ns);
     let counted = e2e::testing::rbac::audit_log()
         .map_err(|e| e.to_string())
-        .and_then(|path| count_requests(&path, &user).map_err(|e| e.to_string()));
+        .and_then(|path| {
+            let all = count_requests(&path, &user).map_err(|e| e.to_string())?;
+            let since =
+                from.map(|from| count_requests_between(&path, &user, from, jiff::Timestamp::MAX));
+            Ok((all, since.transpose().map_err(|e| e.to_string())?))
+        });
     match counted {
         Ok(requests) => Some(requests),
         Err(e) => {
@@ -353,8 +400,11 @@ pub async fn run_scenario(
         op.stop(OPERATOR_STOP).await;
     }
     // Counted once the operator is gone: its watches have ended too.
-    if let Ok(row) = result.as_mut() {
-        row.requests = operator_requests(&ns.name);
+    if let Ok(row) = result.as_mut()
+        && let Some((all, since)) = operator_requests(&ns.name, row.started)
+    {
+        row.requests = Some(all);
+        row.migration_requests = since;
     }
     keep_or_delete(ns, settings).await;
     result
