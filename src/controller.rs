@@ -1174,35 +1174,23 @@ async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
 
 type VolumeMeta = PartialObjectMeta<PersistentVolume>;
 
-/// Watches the metadata of every volume: each touched volume goes to `cache` (what it keeps of
-/// it may be stale now) and to the controllers; a failure or a new list of the watch voids
-/// what `cache` keeps (a deletion meanwhile comes as no event).
+/// Watches the metadata of every volume: each event goes to `cache` (what it keeps may be
+/// stale now; after a failure or a new list, all of it), each touched volume to the controllers.
 async fn fan_out_volumes(
     client: Client,
     cache: Arc<VolumeCache>,
     to: tokio::sync::broadcast::Sender<VolumeMeta>,
 ) {
-    let events = metadata_events(Api::<VolumeMeta>::all(client), watcher::Config::default());
+    let events = metadata_events(Api::<VolumeMeta>::all(client), watcher::Config::default())
+        .inspect(move |event| cache.saw(event))
+        .touched_objects();
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {
-        let volume = match event {
-            Ok(
-                watcher::Event::Apply(v) | watcher::Event::InitApply(v) | watcher::Event::Delete(v),
-            ) => v,
-            Ok(watcher::Event::Init) => {
-                cache.relisted();
-                continue;
-            }
-            Ok(watcher::Event::InitDone) => continue,
-            Err(e) => {
-                cache.relisted();
-                error!(error = %e, "the watch of the volumes' metadata");
-                continue;
-            }
-        };
-        cache.saw(&volume);
-        // No controller left to receive it: nothing to wake.
-        drop(to.send(volume));
+        match event {
+            // No controller left to receive it: nothing to wake.
+            Ok(volume) => drop(to.send(volume)),
+            Err(e) => error!(error = %e, "the watch of the volumes' metadata"),
+        }
     }
 }
 
@@ -1360,7 +1348,7 @@ fn request_changes(
 }
 
 /// Our Jobs' changes that may end what a request waits on: its ending conditions (`Complete`,
-/// `Failed`: [`ENDING_JOB_CONDITIONS`]), a failed pod, its deletion; not its appearance (it is
+/// `Failed`: [`plan::observe::ENDING_JOB_CONDITIONS`]), a failed pod, its deletion; not its appearance (it is
 /// ours: the round that created it looks at it), nor its interim conditions, nor the counts of
 /// its active and ready pods, which change a few times in each Job's first second and end
 /// nothing (a running copy is looked at again by the request's requeue,
@@ -1416,18 +1404,13 @@ impl JobTriggers {
     }
 }
 
-/// The conditions of a Job that end what a request waits on ([`plan::observe::job_outcome`]
-/// reads no other): not `SuccessCriteriaMet` and `FailureTarget`, which the Job controller sets
-/// while the Job's pods still terminate, a moment before `Complete` or `Failed`.
-const ENDING_JOB_CONDITIONS: [&str; 2] = ["Complete", "Failed"];
-
 /// What of a Job starts a reconcile of its request when it changes ([`job_changes`]).
 pub fn job_trigger(job: &Job) -> u64 {
     let status = job.status.as_ref();
     let conditions: Vec<(&str, &str)> = (status.and_then(|s| s.conditions.as_deref()))
         .unwrap_or_default()
         .iter()
-        .filter(|c| ENDING_JOB_CONDITIONS.contains(&c.type_.as_str()))
+        .filter(|c| plan::observe::ENDING_JOB_CONDITIONS.contains(&c.type_.as_str()))
         .map(|c| (c.type_.as_str(), c.status.as_str()))
         .collect();
     let failed = status.and_then(|s| s.failed).filter(|n| *n > 0);

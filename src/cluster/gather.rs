@@ -664,7 +664,7 @@ mod tests {
                     let mut changed = PersistentVolume::default();
                     changed.metadata.name = Some("pv-old-0".into());
                     changed.metadata.resource_version = Some("8".into());
-                    watched.saw(&changed);
+                    watched.saw(&Ok(kube::runtime::watcher::Event::Apply(changed)));
                 }
                 let read = cluster.volumes(&claims, &status).await.unwrap();
                 versions.push(read.get("pv-old-0").and_then(|v| v.resource_version()));

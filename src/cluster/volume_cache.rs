@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::PersistentVolume;
 use kube::ResourceExt;
+use kube::runtime::watcher;
 
 /// See the module doc.
 #[derive(Debug)]
@@ -94,9 +95,21 @@ impl VolumeCache {
         }
     }
 
+    /// What the watch of the volumes reports: each volume's change; its failures and new
+    /// lists, after which nothing kept is used ([`VolumeCache::relisted`]).
+    pub fn saw<K: ResourceExt>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        match event {
+            Ok(
+                watcher::Event::Apply(v) | watcher::Event::InitApply(v) | watcher::Event::Delete(v),
+            ) => self.changed(v),
+            Ok(watcher::Event::Init) | Err(_) => self.relisted(),
+            Ok(watcher::Event::InitDone) => {}
+        }
+    }
+
     /// The watch of the volumes failed or lists anew: a change or a deletion may have gone
     /// unseen, so nothing kept is used, and no read under way is kept.
-    pub fn relisted(&self) {
+    fn relisted(&self) {
         let mut inner = self.inner();
         inner.kept.clear();
         for (count, _) in inner.changes.values_mut() {
@@ -106,7 +119,7 @@ impl VolumeCache {
 
     /// The watch saw `volume` (changed, or deleted: its last version): what is kept of it goes
     /// unless it is that very version.
-    pub fn saw(&self, volume: &impl ResourceExt) {
+    fn changed(&self, volume: &impl ResourceExt) {
         let name = volume.name_any();
         let version = volume.resource_version();
         let mut inner = self.inner();
@@ -142,20 +155,25 @@ mod tests {
         p.and_then(|p| p.resource_version())
     }
 
+    /// A GET of `name` that answered `version`, with no change seen while it ran.
+    fn read(cache: &VolumeCache, name: &str, version: &str) {
+        let begun = cache.begin(name);
+        cache.keep(name, Some(&pv(name, version)), begun);
+    }
+
     #[test]
     fn a_volume_read_is_kept_until_the_watch_sees_another_version() {
         let cache = VolumeCache::default();
         assert_eq!(cache.get("pv-a"), None);
-        let begun = cache.begin("pv-a");
-        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        read(&cache, "pv-a", "7");
         assert_eq!(version(cache.get("pv-a")), Some("7".into()));
         // The watch reporting the version kept (a re-list) changes nothing.
-        cache.saw(&pv("pv-a", "7"));
+        cache.changed(&pv("pv-a", "7"));
         assert_eq!(version(cache.get("pv-a")), Some("7".into()));
         // Another volume's event neither.
-        cache.saw(&pv("pv-b", "9"));
+        cache.changed(&pv("pv-b", "9"));
         assert_eq!(version(cache.get("pv-a")), Some("7".into()));
-        cache.saw(&pv("pv-a", "8"));
+        cache.changed(&pv("pv-a", "8"));
         assert_eq!(cache.get("pv-a"), None);
     }
 
@@ -163,20 +181,18 @@ mod tests {
     fn a_read_the_watch_saw_change_while_it_ran_is_not_kept() {
         let cache = VolumeCache::default();
         let begun = cache.begin("pv-a");
-        cache.saw(&pv("pv-a", "8"));
+        cache.changed(&pv("pv-a", "8"));
         cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
         assert_eq!(cache.get("pv-a"), None);
         // The next read, with no event between, is kept.
-        let begun = cache.begin("pv-a");
-        cache.keep("pv-a", Some(&pv("pv-a", "8")), begun);
+        read(&cache, "pv-a", "8");
         assert_eq!(version(cache.get("pv-a")), Some("8".into()));
     }
 
     #[test]
     fn a_missing_volume_is_not_kept_and_forgets_what_was() {
         let cache = VolumeCache::default();
-        let begun = cache.begin("pv-a");
-        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        read(&cache, "pv-a", "7");
         let begun = cache.begin("pv-a");
         cache.keep("pv-a", None, begun);
         assert_eq!(cache.get("pv-a"), None);
@@ -185,25 +201,22 @@ mod tests {
     #[test]
     fn a_failure_or_new_list_of_the_watch_voids_every_kept_volume_and_read_under_way() {
         let cache = VolumeCache::default();
-        let begun = cache.begin("pv-a");
-        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        read(&cache, "pv-a", "7");
         let under_way = cache.begin("pv-b");
-        cache.relisted();
+        cache.saw::<PersistentVolume>(&Ok(watcher::Event::Init));
         // A volume deleted while the watch was down comes as no event of its own.
         assert_eq!(cache.get("pv-a"), None);
         cache.keep("pv-b", Some(&pv("pv-b", "3")), under_way);
         assert_eq!(cache.get("pv-b"), None);
         // A read begun after the new list is kept again.
-        let begun = cache.begin("pv-a");
-        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        read(&cache, "pv-a", "7");
         assert_eq!(version(cache.get("pv-a")), Some("7".into()));
     }
 
     #[test]
     fn a_kept_volume_older_than_the_max_age_is_read_again() {
         let cache = VolumeCache::new(Duration::from_millis(20));
-        let begun = cache.begin("pv-a");
-        cache.keep("pv-a", Some(&pv("pv-a", "7")), begun);
+        read(&cache, "pv-a", "7");
         assert!(cache.get("pv-a").is_some());
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(cache.get("pv-a"), None);

@@ -397,8 +397,13 @@ pub fn job_outcome(job: &Job, pods: &BTreeMap<String, Pod>) -> JobOutcome {
     JobOutcome::Running
 }
 
-/// Whether `pods` (our helper pods) are older than one of `jobs`: a Job has ended (`Complete`
-/// or `Failed`) while none of its pods has a container that terminated. The Job controller ends
+/// The conditions of a Job that end what a request waits on ([`job_outcome`] reads no other):
+/// not `SuccessCriteriaMet` and `FailureTarget`, which the Job controller sets while the Job's
+/// pods still terminate, a moment before `Complete` or `Failed`.
+pub const ENDING_JOB_CONDITIONS: [&str; 2] = ["Complete", "Failed"];
+
+/// Whether `pods` (our helper pods) are older than one of `jobs`: a Job has ended
+/// ([`ENDING_JOB_CONDITIONS`]) while none of its pods has a container that terminated. The Job controller ends
 /// a Job only after its pod's end, so pods listed after the Job show that end; a list kept from
 /// an earlier round (`cluster::read_cache`) may not, and the Job's result (its pod's
 /// termination message) would be missed.
@@ -406,7 +411,7 @@ pub fn pods_behind_jobs(jobs: &[Job], pods: &BTreeMap<String, Pod>) -> bool {
     let ended = |job: &Job| {
         let conditions = job.status.as_ref().and_then(|s| s.conditions.as_deref());
         (conditions.unwrap_or_default().iter())
-            .any(|c| matches!(c.type_.as_str(), "Complete" | "Failed") && c.status == "True")
+            .any(|c| ENDING_JOB_CONDITIONS.contains(&c.type_.as_str()) && c.status == "True")
     };
     let terminated = |pod: &&Pod| {
         let statuses = pod

@@ -45,7 +45,7 @@ struct Seen {
 
 /// The requests `user` made, from the audit log at `path` (JSON lines).
 pub fn count_requests(path: &Path, user: &str) -> Result<Requests, BenchError> {
-    count(path, |line| request_at(line, user))
+    count(path, user, |_| true)
 }
 
 /// The requests `user` made that the API server received from `from` (inclusive) to `to`
@@ -56,8 +56,8 @@ pub fn count_requests_between(
     from: jiff::Timestamp,
     to: jiff::Timestamp,
 ) -> Result<Requests, BenchError> {
-    count(path, |line| {
-        request_at(line, user).filter(|seen| from <= seen.received && seen.received < to)
+    count(path, user, |seen| {
+        from <= seen.received && seen.received < to
     })
 }
 
@@ -96,6 +96,34 @@ fn latest_request(
     user: &str,
     offset: u64,
 ) -> Result<(u64, Option<jiff::Timestamp>), BenchError> {
+    let mut latest = None;
+    let read_to = each_request(path, user, offset, |seen| {
+        latest = latest.max(Some(seen.received))
+    })?;
+    Ok((read_to, latest))
+}
+
+/// Every request of `user` that `counts`, once per audit ID, by verb, in the log at `path`.
+fn count(path: &Path, user: &str, counts: impl Fn(&Seen) -> bool) -> Result<Requests, BenchError> {
+    let mut ids = BTreeSet::new();
+    let mut requests = Requests::default();
+    each_request(path, user, 0, |request| {
+        if counts(&request) && ids.insert(request.id) {
+            *requests.by_verb.entry(request.verb).or_default() += 1;
+            requests.access_reviews += u64::from(request.resource == ACCESS_REVIEWS);
+        }
+    })?;
+    Ok(requests)
+}
+
+/// Each request of `user` in the whole lines of the log at `path` from byte `offset` on; where
+/// the last whole line ends (a line the API server is still writing is left for the next read).
+fn each_request(
+    path: &Path,
+    user: &str,
+    offset: u64,
+    mut each: impl FnMut(Seen),
+) -> Result<u64, BenchError> {
     let io = |source| BenchError::Audit {
         path: path.to_path_buf(),
         source,
@@ -103,40 +131,18 @@ fn latest_request(
     let mut file = std::fs::File::open(path).map_err(io)?;
     file.seek(SeekFrom::Start(offset)).map_err(io)?;
     let (mut reader, mut line) = (BufReader::new(file), String::new());
-    let (mut read_to, mut latest) = (offset, None);
+    let mut read_to = offset;
     loop {
         line.clear();
         let n = reader.read_line(&mut line).map_err(io)?;
-        // The end, or a line the API server is still writing: read again from its start.
         if n == 0 || !line.ends_with('\n') {
-            return Ok((read_to, latest));
+            return Ok(read_to);
         }
         read_to += n as u64;
         if let Some(seen) = request_at(&line, user) {
-            latest = latest.max(Some(seen.received));
+            each(seen);
         }
     }
-}
-
-/// Every request a line of the log at `path` is, once per audit ID, by verb.
-fn count(path: &Path, request: impl Fn(&str) -> Option<Seen>) -> Result<Requests, BenchError> {
-    let io = |source| BenchError::Audit {
-        path: path.to_path_buf(),
-        source,
-    };
-    let file = std::fs::File::open(path).map_err(io)?;
-    let mut seen = BTreeSet::new();
-    let mut requests = Requests::default();
-    for line in BufReader::new(file).lines() {
-        let line = line.map_err(io)?;
-        if let Some(request) = request(&line)
-            && seen.insert(request.id)
-        {
-            *requests.by_verb.entry(request.verb).or_default() += 1;
-            requests.access_reviews += u64::from(request.resource == ACCESS_REVIEWS);
-        }
-    }
-    Ok(requests)
 }
 
 /// The request one audit event by `user` is; `None` for another user's or a line that is no
