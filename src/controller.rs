@@ -1163,7 +1163,7 @@ async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
         })
         .collect();
     let classes = Api::<PartialObjectMeta<StorageClass>>::all(client.clone());
-    let config = watcher::Config::default();
+    let config = watch_config();
     let class_feed = kept_read_feed(classes, config, ctx.reads.clone(), Watched::StorageClasses);
     let classes = tokio::spawn(run_feeds(vec![class_feed]));
     let fan_out = tokio::spawn(fan_out_volumes(client, ctx.volumes.clone(), events));
@@ -1174,6 +1174,11 @@ async fn watch_scope(client: Client, scope: &WatchScope, ctx: Arc<Context>) {
 
 type VolumeMeta = PartialObjectMeta<PersistentVolume>;
 
+/// Every watch of the operator: calls that last [`crate::cluster::WATCH_TIMEOUT_SECS`].
+fn watch_config() -> watcher::Config {
+    watcher::Config::default().timeout(crate::cluster::WATCH_TIMEOUT_SECS)
+}
+
 /// Watches the metadata of every volume: each event goes to `cache` (what it keeps may be
 /// stale now; after a failure or a new list, all of it), each touched volume to the controllers.
 async fn fan_out_volumes(
@@ -1181,7 +1186,7 @@ async fn fan_out_volumes(
     cache: Arc<VolumeCache>,
     to: tokio::sync::broadcast::Sender<VolumeMeta>,
 ) {
-    let events = metadata_events(Api::<VolumeMeta>::all(client), watcher::Config::default())
+    let events = metadata_events(Api::<VolumeMeta>::all(client), watch_config())
         .inspect(move |event| cache.saw(event))
         .touched_objects();
     futures::pin_mut!(events);
@@ -1258,7 +1263,7 @@ async fn watch_namespace(
     let pods = scoped_api::<PartialObjectMeta<Pod>>(&client, namespace);
     let claims = scoped_api::<PartialObjectMeta<PersistentVolumeClaim>>(&client, namespace);
     let kept_reads = tokio::spawn(kept_read_changes(&client, namespace, &ctx.reads));
-    let owned = watcher::Config::default().labels(&labels::managed_by_selector());
+    let owned = watch_config().labels(&labels::managed_by_selector());
     let (reader, writer) = reflector::store();
     let controller = Controller::for_stream(request_changes(requests, writer, &ctx), reader);
     let stores = [(); 5].map(|()| controller.store());
@@ -1325,7 +1330,7 @@ fn request_changes(
     ctx: &Arc<Context>,
 ) -> impl futures::Stream<Item = Result<StorageMigrationRequest, watcher::Error>> + Send + 'static {
     let (removal_ctx, request_ctx) = (ctx.clone(), ctx.clone());
-    reflector(writer, watcher(api, watcher::Config::default()))
+    reflector(writer, watcher(api, watch_config()))
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(request)) => {
                 removal_ctx.request_changed(&ObjectRef::from_obj(request));
@@ -1491,8 +1496,8 @@ fn kept_read_changes(
     namespace: Option<&str>,
     reads: &Arc<ReadCache>,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let ours = watcher::Config::default().labels(&labels::managed_by_selector());
-    let all = watcher::Config::default;
+    let ours = watch_config().labels(&labels::managed_by_selector());
+    let all = watch_config;
     let sets = scoped_api::<PartialObjectMeta<StatefulSet>>(client, namespace);
     let budgets = scoped_api::<PartialObjectMeta<PodDisruptionBudget>>(client, namespace);
     let maps = scoped_api::<PartialObjectMeta<ConfigMap>>(client, namespace);
@@ -1547,7 +1552,7 @@ where
         Named::Claim => Some(Watched::Claims),
         Named::Volume => None,
     };
-    metadata_events(api, watcher::Config::default())
+    metadata_events(api, watch_config())
         .inspect(move |event| {
             if let Some(kind) = kind {
                 reads.saw(kind, event)

@@ -111,7 +111,8 @@ fn add(calls: &mut BTreeSet<Call>, path: String, selector: &str, metadata: bool)
     };
     let list = format!("{amp}{selector}&limit={limit}");
     let watch = format!(
-        "&watch=true&timeoutSeconds=290{amp}{selector}&allowWatchBookmarks=true&resourceVersion=7"
+        "&watch=true&timeoutSeconds={}{amp}{selector}&allowWatchBookmarks=true&resourceVersion=7",
+        crate::cluster::WATCH_TIMEOUT_SECS
     );
     let (l, w) = match metadata {
         true => (METADATA_LIST, METADATA_WATCH),

@@ -146,12 +146,13 @@ struct LeaseArgs {
     /// This replica's identity in the Lease; unique per replica (default: host name and pid).
     #[arg(long, env = "POD_NAME")]
     lease_identity: Option<String>,
-    /// Seconds a renewal of the Lease is valid.
-    #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(2..=600))]
+    /// Seconds a renewal of the Lease is valid: a leader that dies without releasing it is
+    /// replaced this long after its last renewal.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(2..=600))]
     lease_duration: u64,
     /// Seconds before expiry that the leader renews; it stops acting half of that before expiry
     /// when no renewal landed.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=300))]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(2..=300))]
     lease_grace: u64,
 }
 
@@ -252,8 +253,8 @@ async fn run(
 
 /// Connects to the Lease, retrying (1 s doubling to 30 s) while the API server cannot be reached
 /// or refuses: the process stays up and not ready (`/readyz` says why) instead of crash-looping.
-/// `shutdown` ends it: at once before the lease manager runs, else through [`leader::lead`],
-/// which releases the lease.
+/// `shutdown` ends it: at once before the Lease is read, else through [`leader::lead`], which
+/// releases the lease when it holds it.
 async fn elect_and_lead<W, F>(
     client: kube::Client,
     cfg: &LeaseConfig,
@@ -267,7 +268,7 @@ where
 {
     tokio::pin!(shutdown);
     let mut delay = Duration::from_secs(1);
-    let manager = loop {
+    let elector = loop {
         let connected = tokio::select! {
             c = leader::connect(client.clone(), cfg) => c,
             () = &mut shutdown => return Ok(Term::Finished),
@@ -285,7 +286,7 @@ where
             }
         }
     };
-    leader::lead(manager, client, cfg, role, work, shutdown).await
+    Ok(leader::lead(elector, role, work, shutdown).await)
 }
 
 /// SIGTERM or SIGINT (a follower has no controller to stop: it just exits).

@@ -205,8 +205,8 @@ pub const RULES: &[Rule] = &[
         scope: RuleScope::Lease,
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "list", "watch", "create", "patch"],
-        why: "leader election (server-side apply of the Lease; the fence watches its renewals)",
+        verbs: &["get", "list", "watch", "create", "update"],
+        why: "leader election (the holder replaces the Lease to renew it; candidates watch it)",
     },
 ];
 

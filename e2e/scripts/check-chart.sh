@@ -65,7 +65,7 @@ bad=(
   "pullPolicy|--set image.pullPolicy=Sometimes"
   "replicaCount|--set replicaCount=-1"
   "leaderElection|--set replicaCount=2 --set leaderElection.enabled=false"
-  "renewGraceSeconds|--set leaderElection.renewGraceSeconds=20"
+  "renewGraceSeconds|--set leaderElection.renewGraceSeconds=30"
   "imagee|--set imagee.tag=1"
   "watchNamespaces|--set watchNamespaces={Databases}"
   "watchNamespace|--set watchNamespace=databases"

@@ -41,7 +41,7 @@ const IMAGE: &str = concat!(
     "ghcr.io/storage-migrator/storage-migrator:",
     env!("CARGO_PKG_VERSION")
 );
-const LEASE_DURATION: Duration = Duration::from_secs(15);
+const LEASE_DURATION: Duration = Duration::from_secs(30);
 const HTTP_PORT: u16 = 8080;
 
 /// The release's operator pods (by the chart's selector labels).

@@ -112,5 +112,5 @@ watched namespace. */}}
 {{- define "storage-migrator.rules.lease" -}}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "update"]
 {{- end }}
