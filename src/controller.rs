@@ -436,34 +436,64 @@ async fn rounds(ctx: &Context, obj: &Key, key: &str) -> Result<Requeue, ClusterE
             actions = ?decision.actions.iter().map(Action::name).collect::<Vec<_>>(),
             "round"
         );
-        if only_starts_jobs(decision) {
-            // Nothing to look at until the Job reports or the planner's wait is over: a
-            // reconcile queued by a change this round's reads already saw waits it out.
-            ctx.quiet().settle(obj, seen, Instant::now() + requeue);
-            break;
-        } else if only_writes_status(decision) {
-            replay = Some(decided.answers);
-            replayed_seen = Some(seen);
-        } else if decision.requeue > Duration::ZERO
-            && (!changes_status(decision) || leaves_work_to_others(decision))
-        {
-            // Only side effects, or a status with work others carry out (a create, a delete):
-            // give them a moment before looking, no longer than the planner asked to wait (the
-            // claim swap polls faster), and no longer than until a watched object of this
-            // request changes. After a status with only writes of our own (the stash, a
-            // finalizer), the next round looks at once: nothing else is to happen first.
-            pause(&waker, decision.requeue.min(SIDE_EFFECT_PAUSE)).await;
+        match after_acting(decision) {
+            AfterActing::Settle => {
+                ctx.quiet().settle(obj, seen, Instant::now() + requeue);
+                break;
+            }
+            AfterActing::Replay => {
+                replay = Some(decided.answers);
+                replayed_seen = Some(seen);
+            }
+            AfterActing::Pause(wait) => pause(&waker, wait).await,
+            AfterActing::LookAtOnce => {}
         }
     }
     ctx.forget(obj);
-    // An ended request is looked at again only when it changes (a deletion, a spec edit).
-    Ok(if ended {
+    Ok(requeue_after_rounds(ended, requeue))
+}
+
+/// What follows a round that acted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterActing {
+    /// It only started Jobs: nothing to look at until a Job reports or the planner's wait is
+    /// over; a reconcile queued by a change this round's reads already saw waits it out.
+    Settle,
+    /// It only wrote the status: the next round decides on the same answers.
+    Replay,
+    /// Only side effects, or a status with work others carry out (a create, a delete): give
+    /// them a moment before looking, no longer than the planner asked to wait (the claim swap
+    /// polls faster), and no longer than until a watched object of this request changes.
+    Pause(Duration),
+    /// A status with only writes of our own (the stash, a finalizer), or no wait asked: the
+    /// next round looks at once, nothing else is to happen first.
+    LookAtOnce,
+}
+
+fn after_acting(decision: &plan::Decision) -> AfterActing {
+    if only_starts_jobs(decision) {
+        AfterActing::Settle
+    } else if only_writes_status(decision) {
+        AfterActing::Replay
+    } else if decision.requeue > Duration::ZERO
+        && (!changes_status(decision) || leaves_work_to_others(decision))
+    {
+        AfterActing::Pause(decision.requeue.min(SIDE_EFFECT_PAUSE))
+    } else {
+        AfterActing::LookAtOnce
+    }
+}
+
+/// When the reconcile after these rounds comes: an ended request only when it changes (a
+/// deletion, a spec edit), else after the last decision's wait (100 ms when it asked none).
+fn requeue_after_rounds(ended: bool, requeue: Duration) -> Requeue {
+    if ended {
         Requeue::await_change()
     } else if requeue.is_zero() {
         Requeue::requeue(Duration::from_millis(100))
     } else {
         Requeue::requeue(requeue)
-    })
+    }
 }
 
 /// The request to decide on, with the count of its watched changes ([`Kept`]) it holds at: the
@@ -2353,6 +2383,50 @@ mod tests {
         ] {
             assert!(!leaves_work_to_others(&decision(own.clone())), "{own:?}");
         }
+    }
+
+    /// What follows a round that acted: started Jobs settle, a status alone replays, work
+    /// others carry out pauses (at most [`SIDE_EFFECT_PAUSE`]), our own writes look at once.
+    #[test]
+    fn a_round_that_acted_settles_replays_pauses_or_looks_at_once() {
+        use crate::plan::{Decision, Kind, Object, Propagation};
+        let after = |actions: Vec<Action>, ms: u64| {
+            after_acting(&Decision {
+                actions,
+                requeue: Duration::from_millis(ms),
+            })
+        };
+        let status = || Action::SetStatus(Box::default());
+        let job = || Action::Create(Object::Job(Box::default()));
+        let pod_delete = || Action::Delete {
+            kind: Kind::Pod,
+            name: "etcd-0".into(),
+            propagation: Propagation::Background,
+            uid: None,
+            resource_version: None,
+        };
+        assert_eq!(after(vec![status(), job()], 2_000), AfterActing::Settle);
+        assert_eq!(after(vec![status()], 2_000), AfterActing::Replay);
+        assert_eq!(
+            after(vec![status(), pod_delete()], 200),
+            AfterActing::Pause(Duration::from_millis(200))
+        );
+        assert_eq!(
+            after(vec![status(), pod_delete()], 60_000),
+            AfterActing::Pause(SIDE_EFFECT_PAUSE)
+        );
+        assert_eq!(
+            after(vec![status(), pod_delete()], 0),
+            AfterActing::LookAtOnce
+        );
+        assert_eq!(
+            after(vec![status(), Action::AddFinalizer], 2_000),
+            AfterActing::LookAtOnce
+        );
+        let ended = requeue_after_rounds(true, Duration::from_secs(5));
+        assert_eq!(ended, Requeue::await_change());
+        let asked_none = requeue_after_rounds(false, Duration::ZERO);
+        assert_eq!(asked_none, Requeue::requeue(Duration::from_millis(100)));
     }
 
     /// Our own Jobs and helper pods deleted by uid, and `Retain` given, are decided on kept
