@@ -105,7 +105,7 @@ export E2E_REQUIRE_ALL=1
 QUEUE=(engine_patroni etcd_quorum migration engine_zookeeper engine_redis finish_undo retention
   plugin queue foreign faults_etcd install lifecycle out_of_space templates modern_pods
   reclaim_race fleet admission engine_etcd deployment quota claim_target owners shared_claim
-  runtime images mover_caps cluster security rbac_usage)
+  runtime images mover_caps cluster security leader_election rbac_usage)
 ALONE=(faults faults_agent faults_apiserver localcluster)
 listed="$(printf '%s\n' "${QUEUE[@]}" "${ALONE[@]}" | sort)"
 present="$(cd e2e/tests && ls -- *.rs | sed 's/\.rs$//' | sort)"

@@ -157,6 +157,15 @@ enum Watching<'a> {
     All,
 }
 
+/// Whether the harness restarts the operator when it exits.
+#[derive(Clone, Copy)]
+enum Supervision<'a> {
+    /// Restarted when it exits, as the kubelet restarts the Deployment's pod.
+    Restarted,
+    /// One process the test waits for or kills, with these failpoints if any.
+    Once(Option<&'a str>),
+}
+
 /// Everything needed to start the operator process again.
 #[derive(Debug, Clone)]
 struct Launch {
@@ -184,16 +193,22 @@ impl Launch {
             .map_err(log_error)?;
         let err = out.try_clone().map_err(log_error)?;
         let mut cmd = Command::new(&self.bin);
-        // A stable lease identity per namespace: an operator restarted by a test (after a
-        // failpoint exit, which releases nothing) takes the lease over at once, as a restarted
-        // pod of the same name does; an ephemeral port for /metrics and the probes.
+        // A stable lease identity per namespace (unless the flags name one): an operator
+        // restarted by a test (after a failpoint exit, which releases nothing) takes the lease
+        // over at once, as a restarted pod of the same name does; an ephemeral port for
+        // /metrics and the probes.
         let identity = format!("e2e-{}", self.ns);
+        let named = self.flags.iter().any(|f| f.starts_with("--lease-identity"));
         let scope = match self.all_namespaces {
             true => "--lease-namespace",
             false => "--namespace",
         };
         cmd.args(["run", scope, &self.ns, "--http-address", "127.0.0.1:0"])
-            .args(["--lease-identity", &identity])
+            .args(
+                ["--lease-identity", identity.as_str()]
+                    .iter()
+                    .filter(|_| !named),
+            )
             .args(&self.flags)
             .env(
                 "RUST_LOG",
@@ -263,7 +278,7 @@ fn signal(pid: i32, sig: nix::sys::signal::Signal) {
 }
 
 /// The log of the operator of `ns` started for the `run`th time in a test.
-fn log_path(ns: &TestNamespace, run: usize) -> PathBuf {
+pub fn log_path(ns: &TestNamespace, run: usize) -> PathBuf {
     workspace()
         .join("target/e2e-logs")
         .join(format!("{}-operator-{run}.log", ns.name))
@@ -332,7 +347,7 @@ impl Operator {
         log: PathBuf,
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
-        Self::spawn_inner(bin, ns, Watching::All, log, None, flags).await
+        Self::spawn_inner(bin, ns, Watching::All, log, Supervision::Restarted, flags).await
     }
 
     /// [`Operator::spawn`] of an operator that also watches `others` (none: as `spawn`).
@@ -354,7 +369,15 @@ impl Operator {
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
         if others.is_empty() {
-            return Self::spawn_inner(bin, ns, Watching::These(&[]), log, None, flags).await;
+            return Self::spawn_inner(
+                bin,
+                ns,
+                Watching::These(&[]),
+                log,
+                Supervision::Restarted,
+                flags,
+            )
+            .await;
         }
         // The Lease in the first namespace, as a chart install puts it in its own (with more
         // than one watched namespace the operator has no other to default to).
@@ -363,7 +386,15 @@ impl Operator {
         for o in others {
             all.extend(["--namespace", o.name.as_str()]);
         }
-        Self::spawn_inner(bin, ns, Watching::These(others), log, None, &all).await
+        Self::spawn_inner(
+            bin,
+            ns,
+            Watching::These(others),
+            log,
+            Supervision::Restarted,
+            &all,
+        )
+        .await
     }
 
     /// [`Operator::spawn`] with more flags for `run`. Supervised (restarted on exit) unless
@@ -375,7 +406,24 @@ impl Operator {
         failpoints: Option<&str>,
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
-        Self::spawn_inner(bin, ns, Watching::These(&[]), log, failpoints, flags).await
+        let how = match failpoints {
+            Some(fp) => Supervision::Once(Some(fp)),
+            None => Supervision::Restarted,
+        };
+        Self::spawn_inner(bin, ns, Watching::These(&[]), log, how, flags).await
+    }
+
+    /// [`Operator::spawn_with`] without failpoints and not restarted when it exits: for a test
+    /// that kills it and looks at what follows (another replica, say; `flags` may name its
+    /// `--lease-identity`).
+    pub async fn spawn_unsupervised(
+        bin: &Path,
+        ns: &TestNamespace,
+        log: PathBuf,
+        flags: &[&str],
+    ) -> Result<Operator, OperatorError> {
+        let how = Supervision::Once(None);
+        Self::spawn_inner(bin, ns, Watching::These(&[]), log, how, flags).await
     }
 
     async fn spawn_inner(
@@ -383,12 +431,16 @@ impl Operator {
         ns: &TestNamespace,
         watching: Watching<'_>,
         log: PathBuf,
-        failpoints: Option<&str>,
+        how: Supervision<'_>,
         flags: &[&str],
     ) -> Result<Operator, OperatorError> {
         let log_error = |source| OperatorError::Log {
             path: log.clone(),
             source,
+        };
+        let failpoints = match how {
+            Supervision::Once(fp) => fp,
+            Supervision::Restarted => None,
         };
         if let Some(dir) = log.parent() {
             std::fs::create_dir_all(dir).map_err(log_error)?;
@@ -412,7 +464,7 @@ impl Operator {
             flags: flags.iter().map(|f| f.to_string()).collect(),
         };
         let child = launch.spawn()?;
-        if failpoints.is_some() {
+        if let Supervision::Once(_) = how {
             return Ok(Operator {
                 log,
                 process: Process::Direct(child),
