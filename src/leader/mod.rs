@@ -57,6 +57,9 @@ const RENEW_RETRY: Duration = Duration::from_secs(1);
 /// How long releasing the Lease on shutdown may take.
 const RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a read of the Lease may take (the client itself sets no bound).
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Where the Lease is and who this replica is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -72,11 +75,11 @@ pub struct LeaseConfig {
 
 #[derive(Debug, Error)]
 pub enum LeaderError {
-    #[error("leader election: cannot read Lease {namespace}/{name}: {source}")]
+    #[error("leader election: cannot read Lease {namespace}/{name}: {reason}")]
     Read {
         namespace: String,
         name: String,
-        source: kube::Error,
+        reason: String,
     },
     #[error(
         "invalid leader election timing: --lease-grace ({grace:?}) must be at least 2 s and shorter than --lease-duration ({duration:?})"
@@ -150,13 +153,12 @@ enum Written {
 pub async fn connect(client: Client, cfg: &LeaseConfig) -> Result<Elector, LeaderError> {
     cfg.validate()?;
     let leases: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-    let seen = leases
-        .get_opt(&cfg.name)
+    let seen = read(&leases, cfg, READ_TIMEOUT)
         .await
-        .map_err(|source| LeaderError::Read {
+        .map_err(|reason| LeaderError::Read {
             namespace: cfg.namespace.clone(),
             name: cfg.name.clone(),
-            source,
+            reason,
         })?;
     Ok(Elector {
         leases,
@@ -219,9 +221,9 @@ impl Elector {
 
     /// Reads the Lease; a failure is logged and leaves what was seen.
     async fn read(&mut self) {
-        match self.leases.get_opt(&self.cfg.name).await {
+        match read(&self.leases, &self.cfg, READ_TIMEOUT).await {
             Ok(now) => self.observe(now),
-            Err(e) => warn!(error = %e, lease = %self.cfg.lease(), "cannot read the Lease"),
+            Err(error) => warn!(%error, lease = %self.cfg.lease(), "cannot read the Lease"),
         }
     }
 
@@ -323,18 +325,18 @@ impl Elector {
     /// or gone → the term is lost; not read → `false` (try again shortly).
     async fn ours_now(&self, held: &mut Held) -> Result<bool, Term> {
         let left = held.until.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, self.leases.get_opt(&self.cfg.name)).await {
-            Ok(Ok(Some(now))) if record::holder(&now) == Some(self.cfg.identity.as_str()) => {
+        match read(&self.leases, &self.cfg, left).await {
+            Ok(Some(now)) if record::holder(&now) == Some(self.cfg.identity.as_str()) => {
                 held.record = now;
                 Ok(true)
             }
-            Ok(Ok(now)) => {
+            Ok(now) => {
                 let by = now.as_ref().and_then(record::holder).unwrap_or("nobody");
                 warn!(lease = %self.cfg.lease(), holder = by, "the Lease changed hands");
                 Err(Term::Lost)
             }
-            Ok(Err(e)) => {
-                warn!(error = %e, "cannot read the Lease after a refused renewal");
+            Err(error) if Instant::now() < held.until => {
+                warn!(%error, "cannot read the Lease after a refused renewal");
                 Ok(false)
             }
             Err(_) => Err(self.fenced()),
@@ -357,7 +359,7 @@ impl Elector {
             let body = record::released(&self.cfg, &record);
             match self.write(&body, false, RELEASE_TIMEOUT).await {
                 Written::Done(_) => return info!(lease = %self.cfg.lease(), "released the Lease"),
-                Written::Changed => match self.leases.get_opt(&self.cfg.name).await {
+                Written::Changed => match read(&self.leases, &self.cfg, RELEASE_TIMEOUT).await {
                     Ok(Some(now)) if record::holder(&now) == Some(self.cfg.identity.as_str()) => {
                         record = now;
                     }
@@ -368,6 +370,19 @@ impl Elector {
                 }
             }
         }
+    }
+}
+
+/// One read of the Lease, given up after `within`: the Lease (`None`: there is none), or why not.
+async fn read(
+    leases: &Api<Lease>,
+    cfg: &LeaseConfig,
+    within: Duration,
+) -> Result<Option<Lease>, String> {
+    match tokio::time::timeout(within, leases.get_opt(&cfg.name)).await {
+        Ok(Ok(lease)) => Ok(lease),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {within:?}")),
     }
 }
 

@@ -306,3 +306,16 @@ async fn a_leader_creates_a_missing_lease_works_and_releases_it_on_shutdown() {
     assert_eq!(released, Some(None), "the holder is cleared");
     assert_eq!(version(writes[1]).as_deref(), Some("1"));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_read_that_never_answers_after_a_refused_renewal_still_ends_the_term_at_the_fence() {
+    let (leases, _got) = server(|g, _| match g.method.as_str() {
+        "PUT" => Answer::Status(409),
+        _ => Answer::Never,
+    });
+    let e = elector(leases, None);
+    let t0 = Instant::now();
+    let term = e.keep(&mut held_now(lease(Some("op-0"), "9"))).await;
+    assert!(matches!(term, Term::Fenced(_)), "{term:?}");
+    assert_eq!(t0.elapsed(), Duration::from_secs(25));
+}
