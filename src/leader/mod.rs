@@ -219,8 +219,13 @@ impl Elector {
         self.seen = now;
     }
 
+    /// Whether `lease` names this replica as its holder.
+    fn ours(&self, lease: &Lease) -> bool {
+        record::holder(lease) == Some(self.cfg.identity.as_str())
+    }
+
     /// Reads the Lease; a failure is logged and leaves what was seen.
-    async fn read(&mut self) {
+    async fn read_again(&mut self) {
         match read(&self.leases, &self.cfg, READ_TIMEOUT).await {
             Ok(now) => self.observe(now),
             Err(error) => warn!(%error, lease = %self.cfg.lease(), "cannot read the Lease"),
@@ -277,7 +282,7 @@ impl Elector {
                 until: sent + self.cfg.margin(),
             }),
             Written::Changed => {
-                self.read().await;
+                self.read_again().await;
                 None
             }
             Written::Failed(error) => {
@@ -326,7 +331,7 @@ impl Elector {
     async fn ours_now(&self, held: &mut Held) -> Result<bool, Term> {
         let left = held.until.saturating_duration_since(Instant::now());
         match read(&self.leases, &self.cfg, left).await {
-            Ok(Some(now)) if record::holder(&now) == Some(self.cfg.identity.as_str()) => {
+            Ok(Some(now)) if self.ours(&now) => {
                 held.record = now;
                 Ok(true)
             }
@@ -360,7 +365,7 @@ impl Elector {
             match self.write(&body, false, RELEASE_TIMEOUT).await {
                 Written::Done(_) => return info!(lease = %self.cfg.lease(), "released the Lease"),
                 Written::Changed => match read(&self.leases, &self.cfg, RELEASE_TIMEOUT).await {
-                    Ok(Some(now)) if record::holder(&now) == Some(self.cfg.identity.as_str()) => {
+                    Ok(Some(now)) if self.ours(&now) => {
                         record = now;
                     }
                     _ => return,

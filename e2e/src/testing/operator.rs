@@ -203,13 +203,11 @@ impl Launch {
             true => "--lease-namespace",
             false => "--namespace",
         };
-        cmd.args(["run", scope, &self.ns, "--http-address", "127.0.0.1:0"])
-            .args(
-                ["--lease-identity", identity.as_str()]
-                    .iter()
-                    .filter(|_| !named),
-            )
-            .args(&self.flags)
+        cmd.args(["run", scope, &self.ns, "--http-address", "127.0.0.1:0"]);
+        if !named {
+            cmd.args(["--lease-identity", &identity]);
+        }
+        cmd.args(&self.flags)
             .env(
                 "RUST_LOG",
                 std::env::var("OPERATOR_LOG")
