@@ -27,8 +27,8 @@ use crate::engine::{self, FinalHashError, HealthReport, HealthUnavailable};
 use crate::labels;
 use crate::plan::observe::{
     ClaimUser, Workload, claim_users, copy_log_pod, effective_spec, expected_members, job_outcome,
-    may_target, measured_bytes, pods_behind_jobs, reads_claim_users, reads_other_requests,
-    reads_storage_classes, target_claim_users, target_workload, terminating_pod_nodes,
+    may_target, measured_bytes, nodes_to_judge, pods_behind_jobs, reads_claim_users,
+    reads_other_requests, reads_storage_classes, target_claim_users, target_workload,
 };
 use crate::plan::{self, Autoscaler, Observed, ObservedJob, OtherRequest};
 
@@ -257,7 +257,7 @@ impl Cluster {
         if status.phase.is_final() {
             return Ok(nodes);
         }
-        for name in terminating_pod_nodes(status, pods, helper_pods) {
+        for name in nodes_to_judge(status, pods, helper_pods) {
             let node = api
                 .get_opt(&name)
                 .await

@@ -173,15 +173,96 @@ fn a_pod_stopping_on_an_unreachable_node_waits_until_the_node_is_tainted_out_of_
         (c.status.as_str(), c.reason.as_str()),
         ("False", "Resolved")
     );
+    assert_rolled_back(&sim);
+    assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
+    assert!(sim.o.jobs.is_empty());
+}
+
+/// The request waits on etcd-0 stuck terminating on node-a (Unknown); then, with node-a as
+/// `then`, the pod is deleted by something else (the pod garbage collector of a node tainted
+/// out-of-service wins the race with the operator's own force-delete).
+fn pod_deleted_by_another_while_waiting(then: Option<Node>) -> Sim {
+    let mut sim = Sim::at(MemberStep::StoppingPod);
+    run_with_pod_hanging(&mut sim, "etcd-0", 20, |s| terminating(s, "etcd-0"));
+    sim.o.nodes = BTreeMap::from([("node-a".to_string(), Some(node("node-a", "Unknown")))]);
+    sim.o.now = later(
+        sim.o.now,
+        30 + sim.settings.helper_start_timeout.as_secs() + 1,
+    );
+    run_rounds(&mut sim, "etcd-0", 3);
+    assert_waits_for_the_node(&sim, "etcd-0");
+    sim.o.pods.remove("etcd-0");
+    sim.o.nodes = BTreeMap::from([("node-a".to_string(), then)]);
+    sim
+}
+
+fn copy_jobs(sim: &Sim) -> usize {
+    (sim.log.iter())
+        .filter(|a| matches!(a, Action::Create(Object::Job(_))))
+        .count()
+}
+
+#[test]
+fn a_member_pod_deleted_by_another_while_its_node_is_still_down_fails_without_a_copy() {
+    for down in [
+        Some(tainted_out_of_service(node("node-a", "Unknown"))),
+        Some(node("node-a", "Unknown")),
+        None,
+    ] {
+        let mut sim = pod_deleted_by_another_while_waiting(down.clone());
+        let jobs_before = copy_jobs(&sim);
+        run_rounds(&mut sim, "etcd-0", 400);
+        let s = sim.status();
+        assert_eq!(s.phase, Phase::Failed, "{down:?}: {:?}", s.message);
+        let failure = s.failure.clone().unwrap();
+        let state = match &down {
+            None => "gone",
+            Some(n) if n.spec.is_some() => "Unknown, tainted node.kubernetes.io/out-of-service",
+            Some(_) => "Unknown",
+        };
+        for part in [
+            "member pod etcd-0 was deleted by something else while it was stuck terminating",
+            &format!("its node node-a is {state}: the copy cannot run on that node"),
+            "failed-a-members-node-was-lost-while-its-pod-stopped",
+        ] {
+            assert!(failure.contains(part), "{part:?} not in {failure}");
+        }
+        assert_eq!(copy_jobs(&sim), jobs_before, "no copy Job: {:?}", sim.log);
+        assert_eq!(forced(&sim, "etcd-0"), 0, "nothing left to force");
+        assert_rolled_back(&sim);
+    }
+}
+
+/// etcd-0 rolled back: its data on its original volume (the final message says so), the
+/// StatefulSet recreated.
+fn assert_rolled_back(sim: &Sim) {
     assert_eq!(sim.step_of("etcd-0"), MemberStep::RolledBack);
-    let message = s.message.clone().unwrap();
+    let message = sim.status().message.clone().unwrap();
     assert!(
         message.contains("etcd-0 on claim data-etcd-0 -> original volume pv-old-0"),
         "{message}"
     );
     assert!(sim.o.stateful_set.is_some(), "StatefulSet recreated");
-    assert_eq!(sim.o.claims.len(), 3, "temporary claim deleted");
-    assert!(sim.o.jobs.is_empty());
+}
+
+#[test]
+fn a_member_pod_gone_once_its_node_answers_again_is_copied() {
+    // Its node Ready again, or only NotReady (a kubelet that reports): the copy goes on.
+    for back in [node("node-a", "True"), node("node-a", "False")] {
+        let mut sim = pod_deleted_by_another_while_waiting(Some(back));
+        // Waiting for the lost node with the pod gone: its planned node is read.
+        let read = super::observe::nodes_to_judge(&sim.status(), &sim.o.pods, &BTreeMap::new());
+        assert_eq!(read.into_iter().collect::<Vec<_>>(), ["node-a"]);
+        run_rounds(&mut sim, "etcd-0", 1);
+        assert_eq!(sim.step_of("etcd-0"), MemberStep::Copying, "{:?}", sim.log);
+        let s = sim.status();
+        assert!(s.failure.is_none(), "{:?}", s.failure);
+        let c = crate::api::conditions::get(&s.conditions, crate::api::conditions::NODE_LOST);
+        assert_eq!(c.map(|c| c.status.as_str()), Some("False"));
+        // No longer waiting: no node is read.
+        let read = super::observe::nodes_to_judge(&s, &sim.o.pods, &BTreeMap::new());
+        assert!(read.is_empty(), "{read:?}");
+    }
 }
 
 #[test]

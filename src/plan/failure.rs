@@ -60,6 +60,20 @@ pub enum Failure {
         node_state: String,
         waited: i64,
     },
+    /// A member's pod stuck terminating on a lost node (the request waited, condition
+    /// `NodeLost`) was deleted by something else (Kubernetes' pod garbage collector once the
+    /// node is tainted `node.kubernetes.io/out-of-service` or its Node deleted, or an
+    /// administrator), and the node is still Unknown, tainted out-of-service or gone: the
+    /// member's copy would run on that node and cannot, so the member rolls back on its old
+    /// claim.
+    #[error(
+        "member pod {pod} was deleted by something else while it was stuck terminating and its node {node} is {node_state}: the copy cannot run on that node, so the member rolls back; its data stays on its old claim and volume"
+    )]
+    NodeLostPodDeleted {
+        pod: String,
+        node: String,
+        node_state: String,
+    },
     /// The request was deleted while orphaning or migrating.
     #[error("the request was deleted while progressing")]
     Deleted,

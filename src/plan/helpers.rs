@@ -182,6 +182,18 @@ impl LostPod {
     }
 }
 
+/// The state of a node that cannot run a pod we pin to it, `None` when it may: gone (no Node),
+/// tainted out-of-service (declared down), or `Unknown` (no heartbeat). A node only `NotReady`
+/// still has a kubelet that reports, and the helper's start timeout judges it.
+pub fn node_down(node: Option<&Node>) -> Option<String> {
+    let state = node_not_ready(node)?;
+    match node {
+        Some(n) if out_of_service(n) => Some(format!("{state}, tainted {OUT_OF_SERVICE_TAINT}")),
+        Some(_) if state != "Unknown" => None,
+        _ => Some(state),
+    }
+}
+
 /// Whether the node carries the out-of-service taint.
 fn out_of_service(node: &Node) -> bool {
     (node.spec.as_ref())

@@ -1018,6 +1018,9 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             cx.wait(Duration::from_secs(1));
         }
         None => {
+            if let Some(failure) = deleted_on_lost_node(cx, mb, &m.pod) {
+                return Err(failure);
+            }
             lost_node_over(cx, &format!("member pod {} is gone", m.pod));
             let now = cx.now.clone();
             if mb.ms.pod_deleted_at.is_none()
@@ -1723,6 +1726,26 @@ pub(crate) fn may_force(cx: &mut Ctx, pod: &str, lost: &helpers::LostPod) -> boo
 /// The reason of the condition `NodeLost` (and of its Event) while the request waits for a
 /// lost node.
 pub(crate) const NODE_LOST_WAITING: &str = "WaitingForLostNode";
+
+/// The member's pod `pod` is gone while the request waited for its lost node (condition
+/// `NodeLost` True): something else deleted it (the pod garbage collector once the node was
+/// tainted out-of-service, or an administrator). Its copy is pinned to the member's node: when
+/// that node is still down ([`helpers::node_down`]), the member fails now rather than after a
+/// copy pod that cannot start there. `None`: not waiting, the node not read, or up again.
+pub(super) fn deleted_on_lost_node(cx: &Ctx, mb: &Member, pod: &str) -> Option<Failure> {
+    let waiting = conditions::get(&cx.status.conditions, conditions::NODE_LOST)
+        .is_some_and(|c| c.status == "True");
+    if !waiting {
+        return None;
+    }
+    let node = &mb.m.node;
+    let node_state = helpers::node_down(cx.o.nodes.get(node)?.as_ref())?;
+    Some(Failure::NodeLostPodDeleted {
+        pod: pod.to_string(),
+        node: node.clone(),
+        node_state,
+    })
+}
 
 /// The condition `NodeLost`, when it is `True`, turns `False` saying why (`message`).
 pub(crate) fn lost_node_over(cx: &mut Ctx, message: &str) {

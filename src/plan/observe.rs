@@ -320,10 +320,12 @@ pub fn expected_members(
         .collect()
 }
 
-/// The nodes of the pods that are terminating, among the plan's member pods and our helper
-/// pods (a pod stuck terminating on a lost node is force-deleted: see
-/// `plan::helpers::lost_pod`).
-pub fn terminating_pod_nodes(
+/// The nodes to read: those of the pods that are terminating, among the plan's member pods and
+/// our helper pods (a pod stuck terminating on a lost node is force-deleted: see
+/// `helpers::lost_pod`); and, while the request waits for a lost node (condition `NodeLost`),
+/// the planned node of each member being stopped, where its copy would run once its pod is
+/// gone (`member::deleted_on_lost_node`).
+pub fn nodes_to_judge(
     status: &StorageMigrationRequestStatus,
     pods: &BTreeMap<String, Manifest<Pod>>,
     helper_pods: &BTreeMap<String, Pod>,
@@ -332,12 +334,19 @@ pub fn terminating_pod_nodes(
         return BTreeSet::new();
     };
     let members = plan.members.iter().filter_map(|m| pods.get(&m.pod));
-    members
+    let terminating = members
         .map(|p| p.typed())
         .chain(helper_pods.values())
         .filter(|p| p.metadata.deletion_timestamp.is_some())
-        .filter_map(|p| p.spec.as_ref()?.node_name.clone())
-        .collect()
+        .filter_map(|p| p.spec.as_ref()?.node_name.clone());
+    let waiting =
+        crate::api::conditions::get(&status.conditions, crate::api::conditions::NODE_LOST)
+            .is_some_and(|c| c.status == "True");
+    let stopping = (status.members.iter())
+        .filter(|ms| waiting && ms.step == MemberStep::StoppingPod)
+        .filter_map(|ms| plan.members.iter().find(|m| m.pod == ms.pod))
+        .map(|m| m.node.clone());
+    terminating.chain(stopping).collect()
 }
 
 /// How a Job ended, with the termination message of its newest pod among `pods`.

@@ -178,7 +178,7 @@ impl From<&Failure> for Section {
             | TempClaimLost { .. } => Section::FailedObjectChanged,
             VolumeUnreachable { .. } => Section::FailedVolumeUnreachable,
             StageTimedOut { .. } => Section::FailedStageTimedOut,
-            NodeLost { .. } => Section::FailedNodeLost,
+            NodeLost { .. } | NodeLostPodDeleted { .. } => Section::FailedNodeLost,
             Stash { .. } | StashFull { .. } => Section::FailedStash,
             NoPlan | NoMemberStatus { .. } | NotInPlan { .. } | RetentionPolicy { .. } => {
                 Section::FailedInternal

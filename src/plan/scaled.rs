@@ -150,6 +150,9 @@ pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
+    if let Some(failure) = super::member::deleted_on_lost_node(cx, mb, &mb.m.pod) {
+        return Err(failure);
+    }
     advance(cx, mb, MemberStep::Copying);
     cx.event(
         EventType::Normal,

@@ -1,22 +1,30 @@
 //! Faults injected into the local cluster: [`NodeDown`] takes a node down as a power loss
-//! would (`localcluster node down`, see `agent::Agent::watch_down`) and brings it up again when
-//! dropped, so a failing test never leaves a node down for the next one.
+//! would (`localcluster node down`, see `agent::Agent::watch_down`), can declare it down with
+//! the out-of-service taint, and takes the taint off and brings the node up again when dropped,
+//! so a failing test never leaves a node down or tainted for the next one.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
 
 use crate::testing::{TestCluster, TestError, unexpected};
 
-/// A node of the local cluster taken down; up again on [`NodeDown::up`] or drop.
+/// A node of the local cluster taken down; up again (and its out-of-service taint off) on
+/// [`NodeDown::up`] or drop.
 pub struct NodeDown {
     state_dir: PathBuf,
     pub node: String,
     up: bool,
+    /// Set while the node carries the out-of-service taint ([`NodeDown::out_of_service`]): the
+    /// cluster to take it off on drop.
+    tainted: Option<kube::Config>,
 }
+
+/// The taint of non-graceful node shutdown: an administrator's word that a node is down.
+pub const OUT_OF_SERVICE: &str = "node.kubernetes.io/out-of-service";
 
 /// The Ready condition's status of a node (`None` without one).
 pub fn node_ready(node: &Node) -> Option<String> {
@@ -45,13 +53,30 @@ impl NodeDown {
             state_dir: state.dir.clone(),
             node: node.to_string(),
             up: false,
+            tainted: None,
         };
         wait_ready(cluster, node, "Unknown", timeout).await?;
         Ok(guard)
     }
 
-    /// Brings the node up and waits (at most `timeout`) until it is Ready again.
+    /// Puts the out-of-service taint (`NoExecute`) on the node (`on`), as an administrator does
+    /// once it is really down, or takes it off again.
+    pub async fn out_of_service(
+        &mut self,
+        cluster: &TestCluster,
+        on: bool,
+    ) -> Result<(), TestError> {
+        set_out_of_service(&cluster.client, &self.node, on).await?;
+        self.tainted = on.then(|| cluster.config.clone());
+        Ok(())
+    }
+
+    /// Takes the out-of-service taint off (if this guard put it on), brings the node up and
+    /// waits (at most `timeout`) until it is Ready again.
     pub async fn up(mut self, cluster: &TestCluster, timeout: Duration) -> Result<(), TestError> {
+        if self.tainted.is_some() {
+            self.out_of_service(cluster, false).await?;
+        }
         self.mark_up()?;
         wait_ready(cluster, &self.node, "True", timeout).await
     }
@@ -68,10 +93,66 @@ impl NodeDown {
 
 impl Drop for NodeDown {
     fn drop(&mut self) {
+        if let Some(config) = self.tainted.take()
+            && let Err(e) = untaint_from_drop(config, self.node.clone())
+        {
+            eprintln!(
+                "cannot take the out-of-service taint off node {}: {e}",
+                self.node
+            );
+        }
         if let Err(e) = self.mark_up() {
             eprintln!("cannot bring node {} up again: {e}", self.node);
         }
     }
+}
+
+/// Takes the out-of-service taint off `node` from a drop: the test's runtime may be
+/// single-threaded and blocked there, so on another thread with a runtime and client of its own.
+fn untaint_from_drop(config: kube::Config, node: String) -> Result<(), String> {
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            set_out_of_service(&client, &node, false)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    });
+    handle
+        .join()
+        .map_err(|_| "the thread panicked".to_string())?
+}
+
+/// Puts the out-of-service taint on `node` (`on`) or takes it off, keeping its other taints.
+async fn set_out_of_service(client: &kube::Client, node: &str, on: bool) -> Result<(), TestError> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let what = || format!("taint node {node} out-of-service: {on}");
+    let n = nodes
+        .get(node)
+        .await
+        .map_err(|e| unexpected(what(), e.to_string()))?;
+    let mut taints: Vec<_> = (n.spec.and_then(|s| s.taints).unwrap_or_default())
+        .into_iter()
+        .filter(|t| t.key != OUT_OF_SERVICE)
+        .collect();
+    if on {
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: OUT_OF_SERVICE.into(),
+            value: Some("nodeshutdown".into()),
+            effect: "NoExecute".into(),
+            time_added: None,
+        });
+    }
+    let patch = serde_json::json!({"spec": {"taints": taints}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| unexpected(what(), e.to_string()))?;
+    Ok(())
 }
 
 /// Waits until node `node`'s Ready condition is `status`.
