@@ -9,6 +9,7 @@
 //! - `etcd/`             the control plane's etcd data directory
 //! - `logs/`             one log file per process (`etcd.log`, `kube-apiserver.log`, ..., `agent.log`)
 //! - `pids/`             one pid file per background process started by `up`
+//! - `apiserver-starts`  one line per start of the API server: spawned and ready (RFC 3339)
 //! - `volumes/`          sparse ext4 images backing PersistentVolumes (`<pv>.img`)
 //! - `nodes/<node>/`     per node: `volumes/<pv>` loop mount points, `pods/<uid>/` pod scratch
 //!   (emptyDirs, configMap/secret files, hosts file, container logs, overlay upper dirs)
@@ -188,6 +189,60 @@ pub fn nodes_down(state_dir: &Path) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
+/// The file recording each start of the API server ([`record_apiserver_start`]).
+fn apiserver_starts_path(state_dir: &Path) -> PathBuf {
+    state_dir.join("apiserver-starts")
+}
+
+/// Appends one start of the API server: when its process was spawned and when it first
+/// answered `/readyz`. In between, its authorizer may not have read every RBAC binding yet and
+/// refuses (403) requests the rules allow; the audit check ([`apiserver_starts`]) tells such
+/// refusals from missing rules.
+pub fn record_apiserver_start(
+    state_dir: &Path,
+    spawned: jiff::Timestamp,
+    ready: jiff::Timestamp,
+) -> Result<(), StateError> {
+    use std::io::Write as _;
+    let path = apiserver_starts_path(state_dir);
+    let write = |source| StateError::Write {
+        path: path.clone(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .map_err(write)?;
+    writeln!(file, "{spawned} {ready}").map_err(write)
+}
+
+/// Every start of the API server recorded in `state_dir`, as (spawned, ready); none when the
+/// file is absent. A line that does not parse is an error naming it.
+pub fn apiserver_starts(
+    state_dir: &Path,
+) -> Result<Vec<(jiff::Timestamp, jiff::Timestamp)>, StateError> {
+    let path = apiserver_starts_path(state_dir);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(StateError::Read { path, source }),
+    };
+    let bad = |line: &str| StateError::Read {
+        path: path.clone(),
+        source: std::io::Error::other(format!("not `<spawned> <ready>` in RFC 3339: {line:?}")),
+    };
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|line| {
+            let (a, b) = line.split_once(' ').ok_or_else(|| bad(line))?;
+            let a = a.parse().map_err(|_| bad(line))?;
+            let b = b.parse().map_err(|_| bad(line))?;
+            Ok((a, b))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,6 +288,25 @@ mod tests {
         s.save().unwrap();
         assert_eq!(ClusterState::load(&dir).unwrap(), s);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn apiserver_starts_are_appended_and_read_back_and_a_bad_line_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(apiserver_starts(dir.path()).unwrap(), Vec::new());
+        let t = |s: &str| s.parse::<jiff::Timestamp>().unwrap();
+        let first = (t("2026-12-06T20:34:24.3Z"), t("2026-12-06T20:34:26.1Z"));
+        let second = (t("2026-12-06T20:34:45.0Z"), t("2026-12-06T20:34:46.5Z"));
+        for (spawned, ready) in [first, second] {
+            record_apiserver_start(dir.path(), spawned, ready).unwrap();
+        }
+        assert_eq!(apiserver_starts(dir.path()).unwrap(), vec![first, second]);
+        std::fs::write(apiserver_starts_path(dir.path()), "yesterday\n").unwrap();
+        let e = apiserver_starts(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("apiserver-starts") && e.contains("yesterday"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -365,6 +365,7 @@ async fn all_nodes_ready(nodes: Api<Node>) -> std::result::Result<(), String> {
 
 /// Starts kube-apiserver and waits for `/readyz`; returns the admin client.
 async fn start_apiserver(state: &ClusterState, started: &mut Vec<Started>) -> Result<kube::Client> {
+    let spawned = jiff::Timestamp::now();
     started.push(spawn(
         &state.dir,
         APISERVER,
@@ -377,6 +378,7 @@ async fn start_apiserver(state: &ClusterState, started: &mut Vec<Started>) -> Re
         async move { get_ok(&client, "/readyz").await }
     })
     .await?;
+    crate::state::record_apiserver_start(&state.dir, spawned, jiff::Timestamp::now())?;
     Ok(client)
 }
 

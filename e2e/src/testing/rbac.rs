@@ -137,13 +137,25 @@ pub fn with_token(text: &str, token: &str) -> Result<String, TestError> {
     Ok(serde_norway::to_string(&doc)?)
 }
 
-/// The local cluster's audit log: `audit.log` beside `KUBECONFIG` (see `ClusterState`).
-pub fn audit_log() -> Result<PathBuf, TestError> {
+/// The local cluster's state directory: the one holding `KUBECONFIG` (see `ClusterState`).
+fn state_dir() -> Result<PathBuf, TestError> {
     let kubeconfig = std::env::var_os("KUBECONFIG").ok_or(TestError::NoKubeconfig)?;
     Ok(Path::new(&kubeconfig)
         .parent()
         .unwrap_or(Path::new("."))
-        .join("audit.log"))
+        .to_path_buf())
+}
+
+/// The local cluster's audit log: `audit.log` beside `KUBECONFIG`.
+pub fn audit_log() -> Result<PathBuf, TestError> {
+    Ok(state_dir()?.join("audit.log"))
+}
+
+/// The local cluster's API server starts, as (spawned, ready): until ready, its authorizer may
+/// refuse what the rules allow (see `state::record_apiserver_start`).
+pub fn apiserver_starts() -> Result<Vec<(jiff::Timestamp, jiff::Timestamp)>, TestError> {
+    crate::state::apiserver_starts(&state_dir()?)
+        .map_err(|e| unexpected("read the API server's starts", e.to_string()))
 }
 
 #[cfg(test)]
