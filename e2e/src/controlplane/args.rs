@@ -96,8 +96,10 @@ pub fn apiserver_args(state: &ClusterState) -> Vec<String> {
 pub const AUDIT_POLICY_FILE: &str = "audit-policy.yaml";
 
 /// What the API server audits: at Metadata level (who, verb, object, response code) every
-/// request of a ServiceAccount outside kube-system, nothing else. Requests are logged once, when
-/// the response is complete (or when a watch starts).
+/// request of a ServiceAccount outside kube-system, and every deletion of a namespace or a
+/// RoleBinding (a test's namespace deleted while its operator still runs, `helm uninstall`:
+/// what revokes an operator's rules); nothing else. Requests are logged once, when the response
+/// is complete (or when a watch starts).
 pub const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
@@ -106,6 +108,13 @@ rules:
     userGroups: ["system:serviceaccounts:kube-system"]
   - level: Metadata
     userGroups: ["system:serviceaccounts"]
+  - level: Metadata
+    verbs: ["delete", "deletecollection"]
+    resources:
+      - group: ""
+        resources: ["namespaces"]
+      - group: "rbac.authorization.k8s.io"
+        resources: ["rolebindings"]
   - level: None
 "#;
 
