@@ -79,6 +79,11 @@ pub fn get<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition
     conditions.iter().find(|c| c.type_ == type_)
 }
 
+/// Whether the condition `type_` is there with status `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    get(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

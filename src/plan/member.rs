@@ -1018,7 +1018,7 @@ fn stopping_pod(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
             cx.wait(Duration::from_secs(1));
         }
         None => {
-            if let Some(failure) = deleted_on_lost_node(cx, mb, &m.pod) {
+            if let Some(failure) = deleted_on_lost_node(cx, mb) {
                 return Err(failure);
             }
             lost_node_over(cx, &format!("member pod {} is gone", m.pod));
@@ -1727,21 +1727,19 @@ pub(crate) fn may_force(cx: &mut Ctx, pod: &str, lost: &helpers::LostPod) -> boo
 /// lost node.
 pub(crate) const NODE_LOST_WAITING: &str = "WaitingForLostNode";
 
-/// The member's pod `pod` is gone while the request waited for its lost node (condition
+/// The member's pod is gone while the request waited for its lost node (condition
 /// `NodeLost` True): something else deleted it (the pod garbage collector once the node was
 /// tainted out-of-service, or an administrator). Its copy is pinned to the member's node: when
 /// that node is still down ([`helpers::node_down`]), the member fails now rather than after a
 /// copy pod that cannot start there. `None`: not waiting, the node not read, or up again.
-pub(super) fn deleted_on_lost_node(cx: &Ctx, mb: &Member, pod: &str) -> Option<Failure> {
-    let waiting = conditions::get(&cx.status.conditions, conditions::NODE_LOST)
-        .is_some_and(|c| c.status == "True");
-    if !waiting {
+pub(super) fn deleted_on_lost_node(cx: &Ctx, mb: &Member) -> Option<Failure> {
+    if !conditions::is_true(&cx.status.conditions, conditions::NODE_LOST) {
         return None;
     }
     let node = &mb.m.node;
     let node_state = helpers::node_down(cx.o.nodes.get(node)?.as_ref())?;
     Some(Failure::NodeLostPodDeleted {
-        pod: pod.to_string(),
+        pod: mb.m.pod.clone(),
         node: node.clone(),
         node_state,
     })
@@ -1749,9 +1747,7 @@ pub(super) fn deleted_on_lost_node(cx: &Ctx, mb: &Member, pod: &str) -> Option<F
 
 /// The condition `NodeLost`, when it is `True`, turns `False` saying why (`message`).
 pub(crate) fn lost_node_over(cx: &mut Ctx, message: &str) {
-    if conditions::get(&cx.status.conditions, conditions::NODE_LOST)
-        .is_some_and(|c| c.status == "True")
-    {
+    if conditions::is_true(&cx.status.conditions, conditions::NODE_LOST) {
         cx.set_condition(conditions::NODE_LOST, false, "Resolved", message);
     }
 }

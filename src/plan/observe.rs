@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::JobOutcome;
+use crate::api::conditions::NODE_LOST;
 use crate::api::{
     MemberStep, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
     StorageMigrationRequestStatus, TargetKind,
@@ -339,9 +340,7 @@ pub fn nodes_to_judge(
         .chain(helper_pods.values())
         .filter(|p| p.metadata.deletion_timestamp.is_some())
         .filter_map(|p| p.spec.as_ref()?.node_name.clone());
-    let waiting =
-        crate::api::conditions::get(&status.conditions, crate::api::conditions::NODE_LOST)
-            .is_some_and(|c| c.status == "True");
+    let waiting = crate::api::conditions::is_true(&status.conditions, NODE_LOST);
     let stopping = (status.members.iter())
         .filter(|ms| waiting && ms.step == MemberStep::StoppingPod)
         .filter_map(|ms| plan.members.iter().find(|m| m.pod == ms.pod))

@@ -150,7 +150,7 @@ pub(super) fn stopping(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         cx.wait(Duration::from_secs(1));
         return Ok(());
     }
-    if let Some(failure) = super::member::deleted_on_lost_node(cx, mb, &mb.m.pod) {
+    if let Some(failure) = super::member::deleted_on_lost_node(cx, mb) {
         return Err(failure);
     }
     advance(cx, mb, MemberStep::Copying);
