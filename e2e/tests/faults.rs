@@ -21,25 +21,36 @@
 //!   ever deleted, no temporary claim, Job or helper pod left; the node then comes back (taint
 //!   removed), every member runs again with its old etcd member id, and no acknowledged write is
 //!   lost.
+//! - The same, but an administrator force-deletes the stuck pod while the node is still
+//!   `Unknown` and untainted (`kubectl delete pod --force --grace-period=0`): the member fails
+//!   at once, no final copy's Job is ever created (it could only run on that node), and the
+//!   rest holds as above. The path the pod garbage collector's deletion takes in the test above
+//!   when it comes first, here taken every time.
+//!
+//! The two take a node down each: they run one after the other (`ONE_NODE_DOWN`).
 //!
 //! Only on the local cluster (the fault needs `localcluster`'s node agent); on another cluster
 //! it fails under CI (`testing::require`) and prints NOT RUN by hand.
 //!
 //! Run: `KUBECONFIG=DIR/kubeconfig cargo test -p e2e --test faults -- --test-threads=2`
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use e2e::testing::faults::{
     ETCD_SET, EtcdUnderLoad, NodeDown, OUT_OF_SERVICE, etcd_slow_stop, one_member_per_node,
 };
 use e2e::testing::operator::{Operator, summary, wait_final, wait_status};
+use e2e::testing::recording::{Recording, Seen};
 use e2e::testing::{TestNamespace, etcd};
 use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::watcher;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
+use storage_migrator::labels::JOB_KIND_LABEL;
 
 /// How long a stopped member keeps etcd running after SIGTERM; its grace period is 20 s more.
 const STOP_DELAY_SECONDS: u32 = 20;
@@ -123,47 +134,12 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
     if e2e::testing::require::local_cluster("faults: node lost while its pod stops").is_none() {
         return;
     }
-    let slow_stop = etcd_slow_stop(STOP_DELAY_SECONDS);
-    let variant = |obj: &mut kube::api::DynamicObject| {
-        slow_stop(obj);
-        one_member_per_node(obj);
-    };
-    let run = EtcdUnderLoad::start_with("smr-node-lost", variant)
-        .await
-        .expect("setup");
-    let (cluster, ns) = (&run.cluster, &run.ns);
-    let before = ns.claim_volumes().await;
-    let uids_before = member_uids(ns).await;
-    let ids_before = etcd::member_ids(ns, ETCD_SET, 3).await;
-    let bound = BOUND_SECONDS.to_string();
-    let flags = [
-        "--helper-start-timeout",
-        bound.as_str(),
-        "--stage-timeout",
-        "120",
-    ];
-    let _op = Operator::start_with(ns, 0, None, &flags).await.unwrap();
-    let name = "node-lost";
-    run.create_request(name).await.expect("request");
-
-    // The member's pod is stopping (etcd still serving for 20 s): its node loses power now.
-    let pod = member_being_stopped(ns, name).await;
-    let member = pod.name_any();
-    let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
-    let sharing = members_on(ns, &node).await;
-    assert_eq!(
-        sharing,
-        std::slice::from_ref(&member),
-        "members on {node}: the others must survive"
-    );
-    let mut down = NodeDown::take(cluster, &node, MINUTE).await.unwrap();
-    let lost_at = Instant::now();
-    eprintln!("NOTE node {node} down while member {member} stops");
+    let _one = ONE_NODE_DOWN.lock().await;
+    let mut lost = LostNode::start("smr-node-lost", "node-lost").await;
+    let (ns, name, member) = (&lost.run.ns, lost.name, lost.member.clone());
 
     // A node that is only unreachable may still run the pod: the request waits, naming the
     // node, and forces nothing (the pod stays Terminating).
-    let waiting = wait_node_lost_condition(ns, name, &node).await;
-    let waited = lost_at.elapsed();
     tokio::time::sleep(Duration::from_secs(10)).await;
     let pods: Api<Pod> = ns.api();
     let still = pods
@@ -180,59 +156,210 @@ async fn an_etcd_members_node_lost_while_its_pod_stops_fails_the_request_within_
         "force-deleted without the taint: {events:?}"
     );
     // The administrator declares the node down (non-graceful node shutdown): now it goes on.
-    down.out_of_service(cluster, true).await.unwrap();
+    lost.down
+        .out_of_service(&lost.run.cluster, true)
+        .await
+        .unwrap();
     let tainted_at = Instant::now();
     let req = wait_final(ns, name, MINUTE * 5).await.unwrap();
     let took = tainted_at.elapsed();
-    let deleted_by = assert_failed_cleanly(ns, &req, &member, &node, &before).await;
-    // Grace period plus the bound before the wait: far below the request's 20 m.
-    let limit = Duration::from_secs(GRACE_SECONDS + BOUND_SECONDS + 90);
-    assert!(
-        waited < limit,
-        "NodeLost {waited:?} after the node went down"
-    );
+    let deleted_by = assert_failed_cleanly(ns, &req, &member, &lost.node, &lost.before).await;
     assert!(
         took < Duration::from_secs(90),
         "Failed {took:?} after the taint"
     );
     eprintln!(
-        "NOTE node lost: waiting ({waiting}); Failed {took:?} after the taint; pod deleted by \
-         {deleted_by:?}"
+        "NOTE node lost: waiting ({}); Failed {took:?} after the taint; pod deleted by \
+         {deleted_by:?}",
+        lost.waiting
     );
-    quorum_of_two(ns, &member).await;
+    lost.comes_back(req, took).await;
+}
 
-    // The node comes back (its out-of-service taint removed, as after a repair): the member's
-    // recreated pod starts on its untouched claim and rejoins with its old member id; the other
-    // two were never stopped.
-    let up_at = Instant::now();
-    down.up(cluster, MINUTE).await.unwrap();
-    ns.wait_statefulset_ready(ETCD_SET, 3, MINUTE * 3)
-        .await
-        .unwrap();
-    let ready = up_at.elapsed();
-    let uids_after = member_uids(ns).await;
-    for (pod, uid) in &uids_before {
-        if *pod != member {
-            assert_eq!(&uids_after[pod], uid, "member {pod} was not stopped");
+/// An administrator force-deletes the member's pod stuck terminating on the lost node, without
+/// the out-of-service taint (`kubectl delete pod --force --grace-period=0`): the node is still
+/// `Unknown`, so the member's copy could only run there and cannot. The member fails at once
+/// (`Failure::NodeLostPodDeleted`), nothing is copied, the operator forces nothing, and the
+/// member's data stays on its old claim and volume. Also the path taken when Kubernetes' pod
+/// garbage collector comes before the operator in the test above; here it is taken every time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_member_pod_force_deleted_by_an_administrator_fails_the_member_without_a_copy() {
+    if e2e::testing::require::local_cluster("faults: stuck member pod force-deleted").is_none() {
+        return;
+    }
+    let _one = ONE_NODE_DOWN.lock().await;
+    let lost = LostNode::start("smr-node-lost-forced", "node-lost-forced").await;
+    let (ns, name, member) = (&lost.run.ns, lost.name, lost.member.clone());
+    let pods: Api<Pod> = ns.api();
+    let uid = lost.pod_uid.clone();
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let copies = watch_copy_jobs(ns).await;
+    pods.delete(&member, &force).await.unwrap();
+    let forced_at = Instant::now();
+    let req = wait_final(ns, name, MINUTE * 5).await.unwrap();
+    let took = forced_at.elapsed();
+    let copy_jobs = copies.finish().await;
+    let deleted_by = assert_failed_cleanly(ns, &req, &member, &lost.node, &lost.before).await;
+    assert_eq!(deleted_by, DeletedBy::Another, "{}", summary(&req));
+    let failure = req.status.clone().and_then(|s| s.failure).unwrap();
+    assert!(
+        !failure.contains(OUT_OF_SERVICE),
+        "the node was never tainted: {failure}"
+    );
+    assert!(
+        copy_jobs.is_empty(),
+        "no final copy of {member} (it could only run on the lost node): {copy_jobs:?}"
+    );
+    assert!(
+        took < Duration::from_secs(60),
+        "Failed {took:?} after the force-delete"
+    );
+    eprintln!(
+        "NOTE node lost, pod force-deleted by the administrator: waiting ({}); Failed {took:?} \
+         after the force-delete",
+        lost.waiting
+    );
+    lost.comes_back(req, took).await;
+}
+
+/// Takes nodes down: the tests of this binary run one at a time.
+static ONE_NODE_DOWN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// A request on the fixture whose member's node went down while the member's pod stopped, and
+/// the request waiting for it with the condition `NodeLost`.
+struct LostNode {
+    run: EtcdUnderLoad,
+    name: &'static str,
+    /// The claims' volumes, the member pods' uids and etcd member ids before the request.
+    before: BTreeMap<String, String>,
+    uids_before: BTreeMap<String, String>,
+    ids_before: BTreeMap<String, u64>,
+    _op: Operator,
+    member: String,
+    pod_uid: String,
+    node: String,
+    down: NodeDown,
+    /// The `NodeLost` condition's message.
+    waiting: String,
+}
+
+impl LostNode {
+    /// Starts the fixture under load (a member on each node, 20 s to stop) and an operator,
+    /// creates request `name`, takes the node of the first member it stops down and waits for
+    /// the condition `NodeLost`, within the grace period and the bound.
+    async fn start(test: &str, name: &'static str) -> Self {
+        let slow_stop = etcd_slow_stop(STOP_DELAY_SECONDS);
+        let variant = |obj: &mut kube::api::DynamicObject| {
+            slow_stop(obj);
+            one_member_per_node(obj);
+        };
+        let run = EtcdUnderLoad::start_with(test, variant)
+            .await
+            .expect("setup");
+        let (cluster, ns) = (&run.cluster, &run.ns);
+        let before = ns.claim_volumes().await;
+        let uids_before = member_uids(ns).await;
+        let ids_before = etcd::member_ids(ns, ETCD_SET, 3).await;
+        let bound = BOUND_SECONDS.to_string();
+        let flags = [
+            "--helper-start-timeout",
+            bound.as_str(),
+            "--stage-timeout",
+            "120",
+        ];
+        let op = Operator::start_with(ns, 0, None, &flags).await.unwrap();
+        run.create_request(name).await.expect("request");
+
+        // The member's pod is stopping (etcd still serving for 20 s): its node loses power now.
+        let pod = member_being_stopped(ns, name).await;
+        let member = pod.name_any();
+        let node = pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
+        let sharing = members_on(ns, &node).await;
+        assert_eq!(
+            sharing,
+            std::slice::from_ref(&member),
+            "members on {node}: the others must survive"
+        );
+        let down = NodeDown::take(cluster, &node, MINUTE).await.unwrap();
+        let lost_at = Instant::now();
+        eprintln!("NOTE node {node} down while member {member} stops");
+        let waiting = wait_node_lost_condition(ns, name, &node).await;
+        let waited = lost_at.elapsed();
+        // Grace period plus the bound before the wait: far below the request's 20 m.
+        let limit = Duration::from_secs(GRACE_SECONDS + BOUND_SECONDS + 90);
+        assert!(
+            waited < limit,
+            "NodeLost {waited:?} after the node went down"
+        );
+        LostNode {
+            pod_uid: pod.uid().unwrap_or_default(),
+            run,
+            name,
+            before,
+            uids_before,
+            ids_before,
+            _op: op,
+            member,
+            node,
+            down,
+            waiting,
         }
     }
-    assert_eq!(ns.claim_volumes().await, before, "claims and their volumes");
-    let ids_after = etcd::member_ids(ns, ETCD_SET, 3).await;
-    assert_eq!(
-        ids_after, ids_before,
-        "etcd member ids (no member on an empty volume)"
-    );
-    let failure = req.status.and_then(|s| s.failure).unwrap_or_default();
-    let (_cluster, _ns, written) = run.finish().await;
-    println!(
-        "NOTE node lost: member {member} on {node}; Failed {took:?} after the node went down \
-         (bound: grace {GRACE_SECONDS} s + {BOUND_SECONDS} s), every member Ready {ready:?} \
-         after the node came back; writes acknowledged {} failed {} \
-         (of {} attempts); failure: {failure}",
-        written.acked.len(),
-        written.failures,
-        written.attempts
-    );
+
+    /// With the request ended `req`: the two other members hold the quorum; then the node comes
+    /// back (its out-of-service taint removed, as after a repair), the member's recreated pod
+    /// starts on its untouched claim and rejoins with its old member id, the other two were
+    /// never stopped, and no acknowledged write is lost.
+    async fn comes_back(self, req: StorageMigrationRequest, took: Duration) {
+        let LostNode {
+            run,
+            down,
+            before,
+            uids_before,
+            ids_before,
+            member,
+            node,
+            ..
+        } = self;
+        let (cluster, ns) = (&run.cluster, &run.ns);
+        quorum_of_two(ns, &member).await;
+        let up_at = Instant::now();
+        down.up(cluster, MINUTE).await.unwrap();
+        ns.wait_statefulset_ready(ETCD_SET, 3, MINUTE * 3)
+            .await
+            .unwrap();
+        let ready = up_at.elapsed();
+        let uids_after = member_uids(ns).await;
+        for (pod, uid) in &uids_before {
+            if *pod != member {
+                assert_eq!(&uids_after[pod], uid, "member {pod} was not stopped");
+            }
+        }
+        assert_eq!(ns.claim_volumes().await, before, "claims and their volumes");
+        let ids_after = etcd::member_ids(ns, ETCD_SET, 3).await;
+        assert_eq!(
+            ids_after, ids_before,
+            "etcd member ids (no member on an empty volume)"
+        );
+        let failure = req.status.and_then(|s| s.failure).unwrap_or_default();
+        let (_cluster, _ns, written) = run.finish().await;
+        println!(
+            "NOTE node lost: member {member} on {node}; Failed {took:?} after the taint or \
+             force-delete (bound: grace {GRACE_SECONDS} s + {BOUND_SECONDS} s), every member \
+             Ready {ready:?} after the node came back; writes acknowledged {} failed {} \
+             (of {} attempts); failure: {failure}",
+            written.acked.len(),
+            written.failures,
+            written.attempts
+        );
+    }
 }
 
 /// Waits until the request has the condition `NodeLost` (True) naming `node`; its message.
@@ -260,13 +387,15 @@ async fn wait_node_lost_condition(ns: &TestNamespace, name: &str, node: &str) ->
     }
 }
 
-/// Who deleted the member pod stuck on the lost node once it was tainted out-of-service: the
-/// operator, or Kubernetes' pod garbage collector, which acts on the same taint and sometimes
-/// comes first (the operator then sees the pod gone while the node is still down).
+/// Who deleted the member pod stuck on the lost node: the operator (once the node is tainted
+/// out-of-service), or another: Kubernetes' pod garbage collector, which acts on the same taint
+/// and sometimes comes first, or an administrator (the operator then sees the pod gone while
+/// the node is still down).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum DeletedBy {
     Operator,
-    PodGarbageCollector,
+    /// Kubernetes' pod garbage collector, or an administrator's force-delete.
+    Another,
 }
 
 /// The request ended `Failed` naming pod and node, the member rolled back onto its original
@@ -287,7 +416,7 @@ async fn assert_failed_cleanly(
         "member pod {member} was deleted by something else while it was stuck terminating"
     )) && failure.contains("the copy cannot run on that node")
     {
-        DeletedBy::PodGarbageCollector
+        DeletedBy::Another
     } else {
         panic!("not a lost node's failure for {member}: {failure}")
     };
@@ -335,4 +464,16 @@ async fn assert_failed_cleanly(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     deleted_by
+}
+
+/// A watch of the namespace's Jobs of a final copy (`JOB_KIND_LABEL=copy`): the names of every
+/// one it sees created, changed or deleted.
+async fn watch_copy_jobs(ns: &TestNamespace) -> Recording<BTreeSet<String>> {
+    let config = watcher::Config::default().labels(&format!("{JOB_KIND_LABEL}=copy"));
+    let record = |seen: &mut BTreeSet<String>, s: Seen<Job>| {
+        if let Seen::Applied(j) | Seen::Deleted(j) = s {
+            seen.insert(j.name_any());
+        }
+    };
+    Recording::start(ns.api(), config, "copy Job", BTreeSet::new(), record).await
 }

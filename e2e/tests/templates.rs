@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use e2e::testing::operator::{Operator, create_request, install_crd, summary, wait_final};
+use e2e::testing::recording::{Recording, Seen};
 use e2e::testing::{TestNamespace, claim_manifest, one_member_set, requested_size, scenario};
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ExecAction, PersistentVolumeClaim, Pod, Probe, VolumeMount, VolumeResourceRequirements,
@@ -43,10 +43,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 use storage_migrator::api::{MemberStep, Phase, StorageMigrationRequest};
-use tokio::sync::oneshot;
 
 const APP: &str = "app";
 const TEMPLATES: [&str; 2] = ["data", "wal"];
@@ -239,66 +238,35 @@ impl PodHistory {
     }
 }
 
-/// A background watch of the namespace's pods, from its first list on.
-struct PodWatch {
-    stop: oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<PodHistory>,
-}
-
-impl PodWatch {
-    /// Starts the watch and returns once its initial list is in: every later change of a pod
-    /// reaches it.
-    async fn start(ns: &TestNamespace) -> Self {
-        let pods: Api<Pod> = ns.api();
-        let (listed_tx, listed_rx) = oneshot::channel();
-        let (stop, mut stop_rx) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            let mut stream = watcher::watcher(pods, watcher::Config::default())
-                .default_backoff()
-                .boxed();
-            let mut history = PodHistory::default();
-            let mut listed = Some(listed_tx);
-            loop {
-                let event = tokio::select! {
-                    _ = &mut stop_rx => break,
-                    event = stream.next() => event,
-                };
-                match event {
-                    None => break,
-                    Some(Err(e)) => history.errors.push(e.to_string()),
-                    Some(Ok(watcher::Event::Init)) => {}
-                    Some(Ok(watcher::Event::InitDone)) => match listed.take() {
-                        Some(tx) => {
-                            let _ = tx.send(());
-                        }
-                        None => history.relists += 1,
-                    },
-                    Some(Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => {
-                        history.saw(&p);
-                    }
-                    Some(Ok(watcher::Event::Delete(p))) => {
-                        if history.saw(&p) {
-                            *history.deletes.entry(p.name_any()).or_default() += 1;
-                        }
-                    }
+impl PodHistory {
+    /// Folds one thing the watch saw in.
+    fn record(&mut self, seen: Seen<Pod>) {
+        match seen {
+            Seen::Applied(p) => {
+                self.saw(&p);
+            }
+            Seen::Deleted(p) => {
+                if self.saw(&p) {
+                    *self.deletes.entry(p.name_any()).or_default() += 1;
                 }
             }
-            history
-        });
-        tokio::time::timeout(Duration::from_secs(60), listed_rx)
-            .await
-            .expect("the pod watch lists within a minute")
-            .expect("the pod watch task lives");
-        Self { stop, task }
+            Seen::Relisted => self.relists += 1,
+            Seen::Error(e) => self.errors.push(e),
+        }
     }
+}
 
-    async fn finish(self) -> PodHistory {
-        let _ = self.stop.send(());
-        tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("the pod watch stops")
-            .expect("the pod watch did not panic")
-    }
+/// A background watch of the namespace's pods, from its first list on.
+async fn watch_pods(ns: &TestNamespace) -> Recording<PodHistory> {
+    let config = watcher::Config::default();
+    Recording::start(
+        ns.api(),
+        config,
+        "pod",
+        PodHistory::default(),
+        PodHistory::record,
+    )
+    .await
 }
 
 /// Each member's pod was deleted exactly once: the watch saw its uid before the request and
@@ -420,7 +388,7 @@ async fn migrate(
         sums: checksums(ns, "before", replicas).await,
         uids: member_uids(ns, replicas).await,
     };
-    let watch = PodWatch::start(ns).await;
+    let watch = watch_pods(ns).await;
     let started = std::time::Instant::now();
     let req = run_request(ns, name, spec).await;
     println!("request {name} Successful after {:?}", started.elapsed());

@@ -32,6 +32,7 @@ pub mod patroni;
 mod pods;
 pub mod procs;
 pub mod rbac;
+pub mod recording;
 pub mod redis;
 pub mod require;
 mod waits;
