@@ -107,24 +107,13 @@ impl Drop for NodeDown {
     }
 }
 
-/// Takes the out-of-service taint off `node` from a drop: the test's runtime may be
-/// single-threaded and blocked there, so on another thread with a runtime and client of its own.
+/// Takes the out-of-service taint off `node` from a drop ([`crate::testing::from_drop`]).
 fn untaint_from_drop(config: kube::Config, node: String) -> Result<(), String> {
-    let handle = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| e.to_string())?;
-        rt.block_on(async {
-            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-            set_out_of_service(&client, &node, false)
-                .await
-                .map_err(|e| e.to_string())
-        })
-    });
-    handle
-        .join()
-        .map_err(|_| "the thread panicked".to_string())?
+    crate::testing::from_drop(config, |client| async move {
+        set_out_of_service(&client, &node, false)
+            .await
+            .map_err(|e| e.to_string())
+    })
 }
 
 /// Puts the out-of-service taint on `node` (`on`) or takes it off, keeping its other taints.

@@ -11,6 +11,7 @@
 //! - [`redis`]: the Redis Sentinel fixture, what members and Sentinels say, and a writer.
 //! - [`zookeeper`]: the ZooKeeper fixture, its four-letter words, and a znode writer.
 //! - [`faults`]: faults injected into the local cluster (a node taken down).
+//! - [`recording`]: a background watch that records what it sees.
 //!
 //! Every wait is a watch bounded by a timeout; a timeout error says what was awaited and the
 //! object's last state.
@@ -122,6 +123,29 @@ pub async fn scenario(test: &str) -> (TestCluster, TestNamespace) {
         .await
         .unwrap_or_else(|e| panic!("cannot create the namespace of {test}: {e}"));
     (cluster, ns)
+}
+
+/// Runs `work` with a client of `config` from a `Drop`: the test's runtime may be
+/// single-threaded and blocked in that drop, so on a thread of its own with a runtime and
+/// client of its own, waiting for it to end. Its error, or why it could not run.
+pub(crate) fn from_drop<W, F>(config: kube::Config, work: W) -> Result<(), String>
+where
+    W: FnOnce(kube::Client) -> F + Send + 'static,
+    F: std::future::Future<Output = Result<(), String>>,
+{
+    let handle = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
+            work(client).await
+        })
+    });
+    handle
+        .join()
+        .map_err(|_| "the thread panicked".to_string())?
 }
 
 /// A random 6-hex-digit suffix (from std's randomly seeded hasher; no crate needed).

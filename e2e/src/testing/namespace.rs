@@ -41,41 +41,28 @@ impl Drop for TestNamespace {
             );
             return;
         }
-        // The test's runtime may be single-threaded and blocked in this drop: delete from a
-        // fresh runtime and client on another thread, and wait for the request (not for the
-        // namespace to be gone).
-        let config = self.cluster.config.clone();
+        // From a fresh runtime ([`super::from_drop`]), waiting for the request, not for the
+        // namespace to be gone.
         let name = self.name.clone();
         let failed = std::thread::panicking();
-        let handle = std::thread::spawn(move || {
-            let rt = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => return Err(e.to_string()),
+        let deleted = super::from_drop(self.cluster.config.clone(), move |client| async move {
+            if failed {
+                release_requests(&client, &name).await?;
+            }
+            let api: Api<Namespace> = Api::all(client);
+            let dp = DeleteParams {
+                propagation_policy: Some(PropagationPolicy::Background),
+                ..Default::default()
             };
-            rt.block_on(async {
-                let client = kube::Client::try_from(config).map_err(|e| e.to_string())?;
-                if failed {
-                    release_requests(&client, &name).await?;
-                }
-                let api: Api<Namespace> = Api::all(client);
-                let dp = DeleteParams {
-                    propagation_policy: Some(PropagationPolicy::Background),
-                    ..Default::default()
-                };
-                match api.delete(&name, &dp).await {
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
-                    Err(e) => Err(e.to_string()),
-                }
-            })
+            match api.delete(&name, &dp).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.is_not_found() => Ok(()),
+                Err(e) => Err(e.to_string()),
+            }
         });
-        match handle.join() {
-            Ok(Ok(())) => info!(namespace = %self.name, "deleting test namespace"),
-            Ok(Err(e)) => warn!(namespace = %self.name, error = %e, "cannot delete test namespace"),
-            Err(_) => warn!(namespace = %self.name, "namespace deletion thread panicked"),
+        match deleted {
+            Ok(()) => info!(namespace = %self.name, "deleting test namespace"),
+            Err(e) => warn!(namespace = %self.name, error = %e, "cannot delete test namespace"),
         }
     }
 }
