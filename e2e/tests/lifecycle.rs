@@ -5,7 +5,9 @@
 //! - a request deleted while it is `Progressing`: the finalizer keeps it until the member in
 //!   flight is rolled back and the StatefulSet recreated; then it goes, leaving the workload
 //!   as it was and nothing of its own behind;
-//! - engine `Generic` with `leaderLabel`: the labelled pod is migrated last;
+//! - engine `Generic` with `leaderLabel`: the labelled pod is migrated last; the ended request
+//!   carries no finalizer, and one put back on it (the operator died between the two writes
+//!   that end a request) is lifted;
 //! - an operator killed without releasing its Lease, restarted under the same identity once the
 //!   renewal on record is past the fence's end but not yet expired: it waits for its own renewal
 //!   and keeps leading;
@@ -40,6 +42,7 @@ use tracing::info;
 
 const MIGRATION: Duration = Duration::from_secs(600);
 const SET: &str = "etcd";
+const MINUTE: Duration = Duration::from_secs(60);
 const FINALIZER: &str = "storagemigrator.io/finalizer";
 const REQUEST_LABEL: &str = "storagemigrator.io/request";
 
@@ -311,6 +314,46 @@ async fn generic_engine_migrates_the_labelled_leader_last() {
         "etcd key count and hash unchanged"
     );
     wait_nothing_left(&ns, name, Duration::from_secs(60), &[]).await;
+    finalizer_lifted_from_ended(&ns, name).await;
+}
+
+/// The ended request `name` carries no finalizer, and one put back on it (as when the operator
+/// died between the status write that ended the request and its finalizer patch) is lifted by
+/// the operator, the status untouched: an ended request never holds up its namespace's or the
+/// CRD's deletion once the operator is gone.
+async fn finalizer_lifted_from_ended(ns: &TestNamespace, name: &str) {
+    let api: Api<StorageMigrationRequest> = ns.api();
+    let none = |r: Option<&StorageMigrationRequest>| r.is_some_and(|r| r.finalizers().is_empty());
+    let describe = |r: &StorageMigrationRequest| format!("finalizers {:?}", r.finalizers());
+    let ended = ns
+        .wait_for(api.clone(), name, "no finalizer", MINUTE, none, describe)
+        .await
+        .unwrap()
+        .unwrap();
+    let put_back = json!({"metadata": {"finalizers": [FINALIZER]}});
+    let patched = api
+        .patch(name, &PatchParams::default(), &Patch::Merge(&put_back))
+        .await
+        .unwrap();
+    assert_eq!(patched.finalizers(), [FINALIZER]);
+    let started = Instant::now();
+    let lifted = ns
+        .wait_for(
+            api,
+            name,
+            "the finalizer lifted again",
+            MINUTE,
+            none,
+            describe,
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        lifted.status, ended.status,
+        "an ended request's status is left alone"
+    );
+    info!(took = ?started.elapsed(), "the finalizer put back on the ended request was lifted");
 }
 
 /// The Lease's holder and last renewal, once `identity` holds it (waits up to 30 s).

@@ -352,7 +352,10 @@ fn a_shrink_measures_and_moves_only_the_members_above_the_size() {
 
 /// An ended request is decided on itself alone (`Observed::ended`: what the controller gives it,
 /// reading nothing of the cluster): the same decision as on the full snapshot, as it ended,
-/// deleted with its finalizer, and with its spec edited; for a Successful and a Failed request.
+/// deleted with its finalizer, with its spec edited, and still carrying its finalizer (the
+/// operator died between the final status write and the finalizer patch: it is lifted, so
+/// that the request does not keep its namespace or the CRD from going once the operator is
+/// gone); for a Successful and a Failed request.
 #[test]
 fn an_ended_request_is_decided_on_itself_alone() {
     let mut done = Sim::new(observed(spec_class_change("fast")));
@@ -374,6 +377,9 @@ fn an_ended_request_is_decided_on_itself_alone() {
         edited.request.spec.timeout = "3h".into();
         edited.request.metadata.generation = Some(7);
         variants.push(edited);
+        let mut kept = sim.o.clone();
+        kept.request.metadata.finalizers = Some(vec![labels::FINALIZER.to_string()]);
+        variants.push(kept);
         let mut decisions = Vec::new();
         for full in variants {
             assert!(Observed::has_ended(&full.request));
@@ -392,6 +398,11 @@ fn an_ended_request_is_decided_on_itself_alone() {
             (decisions[2].actions.iter()).any(|a| matches!(a, Action::SetStatus(_))),
             "the edit noted: {:?}",
             decisions[2]
+        );
+        assert_eq!(
+            decisions[3].actions,
+            [Action::RemoveFinalizer],
+            "the finalizer left by a crash"
         );
     }
 }

@@ -618,7 +618,11 @@ pub fn decide(o: &Observed, settings: &Settings) -> Decision {
         .any(|f| f == labels::FINALIZER);
 
     if cx.status.phase.is_final() {
-        if deleting && has_finalizer {
+        // Ended: the finalizer guards nothing any more. The decision that ended the request
+        // lifted it; this lifts it when the operator died between that decision's status write
+        // and its finalizer patch, so that no ended request keeps its namespace or the CRD from
+        // being deleted once the operator is gone.
+        if has_finalizer {
             cx.act(Action::RemoveFinalizer);
         }
         spec_change(&mut cx);
