@@ -611,11 +611,7 @@ pub fn timeout_seconds(s: &str) -> Result<i64, PlanError> {
 pub fn decide(o: &Observed, settings: &Settings) -> Decision {
     let mut cx = Ctx::new(o, settings);
     let deleting = o.request.metadata.deletion_timestamp.is_some();
-    let has_finalizer = o
-        .request
-        .finalizers()
-        .iter()
-        .any(|f| f == labels::FINALIZER);
+    let has_finalizer = observe::has_finalizer(&o.request);
 
     if cx.status.phase.is_final() {
         // Ended: the finalizer guards nothing any more. The decision that ended the request

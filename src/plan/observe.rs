@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
 use super::JobOutcome;
-use crate::api::conditions::NODE_LOST;
+use crate::api::conditions::{NODE_LOST, is_true};
 use crate::api::{
     MemberStep, Stage, StorageMigrationRequest, StorageMigrationRequestSpec,
     StorageMigrationRequestStatus, TargetKind,
@@ -246,6 +246,11 @@ pub fn target_workload(
     }
 }
 
+/// Whether `req` carries our finalizer ([`labels::FINALIZER`]).
+pub fn has_finalizer(req: &StorageMigrationRequest) -> bool {
+    req.finalizers().iter().any(|f| f == labels::FINALIZER)
+}
+
 /// Whether another request may work on `workload`: its target is it, or its plan's workload
 /// is. A claim target not yet planned counts for every Deployment, and for a StatefulSet `set`
 /// when its claim could be one of the set's (`<template>-<set>-<ordinal>`), so that two
@@ -340,7 +345,7 @@ pub fn nodes_to_judge(
         .chain(helper_pods.values())
         .filter(|p| p.metadata.deletion_timestamp.is_some())
         .filter_map(|p| p.spec.as_ref()?.node_name.clone());
-    let waiting = crate::api::conditions::is_true(&status.conditions, NODE_LOST);
+    let waiting = is_true(&status.conditions, NODE_LOST);
     let stopping = (status.members.iter())
         .filter(|ms| waiting && ms.step == MemberStep::StoppingPod)
         .filter_map(|ms| plan.members.iter().find(|m| m.pod == ms.pod))

@@ -887,13 +887,7 @@ fn succeed(cx: &mut Ctx, plan: &Plan, hash_note: &str) {
 
 /// Removes the request's finalizer when it has it (the request has ended).
 fn remove_finalizer(cx: &mut Ctx) {
-    if cx
-        .o
-        .request
-        .finalizers()
-        .iter()
-        .any(|f| f == labels::FINALIZER)
-    {
+    if super::observe::has_finalizer(&cx.o.request) {
         cx.act(Action::RemoveFinalizer);
     }
 }

@@ -275,13 +275,7 @@ fn accept(cx: &mut Ctx, plan: Plan) {
         "migration in progress",
     );
     cx.set_condition(conditions::PROGRESSING, true, &format!("{stage:?}"), doing);
-    if !cx
-        .o
-        .request
-        .finalizers()
-        .iter()
-        .any(|f| f == labels::FINALIZER)
-    {
+    if !crate::plan::observe::has_finalizer(&cx.o.request) {
         cx.act(Action::AddFinalizer);
     }
     cx.event(EventType::Normal, "Accepted", message);
