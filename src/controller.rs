@@ -11,7 +11,9 @@
 //! never their specs, so an unrelated pod costs the operator its metadata, not a decoded pod,
 //! and nothing is kept of it. An ended request reads nothing of the cluster
 //! (`plan::Observed::ended`) and is looked at again only when it changes (a deletion, a spec
-//! edit): it costs nothing while it stays as it is.
+//! edit): it costs nothing while it stays as it is. A watch that fails goes on after a pause of
+//! a few seconds at most, and lists anew at once after a `410 Gone`
+//! ([`crate::cluster::watch_retry`]).
 //!
 //! Errors by kind ([`Retry`]): a transient one is retried with exponential backoff (1 s
 //! doubling to 60 s), a permanent one (403, 422, a bad spec, a decode error) is logged once and
@@ -41,6 +43,7 @@ use tracing::{Instrument, debug, error, info, info_span, warn};
 use crate::api::StorageMigrationRequest;
 use crate::cluster::read_cache::Watched;
 use crate::cluster::replay::{Answers, Mode};
+use crate::cluster::watch_retry::retried;
 use crate::cluster::{Cluster, ClusterError, ReadCache, Retry, VolumeCache};
 use crate::failpoints;
 use crate::kept::Kept;
@@ -1360,14 +1363,14 @@ fn request_changes(
     ctx: &Arc<Context>,
 ) -> impl futures::Stream<Item = Result<StorageMigrationRequest, watcher::Error>> + Send + 'static {
     let (removal_ctx, request_ctx) = (ctx.clone(), ctx.clone());
-    reflector(writer, watcher(api, watch_config()))
+    reflector(writer, retried(watcher(api, watch_config())))
         .inspect(move |event| match event {
             Ok(watcher::Event::Delete(request)) => {
                 removal_ctx.request_changed(&ObjectRef::from_obj(request));
             }
             // A failure, or a new list (after one, or a watch too far behind): a request
             // deleted or edited meanwhile may never come as an event of its own, and the next
-            // list comes only after a backoff.
+            // list comes only after a pause (`retried`).
             Ok(watcher::Event::Init) | Err(_) => removal_ctx.requests_relisted(),
             Ok(_) => {}
         })
@@ -1397,8 +1400,7 @@ fn job_changes(
     reads: Arc<ReadCache>,
 ) -> impl futures::Stream<Item = Result<Job, watcher::Error>> + Send + 'static {
     let mut triggers = JobTriggers::default();
-    watcher(api, config)
-        .default_backoff()
+    retried(watcher(api, config))
         .inspect(move |event| reads.saw(Watched::Jobs, event))
         .filter_map(move |event| futures::future::ready(triggers.changed(event)))
 }
@@ -1494,7 +1496,7 @@ fn wake_naming<K: Resource>(
 }
 
 /// The watch events of the objects of `api` (metadata only) that `config` selects, retried
-/// with the watcher's default backoff.
+/// after a failure ([`retried`]).
 fn metadata_events<K>(
     api: Api<PartialObjectMeta<K>>,
     config: watcher::Config,
@@ -1504,7 +1506,7 @@ fn metadata_events<K>(
 where
     K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    watcher(api, config.page_size(METADATA_PAGE)).default_backoff()
+    retried(watcher(api, config.page_size(METADATA_PAGE)))
 }
 
 /// The objects of kind `K` in `namespace`, or in every namespace (`None`).
@@ -1554,7 +1556,7 @@ where
 }
 
 /// Runs `feeds` ([`kept_read_feed`]) for as long as they run: a failure is logged and retried
-/// with the watcher's backoff (and voids what is kept of its kind).
+/// ([`retried`]), and what is kept of its kind is not used until its watch is back.
 async fn run_feeds(feeds: Vec<futures::stream::BoxStream<'static, Result<(), watcher::Error>>>) {
     (futures::stream::select_all(feeds))
         .for_each(|event| async move {

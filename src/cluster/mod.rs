@@ -8,7 +8,8 @@
 //! - [`raw`]: GET/LIST/CREATE keeping the raw JSON the API server returned;
 //! - [`replay`]: one round's answers, replayed to the round that follows a status write;
 //! - [`read_cache`]: reads of watched kinds kept from round to round while their watches see
-//!   no change;
+//!   no change; [`volume_cache`]: the volumes read by name, the same way;
+//! - [`watch_retry`]: how the operator's watches go on after a failure;
 //! - [`error`]: [`ClusterError`] and whether retrying it can help;
 //! - [`database`]: the database clients (etcd) and the Secrets they need, driven from here.
 
@@ -35,6 +36,7 @@ pub mod read_cache;
 pub mod replay;
 pub mod stash;
 pub mod volume_cache;
+pub mod watch_retry;
 
 #[cfg(test)]
 pub(crate) mod mock;
@@ -47,8 +49,8 @@ pub use read_cache::ReadCache;
 pub use volume_cache::VolumeCache;
 
 /// How long the [`ReadCache`] and the [`VolumeCache`] use a kept read at most without a change
-/// seen. Both are voided at once by a failure or a new list of the watch that feeds them, so
-/// this bounds only what a watch that lags without failing could hide; Kubernetes' own
+/// seen. Both are voided at once by a failure or a new list of the watch that feeds them (and
+/// keep nothing from a failure until it reports again), so this bounds only what a watch that lags without failing could hide; Kubernetes' own
 /// controllers trust their watches with no such bound. A decision that acts on more than the
 /// status, events and creates reads what it acts on now (`controller::decided`), whatever is
 /// kept. Longer than `--stable-window`'s default (10 s), so waiting it out does not make every

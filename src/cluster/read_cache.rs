@@ -9,6 +9,10 @@
 //! same read while, since that read began,
 //! - no watch event of that kind came in that namespace,
 //! - the watch of that kind did not fail or list anew,
+//! - and has reported again since it last failed (while a watch is down, between its failure
+//!   and its next event, nothing of its kind is kept or answered from what is kept: a change
+//!   meanwhile would come as no event until it is back, which may take seconds after an API
+//!   server outage: [`super::watch_retry`]),
 //! - the operator wrote nothing of that kind in that namespace (its own write invalidates at
 //!   once, before the watch reports it),
 //! - and the answer is younger than the cache's `max_age` ([`super::KEPT_MAX_AGE`]: a watch
@@ -146,6 +150,8 @@ enum Miss {
     Relisted,
     /// Older than the cache's `max_age`.
     TooOld,
+    /// The watch of its kind failed and has not reported since.
+    WatchDown,
     /// The client reads now ([`Use::ReadNow`]).
     ReadNow,
 }
@@ -342,6 +348,8 @@ struct Inner {
     recent: HashMap<Watched, HashMap<String, Recent>>,
     /// For each kind: how many times its watch failed or listed anew.
     relists: HashMap<Watched, u64>,
+    /// The kinds whose watch failed and has reported nothing since.
+    down: BTreeSet<Watched>,
     /// The answers kept, by the read's path and query.
     kept: HashMap<String, KeptRead>,
 }
@@ -434,9 +442,19 @@ impl ReadCache {
         }
     }
 
-    /// The watch of `kind` failed or lists anew: changes may have gone unseen.
+    /// The watch of `kind` lists anew: changes may have gone unseen.
     pub fn relisted(&self, kind: Watched) {
-        *self.inner().relists.entry(kind).or_default() += 1;
+        let mut inner = self.inner();
+        *inner.relists.entry(kind).or_default() += 1;
+        inner.down.remove(&kind);
+    }
+
+    /// The watch of `kind` failed: changes may have gone unseen, and until it reports again
+    /// none would be seen.
+    fn failed(&self, kind: Watched) {
+        let mut inner = self.inner();
+        *inner.relists.entry(kind).or_default() += 1;
+        inner.down.insert(kind);
     }
 
     /// What the watch of `kind` reports: each object's change, and its failures and new lists.
@@ -448,10 +466,10 @@ impl ReadCache {
         let (obj, deleted) = match event {
             Ok(watcher::Event::Apply(obj) | watcher::Event::InitApply(obj)) => (obj, false),
             Ok(watcher::Event::Delete(obj)) => (obj, true),
-            Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {
-                return self.relisted(kind);
-            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => return self.relisted(kind),
+            Err(_) => return self.failed(kind),
         };
+        self.inner().down.remove(&kind);
         let namespace = obj.meta().namespace.as_deref().unwrap_or_default();
         self.changed_as(kind, namespace, || Change::of(obj.meta(), deleted));
     }
@@ -460,7 +478,9 @@ impl ReadCache {
     fn kept(&self, key: &str) -> Result<Answer, Miss> {
         let inner = self.inner();
         let kept = inner.kept.get(key).ok_or(Miss::NoneKept)?;
-        if kept.answer.read.elapsed() >= self.max_age {
+        if inner.down.contains(&kept.kind) {
+            Err(Miss::WatchDown)
+        } else if kept.answer.read.elapsed() >= self.max_age {
             Err(Miss::TooOld)
         } else if kept.relists != inner.relists(kept.kind) {
             Err(Miss::Relisted)
@@ -500,7 +520,8 @@ impl ReadCache {
         let stale = recent.is_some_and(|r| {
             (r.changes.iter()).any(|(n, change)| *n > begun.counted && shows.changed_by(change))
         });
-        if missed || stale || inner.relists(target.kind) != begun.relists {
+        let down = inner.down.contains(&target.kind);
+        if missed || stale || down || inner.relists(target.kind) != begun.relists {
             inner.kept.remove(&key);
             return;
         }
@@ -1024,5 +1045,42 @@ mod tests {
         cache.saw::<PartialObjectMeta<Pod>>(Watched::Pods, &Err(watcher::Error::NoResourceVersion));
         list_pods(&kept, "demo").await;
         assert_eq!(sent(&counter), 3);
+    }
+
+    /// A watch that failed sees no change until it is back: every read of its kind meanwhile
+    /// goes to the API server and none is kept (the Job that ends while the watch of Jobs is
+    /// down must not be answered as still running), whatever the kept reads' age.
+    #[tokio::test]
+    async fn nothing_is_kept_while_the_watch_of_its_kind_is_down() {
+        let (plain, counter) = server(200, pod_list(vec![pod("etcd-0", "5", "etcd")]));
+        let cache = Arc::new(ReadCache::default());
+        let kept = cache.client(plain, Use::Kept);
+        let failed: Result<watcher::Event<PartialObjectMeta<Pod>>, _> =
+            Err(watcher::Error::NoResourceVersion);
+        cache.saw(Watched::Pods, &failed);
+        for _ in 0..3 {
+            list_pods(&kept, "demo").await;
+        }
+        assert_eq!(sent(&counter), 3, "read through while the watch is down");
+        assert_eq!(cache.len_of(Watched::Pods, "demo"), 0);
+        // Another kind's watch is not concerned.
+        assert!(!cache.inner().down.contains(&Watched::Jobs));
+        // Back: its first event (here, of an object no read showed).
+        let mut other = PartialObjectMeta::<Pod>::default();
+        other.metadata.namespace = Some("elsewhere".into());
+        other.metadata.name = Some("web-0".into());
+        cache.saw(Watched::Pods, &Ok(watcher::Event::Apply(other)));
+        list_pods(&kept, "demo").await;
+        list_pods(&kept, "demo").await;
+        assert_eq!(sent(&counter), 4, "kept again once the watch is back");
+        // A failure again: what was kept is not used.
+        cache.saw(Watched::Pods, &failed);
+        list_pods(&kept, "demo").await;
+        assert_eq!(sent(&counter), 5);
+        // A new list brings it back too.
+        cache.saw::<PartialObjectMeta<Pod>>(Watched::Pods, &Ok(watcher::Event::Init));
+        list_pods(&kept, "demo").await;
+        list_pods(&kept, "demo").await;
+        assert_eq!(sent(&counter), 6);
     }
 }

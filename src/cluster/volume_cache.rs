@@ -1,7 +1,7 @@
 //! The volumes the rounds read, kept between rounds: a volume read by name is read again only
 //! once the watch of the volumes' metadata saw it change (another `resourceVersion`, or its
 //! deletion), until that watch fails or lists anew (a change, a deletion, may have gone
-//! unseen), or once it is older than the cache's `max_age` ([`super::KEPT_MAX_AGE`]: a watch
+//! unseen; and from its failure until it reports again, nothing is kept), or once it is older than the cache's `max_age` ([`super::KEPT_MAX_AGE`]: a watch
 //! that lags without failing cannot keep one longer). The rounds of a member's migration read the same few volumes
 //! about once a second (the swapped members' volumes stay on `Retain` through
 //! `plan::retain::keep_swapped`), which was a third of the operator's API requests.
@@ -36,6 +36,8 @@ struct Inner {
     /// For each name read at least once: the changes the watch reported, and when it was
     /// last read (names not read for a while are forgotten).
     changes: HashMap<String, (u64, Instant)>,
+    /// Whether the watch failed and has reported nothing since: then nothing is kept.
+    down: bool,
 }
 
 /// A read in progress: the name's change count when its GET started.
@@ -63,6 +65,9 @@ impl VolumeCache {
     /// The volume `name` as kept, unless changed since or older than `max_age`.
     pub fn get(&self, name: &str) -> Option<PersistentVolume> {
         let inner = self.inner();
+        if inner.down {
+            return None;
+        }
         let (pv, read) = inner.kept.get(name)?;
         (read.elapsed() < self.max_age).then(|| pv.clone())
     }
@@ -84,7 +89,7 @@ impl VolumeCache {
         let mut inner = self.inner();
         let unchanged = inner.changes.get(name).map(|(c, _)| Begun(*c)) == Some(begun);
         match pv {
-            Some(pv) if unchanged => {
+            Some(pv) if unchanged && !inner.down => {
                 inner
                     .kept
                     .insert(name.to_string(), (pv.clone(), Instant::now()));
@@ -96,8 +101,10 @@ impl VolumeCache {
     }
 
     /// What the watch of the volumes reports: each volume's change; its failures and new
-    /// lists, after which nothing kept is used ([`VolumeCache::relisted`]).
+    /// lists, after which nothing kept is used ([`VolumeCache::relisted`]), and after a
+    /// failure nothing is kept until it reports again.
     pub fn saw<K: ResourceExt>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        self.inner().down = event.is_err();
         match event {
             Ok(
                 watcher::Event::Apply(v) | watcher::Event::InitApply(v) | watcher::Event::Delete(v),
@@ -123,7 +130,7 @@ impl VolumeCache {
         let name = volume.name_any();
         let version = volume.resource_version();
         let mut inner = self.inner();
-        let Inner { kept, changes } = &mut *inner;
+        let Inner { kept, changes, .. } = &mut *inner;
         let Some((count, _)) = changes.get_mut(&name) else {
             return;
         };
@@ -211,6 +218,21 @@ mod tests {
         // A read begun after the new list is kept again.
         read(&cache, "pv-a", "7");
         assert_eq!(version(cache.get("pv-a")), Some("7".into()));
+    }
+
+    #[test]
+    fn nothing_is_kept_from_a_failure_of_the_watch_until_it_reports_again() {
+        let cache = VolumeCache::default();
+        cache.saw::<PersistentVolume>(&Err(watcher::Error::NoResourceVersion));
+        // Read while the watch is down: a change now would come as no event.
+        read(&cache, "pv-a", "7");
+        assert_eq!(cache.get("pv-a"), None);
+        // Back: any event of it.
+        cache.saw(&Ok(watcher::Event::Apply(pv("pv-z", "1"))));
+        read(&cache, "pv-a", "7");
+        assert_eq!(version(cache.get("pv-a")), Some("7".into()));
+        cache.saw::<PersistentVolume>(&Err(watcher::Error::NoResourceVersion));
+        assert_eq!(cache.get("pv-a"), None);
     }
 
     #[test]

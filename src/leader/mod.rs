@@ -38,8 +38,8 @@ use std::time::{Duration, SystemTime};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::PostParams;
+use kube::runtime::watcher;
 use kube::runtime::watcher::Event;
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use thiserror::Error;
 use tokio::time::Instant;
@@ -392,13 +392,12 @@ async fn read(
 }
 
 /// The Lease each time it changes (`None`: there is none), as a watch of it (`metadata.name`)
-/// reports it, restarted with the watcher's backoff when it fails.
+/// reports it, restarted after a pause when it fails (`cluster::watch_retry`).
 fn changes(leases: Api<Lease>, cfg: &LeaseConfig) -> impl Stream<Item = Option<Lease>> + use<> {
     let config = watcher::Config::default()
         .fields(&format!("metadata.name={}", cfg.name))
         .timeout(crate::cluster::WATCH_TIMEOUT_SECS);
-    watcher(leases, config)
-        .default_backoff()
+    crate::cluster::watch_retry::retried(watcher(leases, config))
         .scan(false, |listed, event| {
             let seen = match event {
                 Ok(Event::Init) => {

@@ -11,7 +11,7 @@ use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PersistentVolumeClaim;
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, ListParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio::time::Instant;
@@ -219,7 +219,7 @@ pub async fn watch_all(
     if let Some(s) = selector {
         config = config.labels(s);
     }
-    let mut events = watcher(api, config).default_backoff().boxed();
+    let mut events = crate::cluster::watch_retry::retried(watcher(api, config)).boxed();
     let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_secs(timeout));
     let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let (mut seen, mut listed, mut shown) = (BTreeMap::new(), false, Vec::new());

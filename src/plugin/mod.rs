@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tokio::time::Instant;
 
 use anyhow::Context as _;
@@ -329,7 +329,7 @@ async fn watch(client: Client, ns: &str, name: &str, timeout: u64) -> anyhow::Re
     get_request(&client, ns, name).await?;
     let api = Api::<StorageMigrationRequest>::namespaced(client, ns);
     let fields = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let mut events = watcher(api, fields).default_backoff().boxed();
+    let mut events = crate::cluster::watch_retry::retried(watcher(api, fields)).boxed();
     let deadline = (timeout > 0).then(|| Instant::now() + Duration::from_secs(timeout));
     let tty = std::io::stdout().is_terminal();
     let mut shown: Vec<String> = Vec::new();
