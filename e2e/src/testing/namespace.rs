@@ -46,9 +46,7 @@ impl Drop for TestNamespace {
         let name = self.name.clone();
         let failed = std::thread::panicking();
         let deleted = super::from_drop(self.cluster.config.clone(), move |client| async move {
-            if failed {
-                release_requests(&client, &name).await?;
-            }
+            release_requests(&client, &name, failed).await?;
             let api: Api<Namespace> = Api::all(client);
             let dp = DeleteParams {
                 propagation_policy: Some(PropagationPolicy::Background),
@@ -67,11 +65,12 @@ impl Drop for TestNamespace {
     }
 }
 
-/// Takes the operator's finalizer off every request of the namespace `ns` of a failed test.
-/// Its operator stopped with the test, so nothing would take it off: the namespace would stay
-/// `Terminating` for good, and an operator watching every namespace that a later test or
-/// benchmark starts would pick its requests up.
-async fn release_requests(client: &kube::Client, ns: &str) -> Result<(), String> {
+/// Takes the operator's finalizer off every request of the namespace `ns` of a test that ended
+/// (`failed` or not). Its operator stopped with the test, so nothing would take it off: the
+/// namespace would stay `Terminating` until an operator watching every namespace that a later
+/// test or benchmark starts picked its requests up. A passing test's operator stops as soon as
+/// the test has seen the final phase, often before it lifts the finalizer itself.
+async fn release_requests(client: &kube::Client, ns: &str, failed: bool) -> Result<(), String> {
     let api: Api<StorageMigrationRequest> = Api::namespaced(client.clone(), ns);
     let requests = match api.list(&Default::default()).await {
         Ok(list) => list.items,
@@ -93,7 +92,10 @@ async fn release_requests(client: &kube::Client, ns: &str) -> Result<(), String>
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => warn!(namespace = %ns, request = %name, "the failed test's request released"),
+            Ok(_) if failed => {
+                warn!(namespace = %ns, request = %name, "the failed test's request released")
+            }
+            Ok(_) => info!(namespace = %ns, request = %name, "the test's request released"),
             Err(kube::Error::Api(s)) if s.is_not_found() => {}
             Err(e) => return Err(format!("cannot release request {name}: {e}")),
         }
