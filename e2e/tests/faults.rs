@@ -210,6 +210,10 @@ async fn a_stuck_member_pod_force_deleted_by_an_administrator_fails_the_member_w
     assert_eq!(deleted_by, DeletedBy::Another, "{}", summary(&req));
     let failure = req.status.clone().and_then(|s| s.failure).unwrap();
     assert!(
+        failure.contains("was deleted by something else"),
+        "the operator never decided to force: {failure}"
+    );
+    assert!(
         !failure.contains(OUT_OF_SERVICE),
         "the node was never tainted: {failure}"
     );
@@ -399,7 +403,8 @@ enum DeletedBy {
 }
 
 /// The request ended `Failed` naming pod and node, the member rolled back onto its original
-/// volume, the pod force-deleted, no other member pod deleted, the StatefulSet recreated.
+/// volume, the pod force-deleted, no other member pod deleted, the StatefulSet recreated. Who
+/// deleted the pod: the operator when it says so in a `PodForceDeleted` Event, else another.
 async fn assert_failed_cleanly(
     ns: &TestNamespace,
     req: &StorageMigrationRequest,
@@ -410,7 +415,7 @@ async fn assert_failed_cleanly(
     let status = req.status.clone().unwrap();
     assert_eq!(status.phase, Phase::Failed, "{}", summary(req));
     let failure = status.failure.clone().unwrap();
-    let deleted_by = if failure.contains(&format!("member pod {member} was still terminating")) {
+    let decided = if failure.contains(&format!("member pod {member} was still terminating")) {
         DeletedBy::Operator
     } else if failure.contains(&format!(
         "member pod {member} was deleted by something else while it was stuck terminating"
@@ -439,13 +444,21 @@ async fn assert_failed_cleanly(
     for m in status.members.iter().filter(|m| m.pod != member) {
         assert!(m.pod_deleted_at.is_none(), "{} was deleted too", m.pod);
     }
+    // The operator force-deletes only a pod it failed the member for as still terminating. The
+    // pod garbage collector acts on the same taint and may come between that decision and the
+    // rollback's force-delete, which then finds the pod gone and forces nothing (seen in CI:
+    // the collector's delete 150 ms before the decision's status write). So a decision to force
+    // comes with the Event or without it; a pod another deleted first, never with it.
     let events = ns.events_for(&req.name_any()).await.unwrap();
     let forced = events.iter().any(|e| e.starts_with("PodForceDeleted:"));
-    assert_eq!(
-        forced,
-        deleted_by == DeletedBy::Operator,
-        "{deleted_by:?}: {events:?}"
+    assert!(
+        !forced || decided == DeletedBy::Operator,
+        "{decided:?}: {events:?}"
     );
+    let deleted_by = match forced {
+        true => DeletedBy::Operator,
+        false => DeletedBy::Another,
+    };
     // The StatefulSet is back, every claim on its original volume, nothing of ours left.
     let set: StatefulSet = ns.api().get(ETCD_SET).await.unwrap();
     assert!(set.metadata.deletion_timestamp.is_none());
