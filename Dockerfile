@@ -1,5 +1,5 @@
 # The storage-migrator image: the operator binary and everything its copy, verify and measure
-# Jobs run (a POSIX sh, rsync, GNU cp, du, stat, GNU find and sed, grep, sort, tr, head, tail, stdbuf, sync, sleep), CA certificates
+# Jobs run (a POSIX sh, rsync, GNU cp, du, stat, GNU find and sed, grep, sort, tr, head, tail, stdbuf, sync, sleep, date), CA certificates
 # and a `nonroot` user.
 # The operator runs as that user; it also uses this image, at the same version, as the default
 # image of its Jobs (which run as root, see src/build/job.rs).

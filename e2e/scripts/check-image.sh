@@ -15,7 +15,7 @@ ARCHIVE="$1"
 REF="$2"
 VERSION="${REF##*:}"
 # What the Jobs' scripts and the mounter pod run (besides shell built-ins: printf, kill, trap).
-TOOLS=(sh rsync cp du stat find sed grep tr head tail sleep sync)
+TOOLS=(sh rsync cp du stat find sed grep sort tr head tail sleep sync date)
 ENTRYPOINT=/usr/local/bin/storage-migrator
 NONROOT=65532
 

@@ -11,7 +11,10 @@
 //!    in service, the verification's `SINCE` leaves the old files out);
 //! 2. 1% of the files rewritten (every 100th, new content, same size);
 //! 3. the final pass ([`COPY_SCRIPT`] with `VERIFY=1` and `SINCE` = the pre-copy's start less
-//!    the operator's clock margin: the copy of what changed, then the `Changed` verification),
+//!    the operator's clock margin: the copy of what changed, then the `Changed` verification;
+//!    and `ATTRS_SINCE`, the same, when the pre-copy reported that it compared every entry's
+//!    ACLs and xattrs and there are at least `ATTRIBUTES_OF_CHANGED_MIN_ENTRIES` files, as the
+//!    planner gives it),
 //!    once with the page cache as the pre-copy left it (warm: the member stops right after its
 //!    pre-copy) and once from a cold cache, each after its own 1% rewrite;
 //! 4. in the same cache state as each final pass, one bare metadata walk of both trees
@@ -36,7 +39,7 @@ use crate::copy_speed::{
 };
 use crate::provisioner::destroy_volume;
 use storage_migrator::build::job::{COPY_SCRIPT, PRECOPY_SCRIPT};
-use storage_migrator::plan::VERIFY_CLOCK_MARGIN_SECONDS;
+use storage_migrator::plan::{ATTRIBUTES_OF_CHANGED_MIN_ENTRIES, VERIFY_CLOCK_MARGIN_SECONDS};
 
 /// Files per directory of the data set.
 const PER_DIR: u64 = 1000;
@@ -122,10 +125,21 @@ fn measure_count(dir: &Path, files: u64) -> Result<Measured, CopySpeedError> {
     drop_caches()?;
     let since = epoch_seconds() - VERIFY_CLOCK_MARGIN_SECONDS;
     let pre_copy = script_run(PRECOPY_SCRIPT, &source, &target, &scratch, &[], files)?;
+    // As the planner does: the final pass compares the ACLs and xattrs of what changed only
+    // after a pre-copy that compared every entry's, on a volume of many files.
+    let compared = std::fs::read_to_string(&scratch)
+        .is_ok_and(|r| r.contains(r#""attributesCompared":"All""#))
+        && i64::try_from(files).is_ok_and(|n| n >= ATTRIBUTES_OF_CHANGED_MIN_ENTRIES);
     flush(&target)?;
-    eprintln!("  pre-copy {:.2}s", pre_copy.took.as_secs_f64());
+    eprintln!(
+        "  pre-copy {:.2}s (the final pass compares the ACLs and xattrs of what changed only: {compared})",
+        pre_copy.took.as_secs_f64()
+    );
     let since = since.to_string();
-    let env = [("VERIFY", "1"), ("SINCE", since.as_str())];
+    let mut env = vec![("VERIFY", "1"), ("SINCE", since.as_str())];
+    if compared {
+        env.push(("ATTRS_SINCE", since.as_str()));
+    }
     let changed = rewrite_every_hundredth(&source, files, 1)?;
     let final_warm = script_run(COPY_SCRIPT, &source, &target, &scratch, &env, files)?;
     let final_result = std::fs::read_to_string(&scratch).unwrap_or_default();

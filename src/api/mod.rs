@@ -1038,6 +1038,11 @@ pub struct ClaimStatus {
     /// Bytes in use on the old volume's filesystem when the pre-copy read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_bytes: Option<i64>,
+    /// The pre-copy's rsync compared every entry's ACLs and xattrs with the old volume's (and
+    /// copied what differed): the final pass and its verification then compare those of the
+    /// entries changed since `copyStarted` less a minute only (docs/api.md, "Verification").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_copy_compared_attributes: Option<bool>,
     /// Bytes the final copy wrote to the new volume: with its delta transfer only the blocks
     /// that changed since the pre-copy, so at most `bytesCopied` (the sizes of the files that
     /// changed).

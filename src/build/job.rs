@@ -134,17 +134,19 @@ macro_rules! statfs_format {
 /// planner quotes them ([`JobFailureCause::NoSpace`]). The `sed` passes that line on even when
 /// it holds a `%` (a file name).
 macro_rules! rsync_copy_script {
-    ($ok:literal, $mode:expr, $tail:expr) => {
+    ($ok:literal, $mode:expr, $after:expr, $tail:expr) => {
         concat!(
             "set -u\nok=' ",
             $ok,
             " '\n",
             $mode,
             r#"
-if [ -z "$copied" ]; then
+if [ -z "$copied" ] || [ -n "$recheck" ]; then
 lb=
 if command -v stdbuf >/dev/null 2>&1; then lb='stdbuf -oL'; fi
-out=$( { rsync -aHAXS $delta $cap --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
+info='--info=progress2 --no-inc-recursive'
+if [ -n "$copied" ]; then info=; fi
+out=$( { rsync -aHS $attrs $delta $cap --numeric-ids --delete --modify-window=-1 $info --stats /source/ /target/ 2>&1; echo "rc=$?"; } | $lb tr '\r' '\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}')
 rc=$(printf '%s\n' "$out" | sed -n 's/^rc=\([0-9][0-9]*\)$/\1/p' | tail -n 1)
 rc=${rc:-1}
 case "$ok" in
@@ -172,12 +174,20 @@ esac
 field() {
   printf '%s\n' "$out" | sed -n "s/^$1: *\([0-9][0-9,.]*\).*/\1/p" | tr -d ',.'
 }
+moved=$(field 'Number of regular files transferred')
+[ -n "$moved" ] || moved=$(field 'Number of files transferred')
+if [ -z "$copied" ]; then
 bytes=$(field 'Total transferred file size')
 total=$(field 'Total file size')
 literal=$(field 'Literal data')
-files=$(field 'Number of regular files transferred')
-[ -n "$files" ] || files=$(field 'Number of files transferred')
+files=$moved
+else
+echo "rsync after cp compared every entry, ACLs and xattrs included, and copied ${moved:-0} files again" >&2
 fi
+fi
+"#,
+            $after,
+            r#"
 sync -f /target 2>/dev/null || sync
 fs=$(stat -f -c '"#,
             statfs_format!(),
@@ -185,7 +195,7 @@ fs=$(stat -f -c '"#,
 sfs=$(stat -f -c '"#,
             statfs_format!(),
             r#"' /source 2>/dev/null) || sfs=""
-result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"literalBytes":%s,"mode":"%s","exitCode":%d%s%s}' "${bytes:-0}" "${files:-0}" "${total:-0}" "${literal:-0}" "$mode" "$rc" "${fs:+,\"targetFilesystem\":$fs}" "${sfs:+,\"sourceFilesystem\":$sfs}")
+result=$(printf '{"bytes":%s,"files":%s,"totalBytes":%s,"literalBytes":%s,"mode":"%s","attributesCompared":"%s","exitCode":%d%s%s}' "${bytes:-0}" "${files:-0}" "${total:-0}" "${literal:-0}" "$mode" "$ascope" "$rc" "${fs:+,\"targetFilesystem\":$fs}" "${sfs:+,\"sourceFilesystem\":$sfs}")
 "#,
             $tail
         )
@@ -218,8 +228,20 @@ if [ -z "${SINCE:-}" ]; then
   checked=
 else
   vmode=Changed
-  meta=$(rsync -aHAXS --numeric-ids --delete --modify-window=-1 --dry-run --itemize-changes /source/ /target/) || vfail $?
-  content=$(cd /source && find . -xdev -type f -newerct "@$SINCE" -exec sh -c 'echo "checked $#"; exec rsync -aAXS --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || vfail $?
+  vattrs=-AX
+  vtype='-type f'
+  vsince=$SINCE
+  if [ -n "${asince:-}" ]; then
+    vattrs=
+    vtype=
+    if [ "$asince" -lt "$vsince" ]; then vsince=$asince; fi
+  fi
+  meta=$(rsync -aHS $vattrs --numeric-ids --delete --modify-window=-1 --dry-run --itemize-changes /source/ /target/) || vfail $?
+  content=$(cd /source && find . -xdev $vtype -newerct "@$vsince" -exec sh -c 'f=0; for p; do if [ -f "$p" ] && [ ! -h "$p" ]; then f=$((f + 1)); fi; done; echo "checked $f"; exec rsync -aAXS --no-r -d --numeric-ids --checksum --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || vfail $?
+  if [ -n "${asince:-}" ]; then
+    written=$(cd /target && find . -xdev -newerct "@$wrote" -exec sh -c 'cd /source && exec rsync -aAXS --no-r -d --numeric-ids --dry-run --itemize-changes -R "$@" /target/' sh '{}' +) || vfail $?
+    content=$(printf '%s\n%s' "$content" "$written")
+  fi
   checked=0
   for c in $(printf '%s\n' "$content" | sed -n 's/^checked \([0-9][0-9]*\)$/\1/p'); do checked=$((checked + c)); done
   vout=$(printf '%s\n%s' "$meta" "$content" | grep -v '^checked [0-9][0-9]*$' | grep .)
@@ -241,6 +263,31 @@ macro_rules! fail_on_differences {
   exit 1
 fi
 "#
+    };
+}
+
+/// After the final pass's rsync, when it left out ACLs and xattrs (`$asince` set, from
+/// `ATTRS_SINCE`): rsync copies those of the entries changed on the old volume since then
+/// (inode change time, `find -newerct`) and of the entries this pass wrote on the new one
+/// (changed since `$wrote`, a second before its rsync began: what it created, rewrote or
+/// linked, such as the files of a directory renamed on the old volume, whose own inodes did not
+/// change), each entry itself (`--no-r -d`: a directory's attributes, not its tree), in
+/// batches (`find -exec ... +`, whose exit code fails the script when a batch fails). The other
+/// entries' ACLs and xattrs are as the pre-copy's rsync left them on both volumes: it compared
+/// every entry's, an entry's ACLs or xattrs cannot change on the old volume without changing
+/// its inode change time, and nothing but these passes writes the new one.
+macro_rules! attributes_of_changed {
+    () => {
+        r#"
+if [ -n "$asince" ]; then
+  echo "ACLs and xattrs: of the entries changed since $asince and of those this pass wrote (the pre-copy compared every other entry's)" >&2
+  if ! (cd /source && find . -xdev -newerct "@$asince" -exec sh -c 'exec rsync -aAXS --no-r -d --numeric-ids -R "$@" /target/' sh '{}' +) \
+    || ! (cd /target && find . -xdev -newerct "@$wrote" -exec sh -c 'cd /source && exec rsync -aAXS --no-r -d --numeric-ids -R "$@" /target/' sh '{}' +); then
+    printf '{"error":"copying the ACLs and xattrs of the changed entries failed","exitCode":1}' > /dev/termination-log
+    echo "copying the ACLs and xattrs of the changed entries failed" >&2
+    exit 1
+  fi
+fi"#
     };
 }
 
@@ -317,9 +364,13 @@ fi"#
 /// Onto an empty new volume, GNU `cp -a` copies the tree ([`kernel_copy!`], `"mode":"KernelCopy"`):
 /// in the kernel (`copy_file_range`), holes kept (`SEEK_DATA`), hard links, owners, modes,
 /// ACLs, xattrs and nanosecond times preserved. rsync pipes every byte from its sender to its
-/// receiver process and checksums it: 0.64× of `cp -a` on 1 GiB in 4 files (bench-copy). What
-/// `cp` may miss (an xattr it could not set, a file written while it ran) the final rsync pass
-/// finds by its quick check and metadata comparison, and the verification checks.
+/// receiver process and checksums it: 0.64× of `cp -a` on 1 GiB in 4 files (bench-copy). After
+/// `cp`, rsync compares the whole tree, ACLs and xattrs included, and copies what differs (no
+/// progress lines: the percentage shown stays `cp`'s; so rsync's incremental recursion, which
+/// holds a directory's list at a time, not the tree's): an xattr `cp -a` could not set (it does
+/// not fail for one), a file written while it ran. So every pre-copy ends with every entry's
+/// ACLs and xattrs compared (`"attributesCompared":"All"`), and the final pass needs to compare
+/// only those of the entries changed since ([`COPY_SCRIPT`], `ATTRS_SINCE`).
 ///
 /// Otherwise rsync: exit 24 ("some files vanished before they could be transferred") is
 /// expected while the member writes, and tolerated. Whole files (rsync's default between local
@@ -330,9 +381,10 @@ fi"#
 pub const PRECOPY_SCRIPT: &str = rsync_copy_script!(
     "0 24",
     concat!(
-        "mode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}\n",
+        "mode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}\nattrs=-AX\nascope=All\nrecheck=1\n",
         kernel_copy!()
     ),
+    "",
     write_result!()
 );
 
@@ -357,6 +409,15 @@ pub const PRECOPY_SCRIPT: &str = rsync_copy_script!(
 /// claim), `cp -a` copies first, as in [`PRECOPY_SCRIPT`]; the member is stopped, so nothing
 /// changes under it.
 ///
+/// ACLs and xattrs (`"attributesCompared"`): reading every entry's on both sides doubles the
+/// walk of the tree (docs/benchmarks.md). With `ATTRS_SINCE` (seconds since the epoch, which
+/// the planner sets only after a pre-copy that compared every entry's, from the first copy
+/// pass's creation less the clock margin), rsync walks the tree without them (`Changed`) and
+/// then copies those of the entries changed since ([`attributes_of_changed!`]); the
+/// verification likewise. An entry whose ACLs or xattrs changed has a newer inode change time.
+/// Without it (`All`), or after `cp` copied onto an empty volume (`None`: the verification
+/// then compares them on the whole tree), `ATTRS_SINCE` is not used.
+///
 /// With `VERIFY` set (`spec.copy.verify`), the same pod then runs the verification pass of
 /// [`VERIFY_SCRIPT`] (with its `SINCE`) and writes one result with the fields of both: a
 /// member is down for one pod start, not two. Differences fail the script (exit 1) with the
@@ -369,9 +430,18 @@ pub const COPY_SCRIPT: &str = rsync_copy_script!(
 delta='--no-whole-file --inplace'
 cap=
 if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || [ -n "$linked" ]; then mode=WholeFile; delta=; fi
+recheck=
+asince=${ATTRS_SINCE:-}
+wrote=$(($(date +%s) - 1))
 "#,
-        kernel_copy!()
+        kernel_copy!(),
+        r#"
+if [ -n "$copied" ]; then asince=; attrs=-AX; ascope=None
+elif [ -n "$asince" ]; then attrs=; ascope=Changed
+else attrs=-AX; ascope=All
+fi"#
     ),
+    attributes_of_changed!(),
     concat!(
         "if [ -n \"${VERIFY:-}\" ]; then\n",
         verify_pass!(),
@@ -395,6 +465,12 @@ if ! linked=$(find /target -xdev -type f -links +1 -print -quit 2>/dev/null) || 
 ///   `checkedFiles` counts those files: each batch first prints `checked N` (its file count),
 ///   which no `--itemize-changes` line can be (those start with 11 change letters and a
 ///   space), so one walk both finds and counts them.
+/// - In the final pass's pod with `ATTRS_SINCE` set (see [`COPY_SCRIPT`]): the metadata pass
+///   leaves ACLs and xattrs out, and the content pass takes every entry changed since the
+///   earlier of `SINCE` and `ATTRS_SINCE`, each by itself (`--no-r -d`: a directory's own
+///   metadata, not its tree), with its ACLs and xattrs; `checkedFiles` still counts the
+///   regular files among them. Then the ACLs and xattrs (and metadata) of every entry the
+///   final pass wrote on the new volume (changed there since `$wrote`), each by itself.
 pub const VERIFY_SCRIPT: &str = concat!(
     "set -u\n",
     verify_pass!(),
@@ -572,7 +648,7 @@ fn job_container(
         ]),
         env: Some(job_env(
             kind,
-            pass.verification,
+            pass,
             pre_copy_kib(req),
             req.spec.copy.first_pass_tool,
         )),
@@ -588,13 +664,16 @@ fn job_container(
 /// The C locale; for a verification pass (Verify, or Copy with `VERIFY=1`) in `Changed` mode,
 /// `SINCE` (seconds since the epoch): the content of the files changed since then is compared;
 /// for PreCopy and Copy, `FIRST_PASS_TOOL` (`spec.copy.firstPassTool`); for PreCopy with a
-/// cap, `BWLIMIT` (whole KiB per second, rsync's `--bwlimit`).
+/// cap, `BWLIMIT` (whole KiB per second, rsync's `--bwlimit`); for Copy after a pre-copy that
+/// compared every entry's ACLs and xattrs, `ATTRS_SINCE` (seconds since the epoch): the pass
+/// and its verification compare those of the entries changed since then only.
 fn job_env(
     kind: JobKind,
-    verification: Verification,
+    pass: Pass,
     pre_copy_kib: Option<i64>,
     tool: FirstPassTool,
 ) -> Vec<EnvVar> {
+    let verification = pass.verification;
     let var = |name: &str, value: String| EnvVar {
         name: name.to_string(),
         value: Some(value),
@@ -622,6 +701,9 @@ fn job_env(
     if let (JobKind::PreCopy, Some(kib)) = (kind, pre_copy_kib) {
         env.push(var("BWLIMIT", kib.to_string()));
     }
+    if let (JobKind::Copy, Some(since)) = (kind, pass.attributes_since) {
+        env.push(var("ATTRS_SINCE", since.to_string()));
+    }
     env
 }
 
@@ -646,6 +728,10 @@ pub struct Pass {
     /// The old volume's contents as the pre-copy found them (`status.members[].sourceEntries`,
     /// `sourceBytes`): the Job's memory comes from them ([`copy_memory`]).
     pub source: Option<SourceContents>,
+    /// For the final pass: when the pre-copy compared every entry's ACLs and xattrs, the
+    /// seconds since the epoch before which an entry unchanged since was compared by it
+    /// (`ATTRS_SINCE`; the first copy pass's creation less the clock margin).
+    pub attributes_since: Option<i64>,
 }
 
 impl From<Verification> for Pass {
@@ -653,6 +739,7 @@ impl From<Verification> for Pass {
         Pass {
             verification,
             source: None,
+            attributes_since: None,
         }
     }
 }
@@ -768,6 +855,9 @@ pub struct JobResult {
     /// How the pass copied (PreCopy, Copy).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mode: Option<CopyMode>,
+    /// Whose ACLs and xattrs rsync compared with the source's in the pass (PreCopy, Copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attributes_compared: Option<AttributesCompared>,
     /// Bytes allocated on the source (Measure).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub used_bytes: Option<i64>,
@@ -811,6 +901,19 @@ pub enum CopyMode {
     /// The whole tree copied by GNU `cp -a` onto the empty new volume, in the kernel
     /// (`copy_file_range`): the pre-copy's first choice (`spec.copy.firstPassTool: Cp`).
     KernelCopy,
+}
+
+/// Whose ACLs and xattrs a copy pass's rsync compared with the source's (`"attributesCompared"`
+/// of its result).
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttributesCompared {
+    /// Every entry's: the pre-copy's rsync (also after `cp`), a final pass without
+    /// `ATTRS_SINCE`.
+    All,
+    /// Only those of the entries changed since `ATTRS_SINCE`: the pre-copy compared the rest.
+    Changed,
+    /// None: `cp -a` copied the tree onto an empty volume and rsync did not run after it.
+    None,
 }
 
 /// A cause of failure a script recognises (`"cause"` of its result).
@@ -1047,7 +1150,7 @@ mod tests {
     fn env_value(
         req: &StorageMigrationRequest,
         kind: JobKind,
-        verification: Verification,
+        verification: impl Into<Pass>,
         name: &str,
     ) -> Option<String> {
         let job = job(
@@ -1131,6 +1234,34 @@ mod tests {
         assert_eq!(env_of(JobKind::Verify, Verification::Full), (None, None));
         for kind in [JobKind::PreCopy, JobKind::Measure] {
             assert_eq!(env_of(kind, since), (None, None), "{kind:?}");
+        }
+    }
+
+    /// `ATTRS_SINCE` (the final pass compares the ACLs and xattrs of what changed since, the
+    /// pre-copy having compared every entry's) reaches the final pass only, and only when the
+    /// planner gives it.
+    #[test]
+    fn only_the_final_pass_learns_since_when_attributes_were_compared() {
+        let req = testdata::request();
+        let pass = |attributes_since| Pass {
+            verification: Verification::ChangedSince(42),
+            source: None,
+            attributes_since,
+        };
+        assert_eq!(
+            env_value(&req, JobKind::Copy, pass(Some(40)), "ATTRS_SINCE").as_deref(),
+            Some("40")
+        );
+        assert_eq!(
+            env_value(&req, JobKind::Copy, pass(None), "ATTRS_SINCE"),
+            None
+        );
+        for kind in [JobKind::PreCopy, JobKind::Verify, JobKind::Measure] {
+            assert_eq!(
+                env_value(&req, kind, pass(Some(40)), "ATTRS_SINCE"),
+                None,
+                "{kind:?}"
+            );
         }
     }
 
@@ -1285,7 +1416,7 @@ mod tests {
     fn scripts_use_fixed_flags() {
         for script in [PRECOPY_SCRIPT, COPY_SCRIPT] {
             assert!(script.contains(
-                "rsync -aHAXS $delta $cap --numeric-ids --delete --modify-window=-1 --info=progress2 --no-inc-recursive --stats /source/ /target/"
+                "rsync -aHS $attrs $delta $cap --numeric-ids --delete --modify-window=-1 $info --stats /source/ /target/"
             ));
             assert!(script.contains(
                 "tr '\\r' '\\n' | sed -u -n -e 'w /dev/stderr' -e '/No space left on device/{p;d;}' -e '/%/{h;d;}' -e p -e '${x;p;}'"
@@ -1296,8 +1427,14 @@ mod tests {
         // The delta mode is chosen from constants only: nothing of the request reaches it.
         assert!(
             PRECOPY_SCRIPT
-                .contains("\nmode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}\n")
+                .contains("\nmode=WholeFile\ndelta=\ncap=${BWLIMIT:+--bwlimit=$BWLIMIT}\nattrs=-AX\nascope=All\nrecheck=1\n")
         );
+        // ACLs and xattrs are left out of the final pass's walk only on ATTRS_SINCE, which only
+        // the planner sets, and with the pass over what changed since then after it.
+        assert!(COPY_SCRIPT.contains("elif [ -n \"$asince\" ]; then attrs=; ascope=Changed\n"));
+        assert!(COPY_SCRIPT.contains(
+            "find . -xdev -newerct \"@$asince\" -exec sh -c 'exec rsync -aAXS --no-r -d --numeric-ids -R \"$@\" /target/' sh '{}' +"
+        ));
         // The final pass is never capped, whatever its environment says.
         assert!(COPY_SCRIPT.contains("\nmode=Delta\ndelta='--no-whole-file --inplace'\ncap=\n"));
         assert!(VERIFY_SCRIPT.contains(
@@ -1753,6 +1890,167 @@ mod tests {
                 "{}",
                 r.stderr
             );
+        }
+
+        /// Sets (`Some`) or removes (`None`) the xattr `user.smr` of `path`; false where the
+        /// filesystem takes no user xattrs (or `setfattr` is missing).
+        fn set_xattr(path: &Path, value: Option<&str>) -> bool {
+            let mut cmd = Command::new("setfattr");
+            match value {
+                Some(v) => cmd.args(["-n", "user.smr", "-v", v]),
+                None => cmd.args(["-x", "user.smr"]),
+            };
+            cmd.arg(path).status().is_ok_and(|s| s.success())
+        }
+
+        /// The value of `path`'s xattr `user.smr`, if it has one.
+        fn xattr(path: &Path) -> Option<String> {
+            let out = Command::new("getfattr")
+                .args(["--only-values", "-n", "user.smr"])
+                .arg(path)
+                .output()
+                .ok()?;
+            out.status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+        }
+
+        /// The pre-copy compares every entry's ACLs and xattrs after `cp` (and copies what
+        /// `cp` left out); a final pass given `ATTRS_SINCE` leaves them out of its walk of the
+        /// whole tree and copies and verifies those of the entries changed since: an xattr
+        /// added, changed or removed, an ACL set, a new file's. Its verification finds an xattr
+        /// of a changed entry that the copy got wrong.
+        #[test]
+        fn final_pass_compares_the_attributes_of_what_changed_since_the_pre_copy() {
+            let Some((dir, src, dst)) = empty_trees() else {
+                return;
+            };
+            for name in ["kept", "added", "removed", "acl"] {
+                std::fs::write(src.join(name), name).unwrap();
+            }
+            std::fs::create_dir(src.join("dir")).unwrap();
+            std::fs::create_dir_all(src.join("tree/sub")).unwrap();
+            std::fs::write(src.join("tree/sub/labelled"), "moved with its directory").unwrap();
+            if !set_xattr(&src.join("kept"), Some("1")) {
+                assert!(!must_run(), "setfattr failed (CI refuses to skip)");
+                eprintln!("NOT RUN: no user xattrs on the temporary filesystem");
+                return;
+            }
+            assert!(set_xattr(&src.join("removed"), Some("2")));
+            assert!(set_xattr(&src.join("tree/sub/labelled"), Some("7")));
+            // A `cp` that copies but leaves out an xattr: rsync after it puts it back.
+            let real = real_program("cp");
+            let lossy = format!(
+                "#!/bin/sh\ncase \"$1\" in --version) exec {real} --version;; esac\n{real} \"$@\" || exit $?\nsetfattr -x user.smr {}\n",
+                dst.join("kept").display()
+            );
+            let bin = stand_in(dir.path(), "cp", &lossy);
+            let pre = run_with_path(JobKind::PreCopy, dir.path(), Some(&bin));
+            assert_eq!(pre.code, 0, "{}", pre.stderr);
+            let r = pre.result.unwrap();
+            assert_eq!(r.mode, Some(CopyMode::KernelCopy), "{r:?}");
+            assert_eq!(
+                r.attributes_compared,
+                Some(AttributesCompared::All),
+                "{r:?}"
+            );
+            assert_eq!(
+                xattr(&dst.join("kept")).as_deref(),
+                Some("1"),
+                "{}",
+                pre.stderr
+            );
+
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+            let since = jiff::Timestamp::now().as_second();
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert!(set_xattr(&src.join("added"), Some("3")));
+            assert!(set_xattr(&src.join("removed"), None));
+            assert!(set_xattr(&src.join("dir"), Some("6")));
+            // A directory renamed: the files under it keep their inode change times, but the
+            // final pass writes them anew at their new paths.
+            std::fs::rename(src.join("tree"), src.join("renamed")).unwrap();
+            std::fs::write(src.join("new"), "new").unwrap();
+            assert!(set_xattr(&src.join("new"), Some("4")));
+            let setfacl = |args: &[&str], path: &Path| {
+                Command::new("setfacl")
+                    .args(args)
+                    .arg(path)
+                    .status()
+                    .is_ok_and(|s| s.success())
+            };
+            let acl = setfacl(&["-m", "u:1234:r"], &src.join("acl"));
+            assert!(acl || !must_run(), "setfacl failed (CI refuses to skip)");
+            if acl {
+                // A new file in a directory with a default ACL, its inherited ACL then removed:
+                // the copy, made by a pass that sets no ACLs, inherits it on the new volume.
+                std::fs::create_dir(src.join("inherits")).unwrap();
+                assert!(setfacl(&["-d", "-m", "u:1234:rw"], &src.join("inherits")));
+                std::fs::write(src.join("inherits/file"), "inherits").unwrap();
+                assert!(setfacl(&["-b"], &src.join("inherits/file")));
+            }
+            let env = [
+                ("VERIFY", "1".to_string()),
+                ("SINCE", since.to_string()),
+                ("ATTRS_SINCE", since.to_string()),
+            ];
+            let copy = run_in(JobKind::Copy, dir.path(), None, &env);
+            assert_eq!(copy.code, 0, "{}", copy.stderr);
+            let r = copy.result.unwrap();
+            assert_eq!(
+                r.attributes_compared,
+                Some(AttributesCompared::Changed),
+                "{r:?}"
+            );
+            // added, removed, acl, new (and inherits/file): the regular files changed.
+            let changed_files = if acl { 5 } else { 4 };
+            assert_eq!(
+                (r.differences, r.checked_files),
+                (Some(0), Some(changed_files)),
+                "{r:?}"
+            );
+            let expected = [
+                ("kept", Some("1")),
+                ("added", Some("3")),
+                ("removed", None),
+                ("dir", Some("6")),
+                ("renamed/sub/labelled", Some("7")),
+            ];
+            for (name, value) in expected {
+                assert_eq!(xattr(&dst.join(name)).as_deref(), value, "{name}");
+            }
+            assert_eq!(xattr(&dst.join("new")).as_deref(), Some("4"));
+            if acl {
+                let acl_of = |p: &Path| {
+                    let out = Command::new("getfacl").args(["-c", "-n"]).arg(p).output();
+                    String::from_utf8_lossy(&out.unwrap().stdout).into_owned()
+                };
+                assert!(acl_of(&dst.join("acl")).contains("user:1234:r--"));
+                for name in ["acl", "inherits", "inherits/file"] {
+                    assert_eq!(acl_of(&dst.join(name)), acl_of(&src.join(name)), "{name}");
+                }
+                assert!(!acl_of(&dst.join("inherits/file")).contains("1234"));
+            }
+            // Independent of the copy's pass: an rsync that loses the xattrs of a changed
+            // file, a changed directory and a file the pass wrote (renamed again: written anew)
+            // after every copy fails the verification in the same run, on all three.
+            assert!(set_xattr(&src.join("added"), Some("5")));
+            std::fs::rename(src.join("renamed"), src.join("again")).unwrap();
+            let real = real_program("rsync");
+            let lossy = format!(
+                "#!/bin/sh\n\"{real}\" \"$@\"; rc=$?\ncase \" $* \" in *\" --dry-run \"*) ;; *) setfattr -x user.smr {} {} {} 2>/dev/null;; esac\nexit $rc\n",
+                dst.join("added").display(),
+                dst.join("dir").display(),
+                dst.join("again/sub/labelled").display()
+            );
+            let bin = stand_in(dir.path(), "rsync", &lossy);
+            let broken = run_in(JobKind::Copy, dir.path(), Some(&bin), &env);
+            assert_eq!(broken.code, 1, "{}", broken.stderr);
+            let r = broken.result.unwrap();
+            assert_eq!(r.differences, Some(3), "{}", broken.stderr);
+            for name in ["added", "dir", "again/sub/labelled"] {
+                assert!(broken.stderr.contains(name), "{name}: {}", broken.stderr);
+            }
         }
 
         #[test]

@@ -46,8 +46,8 @@ pub use claim::{
     swapped_claim, temp_claim,
 };
 pub use job::{
-    CopyMode, FsReport, JobFailureCause, JobKind, JobResult, Pass, SourceContents, Verification,
-    copy_memory, job, parse_job_result,
+    AttributesCompared, CopyMode, FsReport, JobFailureCause, JobKind, JobResult, Pass,
+    SourceContents, Verification, copy_memory, job, parse_job_result,
 };
 pub use manifest::Manifest;
 pub use names::{

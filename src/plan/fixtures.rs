@@ -488,6 +488,9 @@ pub struct JobScript {
     pub fail_named: Option<String>,
     /// Pre-copies report an old volume of ext4 with this many inodes in use and 1 GiB in use.
     pub source_entries: Option<i64>,
+    /// Pre-copies do not report that they compared every entry's ACLs and xattrs (as those of
+    /// an operator before they did); by default they report it, as the script does.
+    pub pre_copy_without_attributes: bool,
 }
 
 impl JobScript {
@@ -518,6 +521,12 @@ impl JobScript {
                 2_000_000 - self.source_entries.unwrap_or(0)
             ),
             _ => r#"{"bytes":1048576,"files":3}"#.to_string(),
+        };
+        let message = match message.strip_prefix('{') {
+            Some(rest) if kind == "precopy" && !self.pre_copy_without_attributes => {
+                format!(r#"{{"attributesCompared":"All",{rest}"#)
+            }
+            _ => message,
         };
         if verifying && self.differences != 0 {
             return verify_failed(reason, &message);

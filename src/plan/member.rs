@@ -242,6 +242,10 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     }
     let copy = &cx.spec().copy;
     let verify = verification(copy.verify, copy.verify_mode, copy_started.as_ref());
+    let attributes_since = copy_started
+        .as_ref()
+        .filter(|_| attributes_of_changed_only(&mb.ms.first_claim))
+        .map(|t| t.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS);
     let job = build::job(
         &cx.req,
         &cx.image,
@@ -252,10 +256,20 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
         build::Pass {
             verification: verify,
             source: build::SourceContents::recorded(&mb.ms.first_claim),
+            attributes_since,
         },
     );
     cx.act(Action::Create(Object::Job(Box::new(job))));
     cx.wait(Duration::from_secs(1));
+}
+
+/// Whether the final pass compares the ACLs and xattrs of the entries changed since the first
+/// copy pass only: after a pre-copy that compared every entry's, on an old volume of at least
+/// [`super::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES`] entries (below, comparing them all is cheaper).
+fn attributes_of_changed_only(c: &ClaimStatus) -> bool {
+    c.pre_copy_compared_attributes == Some(true)
+        && c.source_entries
+            .is_some_and(|n| n >= super::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES)
 }
 
 /// What a verification pass compares: nothing without `spec.copy.verify`; every file's content
@@ -682,11 +696,16 @@ fn pre_copying(cx: &mut Ctx, mb: &Member) -> Result<(), Failure> {
         .as_ref()
         .and_then(|r| r.source_filesystem.as_ref())
         .and_then(build::FsReport::contents);
-    if let Some(c) = contents {
-        record_claim(cx, mb, |s| {
+    let compared =
+        result.as_ref().and_then(|r| r.attributes_compared) == Some(build::AttributesCompared::All);
+    record_claim(cx, mb, |s| {
+        if let Some(c) = contents {
             s.source_entries = Some(c.entries);
             s.source_bytes = Some(c.bytes);
-        });
+        }
+        s.pre_copy_compared_attributes = compared.then_some(true);
+    });
+    if let Some(c) = contents {
         check_memory_fits(cx, mb, c)?;
     }
     advance(cx, mb, MemberStep::GatingStop);

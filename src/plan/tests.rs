@@ -829,6 +829,56 @@ fn verification_reads_the_content_changed_since_a_minute_before_the_first_copy_p
     }
 }
 
+/// The final pass leaves every entry's ACLs and xattrs out of its walk (`ATTRS_SINCE`, the
+/// same minute before the first copy pass as the verification's `SINCE`) only after a pre-copy
+/// that reported it compared them all, on a volume of many files.
+#[test]
+fn the_final_pass_compares_attributes_of_what_changed_only_after_a_pre_copy_that_compared_all() {
+    let many = super::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES;
+    for (compared, entries) in [(true, many), (false, many), (true, many - 1)] {
+        let mut sim = Sim::new(observed(spec_class_change("fast")));
+        sim.jobs.pre_copy_without_attributes = !compared;
+        sim.jobs.source_entries = Some(entries);
+        let lite = compared && entries >= many;
+        let precopy = build::job_name(REQ, "etcd-0", JobKind::PreCopy);
+        let copy = build::job_name(REQ, "etcd-0", JobKind::Copy);
+        let (mut precopy_at, mut attrs_since) = (None, None);
+        for _ in 0..400 {
+            let d = decide(&sim.o, &SETTINGS);
+            for a in &d.actions {
+                if let Action::Create(Object::Job(j)) = a {
+                    if j.name_any() == precopy {
+                        precopy_at.get_or_insert(sim.o.now.as_second());
+                    }
+                    if j.name_any() == copy {
+                        attrs_since = Some(job_env(j, "ATTRS_SINCE"));
+                    }
+                }
+                sim.apply(a);
+            }
+            sim.settle();
+        }
+        assert_eq!(sim.phase(), Phase::Successful, "{compared} {entries}");
+        let precopy_at = precopy_at.expect("a pre-copy Job");
+        let expected = lite.then(|| (precopy_at - 60).to_string());
+        assert_eq!(attrs_since, Some(expected), "{compared} {entries}");
+        let etcd0 = &sim.status().members[0];
+        assert_eq!(
+            etcd0.first_claim.pre_copy_compared_attributes,
+            compared.then_some(true)
+        );
+    }
+}
+
+/// The value of the environment variable `name` of a Job's container.
+fn job_env(job: &k8s_openapi::api::batch::v1::Job, name: &str) -> Option<String> {
+    let pod = job.spec.as_ref()?.template.spec.as_ref()?;
+    let env = pod.containers[0].env.as_ref()?;
+    env.iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
 #[test]
 fn timeout_after_the_swap_began_carries_the_member_forward() {
     let mut sim = Sim::new(observed(spec_class_change("fast")));
