@@ -103,7 +103,7 @@ export E2E_REQUIRE_ALL=1
 # down, the agent or the API server restarted, a second cluster), one after another.
 # Every file of e2e/tests/ is in exactly one list (checked below), so none is left out.
 QUEUE=(engine_patroni etcd_quorum migration engine_zookeeper engine_redis finish_undo retention
-  plugin queue foreign faults_etcd install lifecycle out_of_space templates modern_pods
+  plugin queue foreign faults_etcd install lifecycle out_of_space templates attributes modern_pods
   reclaim_race fleet admission engine_etcd deployment quota claim_target owners shared_claim
   runtime images mover_caps cluster security leader_election rbac_usage)
 ALONE=(faults faults_agent faults_apiserver localcluster)
