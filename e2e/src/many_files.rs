@@ -6,7 +6,8 @@
 //! that many files of 4 KiB in directories of 1,000. Then, with the very scripts the operator's
 //! pods run ([`storage_migrator::build::job`], paths rewritten):
 //!
-//! 1. the pre-copy ([`PRECOPY_SCRIPT`], `cp -a` onto the empty target), from a cold page
+//! 1. the pre-copy ([`PRECOPY_SCRIPT`], `cp -a` onto the empty target, with the planner's
+//!    `ATTRS_MIN_ENTRIES`), from a cold page
 //!    cache, started more than a minute after the files were written (so that, as on a volume
 //!    in service, the verification's `SINCE` leaves the old files out);
 //! 2. 1% of the files rewritten (every 100th, new content, same size);
@@ -38,8 +39,9 @@ use crate::copy_speed::{
     CopySpeedError, drop_caches, flush, io, path_str, script_at, volume, volume_paths,
 };
 use crate::provisioner::destroy_volume;
+use storage_migrator::build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES;
 use storage_migrator::build::job::{COPY_SCRIPT, PRECOPY_SCRIPT};
-use storage_migrator::plan::{ATTRIBUTES_OF_CHANGED_MIN_ENTRIES, VERIFY_CLOCK_MARGIN_SECONDS};
+use storage_migrator::plan::VERIFY_CLOCK_MARGIN_SECONDS;
 
 /// Files per directory of the data set.
 const PER_DIR: u64 = 1000;
@@ -124,7 +126,9 @@ fn measure_count(dir: &Path, files: u64) -> Result<Measured, CopySpeedError> {
     }
     drop_caches()?;
     let since = epoch_seconds() - VERIFY_CLOCK_MARGIN_SECONDS;
-    let pre_copy = script_run(PRECOPY_SCRIPT, &source, &target, &scratch, &[], files)?;
+    let min = ATTRIBUTES_OF_CHANGED_MIN_ENTRIES.to_string();
+    let pre_env = [("ATTRS_MIN_ENTRIES", min.as_str())];
+    let pre_copy = script_run(PRECOPY_SCRIPT, &source, &target, &scratch, &pre_env, files)?;
     // As the planner does: the final pass compares the ACLs and xattrs of what changed only
     // after a pre-copy that compared every entry's, on a volume of many files.
     let compared = std::fs::read_to_string(&scratch)

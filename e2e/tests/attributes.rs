@@ -143,7 +143,7 @@ async fn acls_and_xattrs_of_a_member_of_many_files_survive_renames_and_changes_w
     assert_eq!(m.pre_copy_compared_attributes, Some(true), "{m:?}");
     let entries = m.source_entries.unwrap_or_default();
     assert!(
-        entries >= storage_migrator::plan::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES,
+        entries >= storage_migrator::build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES,
         "{entries} entries: the final pass compared every entry's ACLs and xattrs"
     );
     assert!(m.verified.is_some(), "{m:?}");

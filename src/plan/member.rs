@@ -265,11 +265,11 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
 
 /// Whether the final pass compares the ACLs and xattrs of the entries changed since the first
 /// copy pass only: after a pre-copy that compared every entry's, on an old volume of at least
-/// [`super::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES`] entries (below, comparing them all is cheaper).
+/// [`build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES`] entries (below, comparing them all is cheaper).
 fn attributes_of_changed_only(c: &ClaimStatus) -> bool {
     c.pre_copy_compared_attributes == Some(true)
         && c.source_entries
-            .is_some_and(|n| n >= super::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES)
+            .is_some_and(|n| n >= build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES)
 }
 
 /// What a verification pass compares: nothing without `spec.copy.verify`; every file's content

@@ -99,13 +99,6 @@ pub const REQUEUE_FINAL: Duration = Duration::from_secs(300);
 /// changed files: room for the clock that stamps the source's files (the node's; a file
 /// server's for a network filesystem) to run behind the operator's.
 pub const VERIFY_CLOCK_MARGIN_SECONDS: i64 = 60;
-/// From how many files and directories on the old volume (as the pre-copy found them) the
-/// final pass compares the ACLs and xattrs of the changed entries only (`ATTRS_SINCE`, after a
-/// pre-copy that compared every entry's): reading them on both whole trees doubles the walk,
-/// while finding the changed entries costs two more walks of one tree and a few more
-/// processes. Measured on ext4 with 1% of the files changed (docs/benchmarks.md): 0.1 s slower
-/// at 10,000 files, 1.1 s faster at 300,000; even at about 36,000.
-pub const ATTRIBUTES_OF_CHANGED_MIN_ENTRIES: i64 = 50_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {

@@ -834,7 +834,7 @@ fn verification_reads_the_content_changed_since_a_minute_before_the_first_copy_p
 /// that reported it compared them all, on a volume of many files.
 #[test]
 fn the_final_pass_compares_attributes_of_what_changed_only_after_a_pre_copy_that_compared_all() {
-    let many = super::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES;
+    let many = build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES;
     for (compared, entries) in [(true, many), (false, many), (true, many - 1)] {
         let mut sim = Sim::new(observed(spec_class_change("fast")));
         sim.jobs.pre_copy_without_attributes = !compared;
