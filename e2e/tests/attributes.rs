@@ -34,7 +34,8 @@ const SCRIPT: &str = r#"stop=
 trap 'stop=1' TERM
 if [ -f /data/ready ]; then
   w=$(cat /data/where); n=$(cat /data/count)
-  echo "CHECK labelled=$(getfattr --only-values -n user.smr /data/tree$w/sub/labelled 2>&1) count=$(getfattr --only-values -n user.count /data/counter 2>&1) recorded=$n acl=$(getfacl -cn /data/acl 2>&1 | grep -c '^user:1234:r--') dir=$(getfattr --only-values -n user.dir /data/d7 2>&1) file=$(getfattr --only-values -n user.file /data/d7/f500 2>&1) files=$(ls /data/d59 | wc -l) tree=$w"
+  g() { getfattr --absolute-names --only-values -n "$1" "$2" 2>&1; }
+  echo "CHECK labelled=$(g user.smr /data/tree$w/sub/labelled) count=$(g user.count /data/counter) recorded=$n acl=$(getfacl --absolute-names -cn /data/acl 2>&1 | grep -c '^user:1234:r--') dir=$(g user.dir /data/d7) file=$(g user.file /data/d7/f500) files=$(ls /data/d59 | wc -l) tree=$w"
   while [ -z "$stop" ]; do sleep 1; done
   exit 0
 fi
