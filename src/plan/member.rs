@@ -245,7 +245,7 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     let attributes_since = copy_started
         .as_ref()
         .filter(|_| attributes_of_changed_only(&mb.ms.first_claim))
-        .map(|t| t.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS);
+        .map(changed_since);
     let job = build::job(
         &cx.req,
         &cx.image,
@@ -272,6 +272,13 @@ fn attributes_of_changed_only(c: &ClaimStatus) -> bool {
             .is_some_and(|n| n >= build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES)
 }
 
+/// Seconds since the epoch from which an entry counts as changed since the first copy pass
+/// (created at `copy_started`): that time less the clock margin. The verification's `SINCE` and
+/// the final pass's `ATTRS_SINCE` both.
+fn changed_since(copy_started: &Time) -> i64 {
+    copy_started.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS
+}
+
 /// What a verification pass compares: nothing without `spec.copy.verify`; every file's content
 /// in `Full` mode, or when no first copy pass is on record (a status written before
 /// `copyStarted` existed); else the content of the files changed since that pass began, less
@@ -279,9 +286,7 @@ fn attributes_of_changed_only(c: &ClaimStatus) -> bool {
 fn verification(verify: bool, mode: VerifyMode, copy_started: Option<&Time>) -> Verification {
     match (verify, mode, copy_started) {
         (false, ..) => Verification::Skip,
-        (true, VerifyMode::Changed, Some(t)) => {
-            Verification::ChangedSince(t.0.as_second() - super::VERIFY_CLOCK_MARGIN_SECONDS)
-        }
+        (true, VerifyMode::Changed, Some(t)) => Verification::ChangedSince(changed_since(t)),
         (true, ..) => Verification::Full,
     }
 }
