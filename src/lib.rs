@@ -35,3 +35,4 @@ pub mod quantity;
 pub mod quiet;
 pub mod scope;
 pub mod serve;
+pub mod tree_diff;

@@ -127,6 +127,21 @@ enum Command {
         #[command(flatten)]
         image: ImageArg,
     },
+    /// In a copy Job: list, NUL-separated, what differs between two trees (the final pass's
+    /// list, see `tree_diff`); prints `entries=N listed=L files=F linked=K`.
+    TreeDiff {
+        /// The old volume's root.
+        source: PathBuf,
+        /// The new volume's root.
+        target: PathBuf,
+        /// Also list the old volume's entries whose inode changed after this time (seconds
+        /// since the epoch).
+        #[arg(long)]
+        since: i64,
+        /// Where to write the list.
+        #[arg(long)]
+        output: PathBuf,
+    },
 }
 
 /// Leader election: only the replica holding the Lease acts.
@@ -337,6 +352,22 @@ async fn main() -> anyhow::Result<()> {
             namespace,
             image,
         } => plan(&file, namespace, image.settings()?).await?,
+        Command::TreeDiff {
+            source,
+            target,
+            since,
+            output,
+        } => {
+            let listed = storage_migrator::tree_diff::list(&source, &target, since)?;
+            storage_migrator::tree_diff::write(&listed, &output)?;
+            println!(
+                "entries={} listed={} files={} linked={}",
+                listed.source_entries,
+                listed.paths.len(),
+                listed.regular_files,
+                listed.target_linked
+            );
+        }
     }
     Ok(())
 }
