@@ -3,7 +3,8 @@
 # names REF, layers are gzip OCI layers, the config (Entrypoint, Cmd, User, WorkingDir, PATH,
 # version label) is the Dockerfile's, the nonroot user and CA certificates exist, and every tool
 # the copy/verify/measure Jobs' scripts call (src/build/job.rs) runs from the image's own root
-# (unpacked with umoci, run with chroot), as does the operator binary, as root and as nonroot.
+# (unpacked with umoci, run with chroot), as does the operator binary, as root and as nonroot,
+# and its `tree-diff`, which the final copy pass runs.
 # Exits non-zero on the first failed check. Called by build-image.sh; needs root, umoci and jq.
 #
 # Usage: e2e/scripts/check-image.sh ARCHIVE REF
@@ -97,4 +98,10 @@ in_image --userspec="$NONROOT:$NONROOT" "$R" "$ENTRYPOINT" crd >"$WORK/crd.yaml"
   || fail "$ENTRYPOINT does not run as $NONROOT:$NONROOT in the image"
 grep -q "kind: CustomResourceDefinition" "$WORK/crd.yaml" || fail "$ENTRYPOINT crd printed no CRD"
 log "operator: '$v', runs as $NONROOT:$NONROOT"
+# The final pass lists what to copy with it, by the name its script calls, from the PATH.
+td="$(in_image "$R" /bin/sh -c 'storage-migrator tree-diff /etc /etc --since 4102444800 --output /tmp/smr-list')" \
+  || fail "storage-migrator tree-diff does not run in the image"
+case "$td" in *" listed=0 "*) ;; *) fail "tree-diff of /etc with itself printed '$td', expected listed=0" ;; esac
+rm -f "$R/tmp/smr-list"
+log "tree-diff /etc /etc: $td"
 log "OK: $ARCHIVE ($REF; tools: ${TOOLS[*]}; rsync with ACLs, xattrs, hard links; GNU cp)"

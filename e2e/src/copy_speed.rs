@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use crate::provisioner::{ProvisionerError, create_image, destroy_volume, mount_image};
 use storage_migrator::build::job::{
-    PRECOPY_SCRIPT, SOURCE_PATH, TARGET_PATH, TERMINATION_MESSAGE_PATH,
+    PRECOPY_SCRIPT, SCRATCH_PATH, SOURCE_PATH, TARGET_PATH, TERMINATION_MESSAGE_PATH,
 };
 
 /// Where and how often.
@@ -112,9 +112,11 @@ pub(crate) fn path_str(p: &Path) -> String {
 /// One of the operator's copy scripts with its paths rewritten to `source`, `target` and the
 /// result file `scratch`. One pass per path: each replacement's result is not searched again.
 pub(crate) fn script_at(script: &str, source: &Path, target: &Path, scratch: &Path) -> String {
+    let list_dir = scratch.with_extension("scratch");
     script
         .replace(SOURCE_PATH, &path_str(source))
         .replace(TARGET_PATH, &path_str(target))
+        .replace(SCRATCH_PATH, &path_str(&list_dir))
         .replace(TERMINATION_MESSAGE_PATH, &path_str(scratch))
 }
 

@@ -26,7 +26,9 @@
 //! of cgroup v1, `anon` of cgroup v2; page cache is not counted: the kernel reclaims it under
 //! a limit), sampled every 20 ms, with the cgroup's own peak including page cache beside it.
 //!
-//! Needs root (mount, drop_caches, cgroups), `mkfs.ext4`, `rsync`, GNU `cp` and `find`. Not a
+//! Needs root (mount, drop_caches, cgroups), `mkfs.ext4`, `rsync`, GNU `cp` and `find`, and
+//! `storage-migrator` built beside it (`cargo build --release --bins`: the final pass's
+//! `tree-diff`). Not a
 //! test: nothing is asserted.
 
 use std::path::{Path, PathBuf};
@@ -301,6 +303,9 @@ fn script_run(
     files: u64,
 ) -> Result<Run, CopySpeedError> {
     let script = script_at(script, source, target, scratch);
+    let list_dir = scratch.with_extension("scratch");
+    std::fs::create_dir_all(&list_dir).map_err(io(list_dir.display().to_string()))?;
+    let path = operator_first_on_path()?;
     let cg = Arc::new(Cgroup::new(&format!(
         "bench-files-{files}-{}",
         std::process::id()
@@ -330,6 +335,7 @@ fn script_run(
         .envs(env.iter().copied())
         .env("FIRST_PASS_TOOL", "Cp")
         .env("LC_ALL", "C")
+        .env("PATH", path)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .output();
@@ -354,6 +360,25 @@ fn script_run(
         anon_peak: peak.load(Ordering::Relaxed),
         cgroup_peak: cg.peak(),
     })
+}
+
+/// `PATH` with this program's directory first: the final pass runs `storage-migrator
+/// tree-diff`, as in the operator's image, and that is where `cargo build --release --bins`
+/// puts it. An error when it is not there: the pass would walk the whole tree instead.
+fn operator_first_on_path() -> Result<String, CopySpeedError> {
+    let exe = std::env::current_exe().map_err(io("this program's path"))?;
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    if !dir.join("storage-migrator").is_file() {
+        return Err(CopySpeedError::Io(
+            format!("{}/storage-migrator", dir.display()),
+            std::io::Error::other("not built: run cargo build --release --bins first"),
+        ));
+    }
+    Ok(format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    ))
 }
 
 fn mib(bytes: u64) -> f64 {

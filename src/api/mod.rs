@@ -1043,6 +1043,13 @@ pub struct ClaimStatus {
     /// entries changed since `copyStarted` less a minute only (docs/api.md, "Verification").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_copy_compared_attributes: Option<bool>,
+    /// Entries the final pass found differing or changed in its one walk of both volumes
+    /// (`storage-migrator tree-diff`), and copied and verified alone; unset when rsync walked
+    /// the whole tree (below 50,000 entries, without a pre-copy that compared every entry's
+    /// ACLs and xattrs, or with a mover image that lacks the binary). docs/api.md,
+    /// "What verification proves".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_pass_listed_entries: Option<i64>,
     /// Bytes the final copy wrote to the new volume: with its delta transfer only the blocks
     /// that changed since the pre-copy, so at most `bytesCopied` (the sizes of the files that
     /// changed).

@@ -1069,10 +1069,12 @@ fn record_copy(cx: &mut Ctx, mb: &Member, copied: Option<&JobResult>) {
     let bytes = copied.and_then(|r| r.bytes).unwrap_or(0);
     let files = copied.and_then(|r| r.files).unwrap_or(0);
     let written = copied.and_then(|r| r.literal_bytes);
+    let listed = copied.and_then(|r| r.listed_entries);
     record_claim(cx, mb, |c| {
         c.bytes_copied = Some(bytes);
         c.files_copied = Some(files);
         c.bytes_written = written;
+        c.final_pass_listed_entries = listed;
     });
     let wrote = match (written, copied.and_then(|r| r.mode)) {
         (Some(w), Some(build::CopyMode::Delta)) => format!(
