@@ -1043,6 +1043,11 @@ pub struct ClaimStatus {
     /// entries changed since `copyStarted` less a minute only (docs/api.md, "Verification").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pre_copy_compared_attributes: Option<bool>,
+    /// When the claim's final copy pass was first created. A final pass created after that
+    /// (one that replaces an evicted pass) compares every entry's ACLs and xattrs: the one
+    /// before may have stopped between an entry's content and its attributes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_pass_started: Option<Time>,
     /// Entries the final pass found differing or changed in its one walk of both volumes
     /// (`storage-migrator tree-diff`), and copied and verified alone; unset when rsync walked
     /// the whole tree (below 50,000 entries, without a pre-copy that compared every entry's

@@ -2082,14 +2082,16 @@ mod tests {
         }
 
         /// tree-diff's list: content rewritten at the same size and time, a tree removed, a
-        /// hard link added and one removed, a new tree, a mode; then nothing to list at all.
+        /// hard link added and one removed, a new tree, a mode, a directory become a file and a
+        /// file become a directory; then nothing to list at all.
         #[test]
         fn final_pass_on_tree_diffs_list_copies_removes_and_links() {
             let Some((dir, src, dst)) = empty_trees() else {
                 return;
             };
             std::fs::create_dir_all(src.join("x/y")).unwrap();
-            for name in ["a", "keep", "h1", "x/y/z"] {
+            std::fs::create_dir_all(src.join("swap")).unwrap();
+            for name in ["a", "keep", "h1", "x/y/z", "swap/inside", "flip"] {
                 std::fs::write(src.join(name), name).unwrap();
             }
             std::fs::hard_link(src.join("h1"), src.join("h2")).unwrap();
@@ -2116,6 +2118,12 @@ mod tests {
             std::fs::write(src.join("n/m/file"), "new").unwrap();
             std::fs::set_permissions(src.join("keep"), std::fs::Permissions::from_mode(0o600))
                 .unwrap();
+            // A directory that became a file, a file that became a directory.
+            std::fs::remove_dir_all(src.join("swap")).unwrap();
+            std::fs::write(src.join("swap"), "a file now").unwrap();
+            std::fs::remove_file(src.join("flip")).unwrap();
+            std::fs::create_dir(src.join("flip")).unwrap();
+            std::fs::write(src.join("flip/child"), "child").unwrap();
             let Some(bin) = with_tree_diff(dir.path()) else {
                 return;
             };
@@ -2134,11 +2142,19 @@ mod tests {
                 (Some(0), Some(CopyMode::WholeFile)),
                 "{r:?}"
             );
-            // a, keep, h1, h3, n, n/m, n/m/file, and h2, x (gone from the old volume); the
-            // root and its time.
-            assert_eq!(r.listed_entries, Some(10), "{}", copy.stderr);
+            // a, keep, h1, h3, n, n/m, n/m/file, swap, flip, flip/child, and h2, x (gone
+            // from the old volume); the root and its time.
+            assert_eq!(r.listed_entries, Some(13), "{}", copy.stderr);
             assert_eq!(std::fs::read_to_string(dst.join("a")).unwrap(), "A");
             assert!(!dst.join("x").exists() && !dst.join("h2").exists());
+            assert_eq!(
+                std::fs::read_to_string(dst.join("swap")).unwrap(),
+                "a file now"
+            );
+            assert_eq!(
+                std::fs::read_to_string(dst.join("flip/child")).unwrap(),
+                "child"
+            );
             let ino = |p: &str| std::fs::metadata(dst.join(p)).unwrap().ino();
             assert_eq!(ino("h1"), ino("h3"));
             // Checked apart from the script: nothing differs, content included.

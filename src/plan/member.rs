@@ -230,7 +230,8 @@ fn job_outcome<'o>(cx: &Ctx<'o>, mb: &Member, kind: JobKind) -> Option<&'o JobOu
 
 /// Creates the member's Job of `kind`. The first copy pass records when it was created
 /// (`copyStarted`); the verification, in `Changed` mode, compares the content of the files
-/// changed since [`super::VERIFY_CLOCK_MARGIN_SECONDS`] before that.
+/// changed since [`super::VERIFY_CLOCK_MARGIN_SECONDS`] before that. The first final pass of
+/// the claim records when it was created (`finalPassStarted`).
 fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
     let deadline = cx.remaining_seconds();
     let mut copy_started = mb.ms.copy_started.clone();
@@ -240,11 +241,18 @@ fn create_job(cx: &mut Ctx, mb: &Member, kind: JobKind) {
             ms.copy_started = copy_started.clone();
         }
     }
+    // A final pass after one that was evicted: that one may have stopped between an entry's
+    // content and time and its ACLs and xattrs, so this one compares every entry's.
+    let replaces = kind == JobKind::Copy && mb.ms.first_claim.final_pass_started.is_some();
+    if kind == JobKind::Copy && !replaces {
+        let now = cx.now.clone();
+        record_claim(cx, mb, |c| c.final_pass_started = Some(now));
+    }
     let copy = &cx.spec().copy;
     let verify = verification(copy.verify, copy.verify_mode, copy_started.as_ref());
     let attributes_since = copy_started
         .as_ref()
-        .filter(|_| attributes_of_changed_only(&mb.ms.first_claim))
+        .filter(|_| !replaces && attributes_of_changed_only(&mb.ms.first_claim))
         .map(changed_since);
     let job = build::job(
         &cx.req,

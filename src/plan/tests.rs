@@ -870,6 +870,69 @@ fn the_final_pass_compares_attributes_of_what_changed_only_after_a_pre_copy_that
     }
 }
 
+/// A final pass that replaces an evicted one is given no `ATTRS_SINCE`: its predecessor may have
+/// stopped between writing an entry's content and time and writing its ACLs and xattrs, so it
+/// compares every entry's. The first is given it, and records when it was created.
+#[test]
+fn a_final_pass_that_replaces_an_evicted_one_compares_every_entrys_attributes() {
+    let mut sim = Sim::new(observed(spec_class_change("fast")));
+    sim.jobs.source_entries = Some(build::job::ATTRIBUTES_OF_CHANGED_MIN_ENTRIES);
+    for _ in 0..400 {
+        if sim.step_of("etcd-1") == MemberStep::Copying {
+            break;
+        }
+        sim.run(1);
+    }
+    assert_eq!(sim.step_of("etcd-1"), MemberStep::Copying);
+    sim.jobs.hang = true;
+    let job = build::job_name(REQ, "etcd-1", JobKind::Copy);
+    let mut created = Vec::new();
+    for round in 0..2 {
+        for _ in 0..5 {
+            let d = decide(&sim.o, &sim.settings);
+            for a in &d.actions {
+                if let Action::Create(Object::Job(j)) = a
+                    && j.name_any() == job
+                {
+                    created.push(job_env(j, "ATTRS_SINCE"));
+                }
+                sim.apply(a);
+            }
+            sim.settle();
+            if sim.o.jobs.contains_key(&job) {
+                break;
+            }
+        }
+        assert_eq!(
+            created.len(),
+            round + 1,
+            "round {round}: copy Job (re)created"
+        );
+        let started = sim.status().members[1]
+            .first_claim
+            .final_pass_started
+            .clone();
+        assert!(started.is_some(), "round {round}");
+        if round == 0 {
+            let pod = job_pod(&job, sim.o.now, PodStatusFixture::Evicted);
+            sim.o.helper_pods.insert(pod.name_any(), pod);
+            sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::Failed {
+                reason: format!("Job {job} failed: BackoffLimitExceeded"),
+            };
+            let d = decide(&sim.o, &sim.settings);
+            for a in &d.actions {
+                sim.apply(a);
+            }
+            sim.o.helper_pods.clear();
+        }
+    }
+    assert!(created[0].is_some(), "the first final pass: {created:?}");
+    assert_eq!(created[1], None, "the replacing one");
+    sim.jobs.hang = false;
+    sim.run(400);
+    assert_eq!(sim.phase(), Phase::Successful);
+}
+
 /// The value of the environment variable `name` of a Job's container.
 fn job_env(job: &k8s_openapi::api::batch::v1::Job, name: &str) -> Option<String> {
     let pod = job.spec.as_ref()?.template.spec.as_ref()?;
