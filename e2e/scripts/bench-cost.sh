@@ -10,9 +10,10 @@
 #      (item 3);
 #   3. bench-migration again with unrelated Pending pods and claims in other namespaces: compare
 #      its requests per member and RSS with the first table (item 2);
-#   4. bench-files: the final pass and the copy's memory at each file count (item 4; no cluster).
+#   4. bench-files: the final pass and the copy's memory at each file count (item 4; no cluster;
+#      its final pass runs the same operator binary's `tree-diff`).
 # The fleet runs before the unrelated objects exist; the unrelated namespaces are deleted when
-# their run ends.
+# their run ends, and bench-files waits until they are gone.
 #
 # The operator measured is its release build, as users run it (the image's): the script builds
 # it (`cargo build --release --bin storage-migrator`) unless STORAGE_MIGRATOR_BIN names one. A
@@ -90,6 +91,18 @@ part fleet "A fleet under a cluster cap of $FLEET_MAX_COPIES copies (item 3)" \
 part unrelated "The same migration with $UNRELATED unrelated pods and claims (item 2)" \
   "$BIN_DIR/bench-migration" --workloads generic --sizes 64Mi --modes on --cluster-wide \
   --unrelated "$UNRELATED" --log-dir "$LOG_DIR/unrelated"
+# Deleting the namespaces of the parts before (the unrelated pods and claims above all) keeps
+# the API server and the controllers busy for minutes; bench-files times walks on the same
+# cores, so it starts once every e2e- namespace is gone (bounded: 15 minutes).
+waited=$(date +%s)
+while :; do
+  spaces="$(kubectl get namespaces -o name)" || fail "cannot list the namespaces (kubectl get namespaces)"
+  grep -q '^namespace/e2e-' <<<"$spaces" || break
+  [ $(($(date +%s) - waited)) -lt 900 ] ||
+    fail "the parts' namespaces are still being deleted after 900 s: $(grep '^namespace/e2e-' <<<"$spaces" | tr '\n' ' ')"
+  sleep 5
+done
+printf '\n(the namespaces of the parts above gone after %d s more)\n' "$(($(date +%s) - waited))" | tee -a "$REPORT"
 part files "Millions of files (item 4)" \
   "$BIN_DIR/bench-files" --dir "$FILES_DIR" --counts "$FILE_COUNTS"
 echo "bench-cost.sh: every part ran; the report is $REPORT" >&2

@@ -362,18 +362,36 @@ fn script_run(
     })
 }
 
-/// `PATH` with this program's directory first: the final pass runs `storage-migrator
-/// tree-diff`, as in the operator's image, and that is where `cargo build --release --bins`
-/// puts it. An error when it is not there: the pass would walk the whole tree instead.
+/// `PATH` with the operator's binary's directory first: the final pass runs `storage-migrator
+/// tree-diff`, as in the operator's image. The binary is `STORAGE_MIGRATOR_BIN` when set (as
+/// `bench-cost.sh` sets it, to the release build), else the one beside this program, where
+/// `cargo build --release --bins` puts it. An error when it is not there: the pass would walk
+/// the whole tree instead.
 fn operator_first_on_path() -> Result<String, CopySpeedError> {
-    let exe = std::env::current_exe().map_err(io("this program's path"))?;
-    let dir = exe.parent().unwrap_or(Path::new("."));
-    if !dir.join("storage-migrator").is_file() {
-        return Err(CopySpeedError::Io(
-            format!("{}/storage-migrator", dir.display()),
-            std::io::Error::other("not built: run cargo build --release --bins first"),
+    let bin = match std::env::var_os("STORAGE_MIGRATOR_BIN") {
+        Some(bin) => PathBuf::from(bin),
+        None => {
+            let exe = std::env::current_exe().map_err(io("this program's path"))?;
+            exe.with_file_name("storage-migrator")
+        }
+    };
+    let not_usable = |why: &str| {
+        CopySpeedError::Io(
+            bin.display().to_string(),
+            std::io::Error::other(why.to_string()),
+        )
+    };
+    if bin.file_name() != Some(std::ffi::OsStr::new("storage-migrator")) {
+        return Err(not_usable(
+            "the script runs `storage-migrator tree-diff`: the binary must be named storage-migrator",
         ));
     }
+    if !bin.is_file() {
+        return Err(not_usable(
+            "not built: run cargo build --release --bins first",
+        ));
+    }
+    let dir = bin.parent().unwrap_or(Path::new("."));
     Ok(format!(
         "{}:{}",
         dir.display(),
