@@ -914,16 +914,7 @@ fn a_final_pass_that_replaces_an_evicted_one_compares_every_entrys_attributes() 
             .clone();
         assert!(started.is_some(), "round {round}");
         if round == 0 {
-            let pod = job_pod(&job, sim.o.now, PodStatusFixture::Evicted);
-            sim.o.helper_pods.insert(pod.name_any(), pod);
-            sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::Failed {
-                reason: format!("Job {job} failed: BackoffLimitExceeded"),
-            };
-            let d = decide(&sim.o, &sim.settings);
-            for a in &d.actions {
-                sim.apply(a);
-            }
-            sim.o.helper_pods.clear();
+            evict_job(&mut sim, &job);
         }
     }
     assert!(created[0].is_some(), "the first final pass: {created:?}");
@@ -931,6 +922,21 @@ fn a_final_pass_that_replaces_an_evicted_one_compares_every_entrys_attributes() 
     sim.jobs.hang = false;
     sim.run(400);
     assert_eq!(sim.phase(), Phase::Successful);
+}
+
+/// The kubelet evicts the pod of Job `job`: the Job (backoffLimit 0) fails, and one decision
+/// is applied while the evicted pod is still seen.
+fn evict_job(sim: &mut Sim, job: &str) {
+    let pod = job_pod(job, sim.o.now, PodStatusFixture::Evicted);
+    sim.o.helper_pods.insert(pod.name_any(), pod);
+    sim.o.jobs.get_mut(job).unwrap().outcome = JobOutcome::Failed {
+        reason: format!("Job {job} failed: BackoffLimitExceeded"),
+    };
+    let d = decide(&sim.o, &sim.settings);
+    for a in &d.actions {
+        sim.apply(a);
+    }
+    sim.o.helper_pods.clear();
 }
 
 /// The value of the environment variable `name` of a Job's container.
@@ -3043,17 +3049,7 @@ fn an_evicted_copy_is_replaced_up_to_the_budget_then_fails_the_member() {
             sim.o.jobs.contains_key(&job),
             "round {round}: copy Job (re)created"
         );
-        // The kubelet evicts its pod: the Job (backoffLimit 0) fails.
-        let pod = job_pod(&job, sim.o.now, PodStatusFixture::Evicted);
-        sim.o.helper_pods.insert(pod.name_any(), pod);
-        sim.o.jobs.get_mut(&job).unwrap().outcome = JobOutcome::Failed {
-            reason: format!("Job {job} failed: BackoffLimitExceeded"),
-        };
-        let d = decide(&sim.o, &sim.settings);
-        for a in &d.actions {
-            sim.apply(a);
-        }
-        sim.o.helper_pods.clear();
+        evict_job(&mut sim, &job);
         if round < max {
             assert_eq!(sim.phase(), Phase::Progressing, "round {round}");
             assert!(
